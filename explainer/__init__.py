@@ -1,0 +1,28 @@
+"""Explain why a language model wrote what it wrote: per-token attribution maps (MACS and peers) while it generates."""
+
+from .errors import ExplainerError, InputError, ModelLoadError, UnknownMethodError, UnsupportedModelError
+from .explain import explain, generate_steps, stream_explain
+from .methods import METHODS, available_methods, get_method
+from .models import EMBEDDED_MODEL, ModelBundle, bundle_from_objects, load_model
+from .result import Attribution, MethodScores, zscore
+
+__all__ = [
+    "Attribution",
+    "EMBEDDED_MODEL",
+    "ExplainerError",
+    "InputError",
+    "METHODS",
+    "MethodScores",
+    "ModelBundle",
+    "ModelLoadError",
+    "UnknownMethodError",
+    "UnsupportedModelError",
+    "available_methods",
+    "bundle_from_objects",
+    "explain",
+    "generate_steps",
+    "get_method",
+    "load_model",
+    "stream_explain",
+    "zscore",
+]

@@ -1,0 +1,220 @@
+"""Attention-row capture through transformers' `AttentionInterface`, without eager attention.
+
+A uniquely named attention function is registered for the duration of a `capture_attention` block and selected on
+the language model's config only. It returns the same layer output as SDPA and, in addition, records the softmax
+probability row of the *last* query position of every layer and head:
+
+- single-token decode steps: the row is the attention, so the output is computed from it (`probs @ V`) with the
+  query viewed as (B, kv_heads, group, D) against the unexpanded cache; nothing is computed twice.
+- prefill (several queries): SDPA computes the output; only the last query row is computed on top.
+- optionally (for methods such as Attention Rollout) every query row of a prefill is handed to a consumer in chunks
+  of rows, one layer at a time, so no layer's full N x N matrix is held at once.
+
+Nothing is left behind: on exit (also after an exception) the config's attention implementation is restored and the
+registered names are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .errors import UnsupportedModelError
+
+_NAME_PREFIX = "explainer_capture_"
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+
+# Called as consumer(layer_idx, q_start, probs) with probs (B, H, q_chunk, T_k) for query rows q_start..q_start+q_chunk.
+FullRowConsumer = Callable[[int, int, torch.Tensor], None]
+
+
+@dataclass
+class AttentionRecorder:
+    """What one forward pass recorded.
+
+    Attributes:
+        rows: layer index -> (B, H, T_k) float32 probabilities of the last query position.
+        full_row_consumer: when set, receives every query row of multi-query (prefill) passes.
+        full_row_chunk: number of query rows per chunk handed to the consumer.
+    """
+
+    rows: dict[int, torch.Tensor] = field(default_factory=dict)
+    full_row_consumer: FullRowConsumer | None = None
+    full_row_chunk: int = 256
+
+    def clear(self) -> None:
+        self.rows.clear()
+
+    def stacked(self, total_len: int | None = None) -> torch.Tensor:
+        """Rows of all recorded layers in layer order: (L, B, H, T).
+
+        Sliding-window layers whose cache keeps only the last keys give shorter rows; they cover the newest
+        positions, so they are left-padded with zeros (no attention) to `total_len` (default: the longest row).
+
+        Raises:
+            UnsupportedModelError: no layer was recorded.
+        """
+        if not self.rows:
+            raise UnsupportedModelError(
+                "No attention was captured: the model has no attention layers that use transformers' "
+                "AttentionInterface, so attention-based methods cannot explain it."
+            )
+        rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, T_l)
+        total = total_len if total_len is not None else max(r.shape[-1] for r in rows)
+        return torch.stack([torch.nn.functional.pad(r, (total - r.shape[-1], 0)) for r in rows])
+
+
+def _group_query(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """(B, H, Tq, D) -> (B, KVH, G*Tq, D) with head h = kv*G + g, matching `repeat_kv`'s ordering."""
+    b, h, tq, d = query.shape
+    return query.reshape(b, num_kv_heads, (h // num_kv_heads) * tq, d)
+
+
+def _additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """Bool (True = attend) or additive float mask -> additive float mask; None stays None."""
+    if attention_mask is None:
+        return None
+    if attention_mask.dtype == torch.bool:
+        return torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device).masked_fill(
+            ~attention_mask, torch.finfo(dtype).min
+        )
+    return attention_mask.to(dtype)
+
+
+def _probs(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+    causal_offset: int | None,
+) -> torch.Tensor:
+    """Softmax attention probabilities for the given queries.
+
+    Args:
+        query: (B, H, Tq, D).
+        key: (B, KVH, Tk, D), unexpanded.
+        mask: additive float mask broadcastable to (B, 1, Tq, Tk), or None.
+        scaling: softmax temperature of the scores.
+        causal_offset: when `mask` is None and causality must still be applied, the absolute key index of query 0.
+
+    Returns:
+        (B, H, Tq, Tk) float32.
+    """
+    b, h, tq, _ = query.shape
+    kvh, tk = key.shape[1], key.shape[2]
+    g = h // kvh
+    q = query.reshape(b, kvh, g * tq, -1)  # (B, KVH, G*Tq, D)
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scaling  # (B, KVH, G*Tq, Tk)
+    scores = scores.view(b, kvh, g, tq, tk)
+    if mask is not None:
+        scores = scores + mask.float().unsqueeze(1)  # mask (B|1, 1, Tq, Tk) -> (B|1, 1, 1, Tq, Tk)
+    elif causal_offset is not None:
+        qpos = torch.arange(tq, device=key.device)[:, None] + causal_offset
+        kpos = torch.arange(tk, device=key.device)[None, :]
+        scores = scores.masked_fill(kpos > qpos, float("-inf"))
+    return torch.softmax(scores, dim=-1).view(b, h, tq, tk)
+
+
+def _make_attention_function(recorder: AttentionRecorder) -> Callable:
+    def capture_attention_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,  # (B, H, Tq, D)
+        key: torch.Tensor,  # (B, KVH, Tk, D)
+        value: torch.Tensor,  # (B, KVH, Tk, D)
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which attention "
+                "capture does not support yet."
+            )
+        b, h, tq, d = query.shape
+        kvh, tk = key.shape[1], key.shape[2]
+        scale = scaling if scaling is not None else d**-0.5
+        mask = _additive_mask(attention_mask, torch.float32)
+        # Without a mask the model relies on causality; the last query then sees every key (it is the newest).
+        offset = tk - tq
+
+        if tq == 1 and dropout == 0.0:
+            probs = _probs(query, key, mask, scale, None)  # (B, H, 1, Tk)
+            grouped = probs.view(b, kvh, h // kvh, tk).to(value.dtype)  # (B, KVH, G, Tk)
+            out = torch.matmul(grouped, value)  # (B, KVH, G, D)
+            out = out.reshape(b, h, 1, d).transpose(1, 2).contiguous()  # (B, 1, H, D)
+            recorder.rows[module.layer_idx] = probs[:, :, 0, :]
+            return out, None
+
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        last_mask = None if mask is None else mask[..., -1:, :]
+        recorder.rows[module.layer_idx] = _probs(query[:, :, -1:, :], key, last_mask, scale, tk - 1)[:, :, 0, :]
+        if recorder.full_row_consumer is not None:
+            step = max(1, recorder.full_row_chunk)
+            for start in range(0, tq, step):
+                stop = min(tq, start + step)
+                chunk_mask = None if mask is None else mask[..., start:stop, :]
+                chunk = _probs(query[:, :, start:stop, :], key, chunk_mask, scale, offset + start)
+                recorder.full_row_consumer(module.layer_idx, offset + start, chunk)
+        return out, None
+
+    return capture_attention_forward
+
+
+def language_config(model: torch.nn.Module):
+    """The config whose `_attn_implementation` the language model's attention layers read."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text if text is not None else config
+
+
+@contextlib.contextmanager
+def capture_attention(
+    model: torch.nn.Module,
+    full_row_consumer: FullRowConsumer | None = None,
+    full_row_chunk: int = 256,
+) -> Iterator[AttentionRecorder]:
+    """Record last-query attention rows of every layer while the block runs.
+
+    Args:
+        model: a transformers model whose language model uses the `AttentionInterface`.
+        full_row_consumer: optional callback receiving all query rows of multi-query passes, chunk by chunk.
+        full_row_chunk: query rows per chunk for the consumer.
+
+    Yields:
+        The recorder; `recorder.rows` is overwritten by every forward pass (call `clear()` between passes to detect
+        layers that did not run).
+    """
+    with _counter_lock:
+        name = f"{_NAME_PREFIX}{next(_counter)}"
+    recorder = AttentionRecorder(full_row_consumer=full_row_consumer, full_row_chunk=full_row_chunk)
+    config = language_config(model)
+    previous = config._attn_implementation_internal
+    # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique to this block.
+    ALL_ATTENTION_FUNCTIONS.register(name, _make_attention_function(recorder))
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    try:
+        config._attn_implementation_internal = name
+        yield recorder
+    finally:
+        config._attn_implementation_internal = previous
+        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+        recorder.rows.clear()
+
+
+def registered_capture_names() -> list[str]:
+    """Names this module has currently registered (empty outside a `capture_attention` block)."""
+    names = set(ALL_ATTENTION_FUNCTIONS.keys()) | set(ALL_MASK_ATTENTION_FUNCTIONS.keys())
+    return sorted(n for n in names if n.startswith(_NAME_PREFIX))

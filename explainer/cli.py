@@ -1,0 +1,121 @@
+"""Command line: `python -m explainer explain|bench ...`.
+
+Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
+a one-line message on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from .errors import ExplainerError, InputError
+
+EXIT_USER_ERROR = 2
+
+
+def _read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"Cannot read prompt file {args.prompt_file!r}: {e.__class__.__name__}: {e}") from e
+    if args.prompt is None:
+        raise InputError("Give a prompt with --prompt TEXT or --prompt-file PATH.")
+    return args.prompt
+
+
+def _print_summary(attr, top: int) -> None:
+    print(f"model: {attr.model}")
+    print(f"prompt tokens: {attr.num_prompt_tokens}   generated tokens: {attr.num_steps}")
+    print(f"answer: {attr.generated_text!r}")
+    user = attr.user_positions or None
+    from .result import zscore
+
+    for name, scores in attr.methods.items():
+        print(f"\n[{name}]  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
+        z = zscore(scores.raw, user) if user else scores.z  # (K, N)
+        for k, tok in enumerate(attr.generated_tokens):
+            row = z[k]
+            order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
+            tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
+            print(f"  step {k:3d} {tok!r:>14}: {tops}")
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import explain
+    from .models import load_model
+
+    prompt = _read_prompt(args)
+    methods = [m for m in args.methods.split(",") if m.strip()]
+    from .methods import get_method
+
+    for m in methods:  # fail on a bad name before loading a model
+        get_method(m)
+    if args.json:
+        out_dir = Path(args.json).resolve().parent
+        if not out_dir.is_dir():
+            raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
+    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
+    attr = explain(
+        bundle,
+        prompt,
+        methods=methods,
+        max_new_tokens=args.max_new_tokens,
+        chat_template=not args.no_chat_template,
+    )
+    if args.json:
+        try:
+            attr.save_json(args.json)
+        except OSError as e:
+            raise InputError(f"Cannot write {args.json!r}: {e}") from e
+        print(f"wrote {args.json} ({attr.num_steps} steps x {attr.num_prompt_tokens} prompt tokens)")
+    else:
+        _print_summary(attr, args.top)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("explain", help="generate an answer and explain every token")
+    p.add_argument("--prompt", help="the prompt text")
+    p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--methods", default="macs", help="comma-separated method names")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--json", help="write the full result as JSON to this path")
+    p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
+    p.set_defaults(func=cmd_explain)
+
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("EXPLAINER_LOG", "WARNING"))
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except ExplainerError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+def json_dump(obj, path: str | None) -> None:
+    if path:
+        Path(path).write_text(json.dumps(obj, indent=2), encoding="utf-8")

@@ -1,0 +1,195 @@
+"""Greedy generation with attribution maps computed as tokens arrive.
+
+Step k explains generated token k: its attention row comes from the forward pass whose logits chose token k (the
+prefill's last prompt position for k = 0, the previous token's decode pass after; MACS paper section 3.2.1).
+Attention capture is entered around each forward pass only, never across a `yield`, so a consumer that stops
+iterating (or fails) cannot leave the model changed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from .capture import capture_attention
+from .errors import InputError
+from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
+from .models import ModelBundle
+from .result import Attribution, MethodScores
+
+MAX_NEW_TOKENS_LIMIT = 1024
+
+
+@dataclass
+class Step:
+    """One generated token and the raw score row of every streaming method: name -> (N,)."""
+
+    index: int
+    token_id: int
+    scores: dict[str, np.ndarray]
+    seconds: float  # wall time of this step's forward pass
+
+
+def _full_row_consumer(methods: Sequence[AttributionMethod]):
+    consumers = [m.consume_full_rows for m in methods if getattr(m, "needs_full_rows", False)]
+    if not consumers:
+        return None
+
+    def consume(layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
+        for c in consumers:
+            c(layer_idx, q_start, probs)
+
+    return consume
+
+
+@torch.inference_mode()
+def generate_steps(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    methods: Sequence[AttributionMethod],
+    max_new_tokens: int,
+    eos_token_ids: Iterable[int] = (),
+    method_seconds: dict[str, float] | None = None,
+) -> Iterator[Step]:
+    """Greedy decoding that yields each token with the streaming methods' scores.
+
+    Args:
+        model: causal LM.
+        input_ids: (1, N) prompt.
+        methods: streaming methods (post-hoc ones are ignored here).
+        max_new_tokens: upper bound on K.
+        eos_token_ids: generation stops after producing one of these (it is yielded as the last step).
+        method_seconds: if given, accumulates per-method time spent in `step`.
+    """
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
+    n = input_ids.shape[1]
+    streaming = [m for m in methods if m.streaming]
+    for m in streaming:
+        m.begin(n)
+    consumer = _full_row_consumer(streaming)
+    eos = set(eos_token_ids)
+    cache = DynamicCache(config=model.config)
+    next_input = input_ids
+    for k in range(max_new_tokens):
+        t0 = time.perf_counter()
+        if streaming:
+            with capture_attention(model, full_row_consumer=consumer) as recorder:
+                out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                rows = recorder.stacked(n + k)[:, 0]  # (L, H, N + k)
+        else:
+            out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        token = int(out.logits[0, -1].argmax())
+        forward_seconds = time.perf_counter() - t0
+        scores = {}
+        for m in streaming:
+            t1 = time.perf_counter()
+            scores[m.name] = m.step(rows)
+            if method_seconds is not None:
+                method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
+        yield Step(index=k, token_id=token, scores=scores, seconds=forward_seconds)
+        if token in eos:
+            break
+        next_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
+
+
+def _instantiate(methods: Sequence[str | AttributionMethod], options: dict[str, dict[str, Any]] | None):
+    out: list[AttributionMethod] = []
+    seen = set()
+    for m in methods:
+        inst = m if isinstance(m, AttributionMethod) else get_method(m, **(options or {}).get(m, {}))
+        if inst.name not in seen:
+            seen.add(inst.name)
+            out.append(inst)
+    if not out:
+        raise InputError("Choose at least one attribution method.")
+    return out
+
+
+def stream_explain(
+    bundle: ModelBundle,
+    prompt: str,
+    methods: Sequence[str | AttributionMethod] = ("macs",),
+    max_new_tokens: int = 64,
+    chat_template: bool = True,
+    method_options: dict[str, dict[str, Any]] | None = None,
+    progress: ProgressFn | None = None,
+) -> Iterator[Attribution]:
+    """Generate an answer and yield a growing `Attribution` after every token, then after each post-hoc method.
+
+    Args:
+        bundle: loaded model.
+        prompt: the user's text (the chat template is applied when `chat_template` and the tokenizer has one).
+        methods: registered method names (or instances), e.g. ["macs", "random"].
+        max_new_tokens: generation length bound (greedy decoding; stops early at end-of-sequence).
+        chat_template: wrap the prompt in the tokenizer's chat template.
+        method_options: per-method keyword options, e.g. {"macs": {"alpha": 0.5}}.
+        progress: callback for post-hoc methods' progress.
+
+    Raises:
+        InputError: bad prompt or settings. UnknownMethodError: unknown method name.
+        UnsupportedModelError: the model's attention cannot be captured.
+    """
+    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
+    instances = _instantiate(methods, method_options)
+    encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+    ids = encoded.input_ids[0].tolist()
+    attr = Attribution(
+        model=bundle.name,
+        prompt_token_ids=ids,
+        prompt_tokens=bundle.readable(ids),
+        user_positions=encoded.user_positions,
+        meta={"max_new_tokens": max_new_tokens, "chat_template": bool(chat_template and bundle.has_chat_template)},
+    )
+    streaming = [m for m in instances if m.streaming]
+    rows: dict[str, list[np.ndarray]] = {m.name: [] for m in streaming}
+    method_seconds: dict[str, float] = {}
+    gen_start = time.perf_counter()
+    forward_seconds = 0.0
+    for step in generate_steps(
+        bundle.model, encoded.input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds
+    ):
+        forward_seconds += step.seconds
+        attr.generated_token_ids.append(step.token_id)
+        attr.generated_tokens.extend(bundle.readable([step.token_id]))
+        for m in streaming:
+            rows[m.name].append(step.scores[m.name])
+            attr.methods[m.name] = MethodScores.from_raw(
+                np.stack(rows[m.name]), seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
+            )
+        attr.meta["status"] = f"generating: {len(attr.generated_token_ids)} tokens"
+        yield attr
+    generation_seconds = time.perf_counter() - gen_start
+    attr.meta.update(
+        generation_seconds=generation_seconds,
+        forward_seconds=forward_seconds,
+        tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
+    )
+    full_ids = torch.tensor([ids + attr.generated_token_ids], dtype=torch.long, device=bundle.device)  # (1, N+K)
+    run = GenerationRun(model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress)
+    for m in instances:
+        if m.streaming:
+            continue
+        attr.meta["status"] = f"running {m.name}"
+        t0 = time.perf_counter()
+        raw = m.explain(run)  # (K, N)
+        attr.methods[m.name] = MethodScores.from_raw(raw, seconds=time.perf_counter() - t0, meta=m.meta())
+        yield attr
+    attr.meta["status"] = "done"
+    yield attr
+
+
+def explain(bundle: ModelBundle, prompt: str, **kwargs: Any) -> Attribution:
+    """Run `stream_explain` to the end and return the final `Attribution`."""
+    result = None
+    for result in stream_explain(bundle, prompt, **kwargs):
+        pass
+    assert result is not None
+    return result

@@ -1,0 +1,45 @@
+"""Registry of attribution methods, found by name."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import UnknownMethodError
+from .base import AttributionMethod, GenerationRun, ProgressFn
+from .macs import MACS, MACSConfig
+from .random import RandomBaseline, RandomConfig
+
+METHODS: dict[str, type[AttributionMethod]] = {
+    MACS.name: MACS,
+    RandomBaseline.name: RandomBaseline,
+}
+
+
+def available_methods() -> list[str]:
+    return list(METHODS)
+
+
+def get_method(name: str, config: Any = None, **options: Any) -> AttributionMethod:
+    """Instantiate a registered method.
+
+    Raises:
+        UnknownMethodError: the name is not registered; the message lists the valid ones.
+    """
+    key = name.strip().lower()
+    if key not in METHODS:
+        raise UnknownMethodError(f"Unknown method {name!r}. Available methods: {', '.join(METHODS)}.")
+    return METHODS[key](config, **options)
+
+
+__all__ = [
+    "METHODS",
+    "MACS",
+    "MACSConfig",
+    "RandomBaseline",
+    "RandomConfig",
+    "AttributionMethod",
+    "GenerationRun",
+    "ProgressFn",
+    "available_methods",
+    "get_method",
+]

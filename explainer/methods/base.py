@@ -1,0 +1,84 @@
+"""The contract every attribution method follows.
+
+Streaming methods see the attention rows of every generation step while the model generates and return one row of
+scores per step. Post-hoc methods run once after generation on the finished sequence and return all K rows at once.
+Both produce raw scores of shape (K steps, N prompt tokens); z-scores are added by the result type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+
+# progress(fraction in [0, 1], message)
+ProgressFn = Callable[[float, str], None]
+
+
+@dataclass
+class GenerationRun:
+    """A finished generation, as post-hoc methods see it.
+
+    Attributes:
+        model: the causal LM (read-only).
+        input_ids: (1, N + K) prompt followed by the generated tokens.
+        num_prompt_tokens: N.
+        progress: optional callback for long computations.
+    """
+
+    model: torch.nn.Module
+    input_ids: torch.Tensor
+    num_prompt_tokens: int
+    progress: ProgressFn | None = None
+
+    @property
+    def num_steps(self) -> int:
+        return self.input_ids.shape[1] - self.num_prompt_tokens
+
+
+class AttributionMethod:
+    """Base class. Subclasses set `name`, `streaming`, `Config`, and implement either the streaming pair
+    `begin`/`step` or `explain`."""
+
+    name: ClassVar[str]
+    streaming: ClassVar[bool]
+    Config: ClassVar[type]
+
+    def __init__(self, config: Any = None, **options: Any) -> None:
+        if config is None:
+            config = self.Config(**options)
+        elif options:
+            raise TypeError("pass either a config object or keyword options, not both")
+        self.config = config
+
+    # Streaming methods -----------------------------------------------------------------------------------------
+    def begin(self, num_prompt_tokens: int) -> None:
+        """Reset state for a new generation over N prompt tokens."""
+        raise NotImplementedError
+
+    def step(self, rows: torch.Tensor) -> np.ndarray:
+        """Scores for one generation step.
+
+        Args:
+            rows: (L, H, T) attention of the query that predicts this step's token, T = N + k.
+
+        Returns:
+            (N,) float raw scores.
+        """
+        raise NotImplementedError
+
+    # Post-hoc methods ------------------------------------------------------------------------------------------
+    def explain(self, run: GenerationRun) -> np.ndarray:
+        """Scores for all steps of a finished generation: (K, N)."""
+        raise NotImplementedError
+
+    def options(self) -> dict[str, Any]:
+        """The config as plain data."""
+        return dict(vars(self.config))
+
+    def meta(self) -> dict[str, Any]:
+        """What the result's metadata keeps for this method: the options and anything learnt while running."""
+        return self.options()

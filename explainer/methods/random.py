@@ -1,0 +1,24 @@
+"""Random baseline: uniform scores with a seed, the sanity row of every table in the MACS paper (section 4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import AttributionMethod, GenerationRun
+
+
+@dataclass
+class RandomConfig:
+    seed: int = 0  # same seed, same shapes -> same scores
+
+
+class RandomBaseline(AttributionMethod):
+    name = "random"
+    streaming = False
+    Config = RandomConfig
+
+    def explain(self, run: GenerationRun) -> np.ndarray:
+        rng = np.random.default_rng(self.config.seed)
+        return rng.random((run.num_steps, run.num_prompt_tokens), dtype=np.float64).astype(np.float32)  # (K, N)

