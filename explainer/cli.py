@@ -51,6 +51,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from .models import load_model
 
     prompt = _read_prompt(args)
+    if not prompt.strip():  # checked before the (slow) model load
+        raise InputError("The prompt is empty: type a question or some text to continue.")
     methods = [m for m in args.methods.split(",") if m.strip()]
     from .methods import get_method
 
@@ -104,6 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=os.environ.get("EXPLAINER_LOG", "WARNING"))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

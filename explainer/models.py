@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .errors import InputError, ModelLoadError
-from .tokens import readable_tokens
+from .tokens import is_byte_level, readable_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -113,6 +113,7 @@ class ModelBundle:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     load_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    _vocab: dict[str, Any] = field(default_factory=dict, repr=False)  # special tokens and byte-level flag, lazily
 
     @property
     def device(self) -> torch.device:
@@ -140,10 +141,15 @@ class ModelBundle:
         return ids
 
     def readable(self, ids: list[int]) -> list[str]:
-        special = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
-        added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
-        special |= {str(t) for t in added.values()}
-        return readable_tokens(self.tokenizer.convert_ids_to_tokens(ids), special)
+        """Display strings for token ids (see `tokens.readable_tokens`)."""
+        if not self._vocab:
+            special = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
+            added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+            self._vocab["special"] = special | {str(t) for t in added.values()}
+            self._vocab["byte_level"] = is_byte_level(self.tokenizer.get_vocab())
+        return readable_tokens(
+            self.tokenizer.convert_ids_to_tokens(ids), self._vocab["special"], self._vocab["byte_level"]
+        )
 
     def encode(self, prompt: str, chat_template: bool = True, max_new_tokens: int = 0) -> EncodedPrompt:
         """Tokenise a user prompt, with the chat template when asked and available.

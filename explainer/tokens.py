@@ -23,26 +23,33 @@ def _byte_decoder() -> dict[str, int]:
     return {chr(c): b for b, c in zip(printable, chars)}
 
 
-def _is_byte_level(tokens: list[str]) -> bool:
-    return any(("Ġ" in t or "Ċ" in t) for t in tokens)
+def is_byte_level(vocab_tokens) -> bool:
+    """Whether a vocabulary uses GPT-2 style byte-level BPE (`Ġ` stands for a space)."""
+    return any(t is not None and ("Ġ" in t or "Ċ" in t) for t in vocab_tokens)
 
 
-def readable_tokens(tokens: list[str], special_tokens: set[str] | frozenset[str] = frozenset()) -> list[str]:
+def readable_tokens(
+    tokens: list[str | None],
+    special_tokens: set[str] | frozenset[str] = frozenset(),
+    byte_level: bool | None = None,
+) -> list[str]:
     """Turn raw vocabulary strings into the text each token stands for.
 
     Args:
-        tokens: raw strings from `tokenizer.convert_ids_to_tokens`.
+        tokens: raw strings from `tokenizer.convert_ids_to_tokens` (None for ids outside the vocabulary).
         special_tokens: strings kept verbatim (e.g. `<|im_start|>`).
+        byte_level: whether the vocabulary is byte-level BPE; guessed from `tokens` when None.
 
     Returns:
-        One display string per token; partial UTF-8 sequences become U+FFFD.
+        One display string per token; partial UTF-8 sequences become U+FFFD, unknown ids `<unk>`.
     """
-    byte_level = _is_byte_level(tokens)
+    if byte_level is None:
+        byte_level = is_byte_level(tokens)
     decoder = _byte_decoder()
     out = []
     for tok in tokens:
         if tok is None:
-            out.append("")
+            out.append("<unk>")
         elif tok in special_tokens:
             out.append(tok)
         elif (m := _BYTE_TOKEN.match(tok)) is not None:

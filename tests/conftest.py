@@ -119,3 +119,12 @@ def eager_attentions(model, input_ids, attention_mask=None):
     with eager(model), torch.no_grad():
         out = model(input_ids=input_ids, attention_mask=attention_mask, output_attentions=True)
     return out.attentions, out.logits
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """A tiny Llama and the test tokenizer saved as a local model folder (what `--model PATH` loads)."""
+    path = tmp_path_factory.mktemp("tiny-llama")
+    build_model("llama").save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return path
