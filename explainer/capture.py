@@ -135,7 +135,7 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
         scaling: float | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        if kwargs.get("softcap") is not None or kwargs.get("position_bias") is not None or kwargs.get("s_aux") is not None:
+        if any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
             raise UnsupportedModelError(
                 f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which attention "
                 "capture does not support yet."

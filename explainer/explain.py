@@ -188,8 +188,8 @@ def stream_explain(
 
 def explain(bundle: ModelBundle, prompt: str, **kwargs: Any) -> Attribution:
     """Run `stream_explain` to the end and return the final `Attribution`."""
-    result = None
-    for result in stream_explain(bundle, prompt, **kwargs):
-        pass
-    assert result is not None
-    return result
+    final = None
+    for update in stream_explain(bundle, prompt, **kwargs):
+        final = update
+    assert final is not None
+    return final
