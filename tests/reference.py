@@ -46,3 +46,21 @@ def log_zscore(log_values):
 
 def isclose_all(a, b, tol):
     return all(math.isclose(x, y, abs_tol=tol) for x, y in zip(a, b, strict=True))
+
+
+def reference_rollout(attentions, n: int, k_steps: int, residual=0.5, head_fusion="mean"):
+    """Dense Attention Rollout from eager full attention matrices (tuple over layers of (1, H, T, T)).
+
+    R = Â_L · … · Â_1 with Â_l = normalise((1 - r)·fuse(A_l) + r·I); returns K rows of R restricted to N columns.
+    """
+    import torch
+
+    t = attentions[0].shape[-1]
+    rollout = torch.eye(t, dtype=torch.float64)
+    for att in attentions:
+        a = att[0].double()  # (H, T, T)
+        fused = a.mean(0) if head_fusion == "mean" else a.amax(0)
+        hat = (1 - residual) * fused + residual * torch.eye(t, dtype=torch.float64)
+        hat = hat / hat.sum(-1, keepdim=True)
+        rollout = hat @ rollout
+    return [rollout[n - 1 + k, :n].tolist() for k in range(k_steps)]

@@ -8,9 +8,11 @@ from ..errors import UnknownMethodError
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
+from .rollout import Rollout, RolloutConfig
 
 METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
+    Rollout.name: Rollout,
     RandomBaseline.name: RandomBaseline,
 }
 
@@ -37,6 +39,8 @@ __all__ = [
     "MACSConfig",
     "RandomBaseline",
     "RandomConfig",
+    "Rollout",
+    "RolloutConfig",
     "AttributionMethod",
     "GenerationRun",
     "ProgressFn",
