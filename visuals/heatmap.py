@@ -1,0 +1,406 @@
+"""Views of an `Attribution`: the prompt as a token heatmap (HTML or Plotly), the answer, a top-tokens table.
+
+Every function is pure: it reads an `Attribution` and returns HTML, a Plotly figure or table rows. Steps are 0-based
+indices into the generated tokens (`None` means the newest); out-of-range steps are clamped. The HTML is
+self-contained (inline styles, its own light background and text colour) so it reads the same on light and dark
+Gradio themes.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import plotly.graph_objects as go
+
+from explainer.result import Attribution, zscore
+
+Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
+TOKENS_PER_ROW = 16  # grid width of the Plotly view
+
+# ColorBrewer RdBu, from white (z = 0) outwards; Plotly's reversed 'RdBu' uses the same colours.
+_RED_STOPS = ((255, 255, 255), (253, 219, 199), (244, 165, 130), (214, 96, 77), (178, 24, 43))
+_BLUE_STOPS = ((255, 255, 255), (209, 229, 240), (146, 197, 222), (67, 147, 195), (33, 102, 172))
+_NAN_COLOR = "rgb(230, 230, 230)"
+_TEXT = "#1f2328"
+_MUTED = "#57606a"
+_CARD = (
+    f"background:#ffffff;color:{_TEXT};border:1px solid #d0d7de;border-radius:8px;padding:10px 12px;"
+    "font-family:ui-sans-serif,system-ui,-apple-system,'Segoe UI',sans-serif;"
+)
+_FLOW = "white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:15px;"
+_TOKEN = "border-radius:3px;padding:1px 0;"
+_WHITESPACE = {"\n": "⏎", "\t": "⇥", "\r": ""}
+
+
+@dataclass(frozen=True)
+class _View:
+    """What one heatmap panel shows: the selected prompt positions and their scores at one step."""
+
+    step: int | None  # clamped 0-based step; None when the method has no scores yet
+    positions: np.ndarray  # (n,) shown prompt positions, ascending
+    z: np.ndarray  # (n,) z-scores over the shown positions; NaN where unknown
+    raw: np.ndarray  # (n,) the method's own scores
+    renormalised: bool  # z recomputed over the user's tokens only
+
+
+def visible_whitespace(text: str, spaces: bool = True) -> str:
+    """Make whitespace visible: newline -> ⏎, tab -> ⇥ and, when `spaces`, space -> ␣."""
+    out = "".join(_WHITESPACE.get(ch, ch) for ch in text)
+    return out.replace(" ", "␣") if spaces else out
+
+
+def diverging_color(z: float, zmax: float) -> str:
+    """CSS colour of a z-score on a symmetric blue-white-red scale over [-zmax, zmax]; grey for NaN."""
+    if z is None or not math.isfinite(z):
+        return _NAN_COLOR
+    t = min(abs(z) / zmax, 1.0) if zmax > 0 else 0.0
+    stops = _RED_STOPS if z > 0 else _BLUE_STOPS
+    x = t * (len(stops) - 1)
+    i = min(int(x), len(stops) - 2)
+    f = x - i
+    r, g, b = (round(a + (c - a) * f) for a, c in zip(stops[i], stops[i + 1], strict=True))
+    return f"rgb({r}, {g}, {b})"
+
+
+def _text_color(z: float, zmax: float) -> str:
+    strong = math.isfinite(z) and zmax > 0 and abs(z) / zmax > 0.65
+    return "#ffffff" if strong else _TEXT
+
+
+def _clamp_step(step: int | None, num_steps: int) -> int | None:
+    if num_steps <= 0:
+        return None
+    if step is None:
+        return num_steps - 1
+    return min(max(int(step), 0), num_steps - 1)
+
+
+def _positions(attr: Attribution, user_only: bool) -> tuple[np.ndarray, bool]:
+    """Shown prompt positions and whether they are the user's subset (falls back to all tokens)."""
+    n = len(attr.prompt_tokens)
+    if user_only and attr.user_positions:
+        pos = np.unique(np.asarray([p for p in attr.user_positions if 0 <= p < n], dtype=np.int64))
+        if pos.size:
+            return pos, True
+    return np.arange(n, dtype=np.int64), False
+
+
+def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> _View:
+    pos, subset = _positions(attr, user_only)
+    scores = attr.methods.get(method)
+    s = _clamp_step(step, 0 if scores is None else scores.raw.shape[0])
+    if s is None:
+        empty = np.full(pos.shape, np.nan, dtype=np.float32)
+        return _View(step=None, positions=pos, z=empty, raw=empty, renormalised=False)
+    raw_row = np.asarray(scores.raw[s], dtype=np.float32)  # (N,)
+    if subset:
+        finite = pos[np.isfinite(raw_row[pos])]  # NaN scores stay NaN instead of poisoning the mean
+        z_row = zscore(raw_row[None, :], finite)[0]  # (N,), NaN outside `finite`
+    else:
+        z_row = np.asarray(scores.z[s], dtype=np.float32)  # (N,)
+    return _View(step=s, positions=pos, z=z_row[pos], raw=raw_row[pos], renormalised=subset)
+
+
+def _auto_zmax(views: Sequence[_View]) -> float:
+    vals = [np.abs(v.z[np.isfinite(v.z)]) for v in views]
+    vals = [v for v in vals if v.size]
+    if not vals:
+        return 1.0
+    # z-scores of a non-constant row always reach |z| >= 1, so the floor only matters for all-equal rows
+    return float(np.clip(max(float(v.max()) for v in vals), 1.0, Z_CLIP))
+
+
+def _quoted(token: str) -> str:
+    return "'" + visible_whitespace(token) + "'"
+
+
+def _token_text_html(token: str) -> str:
+    if token == "":
+        return f'<span style="color:{_MUTED}">∅</span>'
+    text = html.escape(token.replace("\r", ""))
+    return text.replace("\n", "⏎<br>")
+
+
+def _score_text(z: float, raw: float) -> str:
+    if not math.isfinite(z):
+        return "no score"
+    raw_text = f"{raw:.4g}" if math.isfinite(raw) else "n/a"
+    return f"z = {z:+.2f} (raw {raw_text})"
+
+
+def _tokens_html(attr: Attribution, view: _View, zmax: float) -> str:
+    parts = []
+    prev = None
+    for p, z, raw in zip(view.positions.tolist(), view.z.tolist(), view.raw.tolist(), strict=True):
+        if prev is not None and p != prev + 1:
+            parts.append(f'<span style="color:{_MUTED}" title="tokens hidden"> … </span>')
+        prev = p
+        token = attr.prompt_tokens[p]
+        score = "no score yet" if view.step is None else _score_text(z, raw)
+        title = html.escape(f"{_quoted(token)} · position {p} · {score}", quote=True)
+        if view.step is None:
+            style = f"{_TOKEN}background-color:#ffffff;color:{_TEXT};"
+        else:
+            style = f"{_TOKEN}background-color:{diverging_color(z, zmax)};color:{_text_color(z, zmax)};"
+        data_z = f"{z:.6g}" if math.isfinite(z) else "nan"
+        parts.append(
+            f'<span class="xai-tok" data-pos="{p}" data-z="{data_z}" style="{style}" title="{title}">'
+            f"{_token_text_html(token)}</span>"
+        )
+    return f'<div style="{_FLOW}">{"".join(parts)}</div>'
+
+
+def _legend_html(zmax: float) -> str:
+    stops = [diverging_color(-zmax * i / 8, zmax) for i in range(8, 0, -1)]
+    stops += [diverging_color(zmax * i / 8, zmax) for i in range(9)]
+    gradient = ", ".join(stops)
+    return (
+        f'<div class="xai-legend" data-zmax="{zmax:.6g}" style="display:flex;align-items:center;gap:10px;'
+        f'font-size:12px;margin-top:8px;color:{_TEXT};">'
+        "<span>z-score</span>"
+        '<div style="width:200px;">'
+        f'<div style="height:10px;border:1px solid #d0d7de;border-radius:2px;background:linear-gradient(to right, '
+        f'{gradient});"></div>'
+        '<div style="display:flex;justify-content:space-between;">'
+        f"<span>{-zmax:+.2f}</span><span>0</span><span>{zmax:+.2f}</span></div></div>"
+        f'<span style="color:{_MUTED};">red: more important than average · blue: less</span>'
+        "</div>"
+    )
+
+
+def _note_html(text: str) -> str:
+    return f'<div style="font-size:13px;color:{_MUTED};margin:4px 0;">{html.escape(text)}</div>'
+
+
+def _step_caption(attr: Attribution, step: int | None, num_steps: int) -> str:
+    if step is None:
+        return "No generated tokens yet: scores appear as the answer streams."
+    token = attr.generated_tokens[step] if step < len(attr.generated_tokens) else ""
+    return f"Step {step + 1} of {num_steps} explains the token {_quoted(token)}"
+
+
+def _scope_caption(view: _View) -> str:
+    if view.renormalised:
+        return f"z-scores re-normalised over the {view.positions.size} tokens of your text"
+    return f"z-scores over all {view.positions.size} prompt tokens"
+
+
+def token_heatmap_html(
+    attr: Attribution, method: str, step: int | None = None, user_only: bool = True, zmax: float | None = None
+) -> str:
+    """The prompt as flowing text, each token coloured by its z-score at one generation step.
+
+    Args:
+        attr: the generation and its scores; `attr.methods[method].raw` is (K, N).
+        method: which method's scores to show.
+        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
+        user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
+            when there are none); False shows all N tokens with the stored `z`.
+        zmax: half-width of the colour range; None uses the largest |z| shown, capped at `Z_CLIP`.
+
+    Returns:
+        An HTML fragment: caption, tokens (hover shows token, position and score) and a colour legend.
+    """
+    view = _view(attr, method, step, user_only)
+    num_steps = 0 if method not in attr.methods else attr.methods[method].raw.shape[0]
+    if view.step is None:
+        note = _step_caption(attr, None, 0) if attr.num_steps == 0 else f"No scores for '{method}' yet."
+        return f'<div class="xai-heatmap" style="{_CARD}">{_note_html(note)}{_tokens_html(attr, view, 1.0)}</div>'
+    zmax = _auto_zmax([view]) if zmax is None or zmax <= 0 else float(zmax)
+    caption = f"<b>{html.escape(method)}</b> · {html.escape(_step_caption(attr, view.step, num_steps))}"
+    return (
+        f'<div class="xai-heatmap" style="{_CARD}">'
+        f'<div style="font-size:13px;margin-bottom:6px;">{caption}</div>'
+        f"{_tokens_html(attr, view, zmax)}{_note_html(_scope_caption(view))}{_legend_html(zmax)}</div>"
+    )
+
+
+def side_by_side_html(
+    attr: Attribution,
+    methods: Sequence[str],
+    step: int | None = None,
+    user_only: bool = True,
+    zmax: float | None = None,
+) -> str:
+    """One heatmap panel per method for the same step, all on one shared colour scale.
+
+    Args:
+        attr: the generation and its scores, each method (K, N).
+        methods: method names, one panel each (a method without scores yet gets a neutral "pending" panel).
+        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
+        user_only: as in `token_heatmap_html`.
+        zmax: shared half-width of the colour range; None uses the largest |z| over all panels, capped at `Z_CLIP`.
+
+    Returns:
+        An HTML fragment: a caption, a responsive grid of panels titled with method name and seconds, one legend.
+    """
+    methods = list(methods)
+    if not methods:
+        return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
+    views = [_view(attr, m, step, user_only) for m in methods]
+    scored = [v for v in views if v.step is not None]
+    zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
+    header_step = _clamp_step(step, attr.num_steps) if scored else None
+    caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
+    if scored:
+        caption += f" · {html.escape(_scope_caption(scored[0]))}"
+    panels = []
+    for method, view in zip(methods, views, strict=True):
+        scores = attr.methods.get(method)
+        if scores is not None and view.step is not None:
+            detail = f"{scores.seconds:.2f} s"
+        else:
+            detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
+        panels.append(
+            f'<div class="xai-panel" data-method="{html.escape(method, quote=True)}" '
+            'style="border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;min-width:0;">'
+            f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(method)} '
+            f'<span style="font-weight:400;color:{_MUTED};">· {html.escape(detail)}</span></div>'
+            f"{_tokens_html(attr, view, zmax)}</div>"
+        )
+    grid = "display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,300px),1fr));gap:10px;align-items:start;"
+    legend = _legend_html(zmax) if scored else ""
+    return (
+        f'<div class="xai-heatmap" style="{_CARD}">'
+        f'<div style="font-size:13px;margin-bottom:8px;">{caption}</div>'
+        f'<div style="{grid}">{"".join(panels)}</div>{legend}</div>'
+    )
+
+
+def answer_html(attr: Attribution, step: int | None = None) -> str:
+    """The generated answer as text with the token of `step` outlined (the one the heatmap explains).
+
+    Args:
+        attr: the generation; its K `generated_tokens` are shown.
+        step: 0-based index of the highlighted token; None is the newest, out-of-range values are clamped.
+
+    Returns:
+        An HTML fragment.
+    """
+    num_steps = len(attr.generated_tokens)
+    s = _clamp_step(step, num_steps)
+    if s is None:
+        return f'<div class="xai-answer" style="{_CARD}">{_note_html("No answer yet.")}</div>'
+    parts = []
+    for i, token in enumerate(attr.generated_tokens):
+        title = html.escape(f"step {i + 1}: {_quoted(token)}", quote=True)
+        style = _TOKEN
+        if i == s:
+            style += "outline:2px solid #cf222e;outline-offset:1px;background-color:#fff8c5;"
+        selected = ' data-selected="true"' if i == s else ""
+        parts.append(
+            f'<span class="xai-step" data-step="{i}"{selected} style="{style}" title="{title}">'
+            f"{_token_text_html(token)}</span>"
+        )
+    return f'<div class="xai-answer" style="{_CARD}"><div style="{_FLOW}">{"".join(parts)}</div></div>'
+
+
+def top_tokens_rows(
+    attr: Attribution, method: str, step: int | None = None, k: int = 5, user_only: bool = True
+) -> list[list]:
+    """The k prompt tokens with the highest z-score at one step, for a table.
+
+    Args:
+        attr: the generation and its scores, (K, N) per method.
+        method: which method's scores to rank.
+        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
+        k: number of rows at most.
+        user_only: rank only the user's tokens, with z re-standardised over them (as in `token_heatmap_html`).
+
+    Returns:
+        Rows `[rank (1-based), token (visible whitespace), prompt position, z rounded to 3 decimals]`, best first;
+        empty when the method has no scores for any step. NaN scores are left out.
+    """
+    view = _view(attr, method, step, user_only)
+    if view.step is None:
+        return []
+    order = np.argsort(-np.nan_to_num(view.z, nan=-np.inf), kind="stable")  # ties keep prompt order
+    order = [i for i in order.tolist() if math.isfinite(view.z[i])][: max(int(k), 0)]
+    return [
+        [
+            rank,
+            visible_whitespace(attr.prompt_tokens[view.positions[i]]),
+            int(view.positions[i]),
+            round(float(view.z[i]), 3),
+        ]
+        for rank, i in enumerate(order, start=1)
+    ]
+
+
+def _cell_label(token: str, width: int = 10) -> str:
+    text = visible_whitespace(token) or "∅"
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def token_heatmap_figure(
+    attr: Attribution,
+    method: str,
+    step: int | None = None,
+    user_only: bool = True,
+    zmax: float | None = None,
+    tokens_per_row: int = TOKENS_PER_ROW,
+) -> go.Figure:
+    """The prompt tokens as a grid of coloured cells (a Plotly alternative to `token_heatmap_html`).
+
+    Args:
+        attr: the generation and its scores, (K, N) per method.
+        method: which method's scores to show.
+        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
+        user_only: as in `token_heatmap_html`.
+        zmax: half-width of the colour range; None uses the largest |z| shown, capped at `Z_CLIP`.
+        tokens_per_row: grid width; tokens wrap in reading order.
+
+    Returns:
+        A figure with one heatmap trace: z is (rows, tokens_per_row) with NaN padding, each shown token's cell has
+        its text and a hover with token, position and score; red is high, blue low, white 0.
+    """
+    view = _view(attr, method, step, user_only)
+    zmax = _auto_zmax([view]) if zmax is None or zmax <= 0 else float(zmax)
+    width = max(int(tokens_per_row), 1)
+    n = int(view.positions.size)
+    rows = max(1, math.ceil(n / width))
+    grid = np.full((rows, width), np.nan)  # (rows, width)
+    text = [[""] * width for _ in range(rows)]
+    hover = [[""] * width for _ in range(rows)]
+    for i, (p, z, raw) in enumerate(zip(view.positions.tolist(), view.z.tolist(), view.raw.tolist(), strict=True)):
+        r, c = divmod(i, width)
+        token = attr.prompt_tokens[p]
+        grid[r, c] = 0.0 if view.step is None else z  # no scores yet: neutral cells that still show text
+        text[r][c] = html.escape(_cell_label(token))  # plotly reads cell text as pseudo-HTML
+        score = "no score yet" if view.step is None else _score_text(z, raw)
+        hover[r][c] = f"{html.escape(_quoted(token))}<br>position {p}<br>{score}"
+    trace = go.Heatmap(
+        z=grid,
+        text=text,
+        texttemplate="%{text}",
+        textfont={"size": 11},
+        hovertext=hover,
+        hoverinfo="text",
+        hoverongaps=False,
+        colorscale="RdBu",
+        reversescale=True,  # red = high
+        zmid=0,
+        zmin=-zmax,
+        zmax=zmax,
+        xgap=2,
+        ygap=2,
+        colorbar={"title": {"text": "z"}, "thickness": 12},
+    )
+    num_steps = 0 if method not in attr.methods else attr.methods[method].raw.shape[0]
+    title = f"{method} · {_step_caption(attr, view.step, num_steps)}"
+    fig = go.Figure(trace)
+    fig.update_layout(
+        title={"text": html.escape(title), "font": {"size": 13}},
+        height=90 + 34 * rows,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        paper_bgcolor="#ffffff",
+        plot_bgcolor="#ffffff",
+        font={"color": _TEXT},
+    )
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False, autorange="reversed")
+    return fig
