@@ -90,7 +90,12 @@ def _outputs(attr: Attribution, methods: list[str], show_all: bool, live: bool) 
 
 
 def explain(
-    prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool, show_all: bool
+    prompt: str,
+    methods: list[str],
+    max_new_tokens: float,
+    chat_template: bool,
+    show_all: bool,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Iterator[tuple]:
     """Generate an answer and its attributions, yielding the rendered views after every token.
 
@@ -106,7 +111,12 @@ def explain(
     try:
         bundle = get_bundle()
         stream = stream_explain(
-            bundle, prompt, methods=methods, max_new_tokens=int(max_new_tokens), chat_template=bool(chat_template)
+            bundle,
+            prompt,
+            methods=methods,
+            max_new_tokens=int(max_new_tokens),
+            chat_template=bool(chat_template),
+            progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
         )
         for attr in stream:
             yield _outputs(attr, methods, show_all, live=True)

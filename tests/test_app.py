@@ -45,7 +45,9 @@ class FakeLibrary:
     def available_methods(self):
         return ["macs", "random"]
 
-    def stream_explain(self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True):
+    def stream_explain(self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None):
+        if progress is not None:
+            progress(0.5, "fake post-hoc method halfway")
         self.calls.append(
             {
                 "bundle": bundle,
@@ -154,6 +156,16 @@ def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):
     assert call["prompt"] == "Where is Paris" and call["methods"] == ["macs"]
     assert call["max_new_tokens"] == 8 and isinstance(call["max_new_tokens"], int)
     assert call["chat_template"] is True and call["bundle"].name == "fake-tiny"
+
+
+def test_library_progress_reaches_the_progress_bar(app_module, fake):
+    seen = []
+
+    def tracker(fraction, desc=None):
+        seen.append((fraction, desc))
+
+    list(app_module.explain("Where is Paris", ["macs"], 4, True, False, progress=tracker))
+    assert seen == [(0.5, "fake post-hoc method halfway")]
 
 
 def test_model_is_loaded_once_per_process(app_module, fake):
