@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UnknownMethodError
+from .atman import AtMan
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
@@ -13,6 +14,7 @@ from .rollout import Rollout, RolloutConfig
 METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
     Rollout.name: Rollout,
+    AtMan.name: AtMan,
     RandomBaseline.name: RandomBaseline,
 }
 

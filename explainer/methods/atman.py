@@ -1,0 +1,355 @@
+"""AtMan: explanation by attention manipulation, a post-hoc perturbation method.
+
+Implements Deb, Deiseroth, Weinbach et al., "AtMan: Understanding Transformer Predictions Through Memory Efficient
+Attention Manipulation" (AtMan paper, sections 3.1-3.3):
+
+- Eq. 3: the influence of prompt token i on generated token k is the change of k's cross-entropy under teacher
+  forcing of the whole generation when i is suppressed: score[k, i] = CE_k(suppress i) - CE_k(original).
+- Eq. 4 (as our issue tracker specifies it, not the paper's literal form): in every layer and head, each query's
+  attention weight to the suppressed key is multiplied by `suppression_factor` before renormalisation, i.e.
+  ln(suppression_factor) is added to the pre-softmax score of that key's column.
+- Section 3.3, correlated suppression: every other prompt token j whose input embedding has cosine similarity
+  s_ij >= kappa to token i is suppressed too, by the factor (1 - f) * (1 - s_ij) + f (f = suppression_factor).
+
+Only prompt tokens are suppressed, never generated ones. One teacher-forced pass per suppressed token gives a whole
+column of the (K, N) map.
+
+Fast path (`fast=True`), exact up to float rounding:
+- one unperturbed pass gives CE_original and the KV cache of every position;
+- queries before the first suppressed position cannot attend to it, so their hidden states, keys and values are
+  unchanged: the perturbed passes reuse that cached prefix and recompute only the suffix, several suppressed tokens
+  per batch, sorted by their first suppressed position so a batch shares a long prefix;
+- equal suppression rows are run once: with correlated suppression every occurrence of a token id suppresses all
+  occurrences (cosine 1) with the same factors, so their columns are identical (512 tokens of English text have
+  ~220 distinct ids);
+- logits are computed only at the K positions that predict generated tokens.
+The naive path (`fast=False`) runs one full forward per prompt token at batch size 1, computing every logit, and is
+the reference the fast path is checked against.
+
+The suppression is applied by a uniquely named attention function and mask function registered with transformers'
+`AttentionInterface` / `AttentionMaskInterface` and selected on the language model's config only, for the duration
+of an `attention_suppression` block (see `explainer/capture.py` for the same pattern).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from ..capture import language_config
+from ..errors import UnsupportedModelError
+from .base import AttributionMethod, GenerationRun, ProgressFn
+
+_NAME_PREFIX = "explainer_atman_"
+_counter = itertools.count()
+_counter_lock = threading.Lock()
+# Attention kwargs that change the scores in ways an additive mask bias cannot be combined with here.
+_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
+
+
+@dataclass
+class AtManConfig:
+    suppression_factor: float = 0.1  # attention weight to a suppressed token is scaled by this before renormalising
+    correlated: bool = True  # section 3.3: also suppress prompt tokens with similar input embeddings
+    cosine_threshold: float = 0.6  # kappa: embedding cosine similarity from which a prompt token counts as correlated
+    batch_size: int = 8  # perturbed sequences per forward pass; larger batches gain little on CPU and cost memory
+    fast: bool = True  # reuse the unperturbed prefix cache and batch; False: one full forward per token (reference)
+
+    def __post_init__(self) -> None:
+        if not self.suppression_factor > 0:
+            raise ValueError(f"suppression_factor must be positive, got {self.suppression_factor}")
+        if not -1.0 <= self.cosine_threshold <= 1.0:
+            raise ValueError(f"cosine_threshold must lie in [-1, 1], got {self.cosine_threshold}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+
+
+def suppression_factors(
+    token_ids: torch.Tensor,
+    embedding: torch.nn.Module,
+    factor: float = 0.1,
+    correlated: bool = True,
+    threshold: float = 0.6,
+) -> torch.Tensor:
+    """Attention factors applied when each prompt token is suppressed (section 3.3).
+
+    Args:
+        token_ids: (N,) prompt token ids.
+        embedding: the model's input embedding, ids (U,) -> (U, d).
+        factor: the factor of the suppressed token itself.
+        correlated: also suppress tokens whose input-embedding cosine similarity to it is >= `threshold`, by
+            (1 - factor) * (1 - cos) + factor.
+        threshold: kappa.
+
+    Returns:
+        (N, N) float32: row i holds the factor on the attention to every prompt token j when token i is suppressed;
+        1 means untouched. The diagonal is `factor`; with `correlated`, so is every other occurrence of the same id
+        (cosine 1), which makes the rows of equal ids identical.
+    """
+    n = token_ids.shape[0]
+    if not correlated:
+        return torch.ones(n, n, dtype=torch.float32, device=token_ids.device).fill_diagonal_(factor)  # (N, N)
+    # Per distinct id, so that equal ids give bit-identical rows (the fast path computes such rows once).
+    ids, inverse = torch.unique(token_ids, return_inverse=True)  # (U,), (N,)
+    unit = torch.nn.functional.normalize(embedding(ids).float(), dim=-1)  # (U, d); zero rows stay zero
+    cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
+    per_id = torch.where(cos >= threshold, (1.0 - factor) * (1.0 - cos) + factor, torch.ones_like(cos))
+    per_id.fill_diagonal_(factor)
+    return per_id[inverse][:, inverse]  # (N, N)
+
+
+@dataclass
+class _Suppression:
+    """What the registered functions read while a block runs.
+
+    Attributes:
+        bias: (B, T) additive pre-softmax bias per key position for each sequence of the batch, or None.
+        calls: number of attention layer calls seen (0 after a pass means nothing was manipulated).
+    """
+
+    bias: torch.Tensor | None = None
+    calls: int = 0
+
+
+def _make_mask_function(state: _Suppression) -> Callable:
+    def atman_mask(*, kv_length: int, kv_offset: int = 0, **kwargs) -> torch.Tensor:
+        # The float mask is built once per forward and mask type and shared by all layers, so the bias costs one add.
+        mask = eager_mask(kv_length=kv_length, kv_offset=kv_offset, **kwargs)  # (B, 1, Tq, Tk) additive float
+        if state.bias is None:
+            return mask
+        bias = state.bias[:, kv_offset : kv_offset + kv_length].to(mask.dtype)  # (B, Tk)
+        if bias.shape[0] != mask.shape[0] or bias.shape[1] != kv_length:
+            raise UnsupportedModelError(
+                f"This model builds attention masks of shape {tuple(mask.shape)} that AtMan's per-token bias "
+                f"{tuple(bias.shape)} cannot be aligned with."
+            )
+        return mask + bias[:, None, None, :]
+
+    return atman_mask
+
+
+def _make_attention_function(state: _Suppression) -> Callable:
+    def atman_attention_forward(
+        module: torch.nn.Module,
+        query: torch.Tensor,  # (B, H, Tq, D)
+        key: torch.Tensor,  # (B, KVH, Tk, D)
+        value: torch.Tensor,  # (B, KVH, Tk, D)
+        attention_mask: torch.Tensor | None,  # (B, 1, Tq, Tk) additive float, bias included
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, None]:
+        if any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS):
+            raise UnsupportedModelError(
+                f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which AtMan does not "
+                "support yet."
+            )
+        if attention_mask is None and state.bias is not None:
+            raise UnsupportedModelError(
+                f"{type(module).__name__} received no attention mask from transformers' mask interface, so AtMan "
+                "cannot suppress tokens in it."
+            )
+        state.calls += 1
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+
+    return atman_attention_forward
+
+
+@contextlib.contextmanager
+def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
+    """Let every attention layer of the language model add a per-key bias to its scores while the block runs.
+
+    Set `state.bias` to a (B, T) tensor (B = batch of the next forward, T >= its total key length) before a forward;
+    None leaves attention unchanged. On exit, also after an exception, the config's attention implementation is
+    restored and the registered names are removed.
+    """
+    with _counter_lock:
+        name = f"{_NAME_PREFIX}{next(_counter)}"
+    state = _Suppression()
+    config = language_config(model)
+    previous = config._attn_implementation_internal
+    # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique to this block.
+    ALL_ATTENTION_FUNCTIONS.register(name, _make_attention_function(state))
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, _make_mask_function(state))
+    try:
+        config._attn_implementation_internal = name
+        yield state
+    finally:
+        config._attn_implementation_internal = previous
+        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+        state.bias = None
+
+
+def registered_atman_names() -> list[str]:
+    """Names this module has currently registered (empty outside an `attention_suppression` block)."""
+    names = set(ALL_ATTENTION_FUNCTIONS.keys()) | set(ALL_MASK_ATTENTION_FUNCTIONS.keys())
+    return sorted(n for n in names if n.startswith(_NAME_PREFIX))
+
+
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, K, V) logits and (K,) targets -> (B, K) float32 cross-entropy."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
+    return -logp.gather(-1, targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)).squeeze(-1)
+
+
+def _check_manipulated(state: _Suppression) -> None:
+    if state.calls == 0:
+        raise UnsupportedModelError(
+            "AtMan found no attention layers that use transformers' AttentionInterface in this model, so it cannot "
+            "suppress tokens."
+        )
+
+
+def _report(progress: ProgressFn | None, done: int, total: int) -> None:
+    if progress is not None:
+        progress(done / total, f"AtMan: {done}/{total} passes")
+
+
+def _prefix_cache(cache: DynamicCache, length: int, batch: int) -> DynamicCache:
+    """A new cache holding the first `length` positions of a batch-1 cache, repeated `batch` times."""
+    out = DynamicCache()
+    if length == 0:
+        return out
+    for idx, layer in enumerate(cache.layers):
+        keys = layer.keys[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
+        values = layer.values[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
+        out.update(keys, values, idx)
+    return out
+
+
+def _reusable(cache: DynamicCache, length: int) -> bool:
+    """Whether every layer of the cache holds plain keys and values of all `length` positions."""
+    return len(cache.layers) > 0 and all(
+        getattr(layer, "keys", None) is not None and layer.keys.ndim == 4 and layer.keys.shape[-2] == length
+        for layer in cache.layers
+    )
+
+
+@torch.inference_mode()
+def atman_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    num_prompt_tokens: int,
+    config: AtManConfig | None = None,
+    progress: ProgressFn | None = None,
+) -> np.ndarray:
+    """AtMan map of a finished generation.
+
+    Args:
+        model: causal LM whose language model uses transformers' AttentionInterface.
+        input_ids: (1, N + K) prompt followed by the generated tokens.
+        num_prompt_tokens: N.
+        config: options; `config.fast` picks the prefix-reusing batched path or the naive loop.
+        progress: optional callback, called after every forward pass and last with 1.0.
+
+    Returns:
+        (K, N) float32: score[k, i] = CE_k(suppress i) - CE_k(original).
+
+    Raises:
+        UnsupportedModelError: the model's attention cannot be manipulated.
+    """
+    cfg = config or AtManConfig()
+    n, t = num_prompt_tokens, input_ids.shape[1]
+    k = t - n
+    if k <= 0:
+        return np.zeros((0, n), dtype=np.float32)
+    factors = suppression_factors(
+        input_ids[0, :n], model.get_input_embeddings(), cfg.suppression_factor, cfg.correlated, cfg.cosine_threshold
+    )  # (N, N)
+    log_bias = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T): generated keys untouched
+    log_bias[:, :n] = torch.log(factors)
+    run = _fast_scores if cfg.fast else _naive_scores
+    return run(model, input_ids, n, log_bias, cfg.batch_size, progress)
+
+
+def _naive_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    n: int,
+    log_bias: torch.Tensor,
+    batch_size: int,
+    progress: ProgressFn | None,
+) -> np.ndarray:
+    """One full forward per prompt token at batch size 1, every logit computed; the reference for `_fast_scores`."""
+    t = input_ids.shape[1]
+    targets = input_ids[0, n:]  # (K,)
+    scores = np.zeros((t - n, n), dtype=np.float32)  # (K, N)
+    with attention_suppression(model) as state:
+        base = _cross_entropy(model(input_ids=input_ids, use_cache=False).logits[:, n - 1 : t - 1], targets)
+        _check_manipulated(state)
+        _report(progress, 1, n + 1)
+        for i in range(n):
+            state.bias = log_bias[i : i + 1]  # (1, T)
+            logits = model(input_ids=input_ids, use_cache=False).logits[:, n - 1 : t - 1]  # (1, K, V)
+            scores[:, i] = (_cross_entropy(logits, targets) - base)[0].cpu().numpy()
+            _report(progress, i + 2, n + 1)
+    return scores
+
+
+def _fast_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    n: int,
+    log_bias: torch.Tensor,
+    batch_size: int,
+    progress: ProgressFn | None,
+) -> np.ndarray:
+    """Batched perturbed passes over the suffix after a shared unperturbed prefix cache; equal rows run once."""
+    t = input_ids.shape[1]
+    k = t - n
+    inputs = input_ids[:, :-1]  # (1, T - 1): the last generated token predicts nothing that is scored
+    targets = input_ids[0, n:]  # (K,)
+    # Equal suppression rows (other occurrences of a token under correlated suppression) give equal columns.
+    rows, column_of = torch.unique(log_bias[:, : t - 1], dim=0, return_inverse=True)  # (R, T - 1), (N,)
+    suppressed = rows[:, :n] != 0  # (R, N)
+    # First suppressed position of each row (a row that suppresses nothing, factor 1, starts at the last prompt token).
+    first = torch.where(suppressed.any(dim=1), suppressed.float().argmax(dim=1), n - 1)  # (R,)
+    order = torch.argsort(first, stable=True).tolist()
+    groups = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    total = len(groups) + 1
+    columns = torch.zeros(k, rows.shape[0])  # (K, R)
+    with attention_suppression(model) as state:
+        cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
+        out = model(input_ids=inputs, past_key_values=cache, use_cache=True, logits_to_keep=k)
+        _check_manipulated(state)
+        base = _cross_entropy(out.logits, targets)  # (1, K)
+        del out
+        if _reusable(cache, t - 1):
+            _report(progress, 1, total)
+            for done, group in enumerate(groups, start=2):
+                start = int(first[group].min())  # positions before it are identical in every sequence of the group
+                b = len(group)
+                state.bias = rows[group]  # (B, T - 1)
+                out = model(
+                    input_ids=inputs[:, start:].expand(b, -1),  # (B, T - 1 - start)
+                    past_key_values=_prefix_cache(cache, start, b),
+                    use_cache=True,
+                    logits_to_keep=k,
+                )
+                columns[:, group] = (_cross_entropy(out.logits, targets) - base).T.cpu()  # (K, B)
+                _report(progress, done, total)
+            return columns[:, column_of].numpy()  # (K, N)
+    # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
+    return _naive_scores(model, input_ids, n, log_bias, batch_size, progress)
+
+
+class AtMan(AttributionMethod):
+    name = "atman"
+    streaming = False
+    Config = AtManConfig
+
+    def explain(self, run: GenerationRun) -> np.ndarray:
+        return atman_scores(run.model, run.input_ids, run.num_prompt_tokens, self.config, run.progress)
