@@ -1,0 +1,195 @@
+"""`python -m explainer bench`: prompt construction, ratio and table maths, and one end-to-end run on a tiny Llama."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from explainer import bench
+from explainer.bench import BenchRow, format_markdown, format_table, prompt_ids, with_ratios
+from explainer.cli import main
+
+_SENTENCES = [
+    "The river runs through the old city and past the university.",
+    "Several kings built churches in the north during the early century.",
+    "A small team recorded a new album with music from the region.",
+    "The population of the island grew after the war ended.",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A random 2-layer Llama with a byte-level BPE tokenizer trained offline, saved like a hub folder."""
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        _SENTENCES * 4, vocab_size=320, min_frequency=1, show_progress=False, special_tokens=["<s>", "</s>"]
+    )
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, bos_token="<s>", eos_token="</s>", pad_token="</s>")
+    tokenizer.save_pretrained(folder)
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_model_dir)
+
+
+@pytest.mark.parametrize("n", [1, 17, 200])
+def test_prompt_from_squad_file_has_exact_length_and_cycles(tokenizer, tmp_path, n):
+    data = tmp_path / "squad.json"
+    rows = [{"context": _SENTENCES[0]}, {"context": _SENTENCES[0]}, {"context": _SENTENCES[1]}]
+    data.write_text(json.dumps({"rows": rows}), encoding="utf-8")
+
+    ids, source = prompt_ids(tokenizer, n, data)
+
+    assert source == bench.SQUAD_SOURCE
+    assert len(ids) == n
+    # The text starts with the first context, repeated contexts are dropped and the file cycles when too short.
+    full = tokenizer(f"{_SENTENCES[0]}\n\n{_SENTENCES[1]}", add_special_tokens=False)["input_ids"]
+    assert ids[: min(n, len(full) - 1)] == full[: min(n, len(full) - 1)]
+
+
+def test_prompt_falls_back_to_generated_text_when_file_missing(tokenizer, tmp_path):
+    ids, source = prompt_ids(tokenizer, 300, tmp_path / "absent.json")
+    again, _ = prompt_ids(tokenizer, 300, tmp_path / "absent.json")
+    other_seed, _ = prompt_ids(tokenizer, 300, None, seed=1)
+
+    assert source == bench.GENERATED_SOURCE
+    assert len(ids) == 300 and ids == again and other_seed != ids
+    text = tokenizer.decode(ids)
+    assert text[0].isupper() and "." in text and all(w.isalpha() for w in text.replace(".", " ").split()[:-1])
+
+
+def _row(method: str, n: int, tps: float, mem: float, k: int = 32) -> BenchRow:
+    return BenchRow(method, n, k, tps, mem, repeats=3, seconds_all=[k / tps] * 3, mem_method="vmhwm")
+
+
+def test_ratios_are_relative_to_none_at_same_lengths():
+    rows = [
+        _row("none", 256, 40.0, 800.0),
+        _row("macs", 256, 36.0, 820.0),
+        _row("none", 1024, 20.0, 1000.0),
+        _row("macs", 1024, 10.0, 1000.0),
+        _row("macs", 2048, 5.0, 1200.0),  # no baseline at this length
+        _row("macs", 256, 30.0, 900.0, k=8),  # nor at this number of new tokens
+    ]
+
+    out = with_ratios(rows)
+
+    assert [r.tokens_per_s_ratio for r in out] == pytest.approx([1.0, 0.9, 1.0, 0.5, None, None])
+    assert [r.peak_mem_ratio for r in out] == pytest.approx([1.0, 1.025, 1.0, 1.0, None, None])
+    assert rows[1].tokens_per_s_ratio is None  # inputs are not modified
+
+
+def test_tables_show_every_row_and_mark_missing_ratios():
+    rows = with_ratios([_row("none", 256, 40.0, 800.0), _row("macs", 256, 36.0, 820.0), _row("macs", 512, 5.0, 9.0)])
+
+    plain = format_table(rows).splitlines()
+    md = format_markdown(rows, caption="measured somewhere").splitlines()
+
+    assert plain[0].split() == [
+        "method",
+        "prompt_tokens",
+        "new_tokens",
+        "tokens_per_s",
+        "ratio",
+        "peak_mem_mb",
+        "mem_ratio",
+    ]
+    assert plain[2].split() == ["macs", "256", "32", "36.00", "0.900", "820.0", "1.025"]
+    assert plain[3].split()[-3:] == ["-", "9.0", "-"]
+    assert len({len(line) for line in plain}) == 1  # aligned columns
+    assert md[0].startswith("| method |") and md[1].count("---") == 7
+    assert md[3] == "| macs | 256 | 32 | 36.00 | 0.900 | 820.0 | 1.025 |"
+    assert md[-1] == "_measured somewhere_"
+
+
+def test_live_memory_columns_appear_only_when_measured():
+    rows = [_row("none", 256, 40.0, 800.0), _row("macs", 256, 36.0, 820.0)]
+    rows[0].live_peak_mem_mb, rows[1].live_peak_mem_mb = 700.0, 707.0
+
+    out = with_ratios(rows)
+
+    assert out[1].live_peak_mem_ratio == pytest.approx(1.01)
+    assert format_table(out).splitlines()[2].split()[-2:] == ["707.0", "1.010"]
+    assert "live" not in format_table(with_ratios([_row("none", 256, 40.0, 800.0)]))
+
+
+def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    argv = [
+        "bench",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt-tokens",
+        "16,32",
+        "--new-tokens",
+        "4",
+        "--methods",
+        "none,macs",
+        "--repeats",
+        "1",
+        "--device",
+        "cpu",
+        "--json",
+        str(out),
+        "--markdown",
+        "--live-mem",
+    ]
+
+    assert main(argv) == 0
+
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert [(r["method"], r["prompt_tokens"]) for r in rows] == [("none", 16), ("macs", 16), ("none", 32), ("macs", 32)]
+    for r in rows:
+        assert r["new_tokens"] == 4 and r["repeats"] == 1 and len(r["seconds_all"]) == 1
+        assert r["tokens_per_s"] > 0 and r["peak_mem_mb"] > 0 and r["seconds_all"][0] > 0
+        assert r["tokens_per_s_ratio"] > 0 and r["peak_mem_ratio"] > 0
+        assert r["mem_method"] and r["base_mem_mb"] > 0 and r["cpu_seconds_all"][0] >= 0
+        assert len(r["other_cpu_frac_all"]) == 1 and 0 <= r["other_cpu_frac_all"][0] <= 1
+        assert r["live_peak_mem_mb"] > 0 and r["live_peak_mem_ratio"] > 0
+    assert all(r["tokens_per_s_ratio"] == 1.0 for r in rows if r["method"] == "none")
+    assert report["machine"]["torch_threads"] >= 1 and report["machine"]["device"] == "cpu"
+    assert report["text_source"] in (bench.SQUAD_SOURCE, bench.GENERATED_SOURCE)
+    assert report["model"] and report["date"]
+    printed = capsys.readouterr().out
+    assert "tokens_per_s" in printed and "| method |" in printed
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--methods", "none,nope"], "Available for bench: none, macs"),
+        (["--prompt-tokens", "16,x"], "comma-separated integers"),
+        (["--prompt-tokens", "0"], "positive"),
+        (["--data", "/no/such/file.json"], "does not exist"),
+    ],
+)
+def test_bad_input_is_a_one_line_error_before_any_model_loads(flags, message, capsys):
+    assert main(["bench", "--model", "/no/such/model", *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
