@@ -56,6 +56,7 @@ def generate_steps(
     max_new_tokens: int,
     eos_token_ids: Iterable[int] = (),
     method_seconds: dict[str, float] | None = None,
+    extra_inputs: dict[str, Any] | None = None,
 ) -> Iterator[Step]:
     """Greedy decoding that yields each token with the streaming methods' scores.
 
@@ -66,6 +67,9 @@ def generate_steps(
         max_new_tokens: upper bound on K.
         eos_token_ids: generation stops after producing one of these (it is yielded as the last step).
         method_seconds: if given, accumulates per-method time spent in `step`.
+        extra_inputs: keyword inputs of the prefill forward only (e.g. a vision-language model's `pixel_values`,
+            `image_grid_thw`). When they hold explicit `position_ids` (..., N), decode steps continue from the last
+            prompt position in every axis (Qwen's 3D mRoPE), so no position state is read from or left in the model.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
@@ -77,14 +81,18 @@ def generate_steps(
     eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)
     next_input = input_ids
+    inputs = dict(extra_inputs or {})  # prefill only
+    prompt_positions = inputs.get("position_ids")  # (..., N) or None
     for k in range(max_new_tokens):
         t0 = time.perf_counter()
+        if k > 0:
+            inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
         if streaming:
             with capture_attention(model, full_row_consumer=consumer) as recorder:
-                out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
                 rows = recorder.stacked(n + k)[:, 0]  # (L, H, N + k)
         else:
-            out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         token = int(out.logits[0, -1].argmax())
         forward_seconds = time.perf_counter() - t0
         scores = {}
@@ -120,6 +128,7 @@ def stream_explain(
     chat_template: bool = True,
     method_options: dict[str, dict[str, Any]] | None = None,
     progress: ProgressFn | None = None,
+    image: Any = None,
 ) -> Iterator[Attribution]:
     """Generate an answer and yield a growing `Attribution` after every token, then after each post-hoc method.
 
@@ -131,15 +140,33 @@ def stream_explain(
         chat_template: wrap the prompt in the tokenizer's chat template.
         method_options: per-method keyword options, e.g. {"macs": {"alpha": 0.5}}.
         progress: callback for post-hoc methods' progress.
+        image: optional image (path or PIL image) the prompt asks about; needs a vision-language bundle. The result
+            then carries `image` (token positions, merged grid, size) and `user_positions` are the question's tokens.
 
     Raises:
-        InputError: bad prompt or settings. UnknownMethodError: unknown method name.
+        InputError: bad prompt, image or settings. UnknownMethodError: unknown method name.
         UnsupportedModelError: the model's attention cannot be captured.
     """
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
     instances = _instantiate(methods, method_options)
-    encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+    extra_inputs = None
+    image_record = None
+    if image is not None:
+        from .vision import encode_image_prompt
+
+        refused = [m.name for m in instances if not m.streaming and not getattr(m, "accepts_extra_inputs", False)]
+        if refused:
+            raise InputError(f"{', '.join(refused)} cannot explain image prompts yet; choose other methods.")
+        encoded = encode_image_prompt(bundle, image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+        extra_inputs = encoded.prefill_inputs
+        image_record = {
+            "token_positions": list(encoded.image_positions),
+            "grid": list(encoded.grid),
+            "size": list(encoded.size),
+        }
+    else:
+        encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
     ids = encoded.input_ids[0].tolist()
     attr = Attribution(
         model=bundle.name,
@@ -147,6 +174,7 @@ def stream_explain(
         prompt_tokens=bundle.readable(ids),
         user_positions=encoded.user_positions,
         meta={"max_new_tokens": max_new_tokens, "chat_template": bool(chat_template and bundle.has_chat_template)},
+        image=image_record,
     )
     streaming = [m for m in instances if m.streaming]
     rows: dict[str, list[np.ndarray]] = {m.name: [] for m in streaming}
@@ -154,7 +182,7 @@ def stream_explain(
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     for step in generate_steps(
-        bundle.model, encoded.input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds
+        bundle.model, encoded.input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs
     ):
         forward_seconds += step.seconds
         attr.generated_token_ids.append(step.token_id)
@@ -173,7 +201,14 @@ def stream_explain(
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
     )
     full_ids = torch.tensor([ids + attr.generated_token_ids], dtype=torch.long, device=bundle.device)  # (1, N+K)
-    run = GenerationRun(model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress)
+    run_inputs = None
+    if extra_inputs is not None:
+        from .vision import full_sequence_inputs
+
+        run_inputs = full_sequence_inputs(extra_inputs, attr.num_steps)
+    run = GenerationRun(
+        model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress, extra_inputs=run_inputs
+    )
     for m in instances:
         if m.streaming:
             continue

@@ -113,6 +113,7 @@ class ModelBundle:
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
     load_seconds: float = 0.0
     info: dict[str, Any] = field(default_factory=dict)
+    image_processor: Any = None  # vision-language models only (see `vision.py`)
     _vocab: dict[str, Any] = field(default_factory=dict, repr=False)  # special tokens and byte-level flag, lazily
 
     @property
@@ -204,10 +205,15 @@ def load_model(
     device: str | None = None,
     dtype: torch.dtype | None = None,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
+    min_pixels: int | None = None,
+    max_pixels: int | None = None,
 ) -> ModelBundle:
     """Load a causal LM by hub id or local folder, or the embedded default when `name_or_path` is None.
 
-    `trust_remote_code` stays off: only architectures transformers ships are loaded.
+    Vision-language models with an adapter in `vision.VISION_ADAPTERS` (Qwen2.5-VL, Qwen2-VL) load with their
+    image-text-to-text class and a torchvision-free image processor whose resized image area is bounded by
+    `min_pixels` / `max_pixels` (defaults in `vision.py`). `trust_remote_code` stays off: only architectures
+    transformers ships are loaded.
 
     Raises:
         ModelLoadError: unknown id, unreachable hub, unreadable folder, or not a causal LM.
@@ -227,11 +233,19 @@ def load_model(
         if os.path.sep in name or name.startswith("."):
             if not Path(name).exists():
                 raise ModelLoadError(f"Model folder {name!r} does not exist.")
+    image_processor = None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False
-        )
+        from transformers import AutoConfig
+
+        from .vision import check_vision_model, load_image_processor, vision_model_class
+
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        model_cls = vision_model_class(config) or AutoModelForCausalLM
+        model = model_cls.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
+        if model_cls is not AutoModelForCausalLM:
+            check_vision_model(model)
+            image_processor = load_image_processor(source, model.config, min_pixels, max_pixels)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ModelLoadError(
@@ -250,6 +264,7 @@ def load_model(
         max_prompt_tokens=max_prompt_tokens,
         load_seconds=seconds,
         info={"source": source, "device": str(dev), "dtype": str(dtype).replace("torch.", "")},
+        image_processor=image_processor,
     )
 
 

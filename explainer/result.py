@@ -74,6 +74,9 @@ class Attribution:
         methods: method name -> its scores, each (K, N).
         user_positions: prompt positions holding the user's own text (not template or system tokens).
         meta: generation settings and timings.
+        image: for image prompts, `{"token_positions": [...], "grid": [h, w], "size": [W, H]}`: the prompt positions
+            of the image tokens (row-major over the merged patch grid) and the image's size, so a step's image map
+            is `scores[k, token_positions].reshape(h, w)`; None for text prompts.
     """
 
     model: str
@@ -84,6 +87,7 @@ class Attribution:
     methods: dict[str, MethodScores] = field(default_factory=dict)
     user_positions: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
+    image: dict[str, list[int]] | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -122,6 +126,7 @@ class Attribution:
                 for name, s in self.methods.items()
             },
             "meta": self.meta,
+            **({"image": {k: list(map(int, v)) for k, v in self.image.items()}} if self.image else {}),
         }
 
     @classmethod
@@ -141,6 +146,7 @@ class Attribution:
             methods=methods,
             user_positions=list(d.get("user_positions", [])),
             meta=dict(d.get("meta", {})),
+            image={k: list(map(int, v)) for k, v in d["image"].items()} if d.get("image") else None,
         )
 
     def save_json(self, path: str | Path) -> None:

@@ -27,12 +27,16 @@ class GenerationRun:
         input_ids: (1, N + K) prompt followed by the generated tokens.
         num_prompt_tokens: N.
         progress: optional callback for long computations.
+        extra_inputs: further keyword inputs of a forward over `input_ids` (a vision-language model's
+            `pixel_values`, `image_grid_thw` and (3, 1, N + K) `position_ids`); None for text prompts. Methods that
+            pass them on set `accepts_extra_inputs = True`; the others are refused for image prompts.
     """
 
     model: torch.nn.Module
     input_ids: torch.Tensor
     num_prompt_tokens: int
     progress: ProgressFn | None = None
+    extra_inputs: dict[str, Any] | None = None
 
     @property
     def num_steps(self) -> int:
@@ -46,6 +50,7 @@ class AttributionMethod:
     name: ClassVar[str]
     streaming: ClassVar[bool]
     Config: ClassVar[type]
+    accepts_extra_inputs: ClassVar[bool] = False  # post-hoc only: uses `GenerationRun.extra_inputs` (image prompts)
 
     def __init__(self, config: Any = None, **options: Any) -> None:
         if config is None:

@@ -18,6 +18,7 @@ class RandomBaseline(AttributionMethod):
     name = "random"
     streaming = False
     Config = RandomConfig
+    accepts_extra_inputs = True  # never runs the model
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         rng = np.random.default_rng(self.config.seed)

@@ -1,0 +1,94 @@
+"""Image maps of an `Attribution` and their evaluation against object masks (MACS paper, Appendix B).
+
+Pure numpy + PIL: no model. A step's image map is the row of scores at the image-token positions, z-scored over
+those positions only and reshaped to the merged patch grid; it is upsampled smoothly to the image's pixels. The
+evaluation hook scores a map against a binary object mask with the area under the precision-recall curve
+(average precision over pixels), as Appendix B does.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+from .result import Attribution, zscore
+
+
+def image_map(attr: Attribution, method: str, step: int) -> np.ndarray:
+    """Z-scores of one step over the image tokens, on the merged patch grid.
+
+    Args:
+        attr: a result with `attr.image` set (an image prompt).
+        method: method name in `attr.methods`.
+        step: 0-based generated-token index; negative counts from the end.
+
+    Returns:
+        (h, w) float32 z-scores re-normalised over the image tokens (zeros when all are equal).
+
+    Raises:
+        ValueError: the result has no image, or the method no scores.
+    """
+    if not attr.image:
+        raise ValueError("This result has no image: it comes from a text prompt.")
+    if method not in attr.methods:
+        raise ValueError(f"No scores for method {method!r}; have {', '.join(attr.methods) or 'none'}.")
+    raw = attr.methods[method].raw  # (K, N)
+    if raw.shape[0] == 0:
+        raise ValueError(f"Method {method!r} has no steps yet.")
+    pos = np.asarray(attr.image["token_positions"], dtype=np.int64)  # (h * w,)
+    h, w = attr.image["grid"]
+    row = np.asarray(raw[step], dtype=np.float64)  # (N,)
+    finite = np.isfinite(row[pos])
+    z = zscore(np.where(finite, row[pos], 0.0)[None, :])[0]  # (h * w,)
+    return z.reshape(h, w).astype(np.float32)
+
+
+def upsample_map(grid_map: np.ndarray, size: tuple[int, int], resample: int = Image.BICUBIC) -> np.ndarray:
+    """Smoothly resize a (h, w) map to `size` = (W, H) pixels: (H, W) float32.
+
+    The processor stretches the whole image onto the grid (no crop), so the grid maps onto the full image.
+    """
+    m = np.asarray(grid_map, dtype=np.float32)  # (h, w)
+    return np.asarray(Image.fromarray(m, mode="F").resize(tuple(size), resample=resample), dtype=np.float32)
+
+
+def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
+    """Area under the precision-recall curve as average precision (step-wise, ties handled as one threshold).
+
+    AP = sum_t (R_t - R_{t-1}) * P_t over descending score thresholds t, the same definition as scikit-learn's
+    `average_precision_score`.
+
+    Args:
+        scores: (M,) any real scores; higher means "more likely positive".
+        labels: (M,) booleans.
+
+    Returns:
+        AP in [0, 1]; NaN when there is no positive.
+    """
+    s = np.asarray(scores, dtype=np.float64).ravel()
+    y = np.asarray(labels, dtype=bool).ravel()
+    if s.shape != y.shape:
+        raise ValueError(f"scores and labels differ in size: {s.shape} vs {y.shape}")
+    positives = int(y.sum())
+    if positives == 0:
+        return float("nan")
+    order = np.argsort(-s, kind="stable")
+    s, y = s[order], y[order]
+    tp = np.cumsum(y)  # (M,)
+    last = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]  # last index of every distinct threshold
+    tp = tp[last].astype(np.float64)
+    precision = tp / (last + 1)
+    recall = tp / positives
+    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
+
+
+def mask_average_precision(attr: Attribution, method: str, step: int, mask: np.ndarray) -> float:
+    """AUC-PR of one step's image map against a binary object mask, over pixels (Appendix B).
+
+    Args:
+        attr, method, step: as in `image_map`.
+        mask: (H, W) booleans, True on the object; any resolution (the map is upsampled to it).
+    """
+    mask = np.asarray(mask, dtype=bool)  # (H, W)
+    heat = upsample_map(image_map(attr, method, step), (mask.shape[1], mask.shape[0]), Image.BILINEAR)  # (H, W)
+    return average_precision(heat, mask)

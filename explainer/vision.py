@@ -1,0 +1,304 @@
+"""Image + question inputs for vision-language models (Qwen2.5-VL, Qwen2-VL), without torchvision.
+
+MACS paper, Appendix B: the image is split into patches that enter the language model as ordinary prompt tokens, so
+the per-step [K x N] maps of every method cover them; an image map is that row restricted to the image tokens and
+reshaped to the merged patch grid.
+
+`Qwen2_5_VLProcessor` needs torchvision in transformers 5.x, so the prompt is built from its two halves: the
+PIL/numpy image processor gives `pixel_values` and `image_grid_thw`, the tokenizer the text, in which the single
+image placeholder is expanded to `grid_t * grid_h * grid_w / merge_size**2` tokens. Qwen's 3D rotary positions
+(mRoPE) are computed once for the prompt with the model's own `get_rope_index` and passed explicitly, so the model's
+cached `rope_deltas` attribute is never written; decode steps continue from the last prompt position (see
+`explain.generate_steps`).
+
+Per-architecture facts live in `VISION_ADAPTERS` (one entry per `model_type`); token ids, patch and merge sizes come
+from the model's config and the image processor.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from PIL import Image, ImageOps
+
+from .errors import InputError, ModelLoadError, UnsupportedModelError
+
+MIN_IMAGE_SIDE = 8  # pixels; smaller images carry no spatial information worth explaining
+MAX_IMAGE_PIXELS = 80_000_000  # refuse larger files before decoding them (a 12-megapixel photo is fine)
+MAX_ASPECT_RATIO = 100  # the Qwen resizer refuses ratios above 200; stay clear of it with a readable message
+DEFAULT_MAX_IMAGE_TOKENS = 256  # default pixel budget, in merged image tokens: keeps CPU prompts short
+DEFAULT_MIN_IMAGE_TOKENS = 4
+
+
+@dataclass(frozen=True)
+class VisionAdapter:
+    """What differs between vision-language architectures.
+
+    Attributes:
+        model_class: transformers class name of the image-text-to-text model.
+        image_processor_class: (module, class) of the PIL/numpy image processor (works without torchvision).
+        rope_index: returns the method computing (3, B, N) multimodal positions for a loaded model.
+    """
+
+    model_class: str
+    image_processor_class: tuple[str, str]
+    rope_index: Callable[[Any], Callable[..., tuple[torch.Tensor, torch.Tensor]]]
+
+
+_QWEN_PROCESSOR = ("transformers.models.qwen2_vl.image_processing_pil_qwen2_vl", "Qwen2VLImageProcessorPil")
+VISION_ADAPTERS: dict[str, VisionAdapter] = {
+    "qwen2_5_vl": VisionAdapter(
+        "Qwen2_5_VLForConditionalGeneration", _QWEN_PROCESSOR, lambda m: m.model.get_rope_index
+    ),
+    "qwen2_vl": VisionAdapter("Qwen2VLForConditionalGeneration", _QWEN_PROCESSOR, lambda m: m.model.get_rope_index),
+}
+
+
+def adapter_for(config: Any) -> VisionAdapter | None:
+    """The adapter of a model config, or None for text-only architectures."""
+    return VISION_ADAPTERS.get(getattr(config, "model_type", None))
+
+
+def pixel_factor(image_processor: Any) -> int:
+    """Side in pixels of one merged image token (patch_size * merge_size)."""
+    return int(image_processor.patch_size) * int(image_processor.merge_size)
+
+
+def load_image_processor(
+    source: str | None, config: Any, min_pixels: int | None = None, max_pixels: int | None = None
+) -> Any:
+    """The adapter's image processor from `source`, with the pixel budget bounded.
+
+    Args:
+        source: hub id or folder (its preprocessor_config.json is used when present); None: the class defaults.
+        config: the model config (selects the adapter, checks the merge size).
+        min_pixels, max_pixels: resized-image area bounds; default `DEFAULT_MIN/MAX_IMAGE_TOKENS` merged tokens.
+    """
+    import importlib
+
+    adapter = adapter_for(config)
+    if adapter is None:
+        raise UnsupportedModelError(f"{getattr(config, 'model_type', '?')} is not a supported vision-language model.")
+    module, name = adapter.image_processor_class
+    cls = getattr(importlib.import_module(module), name)
+    try:
+        processor = cls.from_pretrained(source) if source is not None else cls()
+    except (OSError, ValueError):  # no preprocessor_config.json: the class defaults are Qwen's
+        processor = cls()
+    merge = getattr(config.vision_config, "spatial_merge_size", None)
+    if merge is not None:
+        processor.merge_size = int(merge)
+    patch = getattr(config.vision_config, "patch_size", None)
+    if patch is not None:
+        processor.patch_size = int(patch)
+    factor = pixel_factor(processor)
+    lo = min_pixels if min_pixels is not None else DEFAULT_MIN_IMAGE_TOKENS * factor**2
+    hi = max_pixels if max_pixels is not None else DEFAULT_MAX_IMAGE_TOKENS * factor**2
+    if not 0 < lo <= hi:
+        raise InputError(f"Need 0 < min_pixels <= max_pixels, got min_pixels={lo}, max_pixels={hi}.")
+    processor.size = {"shortest_edge": int(lo), "longest_edge": int(hi)}
+    return processor
+
+
+def load_image(image: str | Path | Image.Image) -> Image.Image:
+    """Open and check an image: RGB, EXIF orientation applied, neither tiny nor huge.
+
+    Raises:
+        InputError: missing or unreadable file, not an image, truncated, too small, too large or too elongated.
+    """
+    if isinstance(image, Image.Image):
+        img, label = image, "The image"
+    else:
+        path = Path(image)
+        label = f"Image {str(path)!r}"
+        if not path.is_file():
+            raise InputError(f"{label} does not exist or is not a file.")
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", Image.DecompressionBombWarning)
+                img = Image.open(path)
+        except Image.UnidentifiedImageError as e:
+            raise InputError(f"{label} is not an image PIL can read (PNG, JPEG, GIF, WebP, ...).") from e
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
+            raise InputError(f"{label} is too large: at most {MAX_IMAGE_PIXELS:,} pixels.") from e
+        except OSError as e:
+            raise InputError(f"Cannot read {label}: {e}") from e
+    w, h = img.size
+    if w * h > MAX_IMAGE_PIXELS:
+        raise InputError(f"{label} has {w}x{h} pixels; the limit is {MAX_IMAGE_PIXELS:,} pixels. Downscale it.")
+    try:
+        img.load()
+        img = ImageOps.exif_transpose(img).convert("RGB")
+    except (OSError, ValueError, SyntaxError) as e:  # truncated or corrupt data
+        raise InputError(f"{label} is damaged or truncated and cannot be decoded: {e}") from e
+    w, h = img.size
+    if min(w, h) < MIN_IMAGE_SIDE:
+        raise InputError(f"{label} is {w}x{h} pixels; each side needs at least {MIN_IMAGE_SIDE} pixels.")
+    if max(w, h) / min(w, h) > MAX_ASPECT_RATIO:
+        raise InputError(f"{label} is {w}x{h} pixels; its aspect ratio must stay below {MAX_ASPECT_RATIO}:1.")
+    return img
+
+
+@dataclass
+class ImagePrompt:
+    """A tokenised image + question.
+
+    Attributes:
+        input_ids: (1, N) token ids, image placeholder expanded.
+        user_positions: positions of the question's text tokens.
+        image_positions: the prompt positions of the image tokens, row-major over the merged grid.
+        grid: (h, w) merged patch grid; h * w == len(image_positions).
+        size: (W, H) of the image as loaded (before the processor's resize).
+        prefill_inputs: extra keyword inputs of the prefill forward: pixel_values (P, C*t*p*p), image_grid_thw
+            (1, 3) and position_ids (3, 1, N).
+        text: the string that was tokenised (with a single image placeholder).
+    """
+
+    input_ids: torch.Tensor
+    user_positions: list[int]
+    image_positions: list[int]
+    grid: tuple[int, int]
+    size: tuple[int, int]
+    prefill_inputs: dict[str, torch.Tensor]
+    text: str
+
+
+def _token(tokenizer: Any, token_id: int) -> str:
+    tok = tokenizer.convert_ids_to_tokens(int(token_id))
+    if tok is None:
+        raise UnsupportedModelError(f"The tokenizer has no token with id {token_id} that the model config names.")
+    return tok
+
+
+def encode_image_prompt(
+    bundle: Any,
+    image: str | Path | Image.Image,
+    question: str,
+    chat_template: bool = True,
+    max_new_tokens: int = 0,
+) -> ImagePrompt:
+    """Preprocess an image and a question for the bundle's vision-language model.
+
+    Raises:
+        UnsupportedModelError: the bundle's model is text-only.
+        InputError: bad image, empty question, or prompt too long.
+    """
+    model, tok = bundle.model, bundle.tokenizer
+    adapter = adapter_for(model.config)
+    processor = getattr(bundle, "image_processor", None)
+    if adapter is None or processor is None:
+        raise UnsupportedModelError(
+            f"{bundle.name!r} is a text-only model. Image questions need a vision-language model such as "
+            "Qwen/Qwen2.5-VL-3B-Instruct: pass --model ID_OR_FOLDER (CLI) or set EXPLAINER_VLM (app)."
+        )
+    if question is None or not str(question).strip():
+        raise InputError("The question is empty: ask something about the image.")
+    question = str(question)
+    img = load_image(image)
+    try:
+        out = processor(images=[img], return_tensors="pt")
+    except (ValueError, RuntimeError) as e:
+        raise InputError(f"The image processor refused the image: {e}") from e
+    grid_thw = out["image_grid_thw"]  # (1, 3): t, h, w in patches
+    merge = int(processor.merge_size)
+    t, gh, gw = (int(v) for v in grid_thw[0])
+    num_image_tokens = t * gh * gw // merge**2
+    cfg = model.config
+    pad, start, end = (_token(tok, i) for i in (cfg.image_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id))
+    content = f"{start}{pad}{end}{question}"
+    if chat_template and bundle.has_chat_template:
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+        )
+    else:
+        text = content
+    q_start = text.rfind(question)
+    expanded = text.replace(pad, pad * num_image_tokens, 1)
+    shift = len(pad) * (num_image_tokens - 1)
+    enc = tok(expanded, add_special_tokens=False, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    image_positions = [i for i, v in enumerate(ids) if v == cfg.image_token_id]
+    if len(image_positions) != num_image_tokens:
+        raise UnsupportedModelError(
+            f"The tokenizer split the image placeholder {pad!r} into {len(image_positions)} image tokens instead of "
+            f"{num_image_tokens}; tokenizer and model config disagree."
+        )
+    q_lo, q_hi = q_start + shift, q_start + shift + len(question)
+    user_positions = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < q_hi and e > q_lo]
+    n = len(ids)
+    context = bundle.context_length
+    if n > bundle.max_prompt_tokens:
+        raise InputError(
+            f"The image and question take {n} tokens ({num_image_tokens} for the image); the limit is "
+            f"{bundle.max_prompt_tokens}. Lower max_pixels or shorten the question."
+        )
+    if context is not None and n + max_new_tokens > context:
+        raise InputError(f"The prompt has {n} tokens plus {max_new_tokens} new ones; the model's context is {context}.")
+    device = bundle.device
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
+    mm_token_type_ids = (input_ids == cfg.image_token_id).int()  # (1, N): 1 marks image tokens
+    grid_thw = grid_thw.to(device)
+    position_ids, _ = adapter.rope_index(model)(
+        input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=grid_thw
+    )  # (3, 1, N)
+    dtype = next(model.parameters()).dtype
+    prefill = {
+        "pixel_values": out["pixel_values"].to(device=device, dtype=dtype),  # (P, C * t_patch * p * p)
+        "image_grid_thw": grid_thw,
+        "position_ids": position_ids,
+    }
+    return ImagePrompt(
+        input_ids=input_ids,
+        user_positions=user_positions,
+        image_positions=image_positions,
+        grid=(gh // merge, gw // merge),
+        size=img.size,
+        prefill_inputs=prefill,
+        text=text,
+    )
+
+
+def continue_positions(position_ids: torch.Tensor, steps: int) -> torch.Tensor:
+    """Positions of `steps` tokens following a prompt: each one more than the prompt's last, in every rope axis.
+
+    Args:
+        position_ids: (..., N) prompt positions (1D or Qwen's (3, B, N)).
+        steps: number of following tokens.
+
+    Returns:
+        (..., steps) positions.
+    """
+    offsets = torch.arange(1, steps + 1, device=position_ids.device, dtype=position_ids.dtype)  # (steps,)
+    return position_ids[..., -1:] + offsets
+
+
+def full_sequence_inputs(prefill_inputs: dict[str, torch.Tensor], num_generated: int) -> dict[str, torch.Tensor]:
+    """Prefill inputs extended to a forward over prompt + `num_generated` tokens (for post-hoc methods)."""
+    out = dict(prefill_inputs)
+    if "position_ids" in out:
+        pos = out["position_ids"]  # (..., N)
+        out["position_ids"] = torch.cat([pos, continue_positions(pos, num_generated)], dim=-1)  # (..., N + K)
+    return out
+
+
+def vision_model_class(config: Any) -> type | None:
+    """The transformers model class to load a config with, or None when it is not a vision-language model."""
+    adapter = adapter_for(config)
+    if adapter is None:
+        return None
+    import transformers
+
+    return getattr(transformers, adapter.model_class)
+
+
+def check_vision_model(model: Any) -> None:
+    """Refuse a loaded model without the config fields image prompts need."""
+    cfg = model.config
+    missing = [k for k in ("image_token_id", "vision_start_token_id", "vision_end_token_id") if not hasattr(cfg, k)]
+    if missing or not hasattr(cfg, "vision_config"):
+        raise ModelLoadError(f"The vision-language config lacks {', '.join(missing) or 'vision_config'}.")

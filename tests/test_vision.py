@@ -1,0 +1,348 @@
+"""Image + question with a tiny random Qwen2.5-VL: token positions and grid, capture vs eager attention, MACS vs the
+reference, greedy tokens vs `generate`, a planted signal found by the overlay, bad images, and a clean model after."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+import explainer.capture as capture_module
+from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain
+from explainer.capture import capture_attention, language_config, registered_capture_names
+from explainer.cli import main as cli_main
+from explainer.image_maps import image_map
+from explainer.vision import encode_image_prompt, full_sequence_inputs, load_image
+from visuals.overlay import heat_map
+
+from .conftest import build_model
+from .reference import reference_macs
+from .vl_tiny import MERGE, PATCH, build_vl_model, make_vl_tokenizer, vl_bundle
+
+QUESTION = "What is in the image?"
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def vl_tokenizer():
+    return make_vl_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def vl_model(vl_tokenizer):
+    return build_vl_model(vl_tokenizer)
+
+
+@pytest.fixture(scope="module")
+def bundle(vl_model, vl_tokenizer):
+    return vl_bundle(vl_model, vl_tokenizer)
+
+
+def _image(w: int, h: int, seed: int = 0) -> Image.Image:
+    rng = np.random.default_rng(seed)
+    return Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+
+
+def _assert_clean(model) -> None:
+    assert registered_capture_names() == []
+    assert model.config.text_config._attn_implementation == "sdpa"
+    assert model.config.vision_config._attn_implementation == "sdpa"
+    assert model.model.rope_deltas is None  # positions are passed explicitly; no state is left in the model
+
+
+@pytest.mark.parametrize("size", [(56, 56), (120, 70), (37, 91), (300, 40), (640, 480), (9, 200)])
+def test_image_positions_and_grid_match_the_processor(bundle, vl_tokenizer, size):
+    img = _image(*size)
+    enc = encode_image_prompt(bundle, img, QUESTION)
+    thw = bundle.image_processor(images=[img], return_tensors="pt")["image_grid_thw"][0].tolist()
+    assert enc.grid == (thw[1] // MERGE, thw[2] // MERGE)
+    h, w = enc.grid
+    assert len(enc.image_positions) == h * w == thw[0] * thw[1] * thw[2] // MERGE**2
+    ids = enc.input_ids[0].tolist()
+    first, last = enc.image_positions[0], enc.image_positions[-1]
+    assert enc.image_positions == list(range(first, last + 1))  # one contiguous block
+    assert ids[first - 1] == bundle.model.config.vision_start_token_id
+    assert ids[last + 1] == bundle.model.config.vision_end_token_id
+    assert "".join(bundle.readable([ids[i] for i in enc.user_positions])) == QUESTION
+    assert enc.size == size
+    assert enc.prefill_inputs["pixel_values"].shape[0] == thw[0] * thw[1] * thw[2]
+    assert enc.prefill_inputs["position_ids"].shape == (3, 1, len(ids))
+    assert h * w <= 24  # the bundle's pixel budget bounds the image tokens
+
+
+def test_large_photo_is_bounded_by_max_pixels(bundle):
+    enc = encode_image_prompt(bundle, _image(4000, 3000), QUESTION)  # a 12-megapixel photo
+    assert len(enc.image_positions) <= 24 and enc.size == (4000, 3000)
+
+
+def test_text_layers_use_the_attention_interface_and_vision_keeps_sdpa(vl_model):
+    text, vision = vl_model.config.text_config, vl_model.config.vision_config
+    assert language_config(vl_model) is text
+    text_attn = [m for n, m in vl_model.named_modules() if n.endswith("self_attn")]
+    vision_attn = [m for n, m in vl_model.named_modules() if n.startswith("model.visual") and n.endswith(".attn")]
+    assert len(text_attn) == text.num_hidden_layers and len(vision_attn) == vision.depth
+    assert all(m.config is text for m in text_attn) and all(m.config is vision for m in vision_attn)
+    with capture_attention(vl_model):
+        assert text._attn_implementation.startswith("explainer_capture_")
+        assert vision._attn_implementation == "sdpa"
+    _assert_clean(vl_model)
+
+
+def _eager_full_forward(model, input_ids, extra):
+    """Eager attentions (tuple over text layers of (1, H, T, T)) and logits of one full VL forward."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            out = model(input_ids=input_ids, output_attentions=True, **extra)
+    finally:
+        model.set_attn_implementation("sdpa")
+    return out.attentions, out.logits
+
+
+def test_captured_prefill_rows_equal_eager_rows(bundle, vl_model):
+    enc = encode_image_prompt(bundle, _image(120, 70), QUESTION)
+    attentions, eager_logits = _eager_full_forward(vl_model, enc.input_ids, enc.prefill_inputs)
+    with torch.no_grad(), capture_attention(vl_model) as rec:
+        logits = vl_model(input_ids=enc.input_ids, **enc.prefill_inputs).logits
+        rows = rec.stacked()  # (L, 1, H, N)
+    assert rows.shape[0] == len(attentions) == vl_model.config.text_config.num_hidden_layers
+    for layer, att in enumerate(attentions):
+        torch.testing.assert_close(rows[layer], att[:, :, -1, :], atol=TOL, rtol=0)
+    torch.testing.assert_close(logits, eager_logits, atol=1e-4, rtol=0)
+    _assert_clean(vl_model)
+
+
+def test_greedy_tokens_equal_generate_and_macs_equals_reference(bundle, vl_model):
+    img = _image(120, 70, seed=3)
+    attr = explain(bundle, QUESTION, image=img, methods=["macs", "rollout", "random"], max_new_tokens=6)
+    _assert_clean(vl_model)
+    enc = encode_image_prompt(bundle, img, QUESTION)
+    n, k = enc.input_ids.shape[1], attr.num_steps
+    try:
+        generated = vl_model.generate(
+            input_ids=enc.input_ids,
+            pixel_values=enc.prefill_inputs["pixel_values"],
+            image_grid_thw=enc.prefill_inputs["image_grid_thw"],
+            mm_token_type_ids=(enc.input_ids == vl_model.config.image_token_id).int(),
+            max_new_tokens=6,
+            do_sample=False,
+        )
+    finally:
+        vl_model.model.rope_deltas = None  # generate caches it on the model
+    assert attr.generated_token_ids == generated[0, n:].tolist()[:k]
+    assert attr.image == {"token_positions": enc.image_positions, "grid": list(enc.grid), "size": [120, 70]}
+    assert attr.user_positions == enc.user_positions
+    full = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])  # (1, N + K)
+    attentions, _ = _eager_full_forward(vl_model, full, full_sequence_inputs(enc.prefill_inputs, k))
+    ref_raw, ref_z = reference_macs(attentions, n, k)
+    np.testing.assert_allclose(attr.methods["macs"].raw, np.asarray(ref_raw), rtol=1e-4, atol=1e-7)
+    np.testing.assert_allclose(attr.methods["macs"].z, np.asarray(ref_z), atol=1e-3)
+    for scores in attr.methods.values():
+        assert scores.raw.shape == (k, n)
+    assert image_map(attr, "macs", 0).shape == tuple(enc.grid)
+
+
+def test_planted_signal_is_where_the_overlay_peaks(bundle, vl_model, monkeypatch):
+    """Keys of one image token are pulled towards the last query in every text layer: MACS must find that patch."""
+    img = _image(150, 90, seed=5)
+    enc = encode_image_prompt(bundle, img, QUESTION)
+    h, w = enc.grid
+    r, c = h - 1, 1  # the target cell on the merged grid
+    target = enc.image_positions[r * w + c]
+    original = capture_module._make_attention_function
+
+    def planted(recorder):
+        inner = original(recorder)
+
+        def attention(module, query, key, value, attention_mask, **kwargs):
+            b, heads, _, d = query.shape
+            kvh = key.shape[1]
+            q_last = query[:, :, -1, :].reshape(b, kvh, heads // kvh, d).mean(2)  # (B, KVH, D)
+            key = key.clone()
+            key[:, :, target, :] += 20.0 * q_last / q_last.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+            return inner(module, query, key, value, attention_mask, **kwargs)
+
+        return attention
+
+    monkeypatch.setattr(capture_module, "_make_attention_function", planted)
+    attr = explain(bundle, QUESTION, image=img, methods=["macs"], max_new_tokens=2)
+    _assert_clean(vl_model)
+    grid_map = image_map(attr, "macs", 0)
+    assert np.unravel_index(np.argmax(grid_map), grid_map.shape) == (r, c)
+    heat = heat_map(attr, "macs", 0, img.size)  # (H, W)
+    y, x = np.unravel_index(np.argmax(heat), heat.shape)
+    hh, ww = img.height / h, img.width / w  # pixels per grid cell (the processor stretches the whole image)
+    assert r * hh <= y < (r + 1) * hh and c * ww <= x < (c + 1) * ww
+
+
+def test_text_only_bundle_is_refused_for_images(tokenizer):
+    text_bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    with pytest.raises(UnsupportedModelError, match="text-only"):
+        explain(text_bundle, QUESTION, image=_image(64, 64), max_new_tokens=2)
+    assert registered_capture_names() == []
+
+
+def test_post_hoc_method_without_image_support_is_refused(bundle):
+    from explainer.methods import METHODS
+
+    blocked = [n for n, cls in METHODS.items() if not cls.streaming and not cls.accepts_extra_inputs]
+    if not blocked:
+        pytest.skip("every post-hoc method accepts image inputs")
+    with pytest.raises(InputError, match="cannot explain image prompts"):
+        explain(bundle, QUESTION, image=_image(64, 64), methods=["macs", blocked[0]], max_new_tokens=2)
+
+
+def _png_header_only(path, width: int, height: int) -> None:
+    """A PNG whose header claims a size but whose pixel data is missing (what a huge or truncated file looks like)."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    path.write_bytes(
+        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    )
+
+
+@pytest.mark.parametrize(
+    "kind, message",
+    [
+        ("truncated", "damaged or truncated"),
+        ("text", "not an image"),
+        ("tiny", "at least"),
+        ("huge", "too large|the limit is"),
+        ("missing", "does not exist"),
+        ("elongated", "aspect ratio"),
+    ],
+)
+def test_bad_images_give_clear_input_errors(tmp_path, bundle, kind, message):
+    path = tmp_path / f"{kind}.png"
+    if kind == "truncated":
+        _image(64, 48).save(path)
+        path.write_bytes(path.read_bytes()[:200])
+    elif kind == "text":
+        path.write_text("not an image at all")
+    elif kind == "tiny":
+        _image(1, 1).save(path)
+    elif kind == "huge":
+        _png_header_only(path, 30_000, 30_000)
+    elif kind == "elongated":
+        _image(1000, 8).save(path)
+    with pytest.raises(InputError, match=message):
+        load_image(path)
+    with pytest.raises(InputError, match=message):
+        explain(bundle, QUESTION, image=str(path), max_new_tokens=2)
+    assert registered_capture_names() == []
+
+
+@pytest.fixture(scope="module")
+def vl_model_dir(tmp_path_factory, vl_tokenizer, vl_model):
+    path = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
+    vl_model.save_pretrained(path)
+    vl_tokenizer.save_pretrained(path)
+    return path
+
+
+def test_cli_image_json(tmp_path, vl_model_dir, capsys):
+    img_path, out = tmp_path / "shape.png", tmp_path / "out.json"
+    _image(100, 60).save(img_path)
+    args = ["explain", "--model", str(vl_model_dir), "--image", str(img_path), "--prompt", QUESTION]
+    code = cli_main(
+        [*args, "--max-new-tokens", "3", "--max-pixels", str(12 * (PATCH * MERGE) ** 2), "--json", str(out)]
+    )
+    assert code == 0, capsys.readouterr().err
+    import json
+
+    data = json.loads(out.read_text())
+    h, w = data["image"]["grid"]
+    assert data["image"]["size"] == [100, 60] and len(data["image"]["token_positions"]) == h * w <= 12
+    assert len(data["methods"]["macs"]["raw"][0]) == len(data["prompt_token_ids"])
+
+
+def test_cli_bad_image_exits_2_with_one_line(tmp_path, vl_model_dir, capsys):
+    bad = tmp_path / "bad.png"
+    bad.write_text("nope")
+    code = cli_main(["explain", "--model", str(vl_model_dir), "--image", str(bad), "--prompt", QUESTION])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("error: ") and err.count("\n") == 1 and "not an image" in err
+
+
+def test_loaded_folder_is_a_vision_bundle(vl_model_dir):
+    from explainer import load_model
+
+    loaded = load_model(str(vl_model_dir), device="cpu", max_pixels=8 * (PATCH * MERGE) ** 2)
+    assert loaded.image_processor is not None
+    assert loaded.model.config.text_config._attn_implementation == "sdpa"
+    enc = encode_image_prompt(loaded, _image(200, 200), QUESTION)
+    assert len(enc.image_positions) <= 8
+
+
+def test_failure_mid_generation_leaves_the_vl_model_clean(bundle, vl_model):
+    from explainer.methods import MACS
+
+    class Failing(MACS):
+        def step(self, rows):
+            if rows.shape[-1] > self.n + 1:
+                raise RuntimeError("method failed")
+            return super().step(rows)
+
+    with pytest.raises(RuntimeError, match="method failed"):
+        explain(bundle, QUESTION, image=_image(64, 64), methods=[Failing()], max_new_tokens=4)
+    _assert_clean(vl_model)
+
+
+def test_post_hoc_methods_get_inputs_that_reproduce_the_generation(bundle, vl_model):
+    """`GenerationRun.extra_inputs` (pixels + positions over N + K) make one full forward predict every step."""
+    from explainer.methods import AttributionMethod, GenerationRun, RandomConfig
+
+    seen = {}
+
+    class Probe(AttributionMethod):
+        name, streaming, accepts_extra_inputs = "probe", False, True
+        Config = RandomConfig
+
+        def explain(self, run: GenerationRun) -> np.ndarray:
+            with torch.no_grad():
+                logits = run.model(input_ids=run.input_ids, **run.extra_inputs).logits  # (1, N + K, V)
+            n = run.num_prompt_tokens
+            seen["predicted"] = logits[0, n - 1 : -1].argmax(-1).tolist()
+            return np.zeros((run.num_steps, n), dtype=np.float32)
+
+    attr = explain(bundle, QUESTION, image=_image(90, 50, seed=7), methods=["macs", Probe()], max_new_tokens=5)
+    assert seen["predicted"] == attr.generated_token_ids
+    _assert_clean(vl_model)
+
+
+def test_image_tokens_are_row_major_over_the_merged_grid(bundle, vl_model):
+    """Changing one grid cell of the image changes that cell's image token most: merged tokens are row-major."""
+    size = (168, 112)  # resized to 6 x 4 merged cells of 28 px (within the 24-token budget)
+    plain = Image.new("RGB", size, (90, 120, 160))
+    enc = encode_image_prompt(bundle, plain, QUESTION)
+    h, w = enc.grid
+    cell_w, cell_h = size[0] / w, size[1] / h
+    for r, c in [(0, 0), (h - 1, 1), (1, w - 1)]:
+        marked = plain.copy()
+        marked.paste(
+            (255, 255, 0), (round(c * cell_w), round(r * cell_h), round((c + 1) * cell_w), round((r + 1) * cell_h))
+        )
+        feats = []
+        for img in (plain, marked):
+            inputs = encode_image_prompt(bundle, img, QUESTION).prefill_inputs
+            with torch.no_grad():
+                out = vl_model.model.get_image_features(inputs["pixel_values"], inputs["image_grid_thw"])
+            feats.append(torch.cat(out.pooler_output))  # (h * w, D)
+        change = (feats[1] - feats[0]).norm(dim=-1)  # (h * w,)
+        assert int(change.argmax()) == r * w + c
+
+
+def test_cli_image_summary_names_the_peak_cell(tmp_path, vl_model_dir, capsys):
+    img_path = tmp_path / "shape.png"
+    _image(80, 80).save(img_path)
+    args = ["explain", "--model", str(vl_model_dir), "--image", str(img_path), "--prompt", QUESTION]
+    assert cli_main([*args, "--max-new-tokens", "2", "--max-pixels", str(9 * (PATCH * MERGE) ** 2)]) == 0
+    out = capsys.readouterr().out
+    assert "grid of image tokens" in out and out.count("image peak: row") == 2

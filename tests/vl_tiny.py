@@ -1,0 +1,90 @@
+"""A seeded tiny random Qwen2.5-VL, its image processor and an offline tokenizer with the vision special tokens."""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+from explainer.models import bundle_from_objects
+from explainer.vision import load_image_processor
+
+from .conftest import CHAT_TEMPLATE, CORPUS
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+           "<|video_pad|>"]  # fmt: skip
+VOCAB = 320
+PATCH, MERGE = 14, 2  # the tiny vision tower's patch side and spatial merge (Qwen2.5-VL's real values)
+
+
+def make_vl_tokenizer() -> PreTrainedTokenizerFast:
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=SPECIAL,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(CORPUS + ["What is in the image? A red square on a blue background."], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
+    fast.chat_template = CHAT_TEMPLATE
+    assert len(fast) <= VOCAB
+    return fast
+
+
+def vl_config(tokenizer) -> Qwen2_5_VLConfig:
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL}
+    text = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        initializer_range=0.2,  # peaked attention, so references can tell rows apart
+        rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},  # sums to head_dim / 2 = 8
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=None,
+    )
+    vision = dict(
+        depth=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_heads=2,
+        patch_size=PATCH,
+        spatial_merge_size=MERGE,
+        temporal_patch_size=2,
+        out_hidden_size=64,  # = text hidden size
+        window_size=PATCH * MERGE * 2,
+        fullatt_block_indexes=[1],
+    )
+    return Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config=vision,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        eos_token_id=ids["<|im_end|>"],
+        pad_token_id=ids["<|endoftext|>"],
+        bos_token_id=None,
+    )
+
+
+def build_vl_model(tokenizer, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+    torch.manual_seed(seed)
+    model = Qwen2_5_VLForConditionalGeneration(vl_config(tokenizer))
+    model.set_attn_implementation("sdpa")
+    return model.eval()
+
+
+def vl_bundle(model, tokenizer, max_image_tokens: int = 24, **kwargs):
+    """The tiny model as a bundle; the pixel budget keeps image prompts to at most `max_image_tokens` tokens."""
+    factor = PATCH * MERGE
+    processor = load_image_processor(None, model.config, 4 * factor**2, max_image_tokens * factor**2)
+    return bundle_from_objects(model, tokenizer, name="tiny-qwen2.5-vl", image_processor=processor, **kwargs)

@@ -1,0 +1,150 @@
+"""Image overlays of an `Attribution` from an image prompt: one step's image map on top of the image.
+
+Pure functions (`Attribution`, PIL image -> PIL image). The map is the step's scores at the image tokens, z-scored
+over those tokens (`explainer.image_maps.image_map`), upsampled bicubically to the image's pixels, scaled to [0, 1]
+per map (lowest -> dark, highest -> bright), coloured with an inferno-like perceptual colormap and blended with the
+image. Optionally the top p% of pixels are outlined. Steps are 0-based; None is the newest; out-of-range steps are
+clamped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from PIL import Image, ImageDraw
+
+from explainer.image_maps import image_map, upsample_map
+from explainer.result import Attribution
+
+# Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
+_INFERNO = np.array(
+    [
+        (0, 0, 4),
+        (31, 12, 72),
+        (85, 15, 109),
+        (136, 34, 106),
+        (186, 54, 85),
+        (227, 89, 51),
+        (249, 140, 10),
+        (249, 201, 50),
+        (252, 255, 164),
+    ],
+    dtype=np.float32,
+)
+_CONTOUR_RGB = (0, 255, 255)  # cyan: stands out on every inferno colour
+_LABEL_HEIGHT = 18  # pixels of the caption strip above each small multiple
+
+
+def colormap(t: np.ndarray) -> np.ndarray:
+    """Map values in [0, 1] to RGB with the inferno-like LUT: (...,) -> (..., 3) uint8 (NaN -> black)."""
+    t = np.clip(np.nan_to_num(np.asarray(t, dtype=np.float32), nan=0.0), 0.0, 1.0)
+    x = t * (len(_INFERNO) - 1)
+    i = np.minimum(x.astype(np.int64), len(_INFERNO) - 2)
+    f = (x - i)[..., None]
+    rgb = _INFERNO[i] * (1.0 - f) + _INFERNO[i + 1] * f  # (..., 3)
+    return np.round(rgb).astype(np.uint8)
+
+
+def _step(attr: Attribution, method: str, step: int | None) -> int:
+    k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
+    if k == 0:
+        raise ValueError(f"No scores for method {method!r} yet.")
+    return k - 1 if step is None else min(max(int(step), 0), k - 1)
+
+
+def heat_map(attr: Attribution, method: str, step: int | None, size: tuple[int, int]) -> np.ndarray:
+    """The step's image map upsampled to `size` = (W, H) and scaled to [0, 1]: (H, W) float32."""
+    heat = upsample_map(image_map(attr, method, _step(attr, method, step)), size)  # (H, W)
+    lo, hi = float(heat.min()), float(heat.max())
+    return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
+
+
+def _outline(region: np.ndarray) -> np.ndarray:
+    """Boundary pixels of a boolean region, two pixels wide: (H, W) bool."""
+    padded = np.pad(region, 1, mode="edge")
+    inner = region.copy()
+    for dy, dx in ((0, 1), (2, 1), (1, 0), (1, 2)):
+        inner &= padded[dy : dy + region.shape[0], dx : dx + region.shape[1]]
+    edge = region & ~inner
+    thick = np.pad(edge, 1)
+    return edge | thick[2:, 1:-1] | thick[:-2, 1:-1] | thick[1:-1, 2:] | thick[1:-1, :-2]
+
+
+def image_overlay(
+    image: Image.Image,
+    attr: Attribution,
+    method: str,
+    step: int | None = None,
+    alpha: float = 0.5,
+    contour_top_percent: float | None = None,
+) -> Image.Image:
+    """The image with one step's attribution map blended on top.
+
+    Args:
+        image: the image the prompt asked about (any mode; any size, ideally `attr.image["size"]`).
+        attr: result of an image prompt (`attr.image` set).
+        method: method name.
+        step: 0-based generated-token index; None is the newest.
+        alpha: opacity of the colour map in [0, 1].
+        contour_top_percent: outline the brightest p% of pixels (e.g. 10); None draws no outline.
+
+    Returns:
+        RGB image of the same size as `image`.
+    """
+    base = image.convert("RGB")
+    heat = heat_map(attr, method, step, base.size)  # (H, W) in [0, 1]
+    a = float(np.clip(alpha, 0.0, 1.0))
+    pixels = np.asarray(base, dtype=np.float32)  # (H, W, 3)
+    out = (1.0 - a) * pixels + a * colormap(heat).astype(np.float32)
+    if contour_top_percent is not None and 0 < contour_top_percent < 100:
+        region = heat >= np.percentile(heat, 100.0 - float(contour_top_percent))
+        if region.any() and not region.all():
+            out[_outline(region)] = _CONTOUR_RGB
+    return Image.fromarray(np.round(out).astype(np.uint8), mode="RGB")
+
+
+def overlay_grid(
+    image: Image.Image,
+    attr: Attribution,
+    methods: Sequence[str],
+    step: int | None = None,
+    alpha: float = 0.5,
+    contour_top_percent: float | None = None,
+    max_side: int = 320,
+) -> Image.Image:
+    """Small multiples: one labelled overlay per method for the same step, side by side.
+
+    Methods without scores yet get a grey "pending" tile. Each tile is scaled so its longer side is `max_side`.
+
+    Returns:
+        RGB image of width len(methods) * tile width (+ gaps) and height tile height + a caption strip.
+    """
+    methods = list(methods)
+    base = image.convert("RGB")
+    scale = min(1.0, max_side / max(base.size))
+    tile = base.resize((max(1, round(base.width * scale)), max(1, round(base.height * scale))), Image.BICUBIC)
+    gap = 6
+    canvas = Image.new("RGB", (max(1, len(methods)) * (tile.width + gap) - gap, tile.height + _LABEL_HEIGHT), "white")
+    draw = ImageDraw.Draw(canvas)
+    for i, method in enumerate(methods):
+        x = i * (tile.width + gap)
+        try:
+            k = _step(attr, method, step)
+            panel = image_overlay(tile, attr, method, k, alpha, contour_top_percent)
+            token = attr.generated_tokens[k] if k < len(attr.generated_tokens) else ""
+            label = f"{method} · step {k + 1} {token!r}"
+        except ValueError:
+            panel = Image.new("RGB", tile.size, (220, 220, 220))
+            label = f"{method} · pending"
+        canvas.paste(panel, (x, _LABEL_HEIGHT))
+        draw.text((x + 2, 3), label[:60], fill=(31, 35, 40))
+    return canvas
+
+
+def overlay_frames(
+    image: Image.Image, attr: Attribution, method: str, alpha: float = 0.5, contour_top_percent: float | None = None
+) -> list[Image.Image]:
+    """One overlay per generation step (for an animated GIF or a scrubber): K RGB images of the image's size."""
+    k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
+    return [image_overlay(image, attr, method, s, alpha, contour_top_percent) for s in range(k)]
