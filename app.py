@@ -21,11 +21,24 @@ from typing import Any
 import gradio as gr
 
 from explainer import ExplainerError, available_methods, load_model, stream_explain
+from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, measure_faithfulness
 from explainer.result import Attribution
-from visuals import answer_html, side_by_side_html, top_tokens_rows
+from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
+from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
+from visuals.curves import faithfulness_rows, removal_figure, soft_figure
 
 MODEL_ID = os.environ.get("EXPLAINER_MODEL") or None  # None: the embedded default model
 EXAMPLES_PATH = Path(__file__).resolve().parent / "assets" / "examples.json"
+VLM_ID = os.environ.get("EXPLAINER_VLM") or None  # hub id or folder of a vision-language model for the image tab
+IMAGES_DIR = Path(__file__).resolve().parent / "assets" / "images"
+DEFAULT_QUESTION = "What is in the image?"
+CONTOUR_TOP_PERCENT = 10
+_NO_VLM = (
+    "**Image questions are off:** no vision-language model is configured, and the default model reads text only. "
+    "Restart the app with `EXPLAINER_VLM=<hub id or local folder>`, e.g. "
+    "`EXPLAINER_VLM=Qwen/Qwen2.5-VL-3B-Instruct python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
+)
+_EMPTY_IMAGE = "<p>Upload an image, ask a question and press <b>Ask</b>: the question's tokens appear here.</p>"
 DEFAULT_METHODS = ["macs"]
 TOP_K = 5  # rows per method in the top-tokens table
 TABLE_HEADERS = ["method", "rank", "token", "position", "z"]
@@ -130,6 +143,52 @@ def explain(
     yield _outputs(attr, methods, show_all, live=False)
 
 
+FAITHFULNESS_METRICS = {"mean logit": "logit", "perplexity": "ppl", "ROUGE-L F1": "rougeL", "BLEU": "bleu"}
+_FAITHFULNESS_NOTE = (
+    "**Removal curves** (MACS paper, App. A.2): 0-20% of your text's tokens are hidden by attention masking, most "
+    "(MIF) or least (LIF) influential first by the method's step-averaged score, and the answer is re-generated; "
+    "SRG = AUC(LIF) - AUC(MIF), higher is better (for perplexity more negative). **π-Soft** (Grad-ELLM paper, "
+    "section 3.1): input embeddings kept with probability calibrated to π; higher is better. Quick setting here: "
+    f"{QUICK_SOFT.samples} samples per π, π = 0.1 … 0.9, every {QUICK_SOFT.step_stride}th answer token (the paper "
+    "uses 15 samples and π step 0.05). The random baseline is dashed. Takes from seconds to minutes."
+)
+
+
+def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> tuple[Any, Any, list]:
+    """Removal curves of the chosen metric, pi-Soft curves and summary rows of a stored report; never runs the model."""
+    if report is None:
+        return None, None, []
+    removal = removal_figure(report.removal, FAITHFULNESS_METRICS.get(metric, "logit")) if report.removal else None
+    soft = soft_figure(report.soft) if report.soft else None
+    return removal, soft, faithfulness_rows(report)
+
+
+def faithfulness(
+    attr: Attribution | None,
+    methods: list[str],
+    metric: str,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
+) -> tuple:
+    """Measure MIF/LIF/SRG and pi-Soft for the selected methods of the session's result.
+
+    Returns:
+        (removal figure, pi-Soft figure, summary rows, status text, report for the State).
+    """
+    if attr is None or not attr.num_steps:
+        raise gr.Error("Generate an answer first: faithfulness is measured on the current result.")
+    chosen = [m for m in (methods or []) if m in attr.methods]
+    if not chosen:
+        raise gr.Error("Select at least one attribution method that was run for this answer, then measure again.")
+    try:
+        report = measure_faithfulness(
+            get_bundle(), attr, chosen, soft=QUICK_SOFT, progress=lambda f, msg: progress(f, desc=msg)
+        )
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
+    status = f"Measured on {attr.num_steps} answer tokens for {', '.join(chosen)} (random baseline added)."
+    return *render_faithfulness(report, metric), status, report
+
+
 def _examples() -> list[dict[str, str]]:
     return json.loads(EXAMPLES_PATH.read_text(encoding="utf-8"))
 
@@ -140,6 +199,104 @@ def _method_choices() -> tuple[list[str], list[str]]:
     return choices, default
 
 
+def get_vl_bundle() -> Any:
+    """The process-wide vision-language bundle (`EXPLAINER_VLM`), loaded on first use like `get_bundle`."""
+    if VLM_ID is None:
+        raise gr.Error(_NO_VLM.replace("**", "").replace("`", ""))
+    with _load_lock:
+        return _load(VLM_ID)
+
+
+def vlm_info() -> str:
+    """Markdown line on the image tab: the vision-language model, or why there is none and how to set one."""
+    if VLM_ID is None:
+        return _NO_VLM
+    try:
+        bundle = get_vl_bundle()
+    except ExplainerError as e:
+        return f"**Could not load the vision-language model `{VLM_ID}`:** {e}"
+    if getattr(bundle, "image_processor", None) is None:
+        return f"**`{bundle.name}` reads text only.** {_NO_VLM}"
+    return f"**Vision-language model:** `{bundle.name}` · the image is resized to a bounded number of image tokens"
+
+
+def render_image(
+    state: dict | None, methods: list[str], step: float | None, opacity: float, contour: bool
+) -> tuple[Any, str, str]:
+    """Overlays (one per method), answer and question heatmap for one step of a stored image result.
+
+    Args:
+        state: {"attr": Attribution, "image": PIL image} of the session, or None before the first question.
+        methods: methods to show, one overlay each.
+        step: 1-based step from the slider (None: the newest).
+        opacity: overlay alpha in [0, 1].
+        contour: outline the top `CONTOUR_TOP_PERCENT`% of each map.
+    """
+    if not state:
+        return None, "", _EMPTY_IMAGE
+    attr, image = state["attr"], state["image"]
+    methods = list(methods or [])
+    index = None if step is None else int(step) - 1
+    top = CONTOUR_TOP_PERCENT if contour else None
+    grid = overlay_grid(image, attr, methods, index, alpha=float(opacity), contour_top_percent=top) if methods else None
+    return grid, answer_html(attr, index), side_by_side_html(attr, methods, index, user_only=True)
+
+
+def explain_image(
+    image: Any,
+    question: str,
+    methods: list[str],
+    max_new_tokens: float,
+    opacity: float,
+    contour: bool,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
+) -> Iterator[tuple]:
+    """Answer a question about an image, yielding overlays after every token.
+
+    Yields:
+        (overlay grid image, answer HTML, question heatmap HTML, step-slider update, status text, State dict).
+    """
+    methods = list(methods or [])
+    if not methods:
+        raise gr.Error("Select at least one attribution method.")
+    if image is None:
+        raise gr.Error("Upload an image (or pick an example) first.")
+    attr = None
+    stream = None
+    try:
+        bundle = get_vl_bundle()
+        stream = stream_explain(
+            bundle,
+            question,
+            methods=methods,
+            max_new_tokens=int(max_new_tokens),
+            image=image,
+            progress=lambda fraction, message: progress(fraction, desc=message),
+        )
+        for attr in stream:
+            yield _image_outputs(attr, image, methods, opacity, contour, live=True)
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
+    finally:
+        if stream is not None and hasattr(stream, "close"):
+            stream.close()
+    if attr is None:
+        raise gr.Error("The model produced no tokens. Try another question or more new tokens.")
+    yield _image_outputs(attr, image, methods, opacity, contour, live=False)
+
+
+def _image_outputs(attr: Attribution, image: Any, methods: list[str], opacity: float, contour: bool, live: bool):
+    steps = max(attr.num_steps, 1)
+    state = {"attr": attr, "image": image}
+    grid, answer, question = render_image(state, methods, steps, opacity, contour)
+    slider = gr.update(minimum=1, maximum=max(steps, 2), value=steps, interactive=not live and steps > 1)
+    return grid, answer, question, slider, _status(attr, live), state
+
+
+def _example_images() -> list[Path]:
+    return sorted(IMAGES_DIR.glob("*.png")) if IMAGES_DIR.is_dir() else []
+
+
 with gr.Blocks(title="Why did the model write that?") as demo:
     gr.Markdown(
         "# Why did the model write that?\n"
@@ -147,56 +304,143 @@ with gr.Blocks(title="Why did the model write that?") as demo:
         "heatmap shows which prompt tokens it relied on (red: more than average, blue: less). Hover a token for its "
         "score."
     )
-    model_md = gr.Markdown("**Model:** loading…")
-    state = gr.State(None)
-    with gr.Row():
-        with gr.Column(scale=3):
-            prompt_box = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
-            generate_btn = gr.Button("Generate", variant="primary")
-            examples = _examples()
-            gr.Examples(
-                examples=[[e["prompt"]] for e in examples],
-                inputs=[prompt_box],
-                example_labels=[e["label"] for e in examples],
-                label="Examples",
+    with gr.Tabs():
+        with gr.Tab("Text prompt"):
+            model_md = gr.Markdown("**Model:** loading…")
+            state = gr.State(None)
+            with gr.Row():
+                with gr.Column(scale=3):
+                    prompt_box = gr.Textbox(
+                        label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask."
+                    )
+                    generate_btn = gr.Button("Generate", variant="primary")
+                    examples = _examples()
+                    gr.Examples(
+                        examples=[[e["prompt"]] for e in examples],
+                        inputs=[prompt_box],
+                        example_labels=[e["label"] for e in examples],
+                        label="Examples",
+                    )
+                with gr.Column(scale=2):
+                    choices, default_methods = _method_choices()
+                    methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+                    show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
+                    chat_template_box = gr.Checkbox(True, label="Use the chat template")
+                    max_new_slider = gr.Slider(1, 256, value=64, step=1, label="Max new tokens")
+            status_md = gr.Markdown()
+            answer_view = gr.HTML()
+            step_slider = gr.Slider(
+                1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
             )
-        with gr.Column(scale=2):
-            choices, default_methods = _method_choices()
-            methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
-            show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
-            chat_template_box = gr.Checkbox(True, label="Use the chat template")
-            max_new_slider = gr.Slider(1, 256, value=64, step=1, label="Max new tokens")
-    status_md = gr.Markdown()
-    answer_view = gr.HTML()
-    step_slider = gr.Slider(
-        1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
-    )
-    heatmap_view = gr.HTML(_EMPTY_HEATMAP)
-    table = gr.Dataframe(
-        headers=TABLE_HEADERS,
-        datatype=["str", "number", "str", "number", "number"],
-        interactive=False,
-        label="Top prompt tokens at this step",
-    )
+            heatmap_view = gr.HTML(_EMPTY_HEATMAP)
+            table = gr.Dataframe(
+                headers=TABLE_HEADERS,
+                datatype=["str", "number", "str", "number", "number"],
+                interactive=False,
+                label="Top prompt tokens at this step",
+            )
 
-    generate_btn.click(
-        explain,
-        inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box],
-        outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
-        api_name="explain",
-        concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
-        concurrency_id="model",
-    )
-    gr.on(
-        triggers=[step_slider.input, show_all_box.input, methods_box.input],
-        fn=render,
-        inputs=[state, methods_box, step_slider, show_all_box],
-        outputs=[answer_view, heatmap_view, table],
-        api_name="render",
-        trigger_mode="always_last",
-        show_progress="hidden",
-    )
+            generate_btn.click(
+                explain,
+                inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box],
+                outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
+                api_name="explain",
+                concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
+                concurrency_id="model",
+            )
+            gr.on(
+                triggers=[step_slider.input, show_all_box.input, methods_box.input],
+                fn=render,
+                inputs=[state, methods_box, step_slider, show_all_box],
+                outputs=[answer_view, heatmap_view, table],
+                api_name="render",
+                trigger_mode="always_last",
+                show_progress="hidden",
+            )
+            with gr.Accordion("Faithfulness", open=False):
+                gr.Markdown(_FAITHFULNESS_NOTE)
+                faith_state = gr.State(None)
+                with gr.Row():
+                    faith_btn = gr.Button("Measure faithfulness")
+                    faith_metric = gr.Dropdown(
+                        list(FAITHFULNESS_METRICS), value="mean logit", label="Removal curve metric"
+                    )
+                faith_status = gr.Markdown()
+                faith_removal_plot = gr.Plot(label="Token removal: MIF / LIF")
+                faith_soft_plot = gr.Plot(label="π-Soft-NS / π-Soft-NC")
+                faith_table = gr.Dataframe(
+                    headers=FAITHFULNESS_HEADERS,
+                    datatype=["str"] + ["number"] * (len(FAITHFULNESS_HEADERS) - 1),
+                    interactive=False,
+                    label="Summary",
+                )
+            faith_btn.click(
+                faithfulness,
+                inputs=[state, methods_box, faith_metric],
+                outputs=[faith_removal_plot, faith_soft_plot, faith_table, faith_status, faith_state],
+                api_name="faithfulness",
+                concurrency_limit=1,  # shares the model with the explain event
+                concurrency_id="model",
+            )
+            faith_metric.input(
+                render_faithfulness,
+                inputs=[faith_state, faith_metric],
+                outputs=[faith_removal_plot, faith_soft_plot, faith_table],
+                api_name="render_faithfulness",
+                show_progress="hidden",
+            )
+        with gr.Tab("Image + question"):
+            vlm_md = gr.Markdown("**Vision-language model:** checking…")
+            image_state = gr.State(None)
+            with gr.Row():
+                with gr.Column(scale=3):
+                    image_box = gr.Image(type="pil", label="Image", height=280, sources=["upload", "clipboard"])
+                    question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
+                    ask_btn = gr.Button("Ask about the image", variant="primary")
+                    gr.Examples(
+                        examples=[[str(path), DEFAULT_QUESTION] for path in _example_images()],
+                        inputs=[image_box, question_box],
+                        label="Example images",
+                    )
+                with gr.Column(scale=2):
+                    image_methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+                    opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
+                    contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
+                    image_max_new_slider = gr.Slider(1, 128, value=24, step=1, label="Max new tokens")
+            image_status_md = gr.Markdown()
+            image_answer_view = gr.HTML()
+            image_step_slider = gr.Slider(
+                1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+            )
+            overlay_view = gr.Image(label="Image regions each method credits for this token", interactive=False)
+            question_view = gr.HTML(label="Question tokens")
+
+            ask_btn.click(
+                explain_image,
+                inputs=[image_box, question_box, image_methods_box, image_max_new_slider, opacity_slider, contour_box],
+                outputs=[
+                    overlay_view,
+                    image_answer_view,
+                    question_view,
+                    image_step_slider,
+                    image_status_md,
+                    image_state,
+                ],
+                api_name="explain_image",
+                concurrency_limit=1,
+                concurrency_id="model",
+            )
+            gr.on(
+                triggers=[image_step_slider.input, opacity_slider.input, contour_box.input, image_methods_box.input],
+                fn=render_image,
+                inputs=[image_state, image_methods_box, image_step_slider, opacity_slider, contour_box],
+                outputs=[overlay_view, image_answer_view, question_view],
+                api_name="render_image",
+                trigger_mode="always_last",
+                show_progress="hidden",
+            )
     demo.load(model_info, outputs=model_md, api_name="model_info")
+    demo.load(vlm_info, outputs=vlm_md, api_name="vlm_info")
 
 demo.queue(default_concurrency_limit=1)
 

@@ -1,4 +1,4 @@
-"""Command line: `python -m explainer explain|bench ...`.
+"""Command line: `python -m explainer explain|bench|eval ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
@@ -33,6 +33,9 @@ def _print_summary(attr, top: int) -> None:
     print(f"model: {attr.model}")
     print(f"prompt tokens: {attr.num_prompt_tokens}   generated tokens: {attr.num_steps}")
     print(f"answer: {attr.generated_text!r}")
+    if attr.image:
+        h, w = attr.image["grid"]
+        print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
     user = attr.user_positions or None
     from .result import zscore
 
@@ -43,6 +46,12 @@ def _print_summary(attr, top: int) -> None:
             row = z[k]
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
+            if attr.image:
+                from .image_maps import image_map
+
+                cells = image_map(attr, name, k)  # (h, w)
+                r, c = divmod(int(cells.argmax()), cells.shape[1])
+                tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
             print(f"  step {k:3d} {tok!r:>14}: {tops}")
 
 
@@ -62,13 +71,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
             raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
+    image = None
+    if args.image:
+        from .vision import load_image
+
+        image = load_image(args.image)  # checked before the (slow) model load
+    bundle = load_model(
+        args.model,
+        device=args.device,
+        max_prompt_tokens=args.max_prompt_tokens,
+        min_pixels=args.min_pixels,
+        max_pixels=args.max_pixels,
+    )
     attr = explain(
         bundle,
         prompt,
         methods=methods,
         max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template,
+        image=image,
     )
     if args.json:
         try:
@@ -88,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="generate an answer and explain every token")
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
+    p.add_argument("--image", help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL)")
+    p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
+    p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--methods", default="macs", help="comma-separated method names")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -99,8 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_explain)
 
     from .bench import add_bench_parser
+    from .evaluate import add_eval_parser
 
     add_bench_parser(sub)
+    add_eval_parser(sub)
     return parser
 
 

@@ -239,3 +239,124 @@ def test_demo_wires_named_queued_events(app_module):
     assert fns["render"].fn is app_module.render
     config = app_module.demo.get_config_file()
     assert any(dep.get("api_name") == "explain" for dep in config["dependencies"])
+
+
+def _image_attr(k: int, methods) -> Attribution:
+    """A fake image-prompt result: 2 x 3 image tokens after two template tokens, then the question."""
+    tokens = ["<|im_start|>", "<|vision_start|>", *["<|image_pad|>"] * 6, "<|vision_end|>", " What", "?"]
+    raw = np.random.default_rng(0).random((k, len(tokens))).astype(np.float32)  # (K, N)
+    return Attribution(
+        model="fake-vlm",
+        prompt_token_ids=list(range(len(tokens))),
+        prompt_tokens=tokens,
+        generated_token_ids=list(range(k)),
+        generated_tokens=ANSWER[:k],
+        methods={m: MethodScores.from_raw(raw) for m in methods},
+        user_positions=[9, 10],
+        meta={"status": f"fake step {k}"},
+        image={"token_positions": list(range(2, 8)), "grid": [2, 3], "size": [45, 31]},
+    )
+
+
+def test_image_tab_without_a_vision_model_says_how_to_set_one(app_module, fake, monkeypatch):
+    monkeypatch.setattr(app_module, "VLM_ID", None)
+    assert "EXPLAINER_VLM" in app_module.vlm_info()
+    from PIL import Image
+
+    with pytest.raises(gr.Error, match="EXPLAINER_VLM"):
+        list(app_module.explain_image(Image.new("RGB", (45, 31)), "What?", ["macs"], 4, 0.5, True))
+    assert fake.loads == 0 and fake.calls == []
+    overlay, answer, question = app_module.render_image(None, ["macs"], 1, 0.5, True)
+    assert overlay is None and answer == ""
+
+
+def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fake, monkeypatch):
+    from PIL import Image
+
+    calls = []
+
+    def fake_stream(bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
+        calls.append({"prompt": prompt, "image": image, "methods": list(methods)})
+        for k in range(1, 4):
+            yield _image_attr(k, methods)
+
+    class VLBundle(FakeBundle):
+        name = "fake-vlm"
+        image_processor = object()
+
+    monkeypatch.setattr(app_module, "VLM_ID", "fake-vlm")
+    monkeypatch.setattr(app_module, "load_model", lambda name=None: VLBundle())
+    monkeypatch.setattr(app_module, "stream_explain", fake_stream)
+    assert "fake-vlm" in app_module.vlm_info()
+    image = Image.new("RGB", (45, 31), (40, 90, 200))
+    outs = list(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True))
+    assert len(outs) == 4 and calls[0]["image"] is image and calls[0]["prompt"] == "What?"
+    overlay, answer, question, slider, status, state = outs[-1]
+    assert isinstance(overlay, Image.Image) and overlay.height == 31 + 18 and overlay.width > 2 * 45
+    assert slider["interactive"] is True and slider["value"] == 3 and status.startswith("Done: 3 tokens")
+    assert 'data-method="macs"' in question and question.count('class="xai-tok"') == 2 * 2  # the question only
+    again = app_module.render_image(state, ["macs"], 1, 0.2, False)
+    assert again[0].width == 45 and len(calls) == 1
+    with pytest.raises(gr.Error, match="Upload an image"):
+        list(app_module.explain_image(None, "What?", ["macs"], 3, 0.5, True))
+
+
+def test_image_events_are_named(app_module):
+    fns = {fn.api_name for fn in app_module.demo.fns.values()}
+    assert {"explain_image", "render_image", "vlm_info"} <= fns
+
+
+def _fake_report():
+    from explainer.faithfulness import FaithfulnessReport, RemovalReport, SoftReport
+
+    fractions = [0.0, 0.1, 0.2]
+    removal = RemovalReport(fractions=fractions)
+    for m, drop in (("macs", 0.5), ("random", 0.9)):
+        curve = {"mif": [1.0, drop, drop], "lif": [1.0, 1.0, 1.0]}
+        removal.curves[m] = {k: curve for k in ("logit", "ppl", "rougeL", "bleu")}
+        removal.auc[m] = {k: {"mif": drop, "lif": 1.0, "srg": 1.0 - drop} for k in ("logit", "ppl", "rougeL", "bleu")}
+    soft = SoftReport(pis=[0.1, 0.5], steps=[0], ns={"macs": [0.2, 0.6]}, nc={"macs": [0.5, 0.9]})
+    soft.auc_ns["macs"], soft.auc_nc["macs"] = 0.16, 0.28
+    return FaithfulnessReport(removal=removal, soft=soft)
+
+
+def test_faithfulness_panel_measures_and_rerenders(app_module, fake, monkeypatch):
+    attr = list(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+    calls = []
+
+    def fake_measure(bundle, result, methods, soft=None, progress=None):
+        calls.append((result, methods, soft))
+        progress(0.5, "halfway")
+        return _fake_report()
+
+    monkeypatch.setattr(app_module, "measure_faithfulness", fake_measure)
+    removal, soft, rows, status, report = app_module.faithfulness(attr, ["macs", "rollout"], "perplexity")
+    assert calls[0][1] == ["macs"] and calls[0][2] is app_module.QUICK_SOFT  # only methods of this result
+    assert removal is not None and soft is not None and "macs" in status
+    assert [r[0] for r in rows] == ["macs", "random"] and rows[0][2] == pytest.approx(0.5)
+    again = app_module.render_faithfulness(report, "BLEU")
+    assert again[2] == rows and again[0] is not None
+    assert app_module.render_faithfulness(None, "BLEU") == (None, None, [])
+
+
+def test_faithfulness_errors_become_gr_errors(app_module, fake, monkeypatch):
+    with pytest.raises(gr.Error, match="Generate an answer first"):
+        app_module.faithfulness(None, ["macs"], "mean logit")
+    attr = list(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+    with pytest.raises(gr.Error, match="Select at least one"):
+        app_module.faithfulness(attr, ["atman"], "mean logit")
+
+    def failing(*args, **kwargs):
+        raise InputError("No prompt positions to evaluate.")
+
+    monkeypatch.setattr(app_module, "measure_faithfulness", failing)
+    with pytest.raises(gr.Error, match="No prompt positions"):
+        app_module.faithfulness(attr, ["macs"], "mean logit")
+
+
+def test_faithfulness_event_is_named_and_shares_the_model_queue(app_module):
+    fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
+    assert fns["faithfulness"].fn is app_module.faithfulness
+    assert fns["faithfulness"].concurrency_limit == 1
+    assert fns["faithfulness"].concurrency_id == fns["explain"].concurrency_id
+    assert fns["render_faithfulness"].fn is app_module.render_faithfulness

@@ -1,5 +1,7 @@
 """Pure views of an `Attribution` (HTML, Plotly figures, table rows): no model, no torch, no UI framework."""
 
+from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
+from visuals.curves import faithfulness_rows, removal_figure, soft_figure
 from visuals.heatmap import (
     Z_CLIP,
     answer_html,
@@ -10,10 +12,19 @@ from visuals.heatmap import (
     top_tokens_rows,
     visible_whitespace,
 )
+from visuals.overlay import colormap, image_overlay, overlay_frames, overlay_grid
 
 __all__ = [
+    "FAITHFULNESS_HEADERS",
+    "faithfulness_rows",
+    "removal_figure",
+    "soft_figure",
     "Z_CLIP",
     "answer_html",
+    "colormap",
+    "image_overlay",
+    "overlay_frames",
+    "overlay_grid",
     "diverging_color",
     "side_by_side_html",
     "token_heatmap_figure",
