@@ -245,7 +245,7 @@ def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
     import torch
 
     from .explain import generate_steps
-    from .methods import GenerationRun, get_method
+    from .methods import GenerationRun
 
     if method_name == BASELINE:
 
@@ -256,7 +256,7 @@ def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
 
         return run_plain
 
-    method = get_method(method_name)
+    method = method_from_spec(method_name)
     if method.streaming:
 
         def run_streaming(input_ids: torch.Tensor, k: int) -> int:
@@ -625,8 +625,37 @@ def _parse_lengths(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
+def _option_value(text: str):
+    low = text.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    for cast in (int, float):
+        try:
+            return cast(text)
+        except ValueError:
+            pass
+    return text
+
+
+def method_from_spec(spec: str):
+    """A method from `name` or `name:key=value:key=value` (e.g. `atman:fast=false` for AtMan's naive loop)."""
+    from .methods import get_method
+
+    name, *pairs = spec.split(":")
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise InputError(f"Method option {pair!r} in {spec!r} must look like key=value.")
+        options[key.strip()] = _option_value(value.strip())
+    try:
+        return get_method(name, **options)
+    except TypeError as e:
+        raise InputError(f"Bad options for {name!r} in {spec!r}: {e}") from e
+
+
 def _parse_methods(text: str) -> list[str]:
-    from .methods import METHODS, get_method
+    from .methods import METHODS
 
     names = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
     if not names:
@@ -635,7 +664,7 @@ def _parse_methods(text: str) -> list[str]:
         if name == BASELINE:
             continue
         try:
-            get_method(name)
+            method_from_spec(name)
         except UnknownMethodError as e:
             valid = ", ".join([BASELINE, *METHODS])
             raise UnknownMethodError(f"Unknown method {name!r}. Available for bench: {valid}.") from e

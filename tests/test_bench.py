@@ -193,3 +193,16 @@ def test_bad_input_is_a_one_line_error_before_any_model_loads(flags, message, ca
     assert main(["bench", "--model", "/no/such/model", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_method_spec_options():
+    from explainer.bench import method_from_spec
+    from explainer.errors import InputError
+
+    naive = method_from_spec("atman:fast=false:batch_size=2")
+    assert naive.name == "atman" and naive.config.fast is False and naive.config.batch_size == 2
+    assert method_from_spec("macs:alpha=0.5:pooling=mean").config.alpha == 0.5
+    with pytest.raises(InputError, match="key=value"):
+        method_from_spec("macs:alpha")
+    with pytest.raises(InputError, match="Bad options"):
+        method_from_spec("macs:nope=1")
