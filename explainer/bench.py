@@ -12,6 +12,10 @@ How a method is timed follows from its registry entry alone, so new methods need
 - streaming methods (e.g. `macs`): `generate_steps` with that method, the MACS path of the app.
 - post-hoc methods (e.g. `random`): `generate_steps` without methods, then `method.explain(...)`; the time covers both.
 
+On a shared machine other processes slow the timed runs badly (two torch threads on two busy cores can take 10x
+longer): every run records the share of the CPUs others used (`other_cpu_frac_all`), flagged rows are warned about,
+and `--quiet-wait` holds each timed run until the machine is idle.
+
 Prompts are real text: SQuAD 2.0 contexts from `../shared/data/squad2-dev-350.json`, tokenised without chat template
 and cut to exactly N tokens; without that file, seeded English-like filler text is used and the report says so.
 """
@@ -87,7 +91,9 @@ def _generated_paragraphs(seed: int) -> Iterator[str]:
         yield " ".join(sentences)
 
 
-def prompt_ids(tokenizer: Any, num_tokens: int, data_path: Path | None = DEFAULT_DATA, seed: int = 0):
+def prompt_ids(
+    tokenizer: Any, num_tokens: int, data_path: Path | None = DEFAULT_DATA, seed: int = 0
+) -> tuple[list[int], str]:
     """Exactly `num_tokens` token ids of real text.
 
     Contexts of the SQuAD file are joined with blank lines (cycling when the file is too short) and the tokens of
@@ -730,7 +736,12 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--prompt-tokens", default="256,1024,2048", help="comma-separated prompt lengths in tokens")
     p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per run (EOS does not stop early)")
-    p.add_argument("--methods", default="none,macs", help="comma-separated: none (plain generate) and method names")
+    p.add_argument(
+        "--methods",
+        default="none,macs",
+        help="comma-separated: none (plain generate) and registered method names, each optionally with options "
+        "as name:key=value:key=value (e.g. macs:alpha=0.5)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--data", default=None, help=f"SQuAD-style JSON for prompt text (default: {DEFAULT_DATA})")
