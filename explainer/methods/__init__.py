@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import UnknownMethodError
-from .atman import AtMan
+from .atman import AtMan, AtManConfig
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
@@ -37,6 +37,8 @@ def get_method(name: str, config: Any = None, **options: Any) -> AttributionMeth
 
 __all__ = [
     "METHODS",
+    "AtMan",
+    "AtManConfig",
     "MACS",
     "MACSConfig",
     "RandomBaseline",
