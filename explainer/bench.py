@@ -134,14 +134,16 @@ class BenchRow:
     Attributes:
         tokens_per_s: median over the timed runs of K / seconds.
         peak_mem_mb: peak resident memory (CPU) or peak allocated CUDA memory during the timed runs, in MiB. It
-            includes the model weights, which every process holds alike.
+            includes the model weights, which every process holds alike. On CPU it carries allocator noise of a
+            few percent (glibc keeps freed blocks resident by chance); `peak_mem_mb_all` shows the spread.
+        peak_mem_mb_all: the peak of each timed run (the high-water mark is reset before every run).
         seconds_all: wall time of every timed run.
         mem_method: how peak memory was measured (see `_MemoryProbe`).
-        base_mem_mb: memory in use when the high-water mark was reset (after loading and warm-up).
+        base_mem_mb: memory in use when the high-water mark was first reset (after loading and warm-up).
         cpu_seconds_all: CPU time (all threads) of this process in every timed run.
         live_peak_mem_mb: with `--live-mem` on CPU, peak resident memory of one extra untimed run in which glibc
-            returns every freed block of 64 KiB or more at once, so residency follows live tensors; it resolves
-            differences of a few MiB that allocator caching hides in `peak_mem_mb`. Slows that run, so it is not timed.
+            returns every freed block of 64 KiB or more at once, so residency follows live tensors more closely than
+            in `peak_mem_mb` (less allocator noise, not none). Slows that run, so it is not timed.
         other_cpu_frac_all: per timed run, the share of the machine's CPU capacity that *other* processes used
             (0 = quiet machine); runs above ~0.1 are slowed by contention. None where /proc/stat is unreadable.
         tokens_per_s_ratio, peak_mem_ratio, live_peak_mem_ratio: relative to `none` at the same prompt and
@@ -155,6 +157,7 @@ class BenchRow:
     peak_mem_mb: float
     repeats: int
     seconds_all: list[float] = field(default_factory=list)
+    peak_mem_mb_all: list[float] = field(default_factory=list)
     mem_method: str = ""
     base_mem_mb: float | None = None
     cpu_seconds_all: list[float] = field(default_factory=list)
@@ -377,8 +380,8 @@ class _MemoryProbe:
         self.device = device
         self.method = ""
 
-    def reset(self) -> float:
-        """Reset the high-water mark; return the memory in use now, in MiB."""
+    def reset(self, trim: bool = True) -> float:
+        """Reset the high-water mark and return the memory in use now, in MiB; `trim` first frees glibc's heap."""
         import torch
 
         if self.device.type == "cuda":
@@ -386,7 +389,7 @@ class _MemoryProbe:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.method = "cuda_max_memory_allocated"
             return torch.cuda.memory_allocated(self.device) / _MIB
-        trimmed = _malloc_trim()
+        trimmed = _malloc_trim() if trim else "malloc_trim" in self.method
         try:
             Path("/proc/self/clear_refs").write_text("5")
             self.method = "vmhwm_after_clear_refs" + ("+malloc_trim" if trimmed else "")
@@ -443,13 +446,14 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     gc.collect()
 
     probe = _MemoryProbe(bundle.device)
-    base_mb = probe.reset()
-    seconds, cpu_seconds, other_cpu = [], [], []
+    seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
     contention = _ContentionProbe()
-    for _ in range(int(spec["repeats"])):
+    for i in range(int(spec["repeats"])):
         if bundle.device.type == "cuda":
             torch.cuda.synchronize(bundle.device)
         contention.wait_quiet(float(spec.get("quiet_wait", 0.0)))
+        # Trimming only once: a trim before every run would make each run fault its pages in again, inside the timing.
+        bases.append(probe.reset(trim=i == 0))
         with contention:
             t0, c0 = time.perf_counter(), time.process_time()
             produced = run(input_ids, k)
@@ -458,20 +462,21 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             seconds.append(time.perf_counter() - t0)
             cpu_seconds.append(time.process_time() - c0)
         other_cpu.append(contention.fraction)
+        peaks.append(probe.peak_mb())
         if produced != k:
             raise RuntimeError(f"{spec['method']} generated {produced} tokens instead of {k}")
-    peak_mb = probe.peak_mb()
     live_mb = _live_peak_mb(run, input_ids, k) if spec.get("live_mem") and bundle.device.type == "cpu" else None
     row = BenchRow(
         method=spec["method"],
         prompt_tokens=n,
         new_tokens=k,
         tokens_per_s=statistics.median(k / s for s in seconds),
-        peak_mem_mb=peak_mb,
+        peak_mem_mb=max(peaks),
         repeats=len(seconds),
         seconds_all=seconds,
+        peak_mem_mb_all=peaks,
         mem_method=probe.method,
-        base_mem_mb=base_mb,
+        base_mem_mb=bases[0],
         cpu_seconds_all=cpu_seconds,
         other_cpu_frac_all=other_cpu,
         live_peak_mem_mb=live_mb,
@@ -756,8 +761,8 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument(
         "--live-mem",
         action="store_true",
-        help="CPU: after the timed runs, one more run with glibc's caching off, reporting the peak memory of live "
-        "tensors (exact to a few MiB; peak_mem_mb carries tens of MiB of allocator noise)",
+        help="CPU: after the timed runs, one more untimed run with glibc's caching of blocks >= 64 KiB off, whose "
+        "peak follows live tensors more closely (peak_mem_mb carries a few percent of allocator noise)",
     )
     p.add_argument("--json", help="write the rows and machine details as JSON to this path")
     p.add_argument("--markdown", action="store_true", help="also print a Markdown table for the README")

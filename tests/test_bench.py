@@ -172,6 +172,7 @@ def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
         assert r["mem_method"] and r["base_mem_mb"] > 0 and r["cpu_seconds_all"][0] >= 0
         assert len(r["other_cpu_frac_all"]) == 1 and 0 <= r["other_cpu_frac_all"][0] <= 1
         assert r["live_peak_mem_mb"] > 0 and r["live_peak_mem_ratio"] > 0
+        assert r["peak_mem_mb_all"] == [r["peak_mem_mb"]]
     assert all(r["tokens_per_s_ratio"] == 1.0 for r in rows if r["method"] == "none")
     assert report["machine"]["torch_threads"] >= 1 and report["machine"]["device"] == "cpu"
     assert report["text_source"] in (bench.SQUAD_SOURCE, bench.GENERATED_SOURCE)
