@@ -157,7 +157,7 @@ def stream_explain(
 
         refused = [m.name for m in instances if not m.streaming and not getattr(m, "accepts_extra_inputs", False)]
         if refused:
-            raise InputError(f"{', '.join(refused)} cannot explain image prompts yet; choose other methods.")
+            raise InputError(f"{', '.join(refused)} cannot explain image prompts; choose other methods.")
         encoded = encode_image_prompt(bundle, image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
         extra_inputs = encoded.prefill_inputs
         image_record = {

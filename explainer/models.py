@@ -272,4 +272,3 @@ def bundle_from_objects(model: Any, tokenizer: Any, name: str = "custom", **kwar
     """Wrap an already loaded model and tokenizer (tests, notebooks)."""
     model.eval()
     return ModelBundle(name=name, model=model, tokenizer=tokenizer, **kwargs)
-

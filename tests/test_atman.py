@@ -192,17 +192,17 @@ def test_correlated_suppression_set_on_handmade_embeddings():
         [1, 1, 1, 1, 0.1, 1],
         [1, 1, 1, 1, 1, 0.1],
     ]
-    got = suppression_factors(ids, embedding, 0.1, True, 0.6)
+    got = suppression_factors(embedding(ids), 0.1, True, 0.6)
     np.testing.assert_allclose(got.numpy(), np.array(expected), atol=1e-6)
     assert torch.equal(got[0], got[3])  # equal ids give bit-identical rows, which the fast path computes once
 
-    higher = suppression_factors(ids, embedding, 0.1, True, 0.9)  # only ids 1 and 2 (cos 0.92) stay correlated
+    higher = suppression_factors(embedding(ids), 0.1, True, 0.9)  # only ids 1 and 2 (cos 0.92) stay correlated
     assert higher[0, 1] == 1 and higher[1, 2] == pytest.approx(g(c12))
 
-    single = suppression_factors(ids, embedding, 0.1, False, 0.6)
+    single = suppression_factors(embedding(ids), 0.1, False, 0.6)
     np.testing.assert_array_equal(single.numpy(), np.where(np.eye(6, dtype=bool), 0.1, 1.0).astype(np.float32))
 
-    half = suppression_factors(ids, embedding, 0.5, True, 0.6)
+    half = suppression_factors(embedding(ids), 0.5, True, 0.6)
     assert half[0, 0] == 0.5 and half[0, 1] == pytest.approx(g(0.8, 0.5))
 
 

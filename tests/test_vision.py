@@ -186,14 +186,21 @@ def test_text_only_bundle_is_refused_for_images(tokenizer):
     assert registered_capture_names() == []
 
 
-def test_post_hoc_method_without_image_support_is_refused(bundle):
-    from explainer.methods import METHODS
+def test_post_hoc_method_without_image_support_is_refused(bundle, vl_model):
+    from explainer.methods import METHODS, AttributionMethod, RandomConfig
 
-    blocked = [n for n, cls in METHODS.items() if not cls.streaming and not cls.accepts_extra_inputs]
-    if not blocked:
-        pytest.skip("every post-hoc method accepts image inputs")
-    with pytest.raises(InputError, match="cannot explain image prompts"):
-        explain(bundle, QUESTION, image=_image(64, 64), methods=["macs", blocked[0]], max_new_tokens=2)
+    assert METHODS["atman"].accepts_extra_inputs and METHODS["random"].accepts_extra_inputs
+
+    class TextOnly(AttributionMethod):
+        name, streaming = "text_only", False  # accepts_extra_inputs stays False
+        Config = RandomConfig
+
+        def explain(self, run):
+            raise AssertionError("must be refused before generation")
+
+    with pytest.raises(InputError, match="text_only cannot explain image prompts"):
+        explain(bundle, QUESTION, image=_image(64, 64), methods=["macs", TextOnly()], max_new_tokens=2)
+    _assert_clean(vl_model)
 
 
 def _png_header_only(path, width: int, height: int) -> None:
@@ -252,15 +259,18 @@ def test_cli_image_json(tmp_path, vl_model_dir, capsys):
     _image(100, 60).save(img_path)
     args = ["explain", "--model", str(vl_model_dir), "--image", str(img_path), "--prompt", QUESTION]
     code = cli_main(
-        [*args, "--max-new-tokens", "3", "--max-pixels", str(12 * (PATCH * MERGE) ** 2), "--json", str(out)]
-    )
+        [*args, "--max-new-tokens", "3", "--max-pixels", str(12 * (PATCH * MERGE) ** 2), "--json", str(out),
+         "--methods", "macs,rollout,atman,random"]
+    )  # fmt: skip
     assert code == 0, capsys.readouterr().err
     import json
 
     data = json.loads(out.read_text())
     h, w = data["image"]["grid"]
     assert data["image"]["size"] == [100, 60] and len(data["image"]["token_positions"]) == h * w <= 12
-    assert len(data["methods"]["macs"]["raw"][0]) == len(data["prompt_token_ids"])
+    for name in ("macs", "rollout", "atman", "random"):
+        raw = np.asarray(data["methods"][name]["raw"])
+        assert raw.shape == (len(data["generated_token_ids"]), len(data["prompt_token_ids"]))
 
 
 def test_cli_bad_image_exits_2_with_one_line(tmp_path, vl_model_dir, capsys):

@@ -11,8 +11,9 @@ Attention Manipulation" (AtMan paper, sections 3.1-3.3):
 - Section 3.3, correlated suppression: every other prompt token j whose input embedding has cosine similarity
   s_ij >= kappa to token i is suppressed too, by the factor (1 - f) * (1 - s_ij) + f (f = suppression_factor).
 
-Only prompt tokens are suppressed, never generated ones. One teacher-forced pass per suppressed token gives a whole
-column of the (K, N) map.
+Only prompt tokens are suppressed, never generated ones. Image tokens of a vision-language prompt are prompt tokens
+like any other; their "input embedding" for correlated suppression is the merged patch feature the decoder receives.
+One teacher-forced pass per suppressed token gives a whole column of the (K, N) map.
 
 Fast path (`fast=True`), exact up to float rounding:
 - one unperturbed pass gives CE_original and the KV cache of every position;
@@ -75,8 +76,7 @@ class AtManConfig:
 
 
 def suppression_factors(
-    token_ids: torch.Tensor,
-    embedding: torch.nn.Module,
+    embeddings: torch.Tensor,
     factor: float = 0.1,
     correlated: bool = True,
     threshold: float = 0.6,
@@ -84,8 +84,10 @@ def suppression_factors(
     """Attention factors applied when each prompt token is suppressed (section 3.3).
 
     Args:
-        token_ids: (N,) prompt token ids.
-        embedding: the model's input embedding, ids (U,) -> (U, d).
+        embeddings: (N, d) the prompt's input embeddings, as the first layer sees them: token embeddings for text,
+            the vision tower's merged patch features at image-token positions (the AtMan paper computes the cosine
+            neighbourhood "right after the embedding layer", which for image tokens is what makes neighbouring,
+            redundant patches correlated).
         factor: the factor of the suppressed token itself.
         correlated: also suppress tokens whose input-embedding cosine similarity to it is >= `threshold`, by
             (1 - factor) * (1 - cos) + factor.
@@ -93,15 +95,15 @@ def suppression_factors(
 
     Returns:
         (N, N) float32: row i holds the factor on the attention to every prompt token j when token i is suppressed;
-        1 means untouched. The diagonal is `factor`; with `correlated`, so is every other occurrence of the same id
-        (cosine 1), which makes the rows of equal ids identical.
+        1 means untouched. The diagonal is `factor`; with `correlated`, so is every other token with the same
+        embedding (cosine 1, e.g. another occurrence of a text token), which makes their rows identical.
     """
-    n = token_ids.shape[0]
+    n = embeddings.shape[0]
     if not correlated:
-        return torch.ones(n, n, dtype=torch.float32, device=token_ids.device).fill_diagonal_(factor)  # (N, N)
-    # Per distinct id, so that equal ids give bit-identical rows (the fast path computes such rows once).
-    ids, inverse = torch.unique(token_ids, return_inverse=True)  # (U,), (N,)
-    unit = torch.nn.functional.normalize(embedding(ids).float(), dim=-1)  # (U, d); zero rows stay zero
+        return torch.ones(n, n, dtype=torch.float32, device=embeddings.device).fill_diagonal_(factor)  # (N, N)
+    # Per distinct embedding, so that equal embeddings give bit-identical rows (the fast path computes such rows once).
+    distinct, inverse = torch.unique(embeddings.float(), dim=0, return_inverse=True)  # (U, d), (N,)
+    unit = torch.nn.functional.normalize(distinct, dim=-1)  # (U, d); zero rows stay zero
     cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
     per_id = torch.where(cos >= threshold, (1.0 - factor) * (1.0 - cos) + factor, torch.ones_like(cos))
     per_id.fill_diagonal_(factor)
@@ -238,6 +240,66 @@ def _reusable(cache: DynamicCache, length: int) -> bool:
     )
 
 
+class _StopForward(Exception):
+    """Raised by a hook to end a forward pass once the decoder's input embeddings are known."""
+
+
+def _decoder_input_embeddings(model: torch.nn.Module, input_ids: torch.Tensor, extra_inputs: dict) -> torch.Tensor:
+    """(1, T, d) the embeddings the language model's decoder receives for a multimodal input (image features merged
+    in by the model itself); the decoder layers are not run."""
+    decoder = model.get_decoder()
+    seen: dict[str, torch.Tensor] = {}
+
+    def grab(module, args, kwargs):
+        embeds = kwargs.get("inputs_embeds")
+        if embeds is None:
+            raise UnsupportedModelError(
+                f"{type(model).__name__} does not pass merged input embeddings to its decoder, so AtMan cannot "
+                "compute the similarity of image tokens."
+            )
+        seen["embeds"] = embeds
+        raise _StopForward
+
+    handle = decoder.register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        model(input_ids=input_ids, **extra_inputs)
+    except _StopForward:
+        pass
+    finally:
+        handle.remove()
+    if "embeds" not in seen:
+        raise UnsupportedModelError(f"{type(model).__name__} never called its decoder; AtMan cannot run on it.")
+    return seen["embeds"]
+
+
+@dataclass
+class _Sequence:
+    """The teacher-forced sequence as forward inputs: token ids (text) or the decoder's input embeddings plus
+    explicit positions (multimodal: the image features are computed once and reused by every pass, and Qwen's 3D
+    mRoPE positions are sliced with the sequence instead of being derived from state cached on the model).
+
+    Attributes:
+        input_ids: (1, T).
+        embeds: (1, T, d) or None.
+        position_ids: (..., 1, T) or None.
+    """
+
+    input_ids: torch.Tensor
+    embeds: torch.Tensor | None = None
+    position_ids: torch.Tensor | None = None
+
+    def inputs(self, start: int, stop: int, batch: int) -> dict[str, torch.Tensor]:
+        """Keyword inputs of a forward over positions [start, stop), repeated `batch` times (no copies)."""
+        if self.embeds is None:
+            out = {"input_ids": self.input_ids[:, start:stop].expand(batch, -1)}  # (B, L)
+        else:
+            out = {"inputs_embeds": self.embeds[:, start:stop].expand(batch, -1, -1)}  # (B, L, d)
+        if self.position_ids is not None:
+            pos = self.position_ids[..., start:stop]  # (..., 1, L)
+            out["position_ids"] = pos.expand(*pos.shape[:-2], batch, pos.shape[-1])  # (..., B, L)
+        return out
+
+
 @torch.inference_mode()
 def atman_scores(
     model: torch.nn.Module,
@@ -245,15 +307,20 @@ def atman_scores(
     num_prompt_tokens: int,
     config: AtManConfig | None = None,
     progress: ProgressFn | None = None,
+    extra_inputs: dict | None = None,
 ) -> np.ndarray:
     """AtMan map of a finished generation.
 
     Args:
-        model: causal LM whose language model uses transformers' AttentionInterface.
+        model: causal LM (or vision-language model) whose language model uses transformers' AttentionInterface.
         input_ids: (1, N + K) prompt followed by the generated tokens.
         num_prompt_tokens: N.
         config: options; `config.fast` picks the prefix-reusing batched path or the naive loop.
         progress: optional callback, called after every forward pass and last with 1.0.
+        extra_inputs: further inputs of a forward over `input_ids` for image prompts (`pixel_values`,
+            `image_grid_thw`, (3, 1, N + K) `position_ids`; see `GenerationRun.extra_inputs`). Image tokens are then
+            suppressed like text tokens, and correlated suppression compares the decoder's input embeddings, i.e. the
+            merged patch features.
 
     Returns:
         (K, N) float32: score[k, i] = CE_k(suppress i) - CE_k(original).
@@ -266,13 +333,20 @@ def atman_scores(
     k = t - n
     if k <= 0:
         return np.zeros((0, n), dtype=np.float32)
-    factors = suppression_factors(
-        input_ids[0, :n], model.get_input_embeddings(), cfg.suppression_factor, cfg.correlated, cfg.cosine_threshold
-    )  # (N, N)
+    if extra_inputs:
+        extra_inputs = dict(extra_inputs)
+        embeds = _decoder_input_embeddings(model, input_ids, extra_inputs)  # (1, T, d)
+        seq = _Sequence(input_ids, embeds, extra_inputs.get("position_ids"))
+        prompt_embeddings = embeds[0, :n]  # (N, d)
+    else:
+        seq = _Sequence(input_ids)
+        prompt_embeddings = model.get_input_embeddings()(input_ids[0, :n])  # (N, d)
+    factors = suppression_factors(prompt_embeddings, cfg.suppression_factor, cfg.correlated, cfg.cosine_threshold)
     log_bias = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T): generated keys untouched
     log_bias[:, :n] = torch.log(factors)
-    run = _fast_scores if cfg.fast else _naive_scores
-    return run(model, input_ids, n, log_bias, cfg.batch_size, progress)
+    if cfg.fast:
+        return _fast_scores(model, seq, n, log_bias, cfg.batch_size, progress, extra_inputs or {})
+    return _naive_scores(model, input_ids, n, log_bias, progress, extra_inputs or {})
 
 
 def _naive_scores(
@@ -280,20 +354,22 @@ def _naive_scores(
     input_ids: torch.Tensor,
     n: int,
     log_bias: torch.Tensor,
-    batch_size: int,
     progress: ProgressFn | None,
+    extra_inputs: dict,
 ) -> np.ndarray:
-    """One full forward per prompt token at batch size 1, every logit computed; the reference for `_fast_scores`."""
+    """One full forward per prompt token at batch size 1 from the original inputs (an image prompt runs its vision
+    tower every time), every logit computed; the reference for `_fast_scores`."""
     t = input_ids.shape[1]
     targets = input_ids[0, n:]  # (K,)
     scores = np.zeros((t - n, n), dtype=np.float32)  # (K, N)
     with attention_suppression(model) as state:
-        base = _cross_entropy(model(input_ids=input_ids, use_cache=False).logits[:, n - 1 : t - 1], targets)
+        logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
+        base = _cross_entropy(logits, targets)
         _check_manipulated(state)
         _report(progress, 1, n + 1)
         for i in range(n):
             state.bias = log_bias[i : i + 1]  # (1, T)
-            logits = model(input_ids=input_ids, use_cache=False).logits[:, n - 1 : t - 1]  # (1, K, V)
+            logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
             scores[:, i] = (_cross_entropy(logits, targets) - base)[0].cpu().numpy()
             _report(progress, i + 2, n + 1)
     return scores
@@ -301,17 +377,18 @@ def _naive_scores(
 
 def _fast_scores(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
+    seq: _Sequence,
     n: int,
     log_bias: torch.Tensor,
     batch_size: int,
     progress: ProgressFn | None,
+    extra_inputs: dict,
 ) -> np.ndarray:
     """Batched perturbed passes over the suffix after a shared unperturbed prefix cache; equal rows run once."""
-    t = input_ids.shape[1]
+    t = seq.input_ids.shape[1]
     k = t - n
-    inputs = input_ids[:, :-1]  # (1, T - 1): the last generated token predicts nothing that is scored
-    targets = input_ids[0, n:]  # (K,)
+    targets = seq.input_ids[0, n:]  # (K,)
+    # The last generated token predicts nothing that is scored, so every pass stops before it (T - 1 positions).
     # Equal suppression rows (other occurrences of a token under correlated suppression) give equal columns.
     rows, column_of = torch.unique(log_bias[:, : t - 1], dim=0, return_inverse=True)  # (R, T - 1), (N,)
     suppressed = rows[:, :n] != 0  # (R, N)
@@ -323,7 +400,7 @@ def _fast_scores(
     columns = torch.zeros(k, rows.shape[0])  # (K, R)
     with attention_suppression(model) as state:
         cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
-        out = model(input_ids=inputs, past_key_values=cache, use_cache=True, logits_to_keep=k)
+        out = model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=k)
         _check_manipulated(state)
         base = _cross_entropy(out.logits, targets)  # (1, K)
         del out
@@ -334,7 +411,7 @@ def _fast_scores(
                 b = len(group)
                 state.bias = rows[group]  # (B, T - 1)
                 out = model(
-                    input_ids=inputs[:, start:].expand(b, -1),  # (B, T - 1 - start)
+                    **seq.inputs(start, t - 1, b),  # (B, T - 1 - start)
                     past_key_values=_prefix_cache(cache, start, b),
                     use_cache=True,
                     logits_to_keep=k,
@@ -343,13 +420,16 @@ def _fast_scores(
                 _report(progress, done, total)
             return columns[:, column_of].numpy()  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
-    return _naive_scores(model, input_ids, n, log_bias, batch_size, progress)
+    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs)
 
 
 class AtMan(AttributionMethod):
     name = "atman"
     streaming = False
+    accepts_extra_inputs = True
     Config = AtManConfig
 
     def explain(self, run: GenerationRun) -> np.ndarray:
-        return atman_scores(run.model, run.input_ids, run.num_prompt_tokens, self.config, run.progress)
+        return atman_scores(
+            run.model, run.input_ids, run.num_prompt_tokens, self.config, run.progress, run.extra_inputs
+        )
