@@ -232,6 +232,82 @@ def format_markdown(rows: list[BenchRow], caption: str = "") -> str:
     return "\n".join(lines)
 
 
+@dataclass
+class EfficiencyRow:
+    """One line of the MACS paper's Table 3: a method's mean peak memory and throughput over the prompt lengths it
+    was measured at, and plain generation's means over those same lengths (the paper averages AtMan and Rollout over
+    the samples they completed, so each method is compared on its own subset)."""
+
+    method: str
+    lengths: list[int]
+    mean_peak_mem_mb: float
+    mean_tokens_per_s: float
+    base_peak_mem_mb: float | None
+    base_tokens_per_s: float | None
+
+    @property
+    def mem_change(self) -> float | None:
+        """Relative change of mean peak memory vs plain generation (+0.11 = 11% more)."""
+        return None if not self.base_peak_mem_mb else self.mean_peak_mem_mb / self.base_peak_mem_mb - 1
+
+    @property
+    def speed_change(self) -> float | None:
+        """Relative change of mean throughput vs plain generation (-0.23 = 23% fewer tokens/s)."""
+        return None if not self.base_tokens_per_s else self.mean_tokens_per_s / self.base_tokens_per_s - 1
+
+
+def efficiency_rows(rows: list[BenchRow]) -> list[EfficiencyRow]:
+    """Table 3 rows, plain generation first, from rows of one model and number of new tokens."""
+    by_method: dict[str, dict[int, BenchRow]] = {}
+    for r in rows:
+        by_method.setdefault(r.method, {})[r.prompt_tokens] = r
+    base = by_method.get(BASELINE, {})
+    out = []
+    for method in sorted(by_method, key=lambda m: (m != BASELINE, list(by_method).index(m))):
+        own = by_method[method]
+        shared = [n for n in sorted(own) if n in base]  # compare only where plain generation was measured too
+        use = shared or sorted(own)
+        out.append(
+            EfficiencyRow(
+                method=method,
+                lengths=use,
+                mean_peak_mem_mb=statistics.fmean(own[n].peak_mem_mb for n in use),
+                mean_tokens_per_s=statistics.fmean(own[n].tokens_per_s for n in use),
+                base_peak_mem_mb=statistics.fmean(base[n].peak_mem_mb for n in shared) if shared else None,
+                base_tokens_per_s=statistics.fmean(base[n].tokens_per_s for n in shared) if shared else None,
+            )
+        )
+    return out
+
+
+def _pct(change: float | None) -> str:
+    return "" if change is None else f" ({100 * change:+.0f}%)"
+
+
+def format_efficiency(rows: list[BenchRow], markdown: bool = False) -> str:
+    """The MACS paper's Table 3 layout: mean peak memory and mean throughput per method, % vs plain generation."""
+    table = efficiency_rows(rows)
+    head = ("Method", "Mean peak memory (MiB) ↓", "Mean throughput (tokens/s) ↑", "prompt tokens")
+    cells = [
+        (
+            "Pure inference" if e.method == BASELINE else e.method,
+            f"{e.mean_peak_mem_mb:.0f}" + ("" if e.method == BASELINE else _pct(e.mem_change)),
+            f"{e.mean_tokens_per_s:.2f}" + ("" if e.method == BASELINE else _pct(e.speed_change)),
+            ",".join(map(str, e.lengths)),
+        )
+        for e in table
+    ]
+    if markdown:
+        lines = ["| " + " | ".join(head) + " |", "| --- | ---: | ---: | --- |"]
+        return "\n".join(lines + ["| " + " | ".join(c) + " |" for c in cells])
+    widths = [max(len(line[i]) for line in [head, *cells]) for i in range(len(head))]
+    out = []
+    for line in [head, *cells]:
+        out.append("  ".join([line[0].ljust(widths[0]), *(v.rjust(w) for v, w in zip(line[1:3], widths[1:3])),
+                              line[3]]).rstrip())  # fmt: skip
+    return "\n".join(out)
+
+
 def markdown_caption(report: dict[str, Any]) -> str:
     m = report["machine"]
     repeats = sorted({r["repeats"] for r in report["rows"]})
@@ -682,7 +758,87 @@ def _parse_methods(text: str) -> list[str]:
     return names
 
 
+def load_reports(paths: list[str]) -> dict[str, Any]:
+    """Merge saved `--json` reports into one (a later file's row replaces an earlier one of the same method, prompt
+    length and new tokens); ratios are recomputed over the merged rows.
+
+    Raises:
+        InputError: unreadable files, or reports of different models or numbers of new tokens.
+    """
+    merged: dict[tuple, BenchRow] = {}
+    reports = []
+    for path in paths:
+        try:
+            report = json.loads(Path(path).read_text(encoding="utf-8"))
+            rows = [BenchRow(**{f.name: r[f.name] for f in fields(BenchRow) if f.name in r}) for r in report["rows"]]
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise InputError(f"Cannot read benchmark report {path!r}: {e.__class__.__name__}: {e}") from e
+        reports.append(report)
+        for r in rows:
+            merged[(r.method, r.prompt_tokens, r.new_tokens)] = r
+    for key in ("model", "new_tokens"):
+        values = {str(r.get(key)) for r in reports}
+        if len(values) > 1:
+            raise InputError(f"Reports differ in {key} ({', '.join(sorted(values))}); combine only comparable runs.")
+    last = reports[-1]
+    return {**last, "rows": [asdict(r) for r in with_ratios(list(merged.values()))],
+            "date": ", ".join(dict.fromkeys(r["date"] for r in reports))}  # fmt: skip
+
+
+def write_plot(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
+    """Throughput and peak memory vs prompt length as interactive HTML (`.html`) or a static image (`.png`)."""
+    from visuals.efficiency import efficiency_figure, efficiency_png
+
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".html":
+            efficiency_figure(rows, title).write_html(path, include_plotlyjs=True)
+        elif suffix == ".png":
+            efficiency_png(rows, title).save(path)
+        else:
+            raise InputError(f"--plot must end in .html or .png, got {path!r}.")
+    except OSError as e:
+        raise InputError(f"Cannot write {path!r}: {e}") from e
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    for path in (args.json, args.plot):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise InputError(f"Cannot write {path!r}: its folder does not exist.")
+    if args.plot and Path(args.plot).suffix.lower() not in (".html", ".png"):
+        raise InputError(f"--plot must end in .html or .png, got {args.plot!r}.")
+    if args.report:
+        report = load_reports([p.strip() for p in args.report.split(",") if p.strip()])
+    else:
+        report = _measure_from_args(args)
+    rows = [BenchRow(**r) for r in report["rows"]]
+    m = report["machine"]
+    print(
+        f"model: {report['model']}   device: {m['device']}   torch threads: {m['torch_threads']}   "
+        f"text: {report['text_source']}   date: {report['date']}"
+    )
+    print(format_table(rows))
+    print()
+    print("Table 3 layout (MACS paper): means over the prompt lengths listed, change vs plain generation")
+    print(format_efficiency(rows))
+    if args.markdown:
+        print()
+        print(format_markdown(rows, markdown_caption(report)))
+        print()
+        print(format_efficiency(rows, markdown=True))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"Cannot write {args.json!r}: {e}") from e
+        print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(report["rows"], args.plot, f"{report['model']}, {report['new_tokens']} new tokens, {m['device']}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
     lengths = _parse_lengths(args.prompt_tokens)
     methods = _parse_methods(args.methods)
     if args.new_tokens < 1:
@@ -695,11 +851,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise InputError(f"--quiet-wait must be zero or more seconds, got {args.quiet_wait}.")
     if args.data is not None and not Path(args.data).is_file():
         raise InputError(f"Benchmark text file {args.data!r} does not exist.")
-    if args.json:
-        out_dir = Path(args.json).resolve().parent
-        if not out_dir.is_dir():
-            raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    report = run_bench(
+    return run_bench(
         args.model,
         lengths,
         args.new_tokens,
@@ -712,23 +864,6 @@ def cmd_bench(args: argparse.Namespace) -> int:
         live_mem=args.live_mem,
         log=lambda line: print(line, file=sys.stderr, flush=True),
     )
-    rows = [BenchRow(**r) for r in report["rows"]]
-    m = report["machine"]
-    print(
-        f"model: {report['model']}   device: {m['device']}   torch threads: {m['torch_threads']}   "
-        f"text: {report['text_source']}   date: {report['date']}"
-    )
-    print(format_table(rows))
-    if args.markdown:
-        print()
-        print(format_markdown(rows, markdown_caption(report)))
-    if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
-        except OSError as e:
-            raise InputError(f"Cannot write {args.json!r}: {e}") from e
-        print(f"wrote {args.json}")
-    return 0
 
 
 def add_bench_parser(sub: Any) -> None:
@@ -765,5 +900,10 @@ def add_bench_parser(sub: Any) -> None:
         "peak follows live tensors more closely (peak_mem_mb carries a few percent of allocator noise)",
     )
     p.add_argument("--json", help="write the rows and machine details as JSON to this path")
-    p.add_argument("--markdown", action="store_true", help="also print a Markdown table for the README")
+    p.add_argument("--markdown", action="store_true", help="also print Markdown tables for the README")
+    p.add_argument("--plot", help="write throughput and peak memory vs prompt length to this .html or .png file")
+    p.add_argument(
+        "--report",
+        help="comma-separated --json files of earlier runs: combine and print them (tables, --plot) without measuring",
+    )
     p.set_defaults(func=cmd_bench)

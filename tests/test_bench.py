@@ -207,3 +207,66 @@ def test_method_spec_options():
         method_from_spec("macs:alpha")
     with pytest.raises(InputError, match="Bad options"):
         method_from_spec("macs:nope=1")
+
+
+def test_efficiency_table_means_and_changes_by_hand():
+    from explainer.bench import efficiency_rows, format_efficiency
+
+    rows = [
+        _row("none", 256, 40.0, 800.0),
+        _row("none", 1024, 20.0, 1000.0),
+        _row("macs", 256, 36.0, 820.0),
+        _row("macs", 1024, 18.0, 1100.0),
+        _row("atman", 256, 2.0, 1200.0),  # measured at one length only: compared with plain at that length
+    ]
+    table = {e.method: e for e in efficiency_rows(rows)}
+    assert list(table) == ["none", "macs", "atman"]
+    macs = table["macs"]
+    assert (macs.mean_tokens_per_s, macs.mean_peak_mem_mb) == (27.0, 960.0)
+    assert macs.speed_change == pytest.approx(27.0 / 30.0 - 1) and macs.mem_change == pytest.approx(960 / 900 - 1)
+    atman = table["atman"]
+    assert atman.lengths == [256] and atman.speed_change == pytest.approx(-0.95)
+    assert atman.mem_change == pytest.approx(0.5)
+
+    text = format_efficiency(rows).splitlines()
+    assert text[1].split()[:4] == ["Pure", "inference", "900", "30.00"]
+    assert "960 (+7%)" in text[2] and "27.00 (-10%)" in text[2]
+    assert "1200 (+50%)" in text[3] and "2.00 (-95%)" in text[3] and text[3].endswith("256")
+    md = format_efficiency(rows, markdown=True).splitlines()
+    assert md[0].startswith("| Method |") and md[3] == "| macs | 960 (+7%) | 27.00 (-10%) | 256,1024 |"
+
+
+def _report(rows: list[BenchRow], date: str, model: str = "tiny", k: int = 32) -> dict:
+    from dataclasses import asdict
+
+    machine = {"device": "cpu", "torch_threads": 2, "cpu_model": "x", "cpu_count": 2, "torch": "t", "transformers": "t"}
+    return {"rows": [asdict(r) for r in rows], "machine": machine, "model": model, "text_source": "s",
+            "new_tokens": k, "date": date}  # fmt: skip
+
+
+def test_reports_combine_later_rows_win_and_ratios_are_recomputed(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    a.write_text(json.dumps(_report([_row("none", 256, 40.0, 800.0), _row("macs", 256, 10.0, 900.0)], "day 1")))
+    b.write_text(json.dumps(_report([_row("macs", 256, 38.0, 820.0), _row("atman", 256, 2.0, 840.0)], "day 2")))
+
+    merged = bench.load_reports([str(a), str(b)])
+
+    by_method = {r["method"]: r for r in merged["rows"]}
+    assert set(by_method) == {"none", "macs", "atman"} and merged["date"] == "day 1, day 2"
+    assert by_method["macs"]["tokens_per_s"] == 38.0 and by_method["macs"]["tokens_per_s_ratio"] == pytest.approx(0.95)
+    assert by_method["atman"]["peak_mem_ratio"] == pytest.approx(1.05)
+
+    png, html = tmp_path / "plot.png", tmp_path / "plot.html"
+    assert main(["bench", "--report", f"{a},{b}", "--plot", str(png)]) == 0
+    assert main(["bench", "--report", f"{a},{b}", "--plot", str(html), "--markdown"]) == 0
+    out = capsys.readouterr().out
+    assert "Table 3 layout" in out and "| atman | 840 (+5%) | 2.00 (-95%) | 256 |" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and "plotly" in html.read_text()[:100_000].lower()
+
+    c = tmp_path / "c.json"
+    c.write_text(json.dumps(_report([_row("none", 256, 40.0, 800.0, k=8)], "day 3", k=8)))
+    assert main(["bench", "--report", f"{a},{c}"]) == 2
+    assert "differ in new_tokens" in capsys.readouterr().err
+    assert main(["bench", "--report", str(tmp_path / "missing.json")]) == 2
+    assert main(["bench", "--report", str(a), "--plot", str(tmp_path / "plot.svg")]) == 2
+    assert ".html or .png" in capsys.readouterr().err
