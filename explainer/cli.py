@@ -76,6 +76,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
         from .vision import load_image
 
         image = load_image(args.image)  # checked before the (slow) model load
+    if args.gif:
+        if image is None:
+            raise InputError("--gif animates image overlays; it needs --image.")
+        if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
+            raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
     bundle = load_model(
         args.model,
         device=args.device,
@@ -99,6 +104,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         print(f"wrote {args.json} ({attr.num_steps} steps x {attr.num_prompt_tokens} prompt tokens)")
     else:
         _print_summary(attr, args.top)
+    if args.gif:
+        from visuals.overlay import overlay_animation
+
+        try:
+            Path(args.gif).write_bytes(overlay_animation(image, attr, methods, contour_top_percent=10))
+        except (OSError, ValueError) as e:
+            raise InputError(f"Cannot write {args.gif!r}: {e}") from e
+        print(f"wrote {args.gif} ({attr.num_steps} frames, one overlay per method)")
     return 0
 
 
@@ -119,6 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--json", help="write the full result as JSON to this path")
+    p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
     p.set_defaults(func=cmd_explain)
 

@@ -8,7 +8,7 @@ from PIL import Image
 
 from explainer.image_maps import average_precision, image_map, mask_average_precision, upsample_map
 from explainer.result import Attribution, MethodScores
-from visuals.overlay import colormap, heat_map, image_overlay, overlay_frames, overlay_grid
+from visuals.overlay import colormap, heat_map, image_overlay, overlay_animation, overlay_frames, overlay_grid
 
 GRID = (3, 5)  # merged patch grid (h, w)
 PREFIX = 4  # text tokens before the image tokens
@@ -91,6 +91,26 @@ def test_grid_frames_and_steps():
     assert len(frames) == 3 and all(f.size == img.size for f in frames)
     assert not np.array_equal(np.asarray(frames[0]), np.asarray(frames[2]))  # the peak moves
     np.testing.assert_array_equal(np.asarray(image_overlay(img, attr, "macs", 99)), np.asarray(frames[-1]))
+
+
+def test_animation_has_one_frame_per_step_and_follows_the_peak():
+    import io
+
+    img, attr = _photo(), _attr(steps=3)
+    gif = Image.open(io.BytesIO(overlay_animation(img, attr, ["macs", "random", "missing"], max_side=91)))
+    assert gif.format == "GIF" and gif.n_frames == 3
+    frames = []
+    for k in range(3):
+        gif.seek(k)
+        frames.append(np.asarray(gif.convert("RGB")).astype(int))
+        assert gif.info["duration"] == (1800 if k == 2 else 600)
+    assert frames[0].shape == (37 + 18, 2 * 91 + 6, 3)  # the unknown method is left out
+    grids = [np.asarray(overlay_grid(img, attr, ["macs", "random"], k, max_side=91)).astype(int) for k in range(3)]
+    for k, frame in enumerate(frames):  # each frame is that step's small multiples, up to palette rounding
+        distances = [np.abs(frame - grid).mean() for grid in grids]
+        assert distances[k] < 10 and int(np.argmin(distances)) == k
+    with pytest.raises(ValueError, match="nothing to animate"):
+        overlay_animation(img, attr, ["missing"])
 
 
 def test_text_result_has_no_image_map():

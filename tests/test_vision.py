@@ -273,6 +273,20 @@ def test_cli_image_json(tmp_path, vl_model_dir, capsys):
         assert raw.shape == (len(data["generated_token_ids"]), len(data["prompt_token_ids"]))
 
 
+def test_cli_writes_an_animated_gif_of_the_overlays(tmp_path, vl_model_dir, capsys):
+    img_path, gif = tmp_path / "shape.png", tmp_path / "steps.gif"
+    _image(100, 60).save(img_path)
+    args = ["explain", "--model", str(vl_model_dir), "--image", str(img_path), "--prompt", QUESTION]
+    assert cli_main([*args, "--max-new-tokens", "3", "--methods", "macs,random", "--gif", str(gif)]) == 0
+    out = capsys.readouterr().out
+    frames = Image.open(gif)
+    assert frames.format == "GIF" and f"wrote {gif} ({frames.n_frames} frames" in out and 1 <= frames.n_frames <= 3
+    assert cli_main(["explain", "--prompt", QUESTION, "--gif", str(gif)]) == 2  # no image: refused before loading
+    assert "needs --image" in capsys.readouterr().err
+    assert cli_main([*args, "--gif", str(tmp_path / "steps.png")]) == 2
+    assert ".gif path" in capsys.readouterr().err
+
+
 def test_cli_bad_image_exits_2_with_one_line(tmp_path, vl_model_dir, capsys):
     bad = tmp_path / "bad.png"
     bad.write_text("nope")

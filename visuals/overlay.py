@@ -148,3 +148,42 @@ def overlay_frames(
     """One overlay per generation step (for an animated GIF or a scrubber): K RGB images of the image's size."""
     k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
     return [image_overlay(image, attr, method, s, alpha, contour_top_percent) for s in range(k)]
+
+
+def overlay_animation(
+    image: Image.Image,
+    attr: Attribution,
+    methods: Sequence[str],
+    alpha: float = 0.5,
+    contour_top_percent: float | None = None,
+    max_side: int = 320,
+    frame_ms: int = 600,
+) -> bytes:
+    """An animated GIF over the generation steps: frame k is `overlay_grid` of step k (one overlay per method).
+
+    Returns:
+        The GIF file's bytes (looping; the last frame is held three times as long).
+
+    Raises:
+        ValueError: the result has no steps or none of `methods` has scores.
+    """
+    import io
+
+    methods = [m for m in methods if m in attr.methods]
+    if not methods or attr.num_steps == 0:
+        raise ValueError("nothing to animate: the result has no steps for these methods")
+    frames = [
+        overlay_grid(image, attr, methods, k, alpha, contour_top_percent, max_side) for k in range(attr.num_steps)
+    ]
+    # One palette shared by all frames keeps colours steady (per-frame palettes flicker); it is fitted on up to eight
+    # frames spread over the sequence, stacked into one image.
+    sample = frames[:: max(1, len(frames) // 8)][:8]
+    montage = Image.new("RGB", (frames[0].width, frames[0].height * len(sample)))
+    for i, frame in enumerate(sample):
+        montage.paste(frame, (0, i * frames[0].height))
+    palette = montage.quantize(colors=255, method=Image.Quantize.MEDIANCUT)
+    quantized = [f.quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
+    durations = [frame_ms] * (len(frames) - 1) + [3 * frame_ms]
+    buffer = io.BytesIO()
+    quantized[0].save(buffer, format="GIF", save_all=True, append_images=quantized[1:], duration=durations, loop=0)
+    return buffer.getvalue()
