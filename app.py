@@ -23,6 +23,7 @@ import gradio as gr
 from explainer import ExplainerError, available_methods, load_model, stream_explain
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, measure_faithfulness
 from explainer.result import Attribution
+from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
 from visuals.curves import faithfulness_rows, removal_figure, soft_figure
@@ -249,9 +250,11 @@ def explain_image(
     max_new_tokens: float,
     opacity: float,
     contour: bool,
+    max_image_tokens: float | None = None,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Iterator[tuple]:
-    """Answer a question about an image, yielding overlays after every token.
+    """Answer a question about an image, yielding overlays after every token. `max_image_tokens` bounds the image's
+    resolution (merged image tokens; more means finer maps and a slower answer).
 
     Yields:
         (overlay grid image, answer HTML, question heatmap HTML, step-slider update, status text, State dict).
@@ -271,6 +274,7 @@ def explain_image(
             methods=methods,
             max_new_tokens=int(max_new_tokens),
             image=image,
+            max_image_tokens=int(max_image_tokens) if max_image_tokens else None,
             progress=lambda fraction, message: progress(fraction, desc=message),
         )
         for attr in stream:
@@ -407,6 +411,13 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
                     contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
                     image_max_new_slider = gr.Slider(1, 128, value=24, step=1, label="Max new tokens")
+                    image_tokens_slider = gr.Slider(
+                        16,
+                        1024,
+                        value=DEFAULT_MAX_IMAGE_TOKENS,
+                        step=16,
+                        label="Image detail: at most this many image tokens (finer maps, slower answers)",
+                    )
             image_status_md = gr.Markdown()
             image_answer_view = gr.HTML()
             image_step_slider = gr.Slider(
@@ -417,7 +428,15 @@ with gr.Blocks(title="Why did the model write that?") as demo:
 
             ask_btn.click(
                 explain_image,
-                inputs=[image_box, question_box, image_methods_box, image_max_new_slider, opacity_slider, contour_box],
+                inputs=[
+                    image_box,
+                    question_box,
+                    image_methods_box,
+                    image_max_new_slider,
+                    opacity_slider,
+                    contour_box,
+                    image_tokens_slider,
+                ],
                 outputs=[
                     overlay_view,
                     image_answer_view,

@@ -129,6 +129,7 @@ def stream_explain(
     method_options: dict[str, dict[str, Any]] | None = None,
     progress: ProgressFn | None = None,
     image: Any = None,
+    max_image_tokens: int | None = None,
 ) -> Iterator[Attribution]:
     """Generate an answer and yield a growing `Attribution` after every token, then after each post-hoc method.
 
@@ -142,6 +143,8 @@ def stream_explain(
         progress: callback for post-hoc methods' progress.
         image: optional image (path or PIL image) the prompt asks about; needs a vision-language bundle. The result
             then carries `image` (token positions, merged grid, size) and `user_positions` are the question's tokens.
+        max_image_tokens: with `image`, resize it to at most this many merged image tokens (default: the budget the
+            bundle's image processor was loaded with).
 
     Raises:
         InputError: bad prompt, image or settings. UnknownMethodError: unknown method name.
@@ -158,7 +161,10 @@ def stream_explain(
         refused = [m.name for m in instances if not m.streaming and not getattr(m, "accepts_extra_inputs", False)]
         if refused:
             raise InputError(f"{', '.join(refused)} cannot explain image prompts; choose other methods.")
-        encoded = encode_image_prompt(bundle, image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+        encoded = encode_image_prompt(
+            bundle, image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens,
+            max_image_tokens=max_image_tokens,
+        )  # fmt: skip
         extra_inputs = encoded.prefill_inputs
         image_record = {
             "token_positions": list(encoded.image_positions),

@@ -181,8 +181,12 @@ def encode_image_prompt(
     question: str,
     chat_template: bool = True,
     max_new_tokens: int = 0,
+    max_image_tokens: int | None = None,
 ) -> ImagePrompt:
     """Preprocess an image and a question for the bundle's vision-language model.
+
+    `max_image_tokens` lowers or raises the pixel budget for this image only: the image is resized to at most that
+    many merged image tokens (default: the budget the image processor was loaded with).
 
     Raises:
         UnsupportedModelError: the bundle's model is text-only.
@@ -200,8 +204,14 @@ def encode_image_prompt(
         raise InputError("The question is empty: ask something about the image.")
     question = str(question)
     img = load_image(image)
+    size = None
+    if max_image_tokens is not None:
+        if not isinstance(max_image_tokens, int) or max_image_tokens < 1:
+            raise InputError(f"max_image_tokens must be a positive integer, got {max_image_tokens!r}.")
+        hi = max_image_tokens * pixel_factor(processor) ** 2
+        size = {"shortest_edge": min(int(processor.size["shortest_edge"]), hi), "longest_edge": hi}
     try:
-        out = processor(images=[img], return_tensors="pt")
+        out = processor(images=[img], return_tensors="pt", **({"size": size} if size else {}))
     except (ValueError, RuntimeError) as e:
         raise InputError(f"The image processor refused the image: {e}") from e
     grid_thw = out["image_grid_thw"]  # (1, 3): t, h, w in patches

@@ -276,7 +276,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fak
     calls = []
 
     def fake_stream(bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
-        calls.append({"prompt": prompt, "image": image, "methods": list(methods)})
+        calls.append({"prompt": prompt, "image": image, "methods": list(methods), **kw})
         for k in range(1, 4):
             yield _image_attr(k, methods)
 
@@ -289,8 +289,9 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fak
     monkeypatch.setattr(app_module, "stream_explain", fake_stream)
     assert "fake-vlm" in app_module.vlm_info()
     image = Image.new("RGB", (45, 31), (40, 90, 200))
-    outs = list(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True))
+    outs = list(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))
     assert len(outs) == 4 and calls[0]["image"] is image and calls[0]["prompt"] == "What?"
+    assert calls[0]["max_image_tokens"] == 64  # the "image detail" slider reaches the library
     overlay, answer, question, slider, status, state = outs[-1]
     assert isinstance(overlay, Image.Image) and overlay.height == 31 + 18 and overlay.width > 2 * 45
     assert slider["interactive"] is True and slider["value"] == 3 and status.startswith("Done: 3 tokens")

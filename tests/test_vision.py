@@ -370,3 +370,17 @@ def test_cli_image_summary_names_the_peak_cell(tmp_path, vl_model_dir, capsys):
     assert cli_main([*args, "--max-new-tokens", "2", "--max-pixels", str(9 * (PATCH * MERGE) ** 2)]) == 0
     out = capsys.readouterr().out
     assert "grid of image tokens" in out and out.count("image peak: row") == 2
+
+
+def test_max_image_tokens_bounds_this_image_only(bundle, vl_model):
+    img = _image(640, 480)
+    default = encode_image_prompt(bundle, img, QUESTION)
+    small = encode_image_prompt(bundle, img, QUESTION, max_image_tokens=6)
+    h, w = small.grid
+    assert len(small.image_positions) == h * w <= 6 < len(default.image_positions)
+    assert encode_image_prompt(bundle, img, QUESTION).grid == default.grid  # the loaded budget is unchanged
+    attr = explain(bundle, QUESTION, image=img, methods=["macs"], max_new_tokens=2, max_image_tokens=6)
+    assert attr.image["grid"] == [h, w]
+    with pytest.raises(InputError, match="max_image_tokens"):
+        encode_image_prompt(bundle, img, QUESTION, max_image_tokens=0)
+    _assert_clean(vl_model)
