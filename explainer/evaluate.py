@@ -188,6 +188,35 @@ def read_results(path: str | Path | None) -> list[dict[str, Any]]:
     return rows
 
 
+def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
+    """Per-sample rows of several results files joined by id: methods evaluated in separate runs on the same samples
+    (e.g. AtMan run later) become one row per sample. Samples missing from some files keep the methods they have.
+
+    Raises:
+        InputError: a file is missing, or two files disagree on a sample's generated answer (different model or
+            settings, so their scores do not describe the same generation).
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for path in paths:
+        if not Path(path).is_file():
+            raise InputError(f"Results file {str(path)!r} does not exist.")
+        for row in read_results(path):
+            if "methods" not in row:
+                continue
+            seen = merged.get(row["id"])
+            if seen is None:
+                merged[row["id"]] = {**row, "methods": dict(row["methods"])}
+                continue
+            if seen.get("answer") != row.get("answer"):
+                raise InputError(
+                    f"Sample {row['id']!r} has different answers in the results files; they come from different "
+                    "models or settings and cannot be combined."
+                )
+            seen["methods"].update(row["methods"])
+            seen["seconds"] = seen.get("seconds", 0.0) + row.get("seconds", 0.0)
+    return list(merged.values())
+
+
 def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """`{"n", "methods": {name: {"mAUC_PR", "mSRG_logit", ..., "<key>_ci": half-width}}}` over finished samples."""
     ok = [s for s in samples if "methods" in s]
@@ -295,6 +324,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for path in (args.json, args.results):
         if path and not Path(path).resolve().parent.is_dir():
             raise InputError(f"Cannot write {path!r}: its folder does not exist.")
+    if args.report:
+        samples = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
+        summary = {**summarise(samples), "samples": samples}
+        summary["seconds"] = sum(s.get("seconds", 0.0) for s in samples)
+        print(format_tables(summary))
+        print(f"\ncompute recorded in the results: {summary['seconds']:.0f} s")
+        return _write_summary(summary, args.json)
+    if not args.data:
+        raise InputError("--data is required (or --report to summarise earlier results).")
     rows = load_squad(args.data, args.limit)
     cfg = EvalConfig(
         methods=methods,
@@ -310,19 +348,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     summary["config"] = {"model": bundle.name, "data": str(args.data), **vars(cfg)}
     print(format_tables(summary))
     print(f"\nelapsed: {summary['seconds']:.1f} s")
-    if args.json:
+    return _write_summary(summary, args.json)
+
+
+def _write_summary(summary: dict[str, Any], path: str | None) -> int:
+    if path:
         try:
-            Path(args.json).write_text(json.dumps(summary, indent=2), encoding="utf-8")
+            Path(path).write_text(json.dumps(summary, indent=2), encoding="utf-8")
         except OSError as e:
-            raise InputError(f"Cannot write {args.json!r}: {e}") from e
-        print(f"wrote {args.json}")
+            raise InputError(f"Cannot write {path!r}: {e}") from e
+        print(f"wrote {path}")
     return 0
 
 
 def add_eval_parser(sub) -> None:
     """Register `python -m explainer eval` on the CLI's subparsers."""
     p = sub.add_parser("eval", help="AUC-PR and MIF/LIF/SRG on a SQuAD file (MACS paper Tables 2, 4, 5)")
-    p.add_argument("--data", required=True, help="JSON file of SQuAD rows (list or {'rows': [...]})")
+    p.add_argument("--data", help="JSON file of SQuAD rows (list or {'rows': [...]})")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
     p.add_argument("--methods", default="macs,rollout,atman,random", help="comma-separated method names")
     p.add_argument("--max-new-tokens", type=int, default=64)
@@ -333,4 +375,9 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--skip-faithfulness", action="store_true", help="AUC-PR only (no removal runs)")
     p.add_argument("--ablation", action="store_true", help="run the MACS variants of Table 4 instead of --methods")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
+    p.add_argument(
+        "--report",
+        help="comma-separated --results files of earlier runs (e.g. different methods on the same samples): join "
+        "them by sample id and print the tables without evaluating",
+    )
     p.set_defaults(func=cmd_eval)

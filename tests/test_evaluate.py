@@ -15,6 +15,7 @@ from explainer.evaluate import (
     context_positions,
     format_tables,
     make_methods,
+    merge_results,
     summarise,
 )
 
@@ -119,3 +120,39 @@ def test_summary_and_tables_with_errors():
     assert s["n"] == 2 and s["methods"]["macs"]["mAUC_PR"] == pytest.approx(0.75)
     assert s["methods"]["macs"]["best_before_answer_rate"] == 1.0
     assert "0.750 ±" in format_tables(s)
+
+
+def _jsonl(path, rows) -> str:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+def test_results_of_separate_runs_join_by_sample(tmp_path, capsys):
+    first = _jsonl(tmp_path / "a.jsonl", [
+        {"id": "a", "answer": "x", "seconds": 2.0, "methods": {"macs": {"auc_pr": 0.5}, "random": {"auc_pr": 0.1}}},
+        {"id": "b", "answer": "y", "seconds": 3.0, "methods": {"macs": {"auc_pr": 1.0}}},
+        {"id": "c", "error": "too long"},
+    ])  # fmt: skip
+    second = _jsonl(tmp_path / "b.jsonl", [
+        {"id": "a", "answer": "x", "seconds": 5.0, "methods": {"atman": {"auc_pr": 0.25}}},
+        {"id": "d", "answer": "z", "seconds": 1.0, "methods": {"atman": {"auc_pr": 0.75}}},
+    ])  # fmt: skip
+    merged = {s["id"]: s for s in merge_results([first, second])}
+    assert set(merged) == {"a", "b", "d"}
+    assert set(merged["a"]["methods"]) == {"macs", "random", "atman"} and merged["a"]["seconds"] == 7.0
+    summary = summarise(list(merged.values()))
+    assert summary["methods"]["atman"]["mAUC_PR"] == pytest.approx(0.5)  # over the two samples that have it
+    assert summary["methods"]["macs"]["mAUC_PR"] == pytest.approx(0.75)
+
+    out = tmp_path / "summary.json"
+    assert main(["eval", "--report", f"{first},{second}", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "N = 3 samples" in printed and "atman" in printed and "compute recorded in the results: 11 s" in printed
+    assert json.loads(out.read_text())["methods"]["atman"]["mAUC_PR"] == pytest.approx(0.5)
+
+    clash = _jsonl(tmp_path / "c.jsonl", [{"id": "a", "answer": "other", "methods": {"rollout": {"auc_pr": 0.0}}}])
+    assert main(["eval", "--report", f"{first},{clash}"]) == EXIT_USER_ERROR
+    assert "different answers" in capsys.readouterr().err
+    assert main(["eval", "--report", str(tmp_path / "missing.jsonl")]) == EXIT_USER_ERROR
+    assert main(["eval"]) == EXIT_USER_ERROR
+    assert "--data is required" in capsys.readouterr().err
