@@ -786,7 +786,10 @@ def load_reports(paths: list[str]) -> dict[str, Any]:
         if len(values) > 1:
             raise InputError(f"Reports differ in {key} ({', '.join(sorted(values))}); combine only comparable runs.")
     last = reports[-1]
-    return {**last, "rows": [asdict(r) for r in with_ratios(list(merged.values()))],
+    names = list(dict.fromkeys(r.method for r in merged.values()))
+    rank = {m: (m != BASELINE, i) for i, m in enumerate(names)}
+    rows = sorted(merged.values(), key=lambda r: (r.prompt_tokens, rank[r.method]))  # as one run prints them
+    return {**last, "rows": [asdict(r) for r in with_ratios(rows)],
             "date": ", ".join(dict.fromkeys(r["date"] for r in reports))}  # fmt: skip
 
 
