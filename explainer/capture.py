@@ -196,22 +196,41 @@ def capture_attention(
         The recorder; `recorder.rows` is overwritten by every forward pass (call `clear()` between passes to detect
         layers that did not run).
     """
-    with _counter_lock:
-        name = f"{_NAME_PREFIX}{next(_counter)}"
     recorder = AttentionRecorder(full_row_consumer=full_row_consumer, full_row_chunk=full_row_chunk)
+    try:
+        with attention_function_selected(model, _NAME_PREFIX, _make_attention_function(recorder)):
+            yield recorder
+    finally:
+        recorder.rows.clear()
+
+
+@contextlib.contextmanager
+def attention_function_selected(
+    model: torch.nn.Module, prefix: str, attention: Callable, mask: Callable = sdpa_mask
+) -> Iterator[str]:
+    """Run the block with the language model's attention layers calling `attention` (and masks built by `mask`).
+
+    Both are registered with transformers' `AttentionInterface` / `AttentionMaskInterface` under one name unique to
+    this block (`prefix` + a counter) and selected on the language model's config only. On exit, also after an
+    exception, the previous implementation is restored and both names are removed, so nothing outlives the block.
+
+    Yields:
+        The registered name.
+    """
+    with _counter_lock:
+        name = f"{prefix}{next(_counter)}"
     config = language_config(model)
     previous = config._attn_implementation_internal
     # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique to this block.
-    ALL_ATTENTION_FUNCTIONS.register(name, _make_attention_function(recorder))
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+    ALL_ATTENTION_FUNCTIONS.register(name, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
     try:
         config._attn_implementation_internal = name
-        yield recorder
+        yield name
     finally:
         config._attn_implementation_internal = previous
         ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
         ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        recorder.rows.clear()
 
 
 def registered_capture_names() -> list[str]:

@@ -29,8 +29,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
-import itertools
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -39,10 +37,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .capture import _additive_mask, language_config
+from .capture import _additive_mask, attention_function_selected
 from .errors import InputError
 from .methods.base import ProgressFn
 from .metrics import PI_GRID, REMOVAL_FRACTIONS, bleu, calibrate, hellinger, minmax, normalised_auc, rouge_l_f1
@@ -356,10 +352,6 @@ def removal_curves(
 
 
 # --------------------------------------------------------------------------------------------------------------
-_fixed_counter = itertools.count()
-_fixed_lock = threading.Lock()
-
-
 @contextlib.contextmanager
 def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Iterator[None]:
     """Attention weights replaced by `probs` (layer -> (1, H, T, T), from an unperturbed pass) while the block runs.
@@ -367,8 +359,6 @@ def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Ite
     Grad-ELLM paper, Appendix K: only values (token content) change under perturbation, not the routing. The
     function is registered under a unique name and selected on the language config; both are undone on exit.
     """
-    with _fixed_lock:
-        name = f"explainer_fixed_routing_{next(_fixed_counter)}"
 
     def fixed_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         b, h, tq, d = query.shape
@@ -379,24 +369,13 @@ def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Ite
         out = torch.matmul(p, value).reshape(b, h, tq, d)  # (B, H, Tq, D)
         return out.transpose(1, 2).contiguous(), None
 
-    config = language_config(model)
-    previous = config._attn_implementation_internal
-    ALL_ATTENTION_FUNCTIONS.register(name, fixed_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
-    try:
-        config._attn_implementation_internal = name
+    with attention_function_selected(model, "explainer_fixed_routing_", fixed_forward):
         yield
-    finally:
-        config._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
 
 
 @contextlib.contextmanager
 def _recording(model: torch.nn.Module, store: dict[int, torch.Tensor]) -> Iterator[None]:
     """Record every layer's full attention probabilities (1, H, T, T) of one unperturbed pass."""
-    with _fixed_lock:
-        name = f"explainer_record_routing_{next(_fixed_counter)}"
 
     def record_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         b, h, tq, d = query.shape
@@ -414,17 +393,8 @@ def _recording(model: torch.nn.Module, store: dict[int, torch.Tensor]) -> Iterat
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)  # fmt: skip
 
-    config = language_config(model)
-    previous = config._attn_implementation_internal
-    ALL_ATTENTION_FUNCTIONS.register(name, record_forward)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
-    try:
-        config._attn_implementation_internal = name
+    with attention_function_selected(model, "explainer_record_routing_", record_forward):
         yield
-    finally:
-        config._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
 
 
 def _next_token_probs(model, embeds: torch.Tensor, prefix: DynamicCache | None = None) -> torch.Tensor:

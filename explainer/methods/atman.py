@@ -29,14 +29,12 @@ the reference the fast path is checked against.
 
 The suppression is applied by a uniquely named attention function and mask function registered with transformers'
 `AttentionInterface` / `AttentionMaskInterface` and selected on the language model's config only, for the duration
-of an `attention_suppression` block (see `explainer/capture.py` for the same pattern).
+of an `attention_suppression` block (`capture.attention_function_selected`, shared with the capture).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -47,13 +45,11 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from ..capture import language_config
+from ..capture import attention_function_selected
 from ..errors import UnsupportedModelError
 from .base import AttributionMethod, GenerationRun, ProgressFn
 
 _NAME_PREFIX = "explainer_atman_"
-_counter = itertools.count()
-_counter_lock = threading.Lock()
 # Attention kwargs that change the scores in ways an additive mask bias cannot be combined with here.
 _UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
 
@@ -177,21 +173,13 @@ def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
     None leaves attention unchanged. On exit, also after an exception, the config's attention implementation is
     restored and the registered names are removed.
     """
-    with _counter_lock:
-        name = f"{_NAME_PREFIX}{next(_counter)}"
     state = _Suppression()
-    config = language_config(model)
-    previous = config._attn_implementation_internal
-    # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique to this block.
-    ALL_ATTENTION_FUNCTIONS.register(name, _make_attention_function(state))
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, _make_mask_function(state))
     try:
-        config._attn_implementation_internal = name
-        yield state
+        with attention_function_selected(
+            model, _NAME_PREFIX, _make_attention_function(state), _make_mask_function(state)
+        ):
+            yield state
     finally:
-        config._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
         state.bias = None
 
 
