@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 
@@ -64,3 +65,55 @@ def reference_rollout(attentions, n: int, k_steps: int, residual=0.5, head_fusio
         hat = hat / hat.sum(-1, keepdim=True)
         rollout = hat @ rollout
     return [rollout[n - 1 + k, :n].tolist() for k in range(k_steps)]
+
+
+@contextlib.contextmanager
+def suppressed_eager_attention(config):
+    """Select, on `config`, eager attention whose scores to chosen keys are edited in a plain loop (AtMan's
+    reference): yields a dict {key position: factor} to fill before each forward; every query's pre-softmax score for
+    that key gets ln(factor) added in every head. On exit the config and registries are restored."""
+    import torch
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    factors: dict[int, float] = {}
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        heads = query.shape[1]
+        key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (1, H, T, D)
+        value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (1, H, T, D)
+        scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask  # (1, H, T, T), eager mask
+        for j, factor in factors.items():
+            for h in range(heads):
+                scores[0, h, :, j] += math.log(factor)  # every query's score for key j: weight * factor after softmax
+        probs = torch.softmax(scores, dim=-1)
+        return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
+
+    name = "test_suppressed_eager_reference"
+    ALL_ATTENTION_FUNCTIONS.register(name, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
+    previous = config._attn_implementation_internal
+    try:
+        config._attn_implementation_internal = name
+        yield factors
+    finally:
+        config._attn_implementation_internal = previous
+        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+
+
+def reference_suppression_rows(vectors, correlated: bool = True, threshold: float = 0.6, f: float = 0.1):
+    """AtMan section 3.3 in a plain loop: row i is {position: factor} of every prompt token suppressed with token i,
+    from the prompt's input embeddings `vectors` (a sequence of 1-D tensors)."""
+    vectors = [v.double() for v in vectors]
+    rows = []
+    for i in range(len(vectors)):
+        row = {i: f}
+        for j in range(len(vectors)):
+            if j == i or not correlated:
+                continue
+            cos = float(vectors[i] @ vectors[j]) / (float(vectors[i].norm()) * float(vectors[j].norm()))
+            if cos >= threshold:
+                row[j] = (1 - f) * (1 - min(cos, 1.0)) + f
+        rows.append(row)
+    return rows

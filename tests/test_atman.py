@@ -3,14 +3,13 @@ naive one; the model is left exactly as it was."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 
 import numpy as np
 import pytest
 import torch
 from transformers import Gemma2Config, Gemma2ForCausalLM, MambaConfig, MambaForCausalLM
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from explainer import METHODS, UnsupportedModelError, bundle_from_objects, explain, get_method
@@ -23,6 +22,7 @@ from explainer.methods.atman import (
 )
 
 from .conftest import BUILDERS, build_model
+from .reference import reference_suppression_rows, suppressed_eager_attention
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 K = 5
@@ -37,53 +37,6 @@ def _option_id(options: dict) -> str:
 
 # --- the reference: eager attention with the suppressed columns edited in a plain loop -------------------------------
 
-_SUPPRESSED: dict[int, float] = {}  # key position -> attention factor, read by `_reference_attention`
-
-
-def _reference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    heads = query.shape[1]
-    key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (1, H, T, D)
-    value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (1, H, T, D)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling  # (1, H, T, T)
-    scores = scores + attention_mask  # additive eager mask: causal, sliding window
-    for j, factor in _SUPPRESSED.items():
-        for h in range(heads):
-            scores[0, h, :, j] += math.log(factor)  # every query's score for key j: weight * factor after softmax
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-
-@contextlib.contextmanager
-def _reference_attention_selected(model):
-    name = "test_atman_reference"
-    ALL_ATTENTION_FUNCTIONS.register(name, _reference_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
-    previous = model.config._attn_implementation_internal
-    try:
-        model.config._attn_implementation_internal = name
-        yield
-    finally:
-        model.config._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        _SUPPRESSED.clear()
-
-
-def _reference_factors(ids: list[int], weight: torch.Tensor, correlated: bool, threshold: float, f: float = 0.1):
-    """Row i: {position: factor} of every prompt token suppressed with token i (AtMan section 3.3)."""
-    vectors = [weight[t].double() for t in ids]
-    rows = []
-    for i in range(len(ids)):
-        row = {i: f}
-        for j in range(len(ids)):
-            if j == i or not correlated:
-                continue
-            cos = float(vectors[i] @ vectors[j]) / (float(vectors[i].norm()) * float(vectors[j].norm()))
-            if cos >= threshold:
-                row[j] = (1 - f) * (1 - cos) + f
-        rows.append(row)
-    return rows
-
 
 def _reference_atman(model, ids: torch.Tensor, n: int, correlated=True, cosine_threshold=0.6):
     """(K, N) map from one full forward per prompt token, no cache, no batching."""
@@ -91,15 +44,15 @@ def _reference_atman(model, ids: torch.Tensor, n: int, correlated=True, cosine_t
     targets = ids[0, n:].tolist()
 
     def cross_entropy(suppressed: dict[int, float]) -> list[float]:
-        _SUPPRESSED.clear()
-        _SUPPRESSED.update(suppressed)
+        factors.clear()
+        factors.update(suppressed)
         logp = torch.log_softmax(model(input_ids=ids).logits[0].double(), dim=-1)  # (T, V)
         return [-float(logp[n - 1 + k, targets[k]]) for k in range(t - n)]
 
     weight = model.get_input_embeddings().weight.detach()
-    rows = _reference_factors(ids[0, :n].tolist(), weight, correlated, cosine_threshold)
+    rows = reference_suppression_rows([weight[t] for t in ids[0, :n].tolist()], correlated, cosine_threshold)
     out = np.zeros((t - n, n))
-    with torch.no_grad(), _reference_attention_selected(model):
+    with torch.no_grad(), suppressed_eager_attention(model.config) as factors:
         base = cross_entropy({})
         for i, row in enumerate(rows):
             out[:, i] = np.array(cross_entropy(row)) - np.array(base)

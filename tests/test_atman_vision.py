@@ -3,15 +3,10 @@ scores are edited explicitly, with correlated suppression over the merged patch 
 
 from __future__ import annotations
 
-import contextlib
-import math
-
 import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from explainer import explain
 from explainer.capture import registered_capture_names
@@ -19,11 +14,11 @@ from explainer.image_maps import image_map
 from explainer.methods.atman import AtManConfig, atman_scores, registered_atman_names
 from explainer.vision import encode_image_prompt, full_sequence_inputs
 
+from .reference import reference_suppression_rows, suppressed_eager_attention
 from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 K = 3
-_FACTORS: dict[int, float] = {}  # key position -> attention factor, read by the reference attention
 
 
 @pytest.fixture(scope="module")
@@ -42,35 +37,6 @@ def setup():
     return model, bundle, image, enc, ids, extra
 
 
-def _reference_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    heads = query.shape[1]
-    key = key.repeat_interleave(heads // key.shape[1], dim=1)  # (1, H, T, D)
-    value = value.repeat_interleave(heads // value.shape[1], dim=1)  # (1, H, T, D)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask  # (1, H, T, T)
-    for j, factor in _FACTORS.items():
-        for h in range(heads):
-            scores[0, h, :, j] += math.log(factor)
-    probs = torch.softmax(scores, dim=-1)
-    return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
-
-
-@contextlib.contextmanager
-def _reference_selected(model):
-    name = "test_atman_vision_reference"
-    ALL_ATTENTION_FUNCTIONS.register(name, _reference_attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, eager_mask)
-    text = model.config.text_config
-    previous = text._attn_implementation_internal
-    try:
-        text._attn_implementation_internal = name  # the vision tower keeps SDPA
-        yield
-    finally:
-        text._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        _FACTORS.clear()
-
-
 def _merged_prompt_embeddings(model, enc) -> torch.Tensor:
     """(N, d) token embeddings with the vision tower's merged patch features at the image positions."""
     pv = enc.prefill_inputs
@@ -84,24 +50,16 @@ def _merged_prompt_embeddings(model, enc) -> torch.Tensor:
 def _reference(model, enc, ids, extra, threshold: float, f: float = 0.1):
     """(K, N) map and the factor rows, from one full forward (vision tower included) per prompt token."""
     n, t = enc.input_ids.shape[1], ids.shape[1]
-    vectors = _merged_prompt_embeddings(model, enc).double()
-    rows = []
-    for i in range(n):
-        row = {i: f}
-        for j in range(n):
-            cos = float(vectors[i] @ vectors[j]) / (float(vectors[i].norm()) * float(vectors[j].norm()))
-            if j != i and cos >= threshold:
-                row[j] = (1 - f) * (1 - min(cos, 1.0)) + f
-        rows.append(row)
+    rows = reference_suppression_rows(_merged_prompt_embeddings(model, enc), threshold=threshold, f=f)
     targets = ids[0, n:].tolist()
 
     def cross_entropy(factors: dict[int, float]) -> np.ndarray:
-        _FACTORS.clear()
-        _FACTORS.update(factors)
+        edits.clear()
+        edits.update(factors)
         logp = torch.log_softmax(model(input_ids=ids, **extra).logits[0].double(), dim=-1)  # (T, V)
         return np.array([-float(logp[n - 1 + k, targets[k]]) for k in range(t - n)])
 
-    with torch.no_grad(), _reference_selected(model):
+    with torch.no_grad(), suppressed_eager_attention(model.config.text_config) as edits:  # vision keeps SDPA
         base = cross_entropy({})
         out = np.stack([cross_entropy(row) - base for row in rows], axis=1)  # (K, N)
     return out, rows
