@@ -28,12 +28,12 @@ TABLE_HEADERS = [
 ]  # fmt: skip
 
 
-def method_colors(methods: list[str]) -> dict[str, str]:
-    """One colour per method, stable in the given order; the random baseline is grey."""
-    others = [m for m in methods if m != RANDOM]
+def method_colors(methods: list[str], reference: str = RANDOM, reference_color: str = RANDOM_COLOR) -> dict[str, str]:
+    """One colour per method, stable in the given order; the reference line (the random baseline) is grey."""
+    others = [m for m in methods if m != reference]
     colors = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(others)}
-    if RANDOM in methods:
-        colors[RANDOM] = RANDOM_COLOR
+    if reference in methods:
+        colors[reference] = reference_color
     return colors
 
 

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 from PIL import Image, ImageDraw, ImageFont
 from plotly.subplots import make_subplots
 
-from .curves import PALETTE
+from .curves import method_colors
 
 BASELINE = "none"
 BASELINE_COLOR = "#333333"
@@ -41,19 +41,10 @@ def series(rows: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[int, float
     return {m: sorted(out[m].values()) for m in names}
 
 
-def method_colors(methods: list[str]) -> dict[str, str]:
-    """One colour per method in the given order; the baseline is dark grey."""
-    others = [m for m in methods if m != BASELINE]
-    colors = {m: PALETTE[i % len(PALETTE)] for i, m in enumerate(others)}
-    if BASELINE in methods:
-        colors[BASELINE] = BASELINE_COLOR
-    return colors
-
-
 def efficiency_figure(rows: Iterable[Mapping[str, Any]], title: str = "") -> go.Figure:
     """Two panels, throughput and peak memory vs prompt tokens (log axis), one line per method."""
     data = series(rows)
-    colors = method_colors(list(data))
+    colors = method_colors(list(data), BASELINE, BASELINE_COLOR)
     fig = make_subplots(rows=1, cols=2, subplot_titles=[label for _, label in PANELS])
     lengths = sorted({n for points in data.values() for n, _, _ in points})
     for m, points in data.items():
@@ -104,7 +95,7 @@ def efficiency_png(rows: Iterable[Mapping[str, Any]], title: str = "", width: in
         PIL.Image in RGB mode of size (width, height).
     """
     data = series(rows)
-    colors = method_colors(list(data))
+    colors = method_colors(list(data), BASELINE, BASELINE_COLOR)
     lengths = sorted({n for points in data.values() for n, _, _ in points})
     img = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(img)
