@@ -17,6 +17,7 @@ registered names are removed.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import itertools
 import threading
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import UnsupportedModelError
+from .session import hold
 
 _NAME_PREFIX = "explainer_capture_"
 _counter = itertools.count()
@@ -204,6 +206,9 @@ def capture_attention(
         recorder.rows.clear()
 
 
+_active_block: contextvars.ContextVar[object | None] = contextvars.ContextVar("explainer_attention_block", default=None)
+
+
 @contextlib.contextmanager
 def attention_function_selected(
     model: torch.nn.Module, prefix: str, attention: Callable, mask: Callable = sdpa_mask
@@ -214,23 +219,43 @@ def attention_function_selected(
     this block (`prefix` + a counter) and selected on the language model's config only. On exit, also after an
     exception, the previous implementation is restored and both names are removed, so nothing outlives the block.
 
+    Only forward passes of this block's own context (its thread, its request) reach `attention` and `mask`: a pass
+    from anywhere else that meets the selected name gets plain SDPA, so it can neither feed this request's recorder
+    nor be manipulated by it. The block holds the model's lock (`session.hold`), so within the library no other
+    request runs a forward pass on the model meanwhile.
+
     Yields:
         The registered name.
     """
     with _counter_lock:
         name = f"{prefix}{next(_counter)}"
+    owner = object()
+
+    def guarded_attention(*args, **kwargs):
+        if _active_block.get() is not owner:
+            return sdpa_attention_forward(*args, **kwargs)
+        return attention(*args, **kwargs)
+
+    def guarded_mask(*args, **kwargs):
+        if _active_block.get() is not owner:
+            return sdpa_mask(*args, **kwargs)
+        return mask(*args, **kwargs)
+
     config = language_config(model)
-    previous = config._attn_implementation_internal
-    # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique to this block.
-    ALL_ATTENTION_FUNCTIONS.register(name, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(name, mask)
-    try:
-        config._attn_implementation_internal = name
-        yield name
-    finally:
-        config._attn_implementation_internal = previous
-        ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
-        ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+    with hold(model):
+        previous = config._attn_implementation_internal
+        # Mask creation only honours names in the class-wide mapping, so both go there; the name is unique here.
+        ALL_ATTENTION_FUNCTIONS.register(name, guarded_attention)
+        ALL_MASK_ATTENTION_FUNCTIONS.register(name, guarded_mask)
+        active = _active_block.set(owner)
+        try:
+            config._attn_implementation_internal = name
+            yield name
+        finally:
+            _active_block.reset(active)
+            config._attn_implementation_internal = previous
+            ALL_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
+            ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
 
 
 def registered_capture_names() -> list[str]:

@@ -22,3 +22,7 @@ class UnknownMethodError(ExplainerError, KeyError):
 
     def __str__(self) -> str:  # KeyError would quote the message
         return str(self.args[0]) if self.args else ""
+
+
+class Cancelled(ExplainerError):
+    """The request was cancelled (by the user, a closed browser tab or the caller's token) and stopped early."""

@@ -22,6 +22,7 @@ from .errors import InputError
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
 from .result import Attribution, MethodScores
+from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
 
 MAX_NEW_TOKENS_LIMIT = 1024
 
@@ -84,6 +85,7 @@ def generate_steps(
     inputs = dict(extra_inputs or {})  # prefill only
     prompt_positions = inputs.get("position_ids")  # (..., N) or None
     for k in range(max_new_tokens):
+        check_cancelled()
         t0 = time.perf_counter()
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
@@ -130,6 +132,7 @@ def stream_explain(
     progress: ProgressFn | None = None,
     image: Any = None,
     max_image_tokens: int | None = None,
+    cancel: CancelToken | None = None,
 ) -> Iterator[Attribution]:
     """Generate an answer and yield a growing `Attribution` after every token, then after each post-hoc method.
 
@@ -145,11 +148,42 @@ def stream_explain(
             then carries `image` (token positions, merged grid, size) and `user_positions` are the question's tokens.
         max_image_tokens: with `image`, resize it to at most this many merged image tokens (default: the budget the
             bundle's image processor was loaded with).
+        cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
+
+    The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
+    last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
+    update is a snapshot that the work does not change afterwards. Closing the returned stream (or dropping it)
+    cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
 
     Raises:
         InputError: bad prompt, image or settings. UnknownMethodError: unknown method name.
         UnsupportedModelError: the model's attention cannot be captured.
     """
+    kwargs = dict(
+        prompt=prompt, methods=methods, max_new_tokens=max_new_tokens, chat_template=chat_template,
+        method_options=method_options, progress=progress, image=image, max_image_tokens=max_image_tokens,
+    )  # fmt: skip
+    if holds(bundle.model):
+
+        def inline() -> Iterator[Attribution]:
+            with hold(bundle.model, cancel):
+                yield from _stream_explain(bundle, **kwargs)
+
+        return inline()
+    return run_in_worker(lambda: _stream_explain(bundle, **kwargs), bundle.model, cancel)
+
+
+def _stream_explain(
+    bundle: ModelBundle,
+    prompt: str,
+    methods: Sequence[str | AttributionMethod],
+    max_new_tokens: int,
+    chat_template: bool,
+    method_options: dict[str, dict[str, Any]] | None,
+    progress: ProgressFn | None,
+    image: Any,
+    max_image_tokens: int | None,
+) -> Iterator[Attribution]:
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
     instances = _instantiate(methods, method_options)
@@ -199,7 +233,7 @@ def stream_explain(
                 np.stack(rows[m.name]), seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
             )
         attr.meta["status"] = f"generating: {len(attr.generated_token_ids)} tokens"
-        yield attr
+        yield attr.snapshot()
     generation_seconds = time.perf_counter() - gen_start
     attr.meta.update(
         generation_seconds=generation_seconds,
@@ -222,9 +256,9 @@ def stream_explain(
         t0 = time.perf_counter()
         raw = m.explain(run)  # (K, N)
         attr.methods[m.name] = MethodScores.from_raw(raw, seconds=time.perf_counter() - t0, meta=m.meta())
-        yield attr
+        yield attr.snapshot()
     attr.meta["status"] = "done"
-    yield attr
+    yield attr.snapshot()
 
 
 def explain(bundle: ModelBundle, prompt: str, **kwargs: Any) -> Attribution:

@@ -6,6 +6,7 @@ tokens]` score matrix: row k explains generated token k over all N prompt tokens
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,18 @@ class Attribution:
     @property
     def generated_text(self) -> str:
         return "".join(self.generated_tokens)
+
+    def snapshot(self) -> Attribution:
+        """A copy that later changes to this result do not reach (lists and dicts copied; score arrays, which are
+        replaced rather than changed, shared)."""
+        return dataclasses.replace(
+            self,
+            generated_token_ids=list(self.generated_token_ids),
+            generated_tokens=list(self.generated_tokens),
+            methods=dict(self.methods),
+            user_positions=list(self.user_positions),
+            meta=dict(self.meta),
+        )
 
     def top_tokens(self, method: str, step: int, k: int = 5) -> list[tuple[int, str, float]]:
         """The k prompt positions with the highest z-score at `step`: (position, token, z)."""

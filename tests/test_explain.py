@@ -10,6 +10,7 @@ from transformers import MambaConfig, MambaForCausalLM
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_capture_names
 from explainer.methods import MACS
+from explainer.session import model_lock
 
 from .conftest import build_model
 
@@ -51,11 +52,12 @@ def test_random_baseline_is_seeded_and_shaped(bundle):
     assert not np.array_equal(a.methods["random"].raw, c.methods["random"].raw)
 
 
-def test_abandoned_stream_leaves_model_unchanged(bundle):
+def test_closed_stream_leaves_model_unchanged_and_free(bundle):
     stream = stream_explain(bundle, PROMPT, methods=["macs"], max_new_tokens=8)
     next(stream)
+    stream.close()
+    assert not stream.running and not model_lock(bundle.model).locked()
     assert registered_capture_names() == [] and bundle.model.config._attn_implementation == "sdpa"
-    del stream
 
 
 def test_failure_mid_generation_leaves_model_unchanged(bundle):

@@ -1,0 +1,250 @@
+"""One request at a time per model, and cancellation that really stops the work.
+
+A loaded model is shared by every caller of the process (the app's visitors, threads of a script). Two forward
+passes on one model at once would corrupt each other: the attention functions that capture rows or suppress tokens
+are selected on the model's config, which every thread reads. So every use of a model runs inside `hold(model)`,
+which takes that model's lock for the whole request (generation with capture, AtMan, faithfulness, eval, bench) and
+publishes the request's `CancelToken` to the code running in this context. Long loops call `check_cancelled()`
+between forward passes and batches, so a cancelled request raises `Cancelled` within one pass and frees the lock.
+
+`hold` is re-entrant within one context (an evaluation that explains and then measures faithfulness holds the lock
+once); other threads wait, and a waiting request that is cancelled stops waiting.
+
+`run_in_worker` turns a generator of results into a `WorkerStream`: the work runs in its own thread that holds the
+lock from its first to its last forward pass, whatever the consumer does. A consumer that stops reading, closes the
+stream or disappears cancels the work; the lock is released when the work has actually stopped, never before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Iterator
+from typing import Any, Generic, TypeVar
+
+from .errors import Cancelled
+
+T = TypeVar("T")
+
+_POLL_SECONDS = 0.05  # how often a waiting request looks at its cancel token
+
+
+class CancelToken:
+    """Set once by whoever wants the work to stop (a Cancel button, a closed tab, Ctrl-C); read by the work."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self.reason = "The request was cancelled."
+
+    def cancel(self, reason: str | None = None) -> None:
+        if reason:
+            self.reason = reason
+        self._event.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._event.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        if self._event.is_set():
+            raise Cancelled(self.reason)
+
+
+class ModelLock:
+    """A model's lock, with the number of requests waiting for it (for queue feedback)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = threading.Lock()
+        self.waiting = 0
+
+    def locked(self) -> bool:
+        return self._lock.locked()
+
+    def acquire(self, cancel: CancelToken | None) -> None:
+        with self._state:
+            self.waiting += 1
+        try:
+            while not self._lock.acquire(timeout=_POLL_SECONDS):
+                if cancel is not None:
+                    cancel.raise_if_cancelled()
+        finally:
+            with self._state:
+                self.waiting -= 1
+
+    def release(self) -> None:
+        self._lock.release()
+
+
+_locks: weakref.WeakKeyDictionary[Any, ModelLock] = weakref.WeakKeyDictionary()
+_locks_guard = threading.Lock()
+_held: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("explainer_held_models", default=frozenset())
+_token: contextvars.ContextVar[CancelToken | None] = contextvars.ContextVar("explainer_cancel_token", default=None)
+
+
+def model_lock(model: Any) -> ModelLock:
+    """The process-wide lock of one loaded model (created on first use)."""
+    with _locks_guard:
+        lock = _locks.get(model)
+        if lock is None:
+            lock = _locks[model] = ModelLock()
+        return lock
+
+
+def holds(model: Any) -> bool:
+    """Whether the current context holds `model`'s lock."""
+    return id(model) in _held.get()
+
+
+@contextlib.contextmanager
+def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken | None]:
+    """Run the block as the only user of `model`, with `cancel` visible to `check_cancelled()`.
+
+    Re-entrant within one context: a nested `hold` of the same model neither waits nor releases; it may add a
+    token when the outer block had none.
+
+    Raises:
+        Cancelled: the token fired while waiting for the lock.
+    """
+    outer = _token.get()
+    active = cancel or outer
+    if holds(model):
+        reset = _token.set(active)
+        try:
+            yield active
+        finally:
+            _token.reset(reset)
+        return
+    lock = model_lock(model)
+    lock.acquire(active)
+    held = _held.set(_held.get() | {id(model)})
+    reset = _token.set(active)
+    try:
+        yield active
+    finally:
+        _token.reset(reset)
+        _held.reset(held)
+        lock.release()
+
+
+def current_token() -> CancelToken | None:
+    return _token.get()
+
+
+def check_cancelled() -> None:
+    """Raise `Cancelled` if the current request's token fired; called between forward passes and batches."""
+    token = _token.get()
+    if token is not None:
+        token.raise_if_cancelled()
+
+
+class WorkerStream(Generic[T]):
+    """Iterator over what a worker thread produces; see `run_in_worker`.
+
+    Iterating yields every item in order. `latest()` skips to the newest item available (for a UI that renders
+    fewer updates than the work produces). `cancel()` asks the work to stop and returns at once; `close()` cancels
+    and waits until the work has stopped (bounded by `timeout`). A stream that is garbage-collected cancels its work.
+    """
+
+    def __init__(self, work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None) -> None:
+        self.token = cancel or CancelToken()
+        self._queue: queue.Queue = queue.Queue()
+        self._pending: tuple[str, Any] | None = None
+        self._finished = False
+        context = contextvars.copy_context()
+        # the thread gets the queue and token, not `self`: a consumer that drops the stream lets it be collected
+        self._thread = threading.Thread(
+            target=context.run, args=(_work_loop, work, model, self.token, self._queue), name="explainer-worker",
+            daemon=True,
+        )  # fmt: skip
+        self._thread.start()
+
+    def __iter__(self) -> WorkerStream[T]:
+        return self
+
+    def _get(self, timeout: float | None) -> tuple[str, Any] | None:
+        if self._pending is not None:
+            entry, self._pending = self._pending, None
+            return entry
+        try:
+            return self._queue.get(timeout=timeout) if timeout is not None else self._queue.get()
+        except queue.Empty:
+            return None
+
+    def _take(self, entry: tuple[str, Any]) -> T:
+        kind, value = entry
+        if kind == "item":
+            return value
+        self._finished = True
+        if kind == "error":
+            raise value
+        raise StopIteration
+
+    def __next__(self) -> T:
+        if self._finished:
+            raise StopIteration
+        return self._take(self._get(None))
+
+    def next_or_none(self, timeout: float) -> T | None:
+        """The next item, or None if none arrives within `timeout` seconds (StopIteration at the end)."""
+        if self._finished:
+            raise StopIteration
+        entry = self._get(timeout)
+        return None if entry is None else self._take(entry)
+
+    def latest(self, timeout: float) -> T | None:
+        """The newest item available, dropping older ones; None if nothing arrives within `timeout` seconds.
+
+        The end of the stream (or an error of the work) is reported by the call after the last item.
+        """
+        item = self.next_or_none(timeout)
+        if item is None:
+            return None
+        while True:
+            entry = self._get(0.0)
+            if entry is None:
+                return item
+            if entry[0] != "item":
+                self._pending = entry
+                return item
+            item = entry[1]
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def cancel(self, reason: str | None = None) -> None:
+        self.token.cancel(reason)
+
+    def close(self, timeout: float = 60.0) -> None:
+        """Cancel the work and wait until it has stopped (and released the model)."""
+        if self._thread.is_alive():
+            self.token.cancel()
+            self._thread.join(timeout)
+        self._finished = True
+
+    def __del__(self) -> None:
+        if self._thread.is_alive():
+            self.token.cancel()
+
+
+def _work_loop(work: Callable[[], Iterator[Any]], model: Any, token: CancelToken, out: queue.Queue) -> None:
+    try:
+        with hold(model, token):
+            for item in work():
+                out.put(("item", item))
+                check_cancelled()
+        out.put(("done", None))
+    except BaseException as e:  # handed to the consumer, never lost in the thread
+        out.put(("error", e))
+
+
+def run_in_worker(work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None = None) -> WorkerStream[T]:
+    """Start `work()` in a thread that holds `model`'s lock for its whole run; return a stream of its items.
+
+    Items must not be changed by the work after they are produced (produce snapshots).
+    """
+    return WorkerStream(work, model, cancel)
