@@ -13,11 +13,40 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 REMOVAL_FRACTIONS = (0.0, 0.01, 0.05, 0.10, 0.15, 0.20)  # MACS paper, Appendix A.2.1
 PI_GRID = tuple(round(0.05 * i, 2) for i in range(1, 20))  # 0.05, 0.10, ..., 0.95 (Grad-ELLM paper, section 4.3)
+
+
+@dataclass(frozen=True)
+class RemovalMetric:
+    """One quantity measured on every removal run (MACS paper, Appendix A.2).
+
+    Attributes:
+        key: name in reports and result files.
+        label: short name for menus and table headers.
+        title: the paper's row title (Table 5).
+        description: what is measured, for axis titles.
+        lower_is_better: True when evidence removal should make the value rise (SRG more negative is better).
+    """
+
+    key: str
+    label: str
+    title: str
+    description: str
+    lower_is_better: bool = False
+
+
+REMOVAL_METRICS = (
+    RemovalMetric("logit", "mean logit", "Mean Logits", "mean logit of the original tokens"),
+    RemovalMetric("ppl", "perplexity", "Perplexity", "perplexity of the original answer", lower_is_better=True),
+    RemovalMetric("rougeL", "ROUGE-L F1", "ROUGE-L F1", "ROUGE-L F1 vs the original answer"),
+    RemovalMetric("bleu", "BLEU", "BLEU", "BLEU vs the original answer"),
+)
+REMOVAL_METRIC_KEYS = tuple(m.key for m in REMOVAL_METRICS)
 
 
 def average_precision(y_true: Sequence[bool] | np.ndarray, y_score: Sequence[float] | np.ndarray) -> float:

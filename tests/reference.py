@@ -6,6 +6,8 @@ import contextlib
 import math
 import statistics
 
+import torch
+
 
 def reference_macs(attentions, n: int, k_steps: int, alpha=0.8, pooling="max", redistribute=True):
     """MACS (paper Eqs. 4-8) from eager attentions: tuple over layers of (1, H, T, T) tensors.
@@ -117,3 +119,35 @@ def reference_suppression_rows(vectors, correlated: bool = True, threshold: floa
                 row[j] = (1 - f) * (1 - min(cos, 1.0)) + f
         rows.append(row)
     return rows
+
+
+@torch.no_grad()
+def removal_reference(model, prompt, gen, keep, max_new_tokens, eos):
+    """One removal run the plain way (MACS paper, Appendix A.2): no cache, no batching, every pass from scratch.
+
+    Args:
+        prompt: (N,) ids. gen: (K,) the original answer. keep: (N,) bool, False = removed by attention masking.
+
+    Returns:
+        (mean logit of `gen` teacher-forced, its perplexity, greedy regeneration as a list of ids).
+    """
+    n, k = prompt.shape[0], gen.shape[0]
+
+    def logits_of(ids, mask):  # (T,), (T,) -> (T, V); explicit positions so masked tokens move nothing
+        return model(input_ids=ids[None], attention_mask=mask[None], position_ids=torch.arange(ids.shape[0])[None])[
+            "logits"
+        ][0].float()
+
+    ids = torch.cat([prompt, gen])
+    mask = torch.cat([keep.long(), torch.ones(k, dtype=torch.long)])
+    logits = logits_of(ids, mask)[n - 1 : n + k - 1]  # (K, V) predicting gen
+    target = logits[torch.arange(k), gen]
+    ce = torch.logsumexp(logits, dim=-1) - target
+    tokens: list[int] = []
+    for _ in range(max_new_tokens):
+        ids = torch.cat([prompt, torch.tensor(tokens, dtype=torch.long)])
+        mask = torch.cat([keep.long(), torch.ones(len(tokens), dtype=torch.long)])
+        tokens.append(int(logits_of(ids, mask)[-1].argmax()))
+        if tokens[-1] in eos:
+            break
+    return float(target.mean()), float(torch.exp(ce.mean())), tokens

@@ -13,16 +13,16 @@ from explainer.errors import InputError
 from explainer.faithfulness import (
     RemovalConfig,
     SoftConfig,
-    _greedy,
-    _teacher_forced,
     fixed_routing,
     measure_faithfulness,
     removal_curves,
     removal_orderings,
+    removal_runs,
     soft_curves,
 )
 
 from .conftest import build_model
+from .reference import removal_reference
 
 PROMPT = "Question: What is the capital of France? Context: France is a country in Europe."
 
@@ -37,6 +37,33 @@ def attr(bundle):
     return explain(bundle, PROMPT, methods=["macs", "rollout", "random"], max_new_tokens=6)
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen2_sliding"])
+@pytest.mark.parametrize("answer", ["greedy", "arbitrary"])
+def test_removal_runs_equal_a_plain_loop(kind, answer):
+    """The batched, prefix-reusing, departure-decoding path equals one plain uncached run per removed set."""
+    model = build_model(kind)
+    prompt = torch.tensor([5, 17, 40, 41, 42, 60, 61, 70, 71, 72, 90, 91])  # (N,)
+    n = prompt.numel()
+    eos = {7}
+    full = torch.ones(n, dtype=torch.bool)
+    if answer == "greedy":  # the unperturbed regeneration follows it to the end, then goes on (no EOS in it)
+        gen = torch.tensor(removal_reference(model, prompt, torch.tensor([1]), full, 5, set())[2][:5])
+    else:  # every run departs at once
+        gen = torch.tensor([80, 81, 82, 83, 84])
+    removed_sets = [[], [0], [3], [2, 7], [n - 1], [1, 4, 6, 8, 10], list(range(2, n))]
+    keep = torch.ones(len(removed_sets), n, dtype=torch.bool)
+    for row, removed in enumerate(removed_sets):
+        keep[row, removed] = False
+    logit, ppl, regenerated, _ = removal_runs(model, prompt, gen, keep, 9, eos, batch_size=3, decode_batch_size=4)
+    for row in range(len(removed_sets)):
+        ref_logit, ref_ppl, ref_tokens = removal_reference(model, prompt, gen, keep[row], 9, eos)
+        assert regenerated[row] == ref_tokens, removed_sets[row]
+        assert logit[row] == pytest.approx(ref_logit, rel=1e-4, abs=1e-4)
+        assert ppl[row] == pytest.approx(ref_ppl, rel=1e-4)
+    if answer == "greedy":
+        assert regenerated[0][:5] == gen.tolist() and len(regenerated[0]) == 9  # went on after the answer
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_masked_token_is_invisible(kind):
     model = build_model(kind)
@@ -47,21 +74,20 @@ def test_masked_token_is_invisible(kind):
     changed[target] = 99
     keep = torch.ones(2, prompt.numel(), dtype=torch.bool)
     keep[1, target] = False  # row 0: unmasked, row 1: the target masked
-    a = _teacher_forced(model, prompt, gen, keep)
-    b = _teacher_forced(model, changed, gen, keep)
+    a = removal_runs(model, prompt, gen, keep, 5, set())
+    b = removal_runs(model, changed, gen, keep, 5, set())
     assert not np.isclose(a[0][0], b[0][0], atol=1e-4)  # unmasked: the token's content matters
     np.testing.assert_allclose(a[0][1], b[0][1], rtol=1e-5)  # masked: it is invisible
     np.testing.assert_allclose(a[1][1], b[1][1], rtol=1e-5)
-    # greedy regeneration is unaffected by the masked token's content as well
-    assert _greedy(model, prompt, keep[1:], 5, set()) == _greedy(model, changed, keep[1:], 5, set())
+    assert a[2][1] == b[2][1]  # so is the greedy regeneration
 
 
 def test_masking_keeps_positions_of_other_tokens(llama):
-    """An unmasked batch row equals the plain model call: explicit positions do not shift with the mask."""
+    """An unmasked run equals the plain model call: explicit positions do not shift with the mask."""
     prompt = torch.tensor([5, 17, 40, 41, 42, 60])
     gen = torch.tensor([80, 81])
     keep = torch.ones(1, 6, dtype=torch.bool)
-    logit, _ = _teacher_forced(llama, prompt, gen, keep)
+    logit = removal_runs(llama, prompt, gen, keep, 2, set())[0]
     with torch.no_grad():
         ref = llama(input_ids=torch.cat([prompt, gen])[None]).logits[0]
     expected = np.mean([float(ref[5, 80]), float(ref[6, 81])])
@@ -116,7 +142,7 @@ def test_soft_curves_end_to_end(bundle, attr):
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])
 def test_fixed_routing_reproduces_the_unperturbed_pass(kind):
-    from explainer.faithfulness import _recording
+    from explainer.faithfulness.soft import _recording
 
     llama = build_model(kind)
     ids = torch.tensor([[5, 17, 40, 41, 42, 60, 61, 62, 63]])
@@ -171,7 +197,7 @@ def test_curve_figures_colour_per_method_and_dashed_random(bundle, attr):
 def test_shared_prefix_gives_the_same_distribution(kind):
     from transformers import DynamicCache
 
-    from explainer.faithfulness import _next_token_probs
+    from explainer.faithfulness.soft import _next_token_probs
 
     model = build_model(kind)
     ids = torch.tensor([[5, 17, 40, 41, 42, 60, 61, 62, 63, 64]])

@@ -47,6 +47,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..capture import attention_function_selected
 from ..errors import UnsupportedModelError
+from ..kv import prefix_cache, reusable
+from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
 
 _NAME_PREFIX = "explainer_atman_"
@@ -204,28 +206,10 @@ def _check_manipulated(state: _Suppression) -> None:
 
 
 def _report(progress: ProgressFn | None, done: int, total: int) -> None:
+    """After every forward pass: progress, and a stop if the request was cancelled."""
+    check_cancelled()
     if progress is not None:
         progress(done / total, f"AtMan: {done}/{total} passes")
-
-
-def _prefix_cache(cache: DynamicCache, length: int, batch: int) -> DynamicCache:
-    """A new cache holding the first `length` positions of a batch-1 cache, repeated `batch` times."""
-    out = DynamicCache()
-    if length == 0:
-        return out
-    for idx, layer in enumerate(cache.layers):
-        keys = layer.keys[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
-        values = layer.values[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
-        out.update(keys, values, idx)
-    return out
-
-
-def _reusable(cache: DynamicCache, length: int) -> bool:
-    """Whether every layer of the cache holds plain keys and values of all `length` positions."""
-    return len(cache.layers) > 0 and all(
-        getattr(layer, "keys", None) is not None and layer.keys.ndim == 4 and layer.keys.shape[-2] == length
-        for layer in cache.layers
-    )
 
 
 class _StopForward(Exception):
@@ -316,7 +300,11 @@ def atman_scores(
     Raises:
         UnsupportedModelError: the model's attention cannot be manipulated.
     """
-    cfg = config or AtManConfig()
+    with hold(model):
+        return _atman_scores(model, input_ids, num_prompt_tokens, config or AtManConfig(), progress, extra_inputs)
+
+
+def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs) -> np.ndarray:
     n, t = num_prompt_tokens, input_ids.shape[1]
     k = t - n
     if k <= 0:
@@ -392,7 +380,7 @@ def _fast_scores(
         _check_manipulated(state)
         base = _cross_entropy(out.logits, targets)  # (1, K)
         del out
-        if _reusable(cache, t - 1):
+        if reusable(cache, t - 1):
             _report(progress, 1, total)
             for done, group in enumerate(groups, start=2):
                 start = int(first[group].min())  # positions before it are identical in every sequence of the group
@@ -400,7 +388,7 @@ def _fast_scores(
                 state.bias = rows[group]  # (B, T - 1)
                 out = model(
                     **seq.inputs(start, t - 1, b),  # (B, T - 1 - start)
-                    past_key_values=_prefix_cache(cache, start, b),
+                    past_key_values=prefix_cache(cache, start, b),
                     use_cache=True,
                     logits_to_keep=k,
                 )

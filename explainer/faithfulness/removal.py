@@ -1,0 +1,319 @@
+"""Token removal curves: MIF / LIF / SRG (MACS paper, Appendix A.2).
+
+Prompt tokens are ranked by the method's score averaged over steps (the mean of the per-step z-scores over the
+evaluated positions; a single map repeated over steps, as AtMan-style methods give, is thereby used as is). For each
+fraction F of the evaluated tokens, the first tokens of the ranking are removed by attention masking: a 2D attention
+mask with zeros at their positions, so no query attends to them, with explicit `position_ids = arange` so no other
+token's position moves. Per run we measure:
+
+- `logit`: mean logit of the original tokens, teacher-forced on the original generation (higher is better);
+- `ppl`: perplexity of the original generation, teacher-forced (it rises when evidence goes: SRG more negative is
+  better);
+- `rougeL`, `bleu`: ROUGE-L F1 and BLEU of the greedy regeneration against the original answer (higher is better).
+
+Each value is divided by the unperturbed run's value, integrated with the trapezoid rule over F and divided by
+max(F); SRG = AUC_LIF - AUC_MIF. The random baseline uses two independent random orderings in place of MIF and LIF.
+
+How it is computed (equal to running each removal on its own, up to float rounding; `tests/test_faithfulness.py`
+checks it against a plain loop):
+
+1. One unperturbed pass over prompt + answer gives the baseline values and a KV cache of every position.
+2. Each perturbed run recomputes only the positions from its first removed token on, reusing that cache before it;
+   runs are sorted by that position and batched, so a batch shares a long prefix. Prompt and teacher-forced answer
+   go through in one forward, which yields the logits of every answer position at once.
+3. Greedy regeneration follows the original answer for as long as the teacher-forced argmax equals it, so a run's
+   regeneration is only decoded from the first position where it departs; runs that never depart cost nothing more.
+   The departing runs are decoded together, their caches cut at the departure point and right-aligned.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from ..errors import InputError
+from ..kv import prefix_cache, right_aligned
+from ..methods.base import ProgressFn
+from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1
+from ..models import ModelBundle
+from ..result import Attribution
+from ..session import check_cancelled, hold
+from .common import (
+    RANDOM,
+    TOKENS_PER_BATCH,
+    check_result,
+    decode,
+    evaluated_positions,
+    removal_orderings,
+    rows_per_batch,
+)
+
+
+@dataclass
+class RemovalConfig:
+    fractions: tuple[float, ...] = REMOVAL_FRACTIONS  # MACS paper A.2.1; the first must be 0 (the baseline run)
+    max_new_tokens: int | None = None  # regeneration length; None: the original run's limit (attr.meta)
+    batch_size: int = 16  # most perturbed runs per forward (fewer when their sequences are long)
+    decode_batch_size: int = 32  # most regenerations decoded together
+    seed: int = 0  # the random baseline's two orderings
+
+
+@dataclass
+class RemovalReport:
+    """MIF / LIF curves of every method.
+
+    Attributes:
+        fractions: the removed fractions F.
+        curves: method -> metric -> {"mif": [c(F)...], "lif": [...]}, normalised by the unperturbed value.
+        auc: method -> metric -> {"mif": AUC, "lif": AUC, "srg": AUC_LIF - AUC_MIF}.
+        generations: method -> {"mif": [text per F], "lif": [...]}, the regenerated answers.
+        runs: number of distinct perturbed runs (equal removed sets run once).
+        tokens_per_second: positions the prompt-and-answer passes recomputed per second (a speed estimate for
+            similar work, e.g. pi-Soft's cost before it starts).
+    """
+
+    fractions: list[float]
+    curves: dict[str, dict[str, dict[str, list[float]]]] = field(default_factory=dict)
+    auc: dict[str, dict[str, dict[str, float]]] = field(default_factory=dict)
+    generations: dict[str, dict[str, list[str]]] = field(default_factory=dict)
+    runs: int = 0
+    tokens_per_second: float = 0.0
+
+
+@dataclass
+class _Departure:
+    """A run whose greedy regeneration leaves the original answer: decoded from `tokens[-1]` on."""
+
+    run: int
+    tokens: list[int]  # the regeneration so far; the last one is the next input
+    cache: DynamicCache
+    row: int  # row of `cache`
+    length: int  # valid cached positions of that row (prompt + the answer tokens it shares)
+
+
+def _cross_entropy_stats(logits: torch.Tensor, gen: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    """(R, K, V) logits predicting `gen` (K,) -> mean target logit (R,), perplexity (R,)."""
+    logits = logits.float()
+    target = logits.gather(-1, gen.expand(logits.shape[0], -1)[..., None])[..., 0]  # (R, K)
+    ce = torch.logsumexp(logits, dim=-1) - target
+    return target.mean(dim=1).cpu().numpy(), torch.exp(ce.mean(dim=1)).cpu().numpy()
+
+
+@torch.inference_mode()
+def removal_runs(
+    model: torch.nn.Module,
+    prompt: torch.Tensor,
+    gen: torch.Tensor,
+    keep: torch.Tensor,
+    max_new_tokens: int,
+    eos: set[int],
+    batch_size: int = 16,
+    decode_batch_size: int = 32,
+    progress: ProgressFn | None = None,
+) -> tuple[np.ndarray, np.ndarray, list[list[int]], float]:
+    """Teacher-forced mean logit and perplexity of `gen`, and the greedy regeneration, after each masked prompt.
+
+    Args:
+        prompt: (N,) ids. gen: (K,) the original answer. keep: (R, N) bool, False = removed.
+        max_new_tokens: regeneration length bound; eos: ids that end a regeneration (included in it).
+
+    Returns:
+        mean logits (R,), perplexities (R,), R token lists, and positions per second of the batched passes.
+    """
+    n, k, r = prompt.shape[0], gen.shape[0], keep.shape[0]
+    dev = keep.device
+    limit = max(1, max_new_tokens)
+    seq = torch.cat([prompt, gen[:-1]])  # (T,) T = N + K - 1: every position whose logits predict an answer token
+    t = seq.shape[0]
+    removed = ~keep
+    first = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed position
+    logit, ppl = np.zeros(r), np.zeros(r)
+    regenerated: list[list[int]] = [[] for _ in range(r)]
+    departures: list[_Departure] = []
+
+    base = DynamicCache()  # no config: every layer keeps all positions (sliding windows are applied by the mask)
+    out = model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k)
+    base_logits = out.logits  # (1, K, V)
+    del out
+
+    def settle(runs: list[int], logits: torch.Tensor, cache: DynamicCache | None) -> None:
+        """Metrics and regeneration state of `runs` from their teacher-forced logits (B, K, V)."""
+        logit[runs], ppl[runs] = _cross_entropy_stats(logits, gen)
+        follows = logits.argmax(dim=-1) == gen  # (B, K)
+        for i, run in enumerate(runs):
+            stop = min(k, limit)
+            departs = (~follows[i, :stop]).nonzero()
+            d = int(departs[0]) if departs.numel() else stop  # answer tokens the regeneration shares
+            tokens = gen[:d].tolist()
+            if d < stop:
+                tokens.append(int(logits[i, d].argmax()))
+            elif d == k and int(gen[-1]) not in eos and k < limit:
+                pass  # the whole answer, not ended by end-of-sequence: greedy decoding goes on after it
+            else:
+                regenerated[run] = tokens
+                continue
+            if tokens[-1] in eos or len(tokens) >= limit:
+                regenerated[run] = tokens
+                continue
+            row_cache, row = (base, 0) if cache is None else (cache, i)
+            departures.append(_Departure(run, tokens, row_cache, row, n + len(tokens) - 1))
+
+    unperturbed = [i for i in range(r) if first[i] >= n]
+    if unperturbed:
+        settle(unperturbed, base_logits.expand(len(unperturbed), -1, -1), None)
+    perturbed = sorted((i for i in range(r) if first[i] < n), key=lambda i: first[i])
+    size = rows_per_batch(t - (min(first) if perturbed else 0), TOKENS_PER_BATCH, batch_size)
+    groups = [perturbed[s : s + size] for s in range(0, len(perturbed), size)]
+    steps = len(groups) + 1
+    pass_start, pass_tokens = time.perf_counter(), 0
+    for done, group in enumerate(groups, start=1):
+        check_cancelled()
+        if progress:
+            progress(done / steps, f"removal: runs {done}/{len(groups)}")
+        start = min(first[i] for i in group)  # positions before it are those of the unperturbed pass
+        b = len(group)
+        mask = torch.cat([keep[group].long(), torch.ones(b, k - 1, dtype=torch.long, device=dev)], dim=1)  # (B, T)
+        cache = prefix_cache(base, start, b)
+        out = model(
+            input_ids=seq[start:].expand(b, -1), attention_mask=mask, position_ids=torch.arange(start, t, device=dev)
+            .expand(b, -1), past_key_values=cache, use_cache=True, logits_to_keep=k,
+        )  # fmt: skip
+        settle(group, out.logits, cache)
+        del out
+        pass_tokens += b * (t - start)
+    speed = pass_tokens / max(time.perf_counter() - pass_start, 1e-9)
+    if progress:
+        progress(steps / (steps + 1), f"removal: {len(departures)} regenerations depart from the answer")
+    _decode_departures(model, departures, keep, n, limit, eos, decode_batch_size, regenerated)
+    return logit, ppl, regenerated, speed
+
+
+def _decode_departures(
+    model, departures: list[_Departure], keep: torch.Tensor, n: int, limit: int, eos: set[int], size: int,
+    regenerated: list[list[int]],
+) -> None:  # fmt: skip
+    """Greedy decoding of every departing run, `size` at a time, until end-of-sequence or `limit` tokens."""
+    dev = keep.device
+    size = max(1, size)
+    for chunk_start in range(0, len(departures), size):
+        rows = departures[chunk_start : chunk_start + size]  # in cache row order
+        width = max(d.length for d in rows)
+        room = limit - min(len(d.tokens) for d in rows) + 1
+        cache = right_aligned([(d.cache, d.row, d.length) for d in rows], width, room)
+        mask = torch.zeros(len(rows), width, dtype=torch.long, device=dev)  # (B, W): left padding stays 0
+        for i, d in enumerate(rows):
+            mask[i, width - d.length : width - d.length + n] = keep[d.run].long()
+            mask[i, width - d.length + n :] = 1
+        finished = [False] * len(rows)
+        while True:
+            check_cancelled()
+            token = torch.tensor([[d.tokens[-1]] for d in rows], dtype=torch.long, device=dev)  # (B, 1)
+            pos = torch.tensor([[n + len(d.tokens) - 1] for d in rows], dtype=torch.long, device=dev)  # (B, 1)
+            mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=dev)], dim=1)
+            logits = model(
+                input_ids=token, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
+            ).logits[:, -1]  # (B, V)
+            for i, d in enumerate(rows):
+                if finished[i]:
+                    continue  # a finished row stays in the batch until compaction; its output is ignored
+                d.tokens.append(int(logits[i].argmax()))
+                if d.tokens[-1] in eos or len(d.tokens) >= limit:
+                    regenerated[d.run] = d.tokens
+                    finished[i] = True
+            live = [i for i in range(len(rows)) if not finished[i]]
+            if not live:
+                break
+            if len(live) <= len(rows) // 2:  # copying the cache pays off once half the rows are done
+                index = torch.tensor(live, device=dev)
+                cache.batch_select_indices(index)
+                mask = mask[index]
+                rows = [rows[i] for i in live]
+                finished = [False] * len(rows)
+
+
+def removal_curves(
+    bundle: ModelBundle,
+    attr: Attribution,
+    methods: Sequence[str] | None = None,
+    positions: Sequence[int] | None = None,
+    config: RemovalConfig | None = None,
+    include_random: bool = True,
+    progress: ProgressFn | None = None,
+) -> RemovalReport:
+    """MIF / LIF curves and SRG for the given methods of one result (MACS paper, Appendix A.2).
+
+    Args:
+        bundle: the model that produced `attr`.
+        attr: a finished result.
+        methods: methods of `attr` to evaluate (default: all); "random" needs no scores.
+        positions: prompt positions that may be removed (default: the user's text).
+        include_random: add the random baseline (two random orderings) if not among `methods`.
+        progress: progress(fraction, message).
+
+    Returns:
+        A `RemovalReport`; SRG is higher-is-better for logit, ROUGE-L and BLEU, lower-is-better for perplexity.
+
+    Raises:
+        InputError: no generated tokens, unknown method, or bad positions. Cancelled: the request was cancelled.
+    """
+    cfg = config or RemovalConfig()
+    methods = list(methods if methods is not None else attr.methods)
+    if include_random and RANDOM not in methods:
+        methods.append(RANDOM)
+    check_result(attr, methods)
+    pos = evaluated_positions(attr, positions)
+    fractions = [float(f) for f in cfg.fractions]
+    if fractions[0] != 0.0 or len(fractions) < 2:
+        raise InputError("fractions must start at 0 and have at least two entries")
+    counts = [int(round(f * pos.size)) for f in fractions]
+
+    # one run per distinct removed set; index 0 is the unperturbed baseline
+    runs: dict[frozenset, int] = {frozenset(): 0}
+    plan: dict[str, dict[str, list[int]]] = {}
+    for m in methods:
+        plan[m] = {}
+        for name, order in removal_orderings(attr, m, pos, cfg.seed).items():
+            plan[m][name] = [runs.setdefault(frozenset(order[:c].tolist()), len(runs)) for c in counts]
+    dev = bundle.device
+    keep = torch.ones(len(runs), attr.num_prompt_tokens, dtype=torch.bool, device=dev)  # (R, N)
+    for removed, row in runs.items():
+        keep[row, sorted(removed)] = False
+    prompt = torch.tensor(attr.prompt_token_ids, dtype=torch.long, device=dev)  # (N,)
+    gen = torch.tensor(attr.generated_token_ids, dtype=torch.long, device=dev)  # (K,)
+    max_new = cfg.max_new_tokens or int(attr.meta.get("max_new_tokens") or attr.num_steps)
+    with hold(bundle.model):
+        logit, ppl, regenerated, speed = removal_runs(
+            bundle.model, prompt, gen, keep, max_new, bundle.eos_token_ids, cfg.batch_size, cfg.decode_batch_size,
+            progress,
+        )  # fmt: skip
+    reference = decode(bundle, attr.generated_token_ids)
+    texts = [decode(bundle, tokens) for tokens in regenerated]
+    values = {
+        "logit": logit,
+        "ppl": ppl,
+        "rougeL": np.array([rouge_l_f1(text, reference) for text in texts]),
+        "bleu": np.array([bleu(text, reference) for text in texts]),
+    }
+    assert tuple(values) == REMOVAL_METRIC_KEYS
+    if progress:
+        progress(1.0, "removal runs done")
+
+    report = RemovalReport(fractions=fractions, runs=len(runs) - 1, tokens_per_second=speed)
+    for m, orders in plan.items():
+        report.curves[m], report.auc[m] = {}, {}
+        report.generations[m] = {name: [texts[i] for i in rows] for name, rows in orders.items()}
+        for metric, v in values.items():
+            base = v[0]
+            curves = {
+                name: [float(v[i] / base) if base != 0 and np.isfinite(base) else float("nan") for i in rows]
+                for name, rows in orders.items()
+            }
+            auc = {name: normalised_auc(fractions, c) for name, c in curves.items()}
+            auc["srg"] = auc["lif"] - auc["mif"]
+            report.curves[m][metric], report.auc[m][metric] = curves, auc
+    return report

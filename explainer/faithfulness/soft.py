@@ -1,0 +1,264 @@
+"""pi-Soft-NC / pi-Soft-NS (Grad-ELLM paper, section 3.1, Eqs. 1-5).
+
+At an evaluated generation step k the model is run teacher-forced on prompt + generated prefix; the step's scores
+over the evaluated positions are min-max scaled, calibrated to mean pi (`metrics.calibrate`), and the input
+embeddings of those positions are multiplied by Bernoulli masks, e ~ Bernoulli(s~) for Soft-NS and
+e ~ Bernoulli(1 - s~) for Soft-NC. The Hellinger distance of the next-token distribution to the unperturbed one is
+normalised by that of the all-zero baseline: Soft-NS = max(0, dP0 - dP)/dP0, Soft-NC = dP/dP0, averaged over
+Monte-Carlo samples, then over evaluated steps.
+
+Routing: "dynamic" (section 4.3: attention recomputed on the perturbed input) or "fixed" (Appendix K: the attention
+weights of the unperturbed pass, so only the values change).
+
+Cost: per evaluated step, 2 + 2 * len(pis) * samples forwards per method over the positions from the first
+evaluated one to the step (the positions before it are computed once). `soft_cost` tells it before running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+from ..capture import _additive_mask, _probs, attention_function_selected
+from ..errors import InputError
+from ..kv import prefix_cache
+from ..methods.base import ProgressFn
+from ..metrics import PI_GRID, calibrate, hellinger, minmax
+from ..models import ModelBundle
+from ..result import Attribution
+from ..session import check_cancelled, hold
+from .common import TOKENS_PER_BATCH, check_result, evaluated_positions, rows_per_batch
+
+
+@dataclass
+class SoftConfig:
+    samples: int = 15  # Monte-Carlo masks per pi (Grad-ELLM paper, section 4.3)
+    pis: tuple[float, ...] = PI_GRID  # target retaining probabilities 0.05 ... 0.95
+    step_stride: int = 5  # evaluate steps 0, 5, 10, ... (section 4.3: every five generated tokens)
+    routing: str = "dynamic"  # "dynamic" (section 4.3) or "fixed" (Appendix K: attention of the unperturbed pass)
+    seed: int = 0
+    batch_size: int = 16  # most perturbed inputs per forward (fewer when they are long)
+
+    def __post_init__(self) -> None:
+        if self.routing not in ("dynamic", "fixed"):
+            raise InputError(f"routing must be 'dynamic' or 'fixed', got {self.routing!r}")
+        if self.samples < 1 or self.step_stride < 1 or not self.pis:
+            raise InputError("samples and step_stride must be at least 1 and pis non-empty")
+
+
+PAPER_SOFT = SoftConfig()
+# The app's and the CLI's default: a coarser estimate that fits a live demo (see README, "Faithfulness").
+QUICK_SOFT = SoftConfig(samples=4, pis=(0.1, 0.3, 0.5, 0.7, 0.9))
+
+
+@dataclass
+class SoftReport:
+    """pi-Soft curves of every method, averaged over the evaluated steps.
+
+    Attributes:
+        pis: target retaining probabilities.
+        steps: the evaluated generation steps (0-based).
+        ns, nc: method -> [value per pi].
+        auc_ns, auc_nc: method -> trapezoid area over pi (not rescaled: at most max(pi) - min(pi)).
+        config: the settings used (samples, routing, ...).
+    """
+
+    pis: list[float]
+    steps: list[int]
+    ns: dict[str, list[float]] = field(default_factory=dict)
+    nc: dict[str, list[float]] = field(default_factory=dict)
+    auc_ns: dict[str, float] = field(default_factory=dict)
+    auc_nc: dict[str, float] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def soft_steps(attr: Attribution, config: SoftConfig, steps: Sequence[int] | None = None) -> list[int]:
+    """The evaluated steps: the given ones (0-based), else every `step_stride`-th."""
+    if steps is None:
+        return list(range(0, attr.num_steps, config.step_stride))
+    out = sorted({int(s) for s in steps})
+    if not out or out[0] < 0 or out[-1] >= attr.num_steps:
+        raise InputError(f"Steps must lie between 1 and {attr.num_steps} (the answer's tokens).")
+    return out
+
+
+def soft_cost(
+    attr: Attribution,
+    methods: Sequence[str],
+    config: SoftConfig | None = None,
+    steps: Sequence[int] | None = None,
+    positions: Sequence[int] | None = None,
+) -> dict[str, int]:
+    """What `soft_curves` will compute: {"forwards": perturbed sequences, "tokens": positions they recompute}."""
+    cfg = config or QUICK_SOFT
+    pos = evaluated_positions(attr, positions)
+    per_step = 2 + 2 * len(cfg.pis) * cfg.samples * len(methods)
+    chosen = soft_steps(attr, cfg, steps)
+    tokens = sum(per_step * (attr.num_prompt_tokens + k - int(pos.min())) for k in chosen)
+    return {"forwards": per_step * len(chosen), "tokens": tokens, "steps": len(chosen)}
+
+
+@contextlib.contextmanager
+def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Attention weights replaced by `probs` (layer -> (1, H, T, T), from an unperturbed pass) while the block runs.
+
+    Grad-ELLM paper, Appendix K: only values (token content) change under perturbation, not the routing. The
+    function is registered under a unique name and selected on the language config; both are undone on exit.
+    """
+
+    def fixed_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        b, h, tq, d = query.shape
+        kvh = key.shape[1]
+        tk = key.shape[2]
+        p = probs[module.layer_idx][:, :, tk - tq : tk, :tk].to(value.dtype)  # (1, H, Tq, Tk); queries are the newest
+        p = p.expand(b, h, tq, tk).reshape(b, kvh, (h // kvh) * tq, tk)  # (B, KVH, G*Tq, Tk)
+        out = torch.matmul(p, value).reshape(b, h, tq, d)  # (B, H, Tq, D)
+        return out.transpose(1, 2).contiguous(), None
+
+    with attention_function_selected(model, "explainer_fixed_routing_", fixed_forward):
+        yield
+
+
+@contextlib.contextmanager
+def _recording(model: torch.nn.Module, store: dict[int, torch.Tensor]) -> Iterator[None]:
+    """Record every layer's full attention probabilities (1, H, T, T) of one unperturbed pass."""
+
+    def record_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        tq, tk = query.shape[2], key.shape[2]
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        # the model's own mask (causal, sliding window) when it builds one, else causality
+        store[module.layer_idx] = _probs(query, key, _additive_mask(attention_mask, torch.float32), scale, tk - tq)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)  # fmt: skip
+
+    with attention_function_selected(model, "explainer_record_routing_", record_forward):
+        yield
+
+
+def _next_token_probs(model, embeds: torch.Tensor, prefix: DynamicCache | None = None) -> torch.Tensor:
+    """(B, T, D) input embeddings -> (B, V) next-token probabilities (float64, on CPU).
+
+    With `prefix` (the cache of the first P positions, batch 1, left unchanged) only positions P.. are computed.
+    """
+    b, t, _ = embeds.shape
+    start = prefix.get_seq_length() if prefix is not None else 0
+    cache = prefix_cache(prefix, start, b) if prefix is not None and start > 0 else None
+    pos = torch.arange(start, t, device=embeds.device).expand(b, t - start)
+    out = model(inputs_embeds=embeds[:, start:], position_ids=pos, past_key_values=cache, logits_to_keep=1)
+    return torch.softmax(out.logits[:, -1].double(), dim=-1).cpu()  # (B, V)
+
+
+@torch.inference_mode()
+def soft_curves(
+    bundle: ModelBundle,
+    attr: Attribution,
+    methods: Sequence[str] | None = None,
+    positions: Sequence[int] | None = None,
+    config: SoftConfig | None = None,
+    progress: ProgressFn | None = None,
+    steps: Sequence[int] | None = None,
+) -> SoftReport:
+    """pi-Soft-NS and pi-Soft-NC curves of the given methods of one result (Grad-ELLM paper, section 3.1).
+
+    Args:
+        steps: the generation steps to evaluate (0-based); None: every `config.step_stride`-th step.
+
+    Returns:
+        A `SoftReport`; higher is better for both curves.
+
+    Raises:
+        InputError: no generated tokens, unknown method, bad positions or steps. Cancelled: the request was cancelled.
+    """
+    cfg = config or SoftConfig()
+    methods = list(methods if methods is not None else attr.methods)
+    check_result(attr, [])
+    methods = [m for m in methods if m in attr.methods]  # the random orderings of `removal_curves` have no scores
+    if not methods:
+        raise InputError(f"pi-Soft needs a method with scores; available: {', '.join(attr.methods) or 'none'}.")
+    pos = evaluated_positions(attr, positions)
+    chosen = soft_steps(attr, cfg, steps)
+    with hold(bundle.model):
+        ns, nc = _soft_values(bundle, attr, methods, pos, cfg, chosen, progress)
+    pis = [float(p) for p in cfg.pis]
+    if progress:
+        progress(1.0, "pi-Soft done")
+    report = SoftReport(pis=pis, steps=chosen, config=dict(vars(cfg)))
+    with np.errstate(all="ignore"):
+        for m in methods:
+            for target, auc, curve in ((report.ns, report.auc_ns, ns[m]), (report.nc, report.auc_nc, nc[m])):
+                mean = np.nanmean(curve, axis=0) if np.isfinite(curve).any() else np.full(len(pis), np.nan)
+                target[m] = [float(x) for x in mean]
+                auc[m] = float(np.trapezoid(mean, pis)) if len(pis) > 1 else float(mean[0])
+    return report
+
+
+def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict, dict]:
+    """(steps, pis) arrays of Soft-NS and Soft-NC per method (NaN where a step carries no signal)."""
+    model = bundle.model
+    dev = bundle.device
+    embed = model.get_input_embeddings()
+    all_ids = attr.prompt_token_ids + attr.generated_token_ids
+    n = attr.num_prompt_tokens
+    pis = [float(p) for p in cfg.pis]
+    ns = {m: np.full((len(steps), len(pis)), np.nan) for m in methods}
+    nc = {m: np.full((len(steps), len(pis)), np.nan) for m in methods}
+    pos_t = torch.as_tensor(pos, device=dev)
+    for si, k in enumerate(steps):
+        check_cancelled()
+        if progress:
+            progress(si / len(steps), f"pi-Soft: step {k + 1} of {attr.num_steps}")
+        ids = torch.tensor([all_ids[: n + k]], dtype=torch.long, device=dev)  # (1, T), T = N + k
+        emb = embed(ids)  # (1, T, D)
+        probs: dict[int, torch.Tensor] = {}
+        with _recording(model, probs) if cfg.routing == "fixed" else contextlib.nullcontext():
+            p_orig = _next_token_probs(model, emb)  # (1, V)
+        # positions before the first evaluated one never change: their cache is computed once per step
+        prefix = DynamicCache()
+        if pos.min() > 0:
+            head = torch.arange(int(pos.min()), device=dev)[None]  # (1, P)
+            model(inputs_embeds=emb[:, head[0]], position_ids=head, past_key_values=prefix, use_cache=True,
+                  logits_to_keep=1)  # fmt: skip
+        routing = functools.partial(fixed_routing, model, probs) if cfg.routing == "fixed" else contextlib.nullcontext
+        zero = emb.clone()
+        zero[:, pos_t] = 0.0
+        with routing():
+            d0 = float(hellinger(p_orig.numpy(), _next_token_probs(model, zero, prefix).numpy())[0])
+        if not d0 > 0:
+            continue  # the zero baseline does not move the prediction: the step carries no signal
+        # masks for every method, pi, kind (NS keeps by s~, NC by 1 - s~) and sample: (M, n)
+        masks, index = [], []
+        for m in methods:
+            s = minmax(attr.methods[m].raw[k, pos])
+            rng = np.random.default_rng([cfg.seed, k, methods.index(m)])
+            for pi_i, pi in enumerate(pis):
+                st = calibrate(s, pi)
+                for kind, p_keep in (("ns", st), ("nc", 1.0 - st)):
+                    masks.append(rng.random((cfg.samples, pos.size)) < p_keep)
+                    index.append((m, kind, pi_i))
+        e = torch.as_tensor(np.concatenate(masks), dtype=emb.dtype, device=dev)  # (M, n)
+        dist = np.empty(e.shape[0])
+        size = rows_per_batch(emb.shape[1] - int(pos.min()), TOKENS_PER_BATCH, cfg.batch_size)
+        for start in range(0, e.shape[0], size):
+            check_cancelled()
+            sl = slice(start, min(e.shape[0], start + size))
+            batch = emb.expand(sl.stop - sl.start, -1, -1).clone()  # (B, T, D)
+            batch[:, pos_t] *= e[sl, :, None]
+            with routing():
+                dist[sl] = hellinger(p_orig.numpy(), _next_token_probs(model, batch, prefix).numpy())
+            if progress:
+                progress((si + sl.stop / e.shape[0]) / len(steps), f"pi-Soft: step {k + 1}, {sl.stop}/{e.shape[0]}")
+        for j, (m, kind, pi_i) in enumerate(index):
+            d = dist[j * cfg.samples : (j + 1) * cfg.samples]
+            if kind == "ns":
+                ns[m][si, pi_i] = float(np.mean(np.maximum(0.0, d0 - d) / d0))
+            else:
+                nc[m][si, pi_i] = float(np.mean(d / d0))
+    return ns, nc

@@ -1,0 +1,99 @@
+"""KV-cache helpers shared by the perturbation methods (AtMan, removal curves, pi-Soft).
+
+They all run an unperturbed pass once and reuse its cache for every position before the first perturbed one, since
+queries there cannot see the perturbation.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def prefix_cache(cache: DynamicCache, length: int, batch: int) -> DynamicCache:
+    """A new cache holding the first `length` positions of a batch-1 cache, repeated `batch` times (no copy until
+    the new cache grows)."""
+    out = DynamicCache()
+    if length == 0:
+        return out
+    for idx, layer in enumerate(cache.layers):
+        keys = layer.keys[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
+        values = layer.values[:, :, :length].expand(batch, -1, -1, -1)  # (B, KVH, length, D)
+        out.update(keys, values, idx)
+    return out
+
+
+def reusable(cache: DynamicCache, length: int) -> bool:
+    """Whether every layer of the cache holds plain keys and values of all `length` positions."""
+    return len(cache.layers) > 0 and all(
+        getattr(layer, "keys", None) is not None and layer.keys.ndim == 4 and layer.keys.shape[-2] == length
+        for layer in cache.layers
+    )
+
+
+class PreallocatedLayer(DynamicLayer):
+    """A dynamic cache layer that writes new positions into spare room instead of concatenating: a decode step
+    then costs no copy of the whole cache (which, at a batch of 24 and 200 positions, is most of its time on CPU)."""
+
+    def __init__(self, keys: torch.Tensor, values: torch.Tensor, length: int) -> None:
+        super().__init__()
+        self.dtype, self.device = keys.dtype, keys.device
+        self._keys, self._values, self._length = keys, values, length  # (B, KVH, capacity, D) each
+        self._view()
+        self.is_initialized = True
+
+    def _view(self) -> None:
+        self.keys = self._keys[:, :, : self._length]
+        self.values = self._values[:, :, : self._length]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        new = key_states.shape[-2]
+        if self._length + new > self._keys.shape[2]:  # out of room: grow by doubling
+            grow = max(new, self._keys.shape[2])
+            self._keys = torch.cat(
+                [self._keys, self._keys.new_zeros(*self._keys.shape[:2], grow, self._keys.shape[3])], 2
+            )
+            self._values = torch.cat(
+                [self._values, self._values.new_zeros(*self._values.shape[:2], grow, self._values.shape[3])], 2
+            )
+        self._keys[:, :, self._length : self._length + new] = key_states
+        self._values[:, :, self._length : self._length + new] = value_states
+        self._length += new
+        self._view()
+        return self.keys, self.values
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._keys, self._values = self._keys[indices], self._values[indices]
+        self._view()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        raise NotImplementedError("a preallocated cache layer is not cropped")
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        raise NotImplementedError("a preallocated cache layer is not repeated")
+
+
+def right_aligned(caches: list[tuple[DynamicCache, int, int]], width: int, room: int = 0) -> DynamicCache:
+    """One batch cache from rows of other caches, each row's first `length` positions placed at the right end.
+
+    Args:
+        caches: (cache, row, length) per output row.
+        width: the output's number of positions (>= every length); the left padding is zeros, to be masked.
+        room: positions to preallocate after them for decoding (see `PreallocatedLayer`).
+
+    Keeping every row's positions contiguous and right-aligned keeps the distance between a new query and each
+    cached key equal to their distance in the row's own sequence, which sliding-window masks rely on.
+    """
+    out = DynamicCache()
+    for idx in range(len(caches[0][0].layers)):
+        first = caches[0][0].layers[idx]
+        b, kvh = len(caches), first.keys.shape[1]
+        keys = first.keys.new_zeros(b, kvh, width + room, first.keys.shape[3])
+        values = first.values.new_zeros(b, kvh, width + room, first.values.shape[3])
+        for i, (cache, row, length) in enumerate(caches):
+            layer = cache.layers[idx]
+            keys[i, :, width - length : width] = layer.keys[row, :, :length]
+            values[i, :, width - length : width] = layer.values[row, :, :length]
+        out.layers.append(PreallocatedLayer(keys, values, width))
+    return out
