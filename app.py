@@ -14,15 +14,24 @@ import functools
 import json
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import anyio
 import gradio as gr
 
 from explainer import ExplainerError, available_methods, load_model, stream_explain
-from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, measure_faithfulness
+from explainer.faithfulness import (
+    QUICK_SOFT,
+    REMOVAL_METRICS,
+    FaithfulnessReport,
+    soft_cost,
+    stream_faithfulness,
+)
 from explainer.result import Attribution
+from explainer.session import CancelToken, WorkerStream, model_lock
 from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
@@ -47,6 +56,7 @@ _EMPTY_HEATMAP = (
     "<p>Type a prompt and press <b>Generate</b>: a heatmap over the prompt appears for every answer token.</p>"
 )
 
+UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
 _load_lock = threading.Lock()
 
 
@@ -68,6 +78,47 @@ def model_info() -> str:
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
     return f"**Model:** `{bundle.name}` · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+async def follow(stream: WorkerStream, bundle: Any) -> AsyncIterator[Any]:
+    """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends.
+
+    The work runs in the library's worker thread, which holds the model. When the visitor cancels or closes the tab,
+    Gradio cancels this coroutine: the `finally` cancels the work, which stops within one forward pass and only then
+    releases the model, so the next visitor's request starts on a quiet model.
+    """
+
+    def take() -> tuple[str, Any]:
+        try:
+            return "item", stream.latest(UPDATE_SECONDS)
+        except StopIteration:
+            return "end", None
+
+    try:
+        last = 0.0
+        while True:
+            kind, item = await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
+            if kind == "end":
+                return
+            if item is None:
+                continue
+            yield item
+            wait = UPDATE_SECONDS - (time.monotonic() - last)
+            last = time.monotonic()
+            if wait > 0:
+                await anyio.sleep(wait)  # updates arriving meanwhile are merged into the newest one
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
+    finally:
+        stream.cancel("The visitor cancelled the request or left the page.")
+
+
+def _waiting_note(bundle: Any) -> str | None:
+    lock = model_lock(bundle.model)
+    if not lock.locked():
+        return None
+    ahead = lock.waiting + 1
+    return f"Waiting for the model: {ahead} request{'s' if ahead > 1 else ''} ahead (a cancelled one stops first)…"
 
 
 def render(attr: Attribution | None, methods: list[str], step: float | None, show_all: bool) -> tuple[str, str, list]:
@@ -103,15 +154,15 @@ def _outputs(attr: Attribution, methods: list[str], show_all: bool, live: bool) 
     return answer, heatmap, rows, slider, _status(attr, live), attr
 
 
-def explain(
+async def explain(
     prompt: str,
     methods: list[str],
     max_new_tokens: float,
     chat_template: bool,
     show_all: bool,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
-) -> Iterator[tuple]:
-    """Generate an answer and its attributions, yielding the rendered views after every token.
+) -> AsyncIterator[tuple]:
+    """Generate an answer and its attributions, yielding the rendered views as tokens arrive.
 
     Yields:
         (answer HTML, heatmap HTML, top-token rows, step-slider update, status text, Attribution for the State);
@@ -120,38 +171,40 @@ def explain(
     methods = list(methods or [])
     if not methods:
         raise gr.Error("Select at least one attribution method.")
-    attr = None
-    stream = None
     try:
         bundle = get_bundle()
-        stream = stream_explain(
-            bundle,
-            prompt,
-            methods=methods,
-            max_new_tokens=int(max_new_tokens),
-            chat_template=bool(chat_template),
-            progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
-        )
-        for attr in stream:
-            yield _outputs(attr, methods, show_all, live=True)
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    finally:
-        if stream is not None and hasattr(stream, "close"):
-            stream.close()  # a cancelled request lets the library remove its hooks now, not at garbage collection
+    if note := _waiting_note(bundle):
+        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), note, gr.skip()
+    stream = stream_explain(
+        bundle,
+        prompt,
+        methods=methods,
+        max_new_tokens=int(max_new_tokens),
+        chat_template=bool(chat_template),
+        progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
+        cancel=CancelToken(),
+    )
+    attr = None
+    async for attr in follow(stream, bundle):
+        yield _outputs(attr, methods, show_all, live=attr.meta.get("status") != "done")
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another prompt or more new tokens.")
     yield _outputs(attr, methods, show_all, live=False)
 
 
-FAITHFULNESS_METRICS = {"mean logit": "logit", "perplexity": "ppl", "ROUGE-L F1": "rougeL", "BLEU": "bleu"}
+FAITHFULNESS_METRICS = {m.label: m.key for m in REMOVAL_METRICS}
+SOFT_CHOICES = ("the step on the slider", "every 5th step", "skip π-Soft")
 _FAITHFULNESS_NOTE = (
     "**Removal curves** (MACS paper, App. A.2): 0-20% of your text's tokens are hidden by attention masking, most "
     "(MIF) or least (LIF) influential first by the method's step-averaged score, and the answer is re-generated; "
     "SRG = AUC(LIF) - AUC(MIF), higher is better (for perplexity more negative). **π-Soft** (Grad-ELLM paper, "
     "section 3.1): input embeddings kept with probability calibrated to π; higher is better. Quick setting here: "
-    f"{QUICK_SOFT.samples} samples per π, π = 0.1 … 0.9, every {QUICK_SOFT.step_stride}th answer token (the paper "
-    "uses 15 samples and π step 0.05). The random baseline is dashed. Takes from seconds to minutes."
+    f"{QUICK_SOFT.samples} samples per π, π = {', '.join(str(p) for p in QUICK_SOFT.pis)}, for the step on the "
+    "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
+    "`python -m explainer faithfulness --soft paper`). The random baseline is dashed. Removal curves appear first "
+    "(seconds), π-Soft after; **Cancel** stops the work."
 )
 
 
@@ -164,15 +217,45 @@ def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> tuple
     return removal, soft, faithfulness_rows(report)
 
 
-def faithfulness(
+def _soft_steps(attr: Attribution, choice: str, step: float | None) -> list[int] | None | bool:
+    """0-based steps for pi-Soft: [slider step], None (every 5th) or False (skip)."""
+    if choice == SOFT_CHOICES[2]:
+        return False
+    if choice == SOFT_CHOICES[1]:
+        return None
+    k = attr.num_steps if step is None else int(step)
+    return [min(max(k, 1), attr.num_steps) - 1]
+
+
+def soft_cost_note(attr: Attribution | None, methods: list[str], choice: str, step: float | None, report: Any) -> str:
+    """What pi-Soft will cost with the current choice, shown before it starts; never runs the model."""
+    if attr is None or not attr.num_steps:
+        return ""
+    steps = _soft_steps(attr, choice, step)
+    chosen = [m for m in (methods or []) if m in attr.methods]
+    if steps is False or not chosen:
+        return "π-Soft: off." if steps is False else ""
+    cost = soft_cost(attr, chosen, QUICK_SOFT, steps)
+    speed = report.removal.tokens_per_second if report is not None and report.removal is not None else 0.0
+    eta = f", about {cost['tokens'] / speed:.0f} s at the speed measured for the removal curves" if speed else ""
+    return (
+        f"π-Soft cost: {cost['steps']} step{'s' if cost['steps'] > 1 else ''} × {cost['forwards'] // cost['steps']} "
+        f"forward passes over {cost['tokens']:,} positions{eta}."
+    )
+
+
+async def faithfulness(
     attr: Attribution | None,
     methods: list[str],
     metric: str,
+    soft_choice: str = SOFT_CHOICES[0],
+    step: float | None = None,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
-) -> tuple:
-    """Measure MIF/LIF/SRG and pi-Soft for the selected methods of the session's result.
+) -> AsyncIterator[tuple]:
+    """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
+    as soon as they are ready.
 
-    Returns:
+    Yields:
         (removal figure, pi-Soft figure, summary rows, status text, report for the State).
     """
     if attr is None or not attr.num_steps:
@@ -180,14 +263,34 @@ def faithfulness(
     chosen = [m for m in (methods or []) if m in attr.methods]
     if not chosen:
         raise gr.Error("Select at least one attribution method that was run for this answer, then measure again.")
+    steps = _soft_steps(attr, soft_choice, step)
     try:
-        report = measure_faithfulness(
-            get_bundle(), attr, chosen, soft=QUICK_SOFT, progress=lambda f, msg: progress(f, desc=msg)
-        )
+        bundle = get_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    status = f"Measured on {attr.num_steps} answer tokens for {', '.join(chosen)} (random baseline added)."
-    return *render_faithfulness(report, metric), status, report
+    if note := _waiting_note(bundle):
+        yield gr.skip(), gr.skip(), gr.skip(), note, gr.skip()
+    stream = stream_faithfulness(
+        bundle, attr, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
+        progress=lambda f, msg: progress(f, desc=msg), cancel=CancelToken(),
+    )  # fmt: skip
+    report = None
+    async for report in follow(stream, bundle):
+        seconds = ", ".join(f"{part} {s:.1f} s" for part, s in report.seconds.items())
+        done = report.status == "done" or steps is False
+        if done:
+            status = f"Measured on {attr.num_steps} answer tokens for {', '.join(chosen)} (random baseline added): "
+            status += f"{seconds}."
+        else:
+            cost = soft_cost_note(attr, chosen, soft_choice, step, report)
+            status = f"Removal curves ready ({seconds}); π-Soft is running… {cost}"
+        yield *render_faithfulness(report, metric), status, report
+    if report is None:
+        raise gr.Error("Faithfulness produced no result.")
+
+
+def _cancelled() -> str:
+    return "Cancelled: the work stops within one forward pass and the model is free again."
 
 
 def _examples() -> list[dict[str, str]]:
@@ -243,7 +346,7 @@ def render_image(
     return grid, answer_html(attr, index), side_by_side_html(attr, methods, index, user_only=True)
 
 
-def explain_image(
+async def explain_image(
     image: Any,
     question: str,
     methods: list[str],
@@ -252,8 +355,8 @@ def explain_image(
     contour: bool,
     max_image_tokens: float | None = None,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
-) -> Iterator[tuple]:
-    """Answer a question about an image, yielding overlays after every token. `max_image_tokens` bounds the image's
+) -> AsyncIterator[tuple]:
+    """Answer a question about an image, yielding overlays as tokens arrive. `max_image_tokens` bounds the image's
     resolution (merged image tokens; more means finer maps and a slower answer).
 
     Yields:
@@ -264,26 +367,23 @@ def explain_image(
         raise gr.Error("Select at least one attribution method.")
     if image is None:
         raise gr.Error("Upload an image (or pick an example) first.")
-    attr = None
-    stream = None
     try:
         bundle = get_vl_bundle()
-        stream = stream_explain(
-            bundle,
-            question,
-            methods=methods,
-            max_new_tokens=int(max_new_tokens),
-            image=image,
-            max_image_tokens=int(max_image_tokens) if max_image_tokens else None,
-            progress=lambda fraction, message: progress(fraction, desc=message),
-        )
-        for attr in stream:
-            yield _image_outputs(attr, image, methods, opacity, contour, live=True)
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    finally:
-        if stream is not None and hasattr(stream, "close"):
-            stream.close()
+    stream = stream_explain(
+        bundle,
+        question,
+        methods=methods,
+        max_new_tokens=int(max_new_tokens),
+        image=image,
+        max_image_tokens=int(max_image_tokens) if max_image_tokens else None,
+        progress=lambda fraction, message: progress(fraction, desc=message),
+        cancel=CancelToken(),
+    )
+    attr = None
+    async for attr in follow(stream, bundle):
+        yield _image_outputs(attr, image, methods, opacity, contour, live=attr.meta.get("status") != "done")
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another question or more new tokens.")
     yield _image_outputs(attr, image, methods, opacity, contour, live=False)
@@ -317,7 +417,9 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     prompt_box = gr.Textbox(
                         label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask."
                     )
-                    generate_btn = gr.Button("Generate", variant="primary")
+                    with gr.Row():
+                        generate_btn = gr.Button("Generate", variant="primary")
+                        cancel_btn = gr.Button("Cancel", variant="stop")
                     examples = _examples()
                     gr.Examples(
                         examples=[[e["prompt"]] for e in examples],
@@ -344,7 +446,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                 label="Top prompt tokens at this step",
             )
 
-            generate_btn.click(
+            explain_event = generate_btn.click(
                 explain,
                 inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box],
                 outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
@@ -366,9 +468,12 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                 faith_state = gr.State(None)
                 with gr.Row():
                     faith_btn = gr.Button("Measure faithfulness")
+                    faith_cancel_btn = gr.Button("Cancel", variant="stop")
                     faith_metric = gr.Dropdown(
                         list(FAITHFULNESS_METRICS), value="mean logit", label="Removal curve metric"
                     )
+                    soft_choice = gr.Radio(list(SOFT_CHOICES), value=SOFT_CHOICES[0], label="π-Soft over")
+                soft_cost_md = gr.Markdown()
                 faith_status = gr.Markdown()
                 faith_removal_plot = gr.Plot(label="Token removal: MIF / LIF")
                 faith_soft_plot = gr.Plot(label="π-Soft-NS / π-Soft-NC")
@@ -378,13 +483,23 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     interactive=False,
                     label="Summary",
                 )
-            faith_btn.click(
+            faith_event = faith_btn.click(
                 faithfulness,
-                inputs=[state, methods_box, faith_metric],
+                inputs=[state, methods_box, faith_metric, soft_choice, step_slider],
                 outputs=[faith_removal_plot, faith_soft_plot, faith_table, faith_status, faith_state],
                 api_name="faithfulness",
                 concurrency_limit=1,  # shares the model with the explain event
                 concurrency_id="model",
+            )
+            cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
+            faith_cancel_btn.click(_cancelled, outputs=faith_status, cancels=[faith_event], queue=False)
+            gr.on(
+                triggers=[soft_choice.input, step_slider.release, methods_box.input, state.change],
+                fn=soft_cost_note,
+                inputs=[state, methods_box, soft_choice, step_slider, faith_state],
+                outputs=soft_cost_md,
+                show_progress="hidden",
+                queue=False,
             )
             faith_metric.input(
                 render_faithfulness,
@@ -400,7 +515,9 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                 with gr.Column(scale=3):
                     image_box = gr.Image(type="pil", label="Image", height=280, sources=["upload", "clipboard"])
                     question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
-                    ask_btn = gr.Button("Ask about the image", variant="primary")
+                    with gr.Row():
+                        ask_btn = gr.Button("Ask about the image", variant="primary")
+                        image_cancel_btn = gr.Button("Cancel", variant="stop")
                     gr.Examples(
                         examples=[[str(path), DEFAULT_QUESTION] for path in _example_images()],
                         inputs=[image_box, question_box],
@@ -426,7 +543,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
             overlay_view = gr.Image(label="Image regions each method credits for this token", interactive=False)
             question_view = gr.HTML(label="Question tokens")
 
-            ask_btn.click(
+            image_event = ask_btn.click(
                 explain_image,
                 inputs=[
                     image_box,
@@ -458,6 +575,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                 trigger_mode="always_last",
                 show_progress="hidden",
             )
+            image_cancel_btn.click(_cancelled, outputs=image_status_md, cancels=[image_event], queue=False)
     demo.load(model_info, outputs=model_md, api_name="model_info")
     demo.load(vlm_info, outputs=vlm_md, api_name="vlm_info")
 

@@ -1,22 +1,22 @@
 """The Gradio app with a fake model: streaming handler, error mapping, re-rendering from State, event wiring.
 
-No model is loaded: `app.load_model` / `app.stream_explain` are replaced by fakes. When the `explainer` package does
-not (yet) export its public API, a stand-in module is put in `sys.modules` just for importing `app`.
+No model is loaded: `app.load_model` / `app.stream_explain` / `app.stream_faithfulness` are replaced by fakes that
+hand out every update (the library's own streams, their merging and cancellation are tested in `test_session.py`).
+The handlers are async generators, as Gradio runs them; `collect` drives one to the end.
 """
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import inspect
 import re
 import sys
-import types
 
 import gradio as gr
 import numpy as np
 import pytest
 
-import explainer
 from explainer.errors import ExplainerError, InputError, ModelLoadError
 from explainer.result import Attribution, MethodScores
 from visuals import side_by_side_html, top_tokens_rows
@@ -24,9 +24,51 @@ from visuals import side_by_side_html, top_tokens_rows
 ANSWER = [" It", " is", " Paris", "<|im_end|>"]
 
 
+class FakeModel:
+    """Stands for a loaded model: only its identity (the library's per-model lock) is used."""
+
+
 class FakeBundle:
     name = "fake-tiny"
     max_prompt_tokens = 32
+    model = FakeModel()
+
+
+class FakeStream:
+    """The part of `explainer.session.WorkerStream` the app uses, over a plain iterator, one item per call."""
+
+    def __init__(self, items, on_cancel=None):
+        self._items = iter(items)
+        self.cancelled = False
+        self._on_cancel = on_cancel
+
+    def latest(self, timeout):
+        return next(self._items)
+
+    def cancel(self, reason=None):
+        self.cancelled = True
+        if self._on_cancel:
+            self._on_cancel()
+
+
+def collect(agen) -> list:
+    """Run an async generator handler to its end (as Gradio would) and return what it yielded."""
+
+    async def run():
+        return [item async for item in agen]
+
+    return asyncio.run(run())
+
+
+def first_then_close(agen, n: int = 1) -> list:
+    """Take `n` updates, then close the handler as Gradio does when the visitor cancels or leaves."""
+
+    async def run():
+        out = [await agen.__anext__() for _ in range(n)]
+        await agen.aclose()
+        return out
+
+    return asyncio.run(run())
 
 
 class FakeLibrary:
@@ -36,6 +78,7 @@ class FakeLibrary:
         self.loads = 0
         self.calls: list[dict] = []
         self.closed = False
+        self.cancelled = False
         self.fail_after: int | None = None
 
     def load_model(self, name=None):
@@ -45,7 +88,9 @@ class FakeLibrary:
     def available_methods(self):
         return ["macs", "random"]
 
-    def stream_explain(self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None):
+    def stream_explain(
+        self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None
+    ):
         if progress is not None:
             progress(0.5, "fake post-hoc method halfway")
         self.calls.append(
@@ -57,7 +102,10 @@ class FakeLibrary:
                 "chat_template": chat_template,
             }
         )
-        return self._stream(prompt, list(methods), max_new_tokens)
+        return FakeStream(self._stream(prompt, list(methods), max_new_tokens), on_cancel=self._cancel)
+
+    def _cancel(self):
+        self.cancelled = True
 
     def _stream(self, prompt, methods, max_new_tokens):
         try:
@@ -85,32 +133,14 @@ class FakeLibrary:
             self.closed = True
 
 
-_API = ("load_model", "stream_explain", "available_methods", "ExplainerError")
-
-
 @pytest.fixture(scope="module")
 def app_module():
-    saved = {name: sys.modules.get(name) for name in ("explainer", "app")}
-    if not all(hasattr(explainer, name) for name in _API):
-        stand_in = FakeLibrary()
-        fake = types.ModuleType("explainer")
-        fake.__path__ = list(explainer.__path__)  # submodules such as explainer.result still import
-        fake.ExplainerError = ExplainerError
-        fake.load_model = stand_in.load_model
-        fake.stream_explain = stand_in.stream_explain
-        fake.available_methods = stand_in.available_methods
-        sys.modules["explainer"] = fake
-    sys.modules.pop("app", None)
-    try:
-        module = importlib.import_module("app")
-    finally:
-        if saved["explainer"] is not None:
-            sys.modules["explainer"] = saved["explainer"]
-    yield module
-    if saved["app"] is None:
+    saved = sys.modules.pop("app", None)
+    yield importlib.import_module("app")
+    if saved is None:
         sys.modules.pop("app", None)
     else:
-        sys.modules["app"] = saved["app"]
+        sys.modules["app"] = saved
 
 
 @pytest.fixture
@@ -134,7 +164,7 @@ def test_import_loads_no_model(app_module):
 
 
 def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):
-    outs = list(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))
+    outs = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))
     assert len(outs) == len(ANSWER) + 1  # one per token, then the final one
     for k, (answer, heatmap, rows, slider, status, state) in enumerate(outs[:-1], start=1):
         assert answer.count('class="xai-step"') == k
@@ -147,7 +177,7 @@ def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):
     answer, heatmap, rows, slider, status, state = outs[-1]
     assert isinstance(state, Attribution) and state.generated_tokens == ANSWER
     assert slider["interactive"] is True and slider["value"] == slider["maximum"] == len(ANSWER)
-    one = list(app_module.explain("hi", ["macs"], 1, True, False))[-1][3]
+    one = collect(app_module.explain("hi", ["macs"], 1, True, False))[-1][3]
     assert one["value"] == 1 and one["maximum"] == 2 and one["interactive"] is False  # nothing to scrub
     assert status.startswith(f"Done: {len(ANSWER)} tokens")
     assert heatmap == side_by_side_html(state, ["macs"], len(ANSWER) - 1, user_only=True)
@@ -164,13 +194,13 @@ def test_library_progress_reaches_the_progress_bar(app_module, fake):
     def tracker(fraction, desc=None):
         seen.append((fraction, desc))
 
-    list(app_module.explain("Where is Paris", ["macs"], 4, True, False, progress=tracker))
+    collect(app_module.explain("Where is Paris", ["macs"], 4, True, False, progress=tracker))
     assert seen == [(0.5, "fake post-hoc method halfway")]
 
 
 def test_model_is_loaded_once_per_process(app_module, fake):
-    list(app_module.explain("a b", ["macs"], 2, False, False))
-    list(app_module.explain("c d", ["macs", "random"], 2, True, True))
+    collect(app_module.explain("a b", ["macs"], 2, False, False))
+    collect(app_module.explain("c d", ["macs", "random"], 2, True, True))
     assert "fake-tiny" in app_module.model_info()
     assert fake.loads == 1
     assert fake.calls[-1]["methods"] == ["macs", "random"]
@@ -178,25 +208,27 @@ def test_model_is_loaded_once_per_process(app_module, fake):
 
 def test_explainer_error_becomes_gr_error(app_module, fake):
     with pytest.raises(gr.Error, match="The prompt is empty"):
-        list(app_module.explain("   ", ["macs"], 8, True, False))
+        collect(app_module.explain("   ", ["macs"], 8, True, False))
     assert fake.closed
 
 
-def test_error_mid_stream_becomes_gr_error_and_closes_the_stream(app_module, fake):
+def test_error_mid_stream_becomes_gr_error_and_cancels_the_work(app_module, fake):
     fake.fail_after = 2
-    gen = app_module.explain("Where is Paris", ["macs"], 8, True, False)
-    assert next(gen)[-1].num_steps == 1
-    assert next(gen)[-1].num_steps == 2
+    seen = []
+
+    async def run():
+        async for out in app_module.explain("Where is Paris", ["macs"], 8, True, False):
+            seen.append(out[-1].num_steps)
+
     with pytest.raises(gr.Error, match="Out of memory"):
-        next(gen)
-    assert fake.closed
+        asyncio.run(run())
+    assert seen == [1, 2] and fake.closed and fake.cancelled
 
 
-def test_cancelled_request_closes_the_stream(app_module, fake):
-    gen = app_module.explain("Where is Paris", ["macs"], 8, True, False)
-    next(gen)
-    gen.close()  # what Gradio does when the user leaves
-    assert fake.closed
+def test_cancelled_request_cancels_the_work(app_module, fake):
+    out = first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False))
+    assert out[0][-1].num_steps == 1
+    assert fake.cancelled  # the library's worker gets the cancel; it stops and frees the model (test_session.py)
 
 
 def test_load_failure_becomes_gr_error(app_module, fake, monkeypatch):
@@ -205,19 +237,19 @@ def test_load_failure_becomes_gr_error(app_module, fake, monkeypatch):
 
     monkeypatch.setattr(app_module, "load_model", broken)
     with pytest.raises(gr.Error, match="not found"):
-        list(app_module.explain("hi", ["macs"], 8, True, False))
+        collect(app_module.explain("hi", ["macs"], 8, True, False))
     with pytest.raises(gr.Error, match="not found"):
         app_module.model_info()
 
 
 def test_no_method_selected_is_a_gr_error(app_module, fake):
     with pytest.raises(gr.Error, match="at least one"):
-        list(app_module.explain("hi", [], 8, True, False))
+        collect(app_module.explain("hi", [], 8, True, False))
     assert fake.calls == []
 
 
 def test_render_uses_state_without_running_the_model(app_module, fake):
-    state = list(app_module.explain("Where is Paris", ["macs"], 8, True, False))[-1][-1]
+    state = collect(app_module.explain("Where is Paris", ["macs"], 8, True, False))[-1][-1]
     calls = len(fake.calls)
     answer, heatmap, rows = app_module.render(state, ["macs"], 2, False)  # slider is 1-based
     assert _selected_step(answer) == ["1"]
@@ -235,7 +267,9 @@ def test_demo_wires_named_queued_events(app_module):
     assert {"explain", "render", "model_info"} <= set(fns)
     assert all(fn.api_name for fn in app_module.demo.fns.values())
     assert fns["explain"].concurrency_limit == 1
-    assert inspect.isgeneratorfunction(fns["explain"].fn)
+    assert inspect.isasyncgenfunction(fns["explain"].fn)
+    cancels = [fn for fn in app_module.demo.fns.values() if fn.fn is app_module._cancelled]
+    assert len(cancels) == 3 and all(not fn.queue for fn in cancels)  # answered at once, outside the queue
     assert fns["render"].fn is app_module.render
     config = app_module.demo.get_config_file()
     assert any(dep.get("api_name") == "explain" for dep in config["dependencies"])
@@ -264,7 +298,7 @@ def test_image_tab_without_a_vision_model_says_how_to_set_one(app_module, fake, 
     from PIL import Image
 
     with pytest.raises(gr.Error, match="EXPLAINER_VLM"):
-        list(app_module.explain_image(Image.new("RGB", (45, 31)), "What?", ["macs"], 4, 0.5, True))
+        collect(app_module.explain_image(Image.new("RGB", (45, 31)), "What?", ["macs"], 4, 0.5, True))
     assert fake.loads == 0 and fake.calls == []
     overlay, answer, question = app_module.render_image(None, ["macs"], 1, 0.5, True)
     assert overlay is None and answer == ""
@@ -277,8 +311,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fak
 
     def fake_stream(bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
         calls.append({"prompt": prompt, "image": image, "methods": list(methods), **kw})
-        for k in range(1, 4):
-            yield _image_attr(k, methods)
+        return FakeStream(_image_attr(k, methods) for k in range(1, 4))
 
     class VLBundle(FakeBundle):
         name = "fake-vlm"
@@ -289,7 +322,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fak
     monkeypatch.setattr(app_module, "stream_explain", fake_stream)
     assert "fake-vlm" in app_module.vlm_info()
     image = Image.new("RGB", (45, 31), (40, 90, 200))
-    outs = list(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))
+    outs = collect(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))
     assert len(outs) == 4 and calls[0]["image"] is image and calls[0]["prompt"] == "What?"
     assert calls[0]["max_image_tokens"] == 64  # the "image detail" slider reaches the library
     overlay, answer, question, slider, status, state = outs[-1]
@@ -299,7 +332,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fak
     again = app_module.render_image(state, ["macs"], 1, 0.2, False)
     assert again[0].width == 45 and len(calls) == 1
     with pytest.raises(gr.Error, match="Upload an image"):
-        list(app_module.explain_image(None, "What?", ["macs"], 3, 0.5, True))
+        collect(app_module.explain_image(None, "What?", ["macs"], 3, 0.5, True))
 
 
 def test_image_events_are_named(app_module):
@@ -321,38 +354,65 @@ def _fake_report():
     return FaithfulnessReport(removal=removal, soft=soft)
 
 
-def test_faithfulness_panel_measures_and_rerenders(app_module, fake, monkeypatch):
-    attr = list(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+def test_faithfulness_panel_shows_removal_first_then_soft(app_module, fake, monkeypatch):
+    from dataclasses import replace
+
+    attr = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
     calls = []
+    full = _fake_report()
+    full.seconds, full.status = {"removal": 1.0, "soft": 2.0}, "done"
+    first = replace(full, soft=None, seconds={"removal": 1.0}, status="removal curves done")
 
-    def fake_measure(bundle, result, methods, soft=None, progress=None):
-        calls.append((result, methods, soft))
+    def fake_stream(bundle, result, methods, soft=None, steps=None, progress=None, cancel=None):
+        calls.append((result, methods, soft, steps))
         progress(0.5, "halfway")
-        return _fake_report()
+        return FakeStream([first, full])
 
-    monkeypatch.setattr(app_module, "measure_faithfulness", fake_measure)
-    removal, soft, rows, status, report = app_module.faithfulness(attr, ["macs", "rollout"], "perplexity")
+    monkeypatch.setattr(app_module, "stream_faithfulness", fake_stream)
+    outs = collect(app_module.faithfulness(attr, ["macs", "rollout"], "perplexity", app_module.SOFT_CHOICES[0], 2))
     assert calls[0][1] == ["macs"] and calls[0][2] is app_module.QUICK_SOFT  # only methods of this result
-    assert removal is not None and soft is not None and "macs" in status
+    assert calls[0][3] == [1]  # the slider's step (1-based) as a 0-based step
+    (removal, soft, rows, status, report), last = outs
+    assert removal is not None and soft is None and "π-Soft is running" in status  # removal curves come first
+    removal, soft, rows, status, report = last
+    assert soft is not None and "macs" in status and "soft 2.0 s" in status
     assert [r[0] for r in rows] == ["macs", "random"] and rows[0][2] == pytest.approx(0.5)
     again = app_module.render_faithfulness(report, "BLEU")
     assert again[2] == rows and again[0] is not None
     assert app_module.render_faithfulness(None, "BLEU") == (None, None, [])
+    collect(app_module.faithfulness(attr, ["macs"], "BLEU", app_module.SOFT_CHOICES[1], 2))
+    assert calls[-1][3] is None  # every 5th step
+    collect(app_module.faithfulness(attr, ["macs"], "BLEU", app_module.SOFT_CHOICES[2], 2))
+    assert calls[-1][2] is None  # pi-Soft skipped
+
+
+def test_soft_cost_is_shown_before_it_starts(app_module, fake):
+    attr = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+    one = app_module.soft_cost_note(attr, ["macs"], app_module.SOFT_CHOICES[0], 2, None)
+    every = app_module.soft_cost_note(attr, ["macs"], app_module.SOFT_CHOICES[1], 2, None)
+    per_step = 2 + 2 * len(app_module.QUICK_SOFT.pis) * app_module.QUICK_SOFT.samples
+    assert f"1 step × {per_step} forward passes" in one and "forward passes" in every
+    assert app_module.soft_cost_note(attr, ["macs"], app_module.SOFT_CHOICES[2], 2, None) == "π-Soft: off."
+    assert app_module.soft_cost_note(None, ["macs"], app_module.SOFT_CHOICES[0], 2, None) == ""
 
 
 def test_faithfulness_errors_become_gr_errors(app_module, fake, monkeypatch):
     with pytest.raises(gr.Error, match="Generate an answer first"):
-        app_module.faithfulness(None, ["macs"], "mean logit")
-    attr = list(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+        collect(app_module.faithfulness(None, ["macs"], "mean logit"))
+    attr = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
     with pytest.raises(gr.Error, match="Select at least one"):
-        app_module.faithfulness(attr, ["atman"], "mean logit")
+        collect(app_module.faithfulness(attr, ["atman"], "mean logit"))
 
     def failing(*args, **kwargs):
-        raise InputError("No prompt positions to evaluate.")
+        def work():
+            raise InputError("No prompt positions to evaluate.")
+            yield
 
-    monkeypatch.setattr(app_module, "measure_faithfulness", failing)
+        return FakeStream(work())
+
+    monkeypatch.setattr(app_module, "stream_faithfulness", failing)
     with pytest.raises(gr.Error, match="No prompt positions"):
-        app_module.faithfulness(attr, ["macs"], "mean logit")
+        collect(app_module.faithfulness(attr, ["macs"], "mean logit"))
 
 
 def test_faithfulness_event_is_named_and_shares_the_model_queue(app_module):
