@@ -115,26 +115,134 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
+    from visuals.curves import TABLE_HEADERS, faithfulness_rows
+
+    lines = [f"answer ({attr.num_steps} tokens): {attr.generated_text!r}"]
+    if report.removal:
+        lines.append(f"removal: {report.removal.runs} distinct perturbed runs, fractions {report.removal.fractions}")
+    if report.soft:
+        cfg = report.soft.config
+        steps = ", ".join(str(k + 1) for k in report.soft.steps)
+        lines.append(f"pi-Soft: step(s) {steps}; {cfg['samples']} samples per pi, pi = {report.soft.pis}")
+    widths = [max(10, len(h) + 1) for h in TABLE_HEADERS]
+    lines.append("".join(f"{h:>{w}}" for h, w in zip(TABLE_HEADERS, widths)))
+    for row in faithfulness_rows(report):
+        cells = [row[0]] + ["-" if v is None else f"{v:+.4f}" for v in row[1:]]
+        lines.append("".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
+    gen = seconds["generation"]
+    lines.append(
+        "seconds: "
+        + ", ".join(
+            f"{k} {v:.2f}" + (f" ({v / gen:.1f}x generation)" if k != "generation" and gen else "")
+            for k, v in seconds.items()
+        )  # fmt: skip
+    )
+    return "\n".join(lines)
+
+
+def cmd_faithfulness(args: argparse.Namespace) -> int:
+    import dataclasses
+    import time
+
+    from .explain import explain
+    from .faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
+    from .methods import get_method
+    from .models import load_model
+
+    prompt = _read_prompt(args)
+    if not prompt.strip():
+        raise InputError("The prompt is empty: type a question or some text to continue.")
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    for m in methods:
+        get_method(m)
+    if args.json and not Path(args.json).resolve().parent.is_dir():
+        raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
+    soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
+    if soft is not None and args.routing:
+        soft = dataclasses.replace(soft, routing=args.routing)
+    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
+    options = dict(max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template)
+    explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
+    attr = explain(bundle, prompt, methods=methods, **options)
+    seconds = {"generation": float(attr.meta["generation_seconds"])}
+    steps = None
+    if not args.all_steps:
+        k = attr.num_steps if args.step is None else args.step
+        if not 1 <= k <= attr.num_steps:
+            raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
+        steps = [k - 1]
+    report = FaithfulnessReport()
+    t0 = time.perf_counter()
+    report.removal = removal_curves(bundle, attr, methods, config=RemovalConfig(seed=args.seed))
+    seconds["removal"] = time.perf_counter() - t0
+    if soft is not None:
+        t0 = time.perf_counter()
+        report.soft = soft_curves(bundle, attr, methods, config=soft, steps=steps)
+        seconds["soft"] = time.perf_counter() - t0
+    print(_format_faithfulness(report, attr, seconds))
+    if args.json:
+        out = {
+            "model": bundle.name,
+            "prompt_tokens": attr.num_prompt_tokens,
+            "answer": attr.generated_text,
+            "generated_tokens": attr.num_steps,
+            "methods": methods,
+            "seconds": seconds,
+            "ratio_to_generation": {k: v / seconds["generation"] for k, v in seconds.items() if k != "generation"},
+            "removal": dataclasses.asdict(report.removal),
+            "soft": dataclasses.asdict(report.soft) if report.soft else None,
+        }
+        try:
+            Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"Cannot write {args.json!r}: {e}") from e
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", help="the prompt text")
+    p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("explain", help="generate an answer and explain every token")
-    p.add_argument("--prompt", help="the prompt text")
-    p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
+    _prompt_and_model_options(p)
     p.add_argument("--image", help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL)")
     p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
     p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--methods", default="macs", help="comma-separated method names")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
-    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--json", help="write the full result as JSON to this path")
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
     p.set_defaults(func=cmd_explain)
+
+    p = sub.add_parser(
+        "faithfulness",
+        help="generate an answer, then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC (the app's panel)",
+    )
+    _prompt_and_model_options(p)
+    p.add_argument("--methods", default="macs,rollout", help="comma-separated methods (random baseline added)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="pi-Soft at this answer token (1-based; default: the last)")
+    which.add_argument("--all-steps", action="store_true", help="pi-Soft at every 5th answer token")
+    p.add_argument(
+        "--soft", choices=("quick", "paper", "off"), default="quick",
+        help="pi-Soft settings: quick (the app's), paper (15 samples, pi step 0.05) or off",
+    )  # fmt: skip
+    p.add_argument("--routing", choices=("dynamic", "fixed"), default=None, help="pi-Soft routing (default dynamic)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
+    p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
+    p.set_defaults(func=cmd_faithfulness)
 
     from .bench import add_bench_parser
     from .evaluate import add_eval_parser
@@ -160,8 +268,3 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-
-
-def json_dump(obj, path: str | None) -> None:
-    if path:
-        Path(path).write_text(json.dumps(obj, indent=2), encoding="utf-8")

@@ -26,14 +26,15 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExplainerError, InputError
-from .metrics import mean_ci, span_labels, step_auc_pr
+from .errors import Cancelled, ExplainerError, InputError
+from .metrics import REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .session import CancelToken, hold
 
 QA_PROMPT = (
     "Answer the question based on the following text. Keep your response short and simple. "
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
-FAITHFULNESS_METRICS = ("logit", "ppl", "rougeL", "bleu")
+FAITHFULNESS_METRICS = tuple(m.key for m in REMOVAL_METRICS)
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
     "macs_no_redistribution": {"redistribute": False},
@@ -263,8 +264,7 @@ def format_tables(summary: dict[str, Any]) -> str:
     lines.append(
         f"{'Main Task':<14}{'AUC-PR':<14}" + "".join(f"{_cell(methods[n], 'mAUC_PR'):>{width}}" for n in names)
     )
-    titles = {"logit": "Mean Logits", "ppl": "Perplexity", "rougeL": "ROUGE-L F1", "bleu": "BLEU"}
-    for metric, title in titles.items():
+    for metric, title in ((m.key, m.title) for m in REMOVAL_METRICS):
         for i, (label, key) in enumerate(
             (("mMIF (AUC)", f"mMIF_{metric}"), ("mLIF (AUC)", f"mLIF_{metric}"), ("mSRG", f"mSRG_{metric}"))
         ):
@@ -283,8 +283,12 @@ def run_evaluation(
     cfg: EvalConfig,
     results_path: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    cancel: CancelToken | None = None,
 ) -> dict[str, Any]:
     """Evaluate every row not yet in `results_path`, appending each finished sample, and summarise all of them.
+
+    Each sample holds the model for its whole duration; `cancel` stops the run between forward passes (`Cancelled`
+    is raised; finished samples are already in `results_path`, so a rerun resumes).
 
     Returns:
         `{"n", "methods": {...}, "samples": [...], "skipped": [ids of rows that failed, with reasons]}`.
@@ -296,7 +300,10 @@ def run_evaluation(
     start = time.perf_counter()
     for i, row in enumerate(todo):
         try:
-            result = evaluate_sample(bundle, row, cfg)
+            with hold(bundle.model, cancel):  # one sample is one request: nothing else runs on the model meanwhile
+                result = evaluate_sample(bundle, row, cfg)
+        except Cancelled:
+            raise
         except ExplainerError as e:
             result = {"id": row["id"], "error": str(e)}
         done[row["id"]] = result

@@ -75,3 +75,35 @@ def test_folder_without_model_is_a_clear_error(tmp_path, capsys):
     rc = main(["explain", "--model", str(tmp_path), "--prompt", "hi"])
     assert rc == EXIT_USER_ERROR
     assert "Could not load model" in capsys.readouterr().err
+
+
+def test_faithfulness_command_json(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "f.json"
+    rc = main(
+        ["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Question: What is the capital of France?",
+         "--methods", "macs,rollout", "--max-new-tokens", "5", "--step", "2", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    printed = capsys.readouterr().out
+    assert "SRG logit" in printed and "random" in printed and "x generation" in printed
+    d = json.loads(out.read_text())
+    assert set(d["seconds"]) == {"generation", "removal", "soft"} and all(v > 0 for v in d["seconds"].values())
+    assert set(d["removal"]["auc"]) == {"macs", "rollout", "random"}
+    assert d["removal"]["auc"]["macs"]["logit"]["srg"] == pytest.approx(
+        d["removal"]["auc"]["macs"]["logit"]["lif"] - d["removal"]["auc"]["macs"]["logit"]["mif"]
+    )
+    assert d["soft"]["steps"] == [1] and set(d["soft"]["auc_ns"]) == {"macs", "rollout"}
+    assert d["ratio_to_generation"]["removal"] == pytest.approx(d["seconds"]["removal"] / d["seconds"]["generation"])
+
+
+def test_faithfulness_command_all_steps_and_bad_step(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "f.json"
+    rc = main(
+        ["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "6",
+         "--all-steps", "--methods", "macs", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    d = json.loads(out.read_text())
+    assert d["soft"]["steps"] == list(range(0, d["generated_tokens"], 5))
+    rc = main(["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--step", "99"])
+    assert rc == EXIT_USER_ERROR and "--step must lie between 1 and" in capsys.readouterr().err

@@ -11,21 +11,21 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from explainer.metrics import REMOVAL_METRICS
+
 if TYPE_CHECKING:  # the reports are plain data; importing them at run time would pull in torch
     from explainer.faithfulness import FaithfulnessReport, RemovalReport, SoftReport
 
 RANDOM = "random"
 PALETTE = ("#d62728", "#1f77b4", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf")
 RANDOM_COLOR = "#7f7f7f"
-METRIC_LABELS = {
-    "logit": "mean logit of the original tokens",
-    "ppl": "perplexity of the original answer",
-    "rougeL": "ROUGE-L F1 vs the original answer",
-    "bleu": "BLEU vs the original answer",
-}
+METRIC_LABELS = {m.key: m.description for m in REMOVAL_METRICS}
 TABLE_HEADERS = [
-    "method", "SRG logit ↑", "SRG perplexity ↓", "SRG ROUGE-L ↑", "SRG BLEU ↑", "AUC π-Soft-NS ↑", "AUC π-Soft-NC ↑",
-]  # fmt: skip
+    "method",
+    *(f"SRG {m.label.replace('mean ', '')} {'↓' if m.lower_is_better else '↑'}" for m in REMOVAL_METRICS),
+    "AUC π-Soft-NS ↑",
+    "AUC π-Soft-NC ↑",
+]
 
 
 def method_colors(methods: list[str], reference: str = RANDOM, reference_color: str = RANDOM_COLOR) -> dict[str, str]:
