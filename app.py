@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import threading
 import time
@@ -583,7 +584,9 @@ demo.queue(default_concurrency_limit=1)
 
 
 def main() -> None:
-    """Serve on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860)."""
+    """Serve on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860); EXPLAINER_LOG sets the log level."""
+    logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
+    logging.getLogger("explainer").setLevel(os.environ.get("EXPLAINER_LOG", "WARNING"))
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

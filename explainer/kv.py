@@ -10,6 +10,14 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+TOKENS_PER_BATCH = 1024  # perturbed positions per forward: CPU throughput peaks between ~500 and ~2,000, and a pass
+# of ~1,000 positions takes a couple of seconds on 2 cores, which bounds how long a cancelled request keeps running
+
+
+def rows_per_batch(length: int, tokens: int, most: int) -> int:
+    """How many sequences of `length` new positions go into one forward: about `tokens` positions, 1..`most` rows."""
+    return max(1, min(most, tokens // max(1, length)))
+
 
 def prefix_cache(cache: DynamicCache, length: int, batch: int) -> DynamicCache:
     """A new cache holding the first `length` positions of a batch-1 cache, repeated `batch` times (no copy until

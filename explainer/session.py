@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import logging
 import queue
 import threading
+import time
 import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
@@ -28,6 +30,7 @@ from typing import Any, Generic, TypeVar
 from .errors import Cancelled
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 _POLL_SECONDS = 0.05  # how often a waiting request looks at its cancel token
 
@@ -122,11 +125,13 @@ def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken 
     lock.acquire(active)
     held = _held.set(_held.get() | {id(model)})
     reset = _token.set(active)
+    logger.debug("model %x acquired at %.6f", id(model), time.time())
     try:
         yield active
     finally:
         _token.reset(reset)
         _held.reset(held)
+        logger.debug("model %x released at %.6f", id(model), time.time())
         lock.release()
 
 

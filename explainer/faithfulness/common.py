@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
 from ..errors import InputError
+from ..kv import TOKENS_PER_BATCH, rows_per_batch  # noqa: F401 - re-exported for removal and soft
 from ..models import ModelBundle
 from ..result import Attribution, zscore
 
 RANDOM = "random"
-TOKENS_PER_BATCH = 1024  # perturbed tokens per forward: 2-core CPU throughput peaks between ~500 and ~2,000
 
 
 def evaluated_positions(attr: Attribution, positions: Sequence[int] | None) -> np.ndarray:
@@ -49,17 +49,6 @@ def removal_orderings(attr: Attribution, method: str, positions: np.ndarray, see
         return {"mif": rng.permutation(positions), "lif": rng.permutation(positions)}
     s = ranking_scores(attr, method, positions)
     return {"mif": positions[np.argsort(-s, kind="stable")], "lif": positions[np.argsort(s, kind="stable")]}
-
-
-def batches(n: int, size: int) -> Iterator[slice]:
-    size = max(1, size)
-    for start in range(0, n, size):
-        yield slice(start, min(n, start + size))
-
-
-def rows_per_batch(length: int, tokens: int, most: int) -> int:
-    """How many sequences of `length` new tokens go into one forward: about `tokens` tokens, 1..`most` rows."""
-    return max(1, min(most, tokens // max(1, length)))
 
 
 def decode(bundle: ModelBundle, ids: Sequence[int]) -> str:

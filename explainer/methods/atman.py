@@ -47,7 +47,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from ..capture import attention_function_selected
 from ..errors import UnsupportedModelError
-from ..kv import prefix_cache, reusable
+from ..kv import TOKENS_PER_BATCH, prefix_cache, reusable, rows_per_batch
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
 
@@ -61,7 +61,7 @@ class AtManConfig:
     suppression_factor: float = 0.1  # attention weight to a suppressed token is scaled by this before renormalising
     correlated: bool = True  # section 3.3: also suppress prompt tokens with similar input embeddings
     cosine_threshold: float = 0.6  # kappa: embedding cosine similarity from which a prompt token counts as correlated
-    batch_size: int = 8  # perturbed sequences per forward pass; larger batches gain little on CPU and cost memory
+    batch_size: int = 8  # most perturbed sequences per forward pass (fewer when they are long: ~1,024 tokens a pass)
     fast: bool = True  # reuse the unperturbed prefix cache and batch; False: one full forward per token (reference)
 
     def __post_init__(self) -> None:
@@ -371,7 +371,13 @@ def _fast_scores(
     # First suppressed position of each row (a row that suppresses nothing, factor 1, starts at the last prompt token).
     first = torch.where(suppressed.any(dim=1), suppressed.float().argmax(dim=1), n - 1)  # (R,)
     order = torch.argsort(first, stable=True).tolist()
-    groups = [order[s : s + batch_size] for s in range(0, len(order), batch_size)]
+    # A group starts at its smallest first position, so its longest suffix sets how many rows fit the token budget:
+    # a few seconds per forward on a CPU, so a cancelled request stops soon.
+    groups, s = [], 0
+    while s < len(order):
+        size = rows_per_batch(t - 1 - int(first[order[s]]), TOKENS_PER_BATCH, batch_size)
+        groups.append(order[s : s + size])
+        s += size
     total = len(groups) + 1
     columns = torch.zeros(k, rows.shape[0])  # (K, R)
     with attention_suppression(model) as state:

@@ -1,0 +1,291 @@
+"""Load and fault test of the running app: concurrent API clients with cancels and disconnects mixed in.
+
+    .venv/bin/python scripts/load_test.py [--clients 8] [--requests 3] [--url http://127.0.0.1:PORT] [--json out.json]
+
+Without --url it starts `app.py` on a free loopback port (with EXPLAINER_LOG=DEBUG, so the library logs when a
+request takes and releases the model) and stops it at the end. It never talks to anything but the loopback address.
+
+What it checks:
+- every completed request returns the same top-token table as the same request run alone before the load
+  (a mismatch means one visitor's result was computed from another's attention);
+- cancels answer at once (the time of the cancel call itself is reported);
+- requests that were cancelled or disconnected (a client that closes its event stream mid-request) stop: in the
+  app's log, no two requests ever hold the model at once, and the gap from a cancel to the release of the model is
+  reported;
+- completed requests, errors, p50/p95 latency, and the app's peak memory (VmHWM, when this script started it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import httpx
+from gradio_client import Client
+
+ROOT = Path(__file__).resolve().parents[1]
+SHORT = [
+    ("What is the capital of France?", ["macs", "rollout"]),
+    ("Why does the sky look blue on a clear day? Answer in one sentence.", ["macs", "rollout"]),
+    ("Name three primary colours.", ["macs", "random"]),
+]
+LONG_ATMAN = ["macs", "atman"]  # AtMan on ~1,000 prompt tokens takes minutes: it is cancelled long before it ends
+
+
+def long_prompt() -> str:
+    text = json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))[0]["prompt"]
+    context = text.split("\n\nQuestion:")[0]
+    return (context + "\n\n") * 8 + "Question: Who was the first keeper of the lighthouse?"  # ~1,000 tokens
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_app(port: int, log_path: Path) -> subprocess.Popen:
+    env = {**os.environ, "GRADIO_SERVER_NAME": "127.0.0.1", "GRADIO_SERVER_PORT": str(port), "EXPLAINER_LOG": "DEBUG"}
+    env.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+    log = open(log_path, "w")  # noqa: SIM115 - closed with the process
+    proc = subprocess.Popen([sys.executable, "app.py"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None:
+            raise SystemExit(f"the app exited early; see {log_path}")
+        time.sleep(1)
+    proc.kill()
+    raise SystemExit("the app did not start within 180 s")
+
+
+def table_of(outputs) -> list:
+    """The top-token rows from /explain's outputs (answer, heatmap, table, slider, status)."""
+    table = outputs[2]
+    return table.get("data") if isinstance(table, dict) else table
+
+
+def explain_args(prompt: str, methods: list[str], max_new: int = 16) -> tuple:
+    return (prompt, methods, max_new, True, False)
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def disconnect(url: str, prompt: str, methods: list[str], after: float) -> float:
+    """Join the queue over raw HTTP, read the event stream until the job starts, wait, then drop the connection."""
+    session = uuid.uuid4().hex[:10]
+    info = httpx.get(f"{url}/config", timeout=10).json()
+    fn_index = next(i for i, d in enumerate(info["dependencies"]) if d.get("api_name") == "explain")
+    body = {"data": list(explain_args(prompt, methods, 32)), "fn_index": fn_index, "session_hash": session,
+            "event_data": None, "trigger_id": None}  # fmt: skip
+    httpx.post(f"{url}/gradio_api/queue/join", json=body, timeout=10).raise_for_status()
+    with httpx.stream("GET", f"{url}/gradio_api/queue/data", params={"session_hash": session}, timeout=None) as r:
+        for line in r.iter_lines():
+            if "process_starts" in line:
+                break
+        time.sleep(after)
+    return time.time()  # the moment the connection was closed
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--url", help="an app already running on loopback (default: start one)")
+    p.add_argument("--clients", type=int, default=8)
+    p.add_argument("--requests", type=int, default=3, help="requests per client")
+    p.add_argument("--cancel-after", type=float, default=4.0, help="seconds before a long request is cancelled")
+    p.add_argument("--json", help="write the figures here")
+    p.add_argument(
+        "--scenario", action="store_true",
+        help="instead of the load: one short request, a long AtMan request cancelled after 12 s, the short request "
+        "three more times (tables must be equal, and none may start before the cancelled work released the model)",
+    )  # fmt: skip
+    args = p.parse_args()
+
+    proc = None
+    log_path = Path("/tmp") / f"load-test-app-{os.getpid()}.log"
+    if args.url:
+        if not re.match(r"^https?://(127\.0\.0\.1|localhost)(:\d+)?/?$", args.url):
+            raise SystemExit("--url must be a loopback address")
+        url = args.url.rstrip("/")
+    else:
+        port = free_port()
+        proc = start_app(port, log_path)
+        url = f"http://127.0.0.1:{port}"
+    try:
+        return scenario(url, proc, log_path) if args.scenario else run(url, args, proc, log_path)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+
+
+def run(url: str, args, proc, log_path: Path) -> int:
+    print(f"app at {url}", flush=True)
+    client = Client(url, verbose=False)
+    reference = {}
+    for prompt, methods in SHORT:  # each request alone, before the load
+        reference[prompt] = table_of(client.predict(*explain_args(prompt, methods), api_name="/explain"))
+    print(f"reference tables: {len(reference)}", flush=True)
+
+    lock = threading.Lock()
+    stats = {"completed": 0, "mismatches": 0, "errors": [], "cancelled": 0, "disconnected": 0}
+    latencies: list[float] = []
+    cancel_calls: list[float] = []
+    stop_marks: list[float] = []  # when a cancel or disconnect happened
+    big = long_prompt()
+
+    def client_loop(c: int) -> None:
+        own = Client(url, verbose=False)
+        for r in range(args.requests):
+            kind = "normal"
+            if r == 1 and c % 4 == 0:
+                kind = "cancel"
+            elif r == 1 and c % 4 == 2:
+                kind = "disconnect"
+            try:
+                if kind == "cancel":
+                    job = own.submit(*explain_args(big, LONG_ATMAN, 32), api_name="/explain")
+                    time.sleep(args.cancel_after)
+                    t0 = time.perf_counter()
+                    job.cancel()
+                    with lock:
+                        cancel_calls.append(time.perf_counter() - t0)
+                        stop_marks.append(time.time())
+                        stats["cancelled"] += 1
+                    continue
+                if kind == "disconnect":
+                    closed = disconnect(url, big, LONG_ATMAN, args.cancel_after)
+                    with lock:
+                        stop_marks.append(closed)
+                        stats["disconnected"] += 1
+                    continue
+                prompt, methods = SHORT[(c + r) % len(SHORT)]
+                t0 = time.perf_counter()
+                out = own.predict(*explain_args(prompt, methods), api_name="/explain")
+                dt = time.perf_counter() - t0
+                with lock:
+                    latencies.append(dt)
+                    stats["completed"] += 1
+                    if table_of(out) != reference[prompt]:
+                        stats["mismatches"] += 1
+            except Exception as e:  # counted and reported, the load goes on
+                with lock:
+                    stats["errors"].append(f"client {c} request {r} ({kind}): {type(e).__name__}: {e}")
+
+    start = time.time()
+    threads = [threading.Thread(target=client_loop, args=(c,)) for c in range(args.clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    wall = time.time() - start
+    time.sleep(2)
+
+    holds = parse_holds(log_path) if proc is not None else []
+    overlaps = sum(1 for a, b in zip(holds, holds[1:]) if b[0] < a[1])
+    # for each cancel/disconnect: the first release of the model after it
+    releases = [r for _, r in holds]
+    stop_to_release = [min((r - s for r in releases if r >= s), default=float("nan")) for s in stop_marks]
+    figures = {
+        "clients": args.clients,
+        "requests_per_client": args.requests,
+        "completed": stats["completed"],
+        "cancelled": stats["cancelled"],
+        "disconnected": stats["disconnected"],
+        "errors": len(stats["errors"]),
+        "error_messages": stats["errors"],
+        "mismatches": stats["mismatches"],
+        "latency_p50_s": statistics.median(latencies) if latencies else None,
+        "latency_p95_s": percentile(latencies, 95),
+        "cancel_call_max_s": max(cancel_calls) if cancel_calls else None,
+        "stop_to_model_release_max_s": max(stop_to_release) if stop_to_release else None,
+        "model_holds": len(holds),
+        "overlapping_holds": overlaps,
+        "peak_rss_mib": peak_rss_mib(proc.pid) if proc is not None else None,
+        "wall_s": wall,
+    }
+    for key, value in figures.items():
+        if key != "error_messages":
+            print(f"{key:>28}: {value:.2f}" if isinstance(value, float) else f"{key:>28}: {value}")
+    for message in stats["errors"]:
+        print("  error:", message)
+    if args.json:
+        Path(args.json).write_text(json.dumps(figures, indent=2), encoding="utf-8")
+    ok = not stats["errors"] and not stats["mismatches"] and not overlaps
+    return 0 if ok else 1
+
+
+def scenario(url: str, proc, log_path: Path) -> int:
+    prompt, methods = SHORT[0]
+    client = Client(url, verbose=False)
+    first = table_of(client.predict(*explain_args(prompt, methods), api_name="/explain"))
+    job = client.submit(*explain_args(long_prompt(), LONG_ATMAN, 32), api_name="/explain")
+    time.sleep(12)
+    t0 = time.perf_counter()
+    job.cancel()
+    cancel_call = time.perf_counter() - t0
+    cancelled_at = time.time()
+    follow = []
+    for _ in range(3):
+        t1 = time.time()
+        table = table_of(client.predict(*explain_args(prompt, methods), api_name="/explain"))
+        follow.append((t1, time.time() - t1, table == first))
+    time.sleep(1)
+    holds = parse_holds(log_path) if proc is not None else []
+    # the cancelled request is the hold that was running when the cancel came
+    cancelled = [h for h in holds if h[0] <= cancelled_at <= h[1]]
+    released = cancelled[0][1] if cancelled else None
+    later = [h for h in holds if h[0] > cancelled_at]
+    print(f"cancel call: {cancel_call:.2f} s")
+    if released is not None:
+        print(f"cancelled work released the model {released - cancelled_at:.2f} s after the cancel")
+    for i, (_, seconds, same) in enumerate(follow, 1):
+        print(f"follow-up {i}: {seconds:.2f} s, table identical to the first: {same}")
+    starts_after = released is None or all(h[0] >= released for h in later)
+    print(f"no follow-up started before the cancelled work stopped: {starts_after}")
+    return 0 if all(same for _, _, same in follow) and starts_after and cancelled else 1
+
+
+def parse_holds(log_path: Path) -> list[tuple[float, float]]:
+    """(acquired, released) times of every model hold in the app's debug log, in order."""
+    holds, start = [], None
+    for line in log_path.read_text(errors="replace").splitlines():
+        if m := re.search(r"model \w+ acquired at ([\d.]+)", line):
+            start = float(m.group(1))
+        elif (m := re.search(r"model \w+ released at ([\d.]+)", line)) and start is not None:
+            holds.append((start, float(m.group(1))))
+            start = None
+    return holds
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+
+
+if __name__ == "__main__":
+    sys.exit(main())
