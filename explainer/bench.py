@@ -44,6 +44,7 @@ from typing import Any
 
 from . import errors
 from .errors import ExplainerError, InputError, UnknownMethodError
+from .session import hold
 
 BASELINE = "none"
 _REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -329,8 +330,18 @@ def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
     """A callable `run(input_ids (1, N), K) -> tokens generated` for the baseline or a registered method.
 
     The kind of run depends only on the method's `streaming` flag, so newly registered methods are benchmarked as
-    they are.
+    they are. Every run holds the model (`session.hold`), like any request.
     """
+    runner = _make_runner(model, method_name)
+
+    def held(input_ids, k: int) -> int:
+        with hold(model):
+            return runner(input_ids, k)
+
+    return held
+
+
+def _make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
     import torch
 
     from .explain import generate_steps
