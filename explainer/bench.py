@@ -728,33 +728,11 @@ def _parse_lengths(text: str) -> list[int]:
     return list(dict.fromkeys(values))
 
 
-def _option_value(text: str):
-    low = text.lower()
-    if low in ("true", "false"):
-        return low == "true"
-    for cast in (int, float):
-        try:
-            return cast(text)
-        except ValueError:
-            pass
-    return text
-
-
 def method_from_spec(spec: str):
-    """A method from `name` or `name:key=value:key=value` (e.g. `atman:fast=false` for AtMan's naive loop)."""
-    from .methods import get_method
+    """A method from its spec (see `methods.method_from_spec`)."""
+    from .methods import method_from_spec as from_spec
 
-    name, *pairs = spec.split(":")
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise InputError(f"Method option {pair!r} in {spec!r} must look like key=value.")
-        options[key.strip()] = _option_value(value.strip())
-    try:
-        return get_method(name, **options)
-    except TypeError as e:
-        raise InputError(f"Bad options for {name!r} in {spec!r}: {e}") from e
+    return from_spec(spec)
 
 
 def _parse_methods(text: str) -> list[str]:

@@ -62,11 +62,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    methods = [m for m in args.methods.split(",") if m.strip()]
-    from .methods import get_method
+    from .methods import parse_methods
 
-    for m in methods:  # fail on a bad name before loading a model
-        get_method(m)
+    methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     if args.json:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
@@ -95,6 +93,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         chat_template=not args.no_chat_template,
         image=image,
+        method_options=method_options,
     )
     if args.json:
         try:
@@ -147,22 +146,22 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
 
     from .explain import explain
     from .faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
-    from .methods import get_method
+    from .methods import parse_methods
     from .models import load_model
 
     prompt = _read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    for m in methods:
-        get_method(m)
+    methods, method_options = parse_methods(args.methods)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and args.routing:
         soft = dataclasses.replace(soft, routing=args.routing)
     bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
-    options = dict(max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template)
+    options = dict(
+        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
+    )
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
     attr = explain(bundle, prompt, methods=methods, **options)
     seconds = {"generation": float(attr.meta["generation_seconds"])}
@@ -220,7 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--image", help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL)")
     p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
     p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
-    p.add_argument("--methods", default="macs", help="comma-separated method names")
+    p.add_argument(
+        "--methods", default="macs", help="comma-separated methods, each with options if wanted: macs:alpha=0.5,atman"
+    )
     p.add_argument("--json", help="write the full result as JSON to this path")
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")

@@ -322,12 +322,11 @@ def run_evaluation(
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from .methods import get_method
+    from .methods import parse_methods
     from .models import load_model
 
-    methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
-    for m in methods:  # fail on a bad name before loading a model
-        get_method(m)
+    names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    methods = tuple(names)
     for path in (args.json, args.results):
         if path and not Path(path).resolve().parent.is_dir():
             raise InputError(f"Cannot write {path!r}: its folder does not exist.")
@@ -347,6 +346,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         faithfulness=not args.skip_faithfulness,
         ablation=args.ablation,
         seed=args.seed,
+        method_options=method_options,
     )
     bundle = load_model(args.model, device=args.device)
     start = time.perf_counter()
@@ -373,7 +373,9 @@ def add_eval_parser(sub) -> None:
     p = sub.add_parser("eval", help="AUC-PR and MIF/LIF/SRG on a SQuAD file (MACS paper Tables 2, 4, 5)")
     p.add_argument("--data", help="JSON file of SQuAD rows (list or {'rows': [...]})")
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
-    p.add_argument("--methods", default="macs,rollout,atman,random", help="comma-separated method names")
+    p.add_argument(
+        "--methods", default="macs,rollout,atman,random", help="comma-separated methods with options: macs:alpha=0.5"
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")

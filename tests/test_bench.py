@@ -205,7 +205,7 @@ def test_method_spec_options():
     assert method_from_spec("macs:alpha=0.5:pooling=mean").config.alpha == 0.5
     with pytest.raises(InputError, match="key=value"):
         method_from_spec("macs:alpha")
-    with pytest.raises(InputError, match="Bad options"):
+    with pytest.raises(InputError, match="Unknown option 'nope' for macs; its options: alpha, pooling"):
         method_from_spec("macs:nope=1")
 
 

@@ -33,6 +33,17 @@ def test_json_output_layout(tiny_model_dir, tmp_path):
         assert m["seconds"] >= 0
 
 
+def test_method_options_reach_the_method(tiny_model_dir, tmp_path):
+    out = tmp_path / "r.json"
+    rc = main(
+        ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3",
+         "--methods", "macs:alpha=0.5:pooling=mean,random:seed=3", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    meta = {m: v["meta"] for m, v in json.loads(out.read_text())["methods"].items()}
+    assert meta["macs"]["alpha"] == 0.5 and meta["macs"]["pooling"] == "mean" and meta["random"]["seed"] == 3
+
+
 def test_summary_without_json(tiny_model_dir, capsys):
     rc = main(["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3"])
     assert rc == 0
@@ -47,6 +58,8 @@ def test_summary_without_json(tiny_model_dir, capsys):
         (["--prompt", "word " * 300, "--max-prompt-tokens", "50"], "limit is 50"),
         (["--prompt", "hi", "--max-new-tokens", "600"], "context"),
         (["--prompt", "hi", "--methods", "macs,nope"], "Unknown method 'nope'"),
+        (["--prompt", "hi", "--methods", "macs:alpha=7"], "alpha must lie in [0, 1]"),
+        (["--prompt", "hi", "--methods", "atman:batch=4"], "Unknown option 'batch' for atman"),
         (["--prompt-file", "/does/not/exist.txt"], "Cannot read prompt file"),
         (["--prompt", "hi", "--json", "/does/not/exist/out.json"], "does not exist"),
     ],

@@ -57,3 +57,52 @@ def test_unknown_method_lists_valid_ones():
         get_method("lime")
     for name in METHODS:
         assert name in str(err.value)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_every_option_is_listed_with_its_type_and_default(name):
+    from explainer.methods import method_config, method_options
+
+    options = method_options(name)
+    config = METHODS[name].Config()
+    assert [o.name for o in options] == [f.name for f in dataclasses.fields(config)]
+    for o in options:
+        assert o.type in (bool, int, float, str) and getattr(config, o.name) == o.default
+        assert isinstance(o.default, o.type) or (o.type is float and isinstance(o.default, int))
+        # the default given as text round-trips through the parser
+        text = str(o.default).lower() if o.type is bool else str(o.default)
+        assert getattr(method_config(name, **{o.name: text}), o.name) == o.default
+
+
+def test_method_specs_and_their_errors():
+    from explainer.errors import InputError
+    from explainer.methods import parse_methods
+
+    names, options = parse_methods("macs:alpha=0.5:pooling=mean, rollout, atman:batch_size=4:fast=false,random")
+    assert names == ["macs", "rollout", "atman", "random"]
+    assert options == {"macs": {"alpha": 0.5, "pooling": "mean"}, "atman": {"batch_size": 4, "fast": False}}
+    for spec, message in [
+        ("", "at least one method"),
+        ("macs:alpha", "key=value"),
+        ("macs:alpha=high", "macs:alpha must be a number"),
+        ("macs:alpha=2", "Bad options for macs: alpha must lie in"),
+        ("macs:pooling=median", "macs:pooling must be one of max, mean, min"),
+        ("atman:fast=maybe", "atman:fast is true or false"),
+        ("atman:batch_size=2.5", "must be a number (int)"),
+        ("macs:alpha=0.5,macs:alpha=0.2", "given twice"),
+        ("rollout:nope=1", "Unknown option 'nope' for rollout; its options: residual, head_fusion"),
+    ]:
+        with pytest.raises(InputError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            parse_methods(spec)
+    with pytest.raises(UnknownMethodError, match="Available methods"):
+        parse_methods("macs,nope")
+
+
+def test_python_api_options_are_validated_too():
+    from explainer.errors import InputError
+
+    assert get_method("macs", alpha=1).config.alpha == 1.0
+    with pytest.raises(InputError, match="true or false"):
+        get_method("atman", fast="sometimes")
+    with pytest.raises(InputError, match="Unknown option"):
+        get_method("random", sed=3)

@@ -13,7 +13,7 @@ c_L, and the step index is listed in the metadata under `rescaled_steps`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -32,7 +32,8 @@ _POOLING = {
 @dataclass
 class MACSConfig:
     alpha: float = 0.8  # Eq. 6 floor weight: every layer factor is at least 1 - alpha
-    pooling: str = "max"  # head pooling of Eq. 5; "mean" and "min" are the Table 4 ablations
+    pooling: str = field(default="max", metadata={"choices": tuple(_POOLING)})  # head pooling of Eq. 5; "mean" and
+    # "min" are the Table 4 ablations
     redistribute: bool = True  # Eq. 4; False is the "w/o Redistribution" ablation
 
     def __post_init__(self) -> None:

@@ -15,7 +15,7 @@ layer (from the captured attention rows) and the prefill fills the prompt rows o
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,7 +31,8 @@ _FUSION = {
 @dataclass
 class RolloutConfig:
     residual: float = 0.5  # weight r of the identity (residual connection) in Â = (1 - r)·A + r·I
-    head_fusion: str = "mean"  # how heads are combined per layer: "mean" (Abnar & Zuidema) or "max"
+    head_fusion: str = field(default="mean", metadata={"choices": tuple(_FUSION)})  # how heads are combined per
+    # layer: "mean" (Abnar & Zuidema) or "max"
 
     def __post_init__(self) -> None:
         if self.head_fusion not in _FUSION:
