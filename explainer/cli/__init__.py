@@ -13,7 +13,7 @@ import os
 import sys
 from pathlib import Path
 
-from .errors import ExplainerError, InputError
+from ..errors import ExplainerError, InputError
 
 EXIT_USER_ERROR = 2
 
@@ -37,7 +37,7 @@ def _print_summary(attr, top: int) -> None:
         h, w = attr.image["grid"]
         print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
     user = attr.user_positions or None
-    from .result import zscore
+    from ..result import zscore
 
     for name, scores in attr.methods.items():
         print(f"\n[{name}]  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
@@ -47,7 +47,7 @@ def _print_summary(attr, top: int) -> None:
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
             if attr.image:
-                from .image_maps import image_map
+                from ..image_maps import image_map
 
                 cells = image_map(attr, name, k)  # (h, w)
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
@@ -56,13 +56,13 @@ def _print_summary(attr, top: int) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import explain
-    from .models import load_model
+    from ..explain import explain
+    from ..models import load_model
 
     prompt = _read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    from .methods import parse_methods
+    from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     if args.json:
@@ -71,7 +71,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
     image = None
     if args.image:
-        from .vision import load_image
+        from ..vision import load_image
 
         image = load_image(args.image)  # checked before the (slow) model load
     if args.gif:
@@ -144,10 +144,10 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     import dataclasses
     import time
 
-    from .explain import explain
-    from .faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
-    from .methods import parse_methods
-    from .models import load_model
+    from ..explain import explain
+    from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
+    from ..methods import parse_methods
+    from ..models import load_model
 
     prompt = _read_prompt(args)
     if not prompt.strip():
@@ -245,8 +245,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
     p.set_defaults(func=cmd_faithfulness)
 
-    from .bench import add_bench_parser
-    from .evaluate import add_eval_parser
+    from ..bench import add_bench_parser
+    from ..evaluate import add_eval_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)
