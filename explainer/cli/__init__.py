@@ -2,12 +2,14 @@
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
+
+Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`); this one holds
+the parser, the helpers they share and `main`. Only this package imports `visuals`: the library returns data.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -29,177 +31,6 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
-def _print_summary(attr, top: int) -> None:
-    print(f"model: {attr.model}")
-    print(f"prompt tokens: {attr.num_prompt_tokens}   generated tokens: {attr.num_steps}")
-    print(f"answer: {attr.generated_text!r}")
-    if attr.image:
-        h, w = attr.image["grid"]
-        print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
-    user = attr.user_positions or None
-    from ..result import zscore
-
-    for name, scores in attr.methods.items():
-        print(f"\n[{name}]  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
-        z = zscore(scores.raw, user) if user else scores.z  # (K, N)
-        for k, tok in enumerate(attr.generated_tokens):
-            row = z[k]
-            order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
-            tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
-            if attr.image:
-                from ..image_maps import image_map
-
-                cells = image_map(attr, name, k)  # (h, w)
-                r, c = divmod(int(cells.argmax()), cells.shape[1])
-                tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
-            print(f"  step {k:3d} {tok!r:>14}: {tops}")
-
-
-def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import explain
-    from ..models import load_model
-
-    prompt = _read_prompt(args)
-    if not prompt.strip():  # checked before the (slow) model load
-        raise InputError("The prompt is empty: type a question or some text to continue.")
-    from ..methods import parse_methods
-
-    methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    if args.json:
-        out_dir = Path(args.json).resolve().parent
-        if not out_dir.is_dir():
-            raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    image = None
-    if args.image:
-        from ..vision import load_image
-
-        image = load_image(args.image)  # checked before the (slow) model load
-    if args.gif:
-        if image is None:
-            raise InputError("--gif animates image overlays; it needs --image.")
-        if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
-            raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
-    bundle = load_model(
-        args.model,
-        device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens,
-        min_pixels=args.min_pixels,
-        max_pixels=args.max_pixels,
-    )
-    attr = explain(
-        bundle,
-        prompt,
-        methods=methods,
-        max_new_tokens=args.max_new_tokens,
-        chat_template=not args.no_chat_template,
-        image=image,
-        method_options=method_options,
-    )
-    if args.json:
-        try:
-            attr.save_json(args.json)
-        except OSError as e:
-            raise InputError(f"Cannot write {args.json!r}: {e}") from e
-        print(f"wrote {args.json} ({attr.num_steps} steps x {attr.num_prompt_tokens} prompt tokens)")
-    else:
-        _print_summary(attr, args.top)
-    if args.gif:
-        from visuals.overlay import overlay_animation
-
-        try:
-            Path(args.gif).write_bytes(overlay_animation(image, attr, methods, contour_top_percent=10))
-        except (OSError, ValueError) as e:
-            raise InputError(f"Cannot write {args.gif!r}: {e}") from e
-        print(f"wrote {args.gif} ({attr.num_steps} frames, one overlay per method)")
-    return 0
-
-
-def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
-    from visuals.curves import TABLE_HEADERS, faithfulness_rows
-
-    lines = [f"answer ({attr.num_steps} tokens): {attr.generated_text!r}"]
-    if report.removal:
-        lines.append(f"removal: {report.removal.runs} distinct perturbed runs, fractions {report.removal.fractions}")
-    if report.soft:
-        cfg = report.soft.config
-        steps = ", ".join(str(k + 1) for k in report.soft.steps)
-        lines.append(f"pi-Soft: step(s) {steps}; {cfg['samples']} samples per pi, pi = {report.soft.pis}")
-    widths = [max(10, len(h) + 1) for h in TABLE_HEADERS]
-    lines.append("".join(f"{h:>{w}}" for h, w in zip(TABLE_HEADERS, widths)))
-    for row in faithfulness_rows(report):
-        cells = [row[0]] + ["-" if v is None else f"{v:+.4f}" for v in row[1:]]
-        lines.append("".join(f"{c:>{w}}" for c, w in zip(cells, widths)))
-    gen = seconds["generation"]
-    lines.append(
-        "seconds: "
-        + ", ".join(
-            f"{k} {v:.2f}" + (f" ({v / gen:.1f}x generation)" if k != "generation" and gen else "")
-            for k, v in seconds.items()
-        )  # fmt: skip
-    )
-    return "\n".join(lines)
-
-
-def cmd_faithfulness(args: argparse.Namespace) -> int:
-    import dataclasses
-    import time
-
-    from ..explain import explain
-    from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
-    from ..methods import parse_methods
-    from ..models import load_model
-
-    prompt = _read_prompt(args)
-    if not prompt.strip():
-        raise InputError("The prompt is empty: type a question or some text to continue.")
-    methods, method_options = parse_methods(args.methods)
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
-    soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
-    if soft is not None and args.routing:
-        soft = dataclasses.replace(soft, routing=args.routing)
-    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
-    options = dict(
-        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
-    )
-    explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
-    attr = explain(bundle, prompt, methods=methods, **options)
-    seconds = {"generation": float(attr.meta["generation_seconds"])}
-    steps = None
-    if not args.all_steps:
-        k = attr.num_steps if args.step is None else args.step
-        if not 1 <= k <= attr.num_steps:
-            raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
-        steps = [k - 1]
-    report = FaithfulnessReport()
-    t0 = time.perf_counter()
-    report.removal = removal_curves(bundle, attr, methods, config=RemovalConfig(seed=args.seed))
-    seconds["removal"] = time.perf_counter() - t0
-    if soft is not None:
-        t0 = time.perf_counter()
-        report.soft = soft_curves(bundle, attr, methods, config=soft, steps=steps)
-        seconds["soft"] = time.perf_counter() - t0
-    print(_format_faithfulness(report, attr, seconds))
-    if args.json:
-        out = {
-            "model": bundle.name,
-            "prompt_tokens": attr.num_prompt_tokens,
-            "answer": attr.generated_text,
-            "generated_tokens": attr.num_steps,
-            "methods": methods,
-            "seconds": seconds,
-            "ratio_to_generation": {k: v / seconds["generation"] for k, v in seconds.items() if k != "generation"},
-            "removal": dataclasses.asdict(report.removal),
-            "soft": dataclasses.asdict(report.soft) if report.soft else None,
-        }
-        try:
-            Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")
-        except OSError as e:
-            raise InputError(f"Cannot write {args.json!r}: {e}") from e
-        print(f"wrote {args.json}")
-    return 0
-
-
 def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
@@ -213,6 +44,9 @@ def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
+    # Imported here, not at the top: the command modules import this package's shared helpers.
+    from .eval import add_eval_parser
+    from .explain import cmd_explain, cmd_faithfulness
 
     p = sub.add_parser("explain", help="generate an answer and explain every token")
     _prompt_and_model_options(p)
@@ -246,7 +80,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_faithfulness)
 
     from ..bench import add_bench_parser
-    from ..evaluate import add_eval_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)
