@@ -42,12 +42,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from . import errors
-from .errors import ExplainerError, InputError, UnknownMethodError
-from .session import hold
+from .. import errors
+from ..errors import ExplainerError, InputError, UnknownMethodError
+from ..session import hold
 
 BASELINE = "none"
-_REPO_ROOT = Path(__file__).resolve().parents[1]
+_REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = _REPO_ROOT.parent / "shared/data/squad2-dev-350.json"
 SQUAD_SOURCE = "squad2-dev-350"
 GENERATED_SOURCE = "generated"
@@ -344,8 +344,8 @@ def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
 def _make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
     import torch
 
-    from .explain import generate_steps
-    from .methods import GenerationRun
+    from ..explain import generate_steps
+    from ..methods import GenerationRun
 
     if method_name == BASELINE:
 
@@ -518,7 +518,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from .models import load_model
+    from ..models import load_model
 
     n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
     if spec.get("threads"):
@@ -730,13 +730,13 @@ def _parse_lengths(text: str) -> list[int]:
 
 def method_from_spec(spec: str):
     """A method from its spec (see `methods.method_from_spec`)."""
-    from .methods import method_from_spec as from_spec
+    from ..methods import method_from_spec as from_spec
 
     return from_spec(spec)
 
 
 def _parse_methods(text: str) -> list[str]:
-    from .methods import METHODS
+    from ..methods import METHODS
 
     names = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
     if not names:
