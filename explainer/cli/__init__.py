@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     # Imported here, not at the top: the command modules import this package's shared helpers.
+    from .bench import add_bench_parser
     from .eval import add_eval_parser
     from .explain import cmd_explain, cmd_faithfulness
 
@@ -78,8 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
     p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
     p.set_defaults(func=cmd_faithfulness)
-
-    from ..bench import add_bench_parser
 
     add_bench_parser(sub)
     add_eval_parser(sub)

@@ -1,0 +1,169 @@
+"""Timing inside a worker process: load the model, warm up, then time `repeats` runs of one (method, prompt length)."""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from ..errors import ExplainerError, InputError
+from ..session import hold
+from .probes import _ContentionProbe, _live_peak_mb, _MemoryProbe
+from .prompts import prompt_ids
+from .report import BASELINE, BenchRow
+
+WARMUP_NEW_TOKENS = 2  # enough to run the prefill and one cached decode step
+# Post-hoc methods (AtMan) cost about as much for 2 new tokens as for 32 (their cost grows with the prompt), so they
+# warm up on a short prefix of the prompt: the one-time costs are the same, minutes of untimed work are not spent.
+WARMUP_POSTHOC_PROMPT_TOKENS = 64
+
+
+def method_from_spec(spec: str):
+    """A method from its spec (see `methods.method_from_spec`)."""
+    from ..methods import method_from_spec as from_spec
+
+    return from_spec(spec)
+
+
+def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
+    """A callable `run(input_ids (1, N), K) -> tokens generated` for the baseline or a registered method.
+
+    The kind of run depends only on the method's `streaming` flag, so newly registered methods are benchmarked as
+    they are. Every run holds the model (`session.hold`), like any request.
+    """
+    runner = _make_runner(model, method_name)
+
+    def held(input_ids, k: int) -> int:
+        with hold(model):
+            return runner(input_ids, k)
+
+    return held
+
+
+def _make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
+    import torch
+
+    from ..explain import generate_steps
+    from ..methods import GenerationRun
+
+    if method_name == BASELINE:
+
+        def run_plain(input_ids: torch.Tensor, k: int) -> int:
+            with torch.inference_mode():
+                out = model.generate(input_ids, max_new_tokens=k, min_new_tokens=k, do_sample=False)  # (1, N + K)
+            return out.shape[1] - input_ids.shape[1]
+
+        return run_plain
+
+    method = method_from_spec(method_name)
+    if method.streaming:
+
+        def run_streaming(input_ids: torch.Tensor, k: int) -> int:
+            # Keep the score rows as the app does, so their cost is counted.
+            rows = [s.scores[method.name] for s in generate_steps(model, input_ids, [method], k, eos_token_ids=())]
+            return len(rows)
+
+        return run_streaming
+
+    def run_posthoc(input_ids: torch.Tensor, k: int) -> int:
+        tokens = [s.token_id for s in generate_steps(model, input_ids, [], k, eos_token_ids=())]
+        generated = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)  # (1, K)
+        full = torch.cat([input_ids, generated], dim=1)  # (1, N + K)
+        method.explain(GenerationRun(model=model, input_ids=full, num_prompt_tokens=input_ids.shape[1]))
+        return len(tokens)
+
+    return run_posthoc
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    """Load the model, warm up, time `repeats` runs of one configuration; runs inside a fresh worker process.
+
+    Args:
+        spec: model, device, method, prompt_tokens, new_tokens, repeats, data (path or None), threads (None keeps
+            torch's default), quiet_wait (seconds to wait, before each timed run, for other processes to leave the
+            CPUs alone), live_mem (also measure `BenchRow.live_peak_mem_mb`).
+
+    Returns:
+        A `BenchRow` as a dict plus `model`, `device`, `torch_threads` and `text_source`.
+    """
+    import torch
+
+    from ..models import load_model
+
+    n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
+    if spec.get("threads"):
+        torch.set_num_threads(int(spec["threads"]))
+    bundle = load_model(spec["model"], device=spec["device"], max_prompt_tokens=n)
+    context = bundle.context_length
+    if context is not None and n + k > context:
+        raise InputError(
+            f"{n} prompt tokens + {k} new tokens exceed the context of {bundle.name} ({context} tokens). "
+            "Ask for shorter prompts or fewer new tokens."
+        )
+    ids, source = prompt_ids(bundle.tokenizer, n, Path(spec["data"]) if spec.get("data") else None)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
+    run = make_runner(bundle.model, spec["method"])
+    posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming
+    run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, min(WARMUP_NEW_TOKENS, k))
+    gc.collect()
+
+    probe = _MemoryProbe(bundle.device)
+    seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
+    contention = _ContentionProbe()
+    for i in range(int(spec["repeats"])):
+        if bundle.device.type == "cuda":
+            torch.cuda.synchronize(bundle.device)
+        contention.wait_quiet(float(spec.get("quiet_wait", 0.0)))
+        # Trimming only once: a trim before every run would make each run fault its pages in again, inside the timing.
+        bases.append(probe.reset(trim=i == 0))
+        with contention:
+            t0, c0 = time.perf_counter(), time.process_time()
+            produced = run(input_ids, k)
+            if bundle.device.type == "cuda":
+                torch.cuda.synchronize(bundle.device)
+            seconds.append(time.perf_counter() - t0)
+            cpu_seconds.append(time.process_time() - c0)
+        other_cpu.append(contention.fraction)
+        peaks.append(probe.peak_mb())
+        if produced != k:
+            raise RuntimeError(f"{spec['method']} generated {produced} tokens instead of {k}")
+    live_mb = _live_peak_mb(run, input_ids, k) if spec.get("live_mem") and bundle.device.type == "cpu" else None
+    row = BenchRow(
+        method=spec["method"],
+        prompt_tokens=n,
+        new_tokens=k,
+        tokens_per_s=statistics.median(k / s for s in seconds),
+        peak_mem_mb=max(peaks),
+        repeats=len(seconds),
+        seconds_all=seconds,
+        peak_mem_mb_all=peaks,
+        mem_method=probe.method,
+        base_mem_mb=bases[0],
+        cpu_seconds_all=cpu_seconds,
+        other_cpu_frac_all=other_cpu,
+        live_peak_mem_mb=live_mb,
+    )
+    return {
+        "row": asdict(row),
+        "model": bundle.name,
+        "device": str(bundle.device),
+        "torch_threads": torch.get_num_threads(),
+        "text_source": source,
+    }
+
+
+def worker_main(argv: list[str]) -> int:
+    """Entry point of a worker process: `argv` = [spec JSON, output path]. Writes the result or the error there."""
+    spec, out_path = json.loads(argv[0]), Path(argv[1])
+    try:
+        result = measure(spec)
+    except ExplainerError as e:
+        out_path.write_text(json.dumps({"error": str(e), "error_type": type(e).__name__}), encoding="utf-8")
+        return 2
+    out_path.write_text(json.dumps(result), encoding="utf-8")
+    return 0

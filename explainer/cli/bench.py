@@ -1,0 +1,175 @@
+"""The `bench` command: its options, then measure (or merge saved reports), print the tables, write JSON and plots."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from .. import bench
+from ..bench import (
+    BASELINE,
+    DEFAULT_DATA,
+    BenchRow,
+    format_efficiency,
+    format_markdown,
+    format_table,
+    load_reports,
+    markdown_caption,
+    method_from_spec,
+    run_bench,
+)
+from ..errors import InputError, UnknownMethodError
+
+
+def _parse_lengths(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError as e:
+        raise InputError(f"--prompt-tokens must be comma-separated integers, got {text!r}.") from e
+    if not values or min(values) < 1:
+        raise InputError(f"--prompt-tokens needs positive lengths, got {text!r}.")
+    return list(dict.fromkeys(values))
+
+
+def _parse_methods(text: str) -> list[str]:
+    from ..methods import METHODS
+
+    names = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
+    if not names:
+        raise InputError("--methods needs at least one name, e.g. none,macs.")
+    for name in names:
+        if name == BASELINE:
+            continue
+        try:
+            method_from_spec(name)
+        except UnknownMethodError as e:
+            valid = ", ".join([BASELINE, *METHODS])
+            raise UnknownMethodError(f"Unknown method {name!r}. Available for bench: {valid}.") from e
+    return names
+
+
+def write_plot(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
+    """Throughput and peak memory vs prompt length as interactive HTML (`.html`) or a static image (`.png`)."""
+    from visuals.efficiency import efficiency_figure, efficiency_png
+
+    suffix = Path(path).suffix.lower()
+    try:
+        if suffix == ".html":
+            efficiency_figure(rows, title).write_html(path, include_plotlyjs=True)
+        elif suffix == ".png":
+            efficiency_png(rows, title).save(path)
+        else:
+            raise InputError(f"--plot must end in .html or .png, got {path!r}.")
+    except OSError as e:
+        raise InputError(f"Cannot write {path!r}: {e}") from e
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    for path in (args.json, args.plot):
+        if path and not Path(path).resolve().parent.is_dir():
+            raise InputError(f"Cannot write {path!r}: its folder does not exist.")
+    if args.plot and Path(args.plot).suffix.lower() not in (".html", ".png"):
+        raise InputError(f"--plot must end in .html or .png, got {args.plot!r}.")
+    if args.report:
+        report = load_reports([p.strip() for p in args.report.split(",") if p.strip()])
+    else:
+        report = _measure_from_args(args)
+    rows = [BenchRow(**r) for r in report["rows"]]
+    m = report["machine"]
+    print(
+        f"model: {report['model']}   device: {m['device']}   torch threads: {m['torch_threads']}   "
+        f"text: {report['text_source']}   date: {report['date']}"
+    )
+    print(format_table(rows))
+    print()
+    print("Table 3 layout (MACS paper): means over the prompt lengths listed, change vs plain generation")
+    print(format_efficiency(rows))
+    if args.markdown:
+        print()
+        print(format_markdown(rows, markdown_caption(report)))
+        print()
+        print(format_efficiency(rows, markdown=True))
+    if args.json:
+        try:
+            Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+        except OSError as e:
+            raise InputError(f"Cannot write {args.json!r}: {e}") from e
+        print(f"wrote {args.json}")
+    if args.plot:
+        write_plot(report["rows"], args.plot, f"{report['model']}, {report['new_tokens']} new tokens, {m['device']}")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    lengths = _parse_lengths(args.prompt_tokens)
+    methods = _parse_methods(args.methods)
+    if args.new_tokens < 1:
+        raise InputError(f"--new-tokens must be at least 1, got {args.new_tokens}.")
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be at least 1, got {args.repeats}.")
+    if args.threads is not None and args.threads < 1:
+        raise InputError(f"--threads must be at least 1, got {args.threads}.")
+    if args.quiet_wait < 0:
+        raise InputError(f"--quiet-wait must be zero or more seconds, got {args.quiet_wait}.")
+    if args.data is not None and not Path(args.data).is_file():
+        raise InputError(f"Benchmark text file {args.data!r} does not exist.")
+    return run_bench(
+        args.model,
+        lengths,
+        args.new_tokens,
+        methods,
+        args.repeats,
+        device=args.device,
+        data_path=Path(args.data) if args.data else DEFAULT_DATA,
+        quiet_wait=args.quiet_wait,
+        threads=args.threads,
+        live_mem=args.live_mem,
+        log=lambda line: print(line, file=sys.stderr, flush=True),
+    )
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Register `bench` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "bench",
+        help="tokens/s and peak memory of attribution methods against plain generate",
+        description=bench.__doc__.splitlines()[0],
+    )
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--prompt-tokens", default="256,1024,2048", help="comma-separated prompt lengths in tokens")
+    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per run (EOS does not stop early)")
+    p.add_argument(
+        "--methods",
+        default="none,macs",
+        help="comma-separated: none (plain generate) and registered method names, each optionally with options "
+        "as name:key=value:key=value (e.g. macs:alpha=0.5)",
+    )
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    p.add_argument("--data", default=None, help=f"SQuAD-style JSON for prompt text (default: {DEFAULT_DATA})")
+    p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
+    p.add_argument(
+        "--quiet-wait",
+        type=float,
+        default=0.0,
+        help="before each timed run, wait up to this many seconds for other processes to leave the CPUs idle "
+        "(useful on shared machines; 0 = do not wait)",
+    )
+    p.add_argument(
+        "--live-mem",
+        action="store_true",
+        help="CPU: after the timed runs, one more untimed run with glibc's caching of blocks >= 64 KiB off, whose "
+        "peak follows live tensors more closely (peak_mem_mb carries a few percent of allocator noise)",
+    )
+    p.add_argument("--json", help="write the rows and machine details as JSON to this path")
+    p.add_argument("--markdown", action="store_true", help="also print Markdown tables for the README")
+    p.add_argument("--plot", help="write throughput and peak memory vs prompt length to this .html or .png file")
+    p.add_argument(
+        "--report",
+        help="comma-separated --json files of earlier runs: combine and print them (tables, --plot) without measuring",
+    )
+    p.set_defaults(func=cmd_bench)
