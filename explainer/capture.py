@@ -258,7 +258,8 @@ def attention_function_selected(
             ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.pop(name, None)
 
 
-def registered_capture_names() -> list[str]:
-    """Names this module has currently registered (empty outside a `capture_attention` block)."""
+def registered_names(prefix: str = "explainer_") -> list[str]:
+    """Attention and mask function names currently registered by this package (empty outside its blocks); a
+    narrower `prefix` picks one kind, e.g. "explainer_capture_" or "explainer_atman_"."""
     names = set(ALL_ATTENTION_FUNCTIONS.keys()) | set(ALL_MASK_ATTENTION_FUNCTIONS.keys())
-    return sorted(n for n in names if n.startswith(_NAME_PREFIX))
+    return sorted(n for n in names if n.startswith(prefix))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from .errors import InputError
+from .metrics import average_precision
 from .result import Attribution, zscore
 
 
@@ -52,43 +54,18 @@ def upsample_map(grid_map: np.ndarray, size: tuple[int, int], resample: int = Im
     return np.asarray(Image.fromarray(m, mode="F").resize(tuple(size), resample=resample), dtype=np.float32)
 
 
-def average_precision(scores: np.ndarray, labels: np.ndarray) -> float:
-    """Area under the precision-recall curve as average precision (step-wise, ties handled as one threshold).
-
-    AP = sum_t (R_t - R_{t-1}) * P_t over descending score thresholds t, the same definition as scikit-learn's
-    `average_precision_score`.
-
-    Args:
-        scores: (M,) any real scores; higher means "more likely positive".
-        labels: (M,) booleans.
-
-    Returns:
-        AP in [0, 1]; NaN when there is no positive.
-    """
-    s = np.asarray(scores, dtype=np.float64).ravel()
-    y = np.asarray(labels, dtype=bool).ravel()
-    if s.shape != y.shape:
-        raise ValueError(f"scores and labels differ in size: {s.shape} vs {y.shape}")
-    positives = int(y.sum())
-    if positives == 0:
-        return float("nan")
-    order = np.argsort(-s, kind="stable")
-    s, y = s[order], y[order]
-    tp = np.cumsum(y)  # (M,)
-    last = np.r_[np.nonzero(np.diff(s))[0], s.size - 1]  # last index of every distinct threshold
-    tp = tp[last].astype(np.float64)
-    precision = tp / (last + 1)
-    recall = tp / positives
-    return float(np.sum(np.diff(np.r_[0.0, recall]) * precision))
-
-
 def mask_average_precision(attr: Attribution, method: str, step: int, mask: np.ndarray) -> float:
     """AUC-PR of one step's image map against a binary object mask, over pixels (Appendix B).
 
     Args:
         attr, method, step: as in `image_map`.
         mask: (H, W) booleans, True on the object; any resolution (the map is upsampled to it).
+
+    Raises:
+        InputError: the mask marks no pixel (AP is undefined; `metrics.average_precision` would give 0).
     """
     mask = np.asarray(mask, dtype=bool)  # (H, W)
+    if not mask.any():
+        raise InputError("The object mask is empty: mark at least one pixel of the object.")
     heat = upsample_map(image_map(attr, method, step), (mask.shape[1], mask.shape[0]), Image.BILINEAR)  # (H, W)
-    return average_precision(heat, mask)
+    return average_precision(mask.ravel(), heat.ravel())

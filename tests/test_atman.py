@@ -13,11 +13,11 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from explainer import METHODS, UnsupportedModelError, bundle_from_objects, explain, get_method
+from explainer.capture import registered_names
 from explainer.methods.atman import (
     AtMan,
     AtManConfig,
     atman_scores,
-    registered_atman_names,
     suppression_factors,
 )
 
@@ -73,7 +73,7 @@ def sequences(tokenizer):
 
 
 def _assert_untouched(model) -> None:
-    assert registered_atman_names() == []
+    assert registered_names() == []
     assert model.config._attn_implementation == "sdpa"
 
 
@@ -166,7 +166,7 @@ def test_model_restored_after_success_and_failure(sequences, fast):
     seen = []
 
     def watch(fraction, message):
-        seen.append((registered_atman_names(), model.config._attn_implementation))
+        seen.append((registered_names("explainer_atman_"), model.config._attn_implementation))
 
     atman_scores(model, ids, n, AtManConfig(fast=fast), progress=watch)
     names, impl = seen[0]
@@ -204,12 +204,12 @@ def test_unsupported_models_are_refused_and_restored():
     previous = gemma.config._attn_implementation
     with pytest.raises(UnsupportedModelError, match="soft-capping"):
         atman_scores(gemma, ids, 7)
-    assert gemma.config._attn_implementation == previous and registered_atman_names() == []
+    assert gemma.config._attn_implementation == previous and registered_names() == []
 
     cfg = MambaConfig(vocab_size=320, hidden_size=32, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=2)
     with pytest.raises(UnsupportedModelError, match="no attention layers"):
         atman_scores(MambaForCausalLM(cfg).eval(), ids, 7)
-    assert registered_atman_names() == []
+    assert registered_names() == []
 
 
 @pytest.mark.parametrize("fast", [True, False])

@@ -9,9 +9,9 @@ import torch
 from PIL import Image
 
 from explainer import explain
-from explainer.capture import registered_capture_names
+from explainer.capture import registered_names
 from explainer.image_maps import image_map
-from explainer.methods.atman import AtManConfig, atman_scores, registered_atman_names
+from explainer.methods.atman import AtManConfig, atman_scores
 from explainer.vision import encode_image_prompt, full_sequence_inputs
 
 from .reference import reference_suppression_rows, suppressed_eager_attention
@@ -66,7 +66,7 @@ def _reference(model, enc, ids, extra, threshold: float, f: float = 0.1):
 
 
 def _assert_clean(model) -> None:
-    assert registered_atman_names() == [] and registered_capture_names() == []
+    assert registered_names() == []
     assert model.config.text_config._attn_implementation == "sdpa"
     assert model.config.vision_config._attn_implementation == "sdpa"
     assert model.model.rope_deltas is None  # positions are passed explicitly; no state is left in the model

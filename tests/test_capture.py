@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 
-from explainer.capture import capture_attention, registered_capture_names
+from explainer.capture import capture_attention, registered_names
 from explainer.errors import UnsupportedModelError
 
 from .conftest import eager_attentions
@@ -28,7 +28,7 @@ def _hooks(model) -> dict:
 
 
 def _assert_clean(model, hooks_before: dict, implementation: str = "sdpa") -> None:
-    assert registered_capture_names() == []
+    assert registered_names() == []
     assert model.config._attn_implementation == implementation
     assert _hooks(model) == hooks_before
 
@@ -120,7 +120,7 @@ def test_restored_after_exception_in_block(llama):
     hooks = _hooks(llama)
     with pytest.raises(RuntimeError, match="boom"):
         with capture_attention(llama):
-            assert registered_capture_names()
+            assert registered_names("explainer_capture_")
             raise RuntimeError("boom")
     _assert_clean(llama, hooks)
 

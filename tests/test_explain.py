@@ -8,7 +8,7 @@ import torch
 from transformers import MambaConfig, MambaForCausalLM
 
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain, stream_explain
-from explainer.capture import registered_capture_names
+from explainer.capture import registered_names
 from explainer.methods import MACS
 from explainer.session import model_lock
 
@@ -57,7 +57,7 @@ def test_closed_stream_leaves_model_unchanged_and_free(bundle):
     next(stream)
     stream.close()
     assert not stream.running and not model_lock(bundle.model).locked()
-    assert registered_capture_names() == [] and bundle.model.config._attn_implementation == "sdpa"
+    assert registered_names() == [] and bundle.model.config._attn_implementation == "sdpa"
 
 
 def test_failure_mid_generation_leaves_model_unchanged(bundle):
@@ -69,7 +69,7 @@ def test_failure_mid_generation_leaves_model_unchanged(bundle):
 
     with pytest.raises(RuntimeError, match="method failed"):
         explain(bundle, PROMPT, methods=[Failing()], max_new_tokens=8)
-    assert registered_capture_names() == [] and bundle.model.config._attn_implementation == "sdpa"
+    assert registered_names() == [] and bundle.model.config._attn_implementation == "sdpa"
     assert explain(bundle, PROMPT, max_new_tokens=2).num_steps == 2  # still usable
 
 
@@ -85,4 +85,4 @@ def test_model_without_attention_layers_is_refused(tokenizer):
     bundle = bundle_from_objects(MambaForCausalLM(cfg), tokenizer, name="tiny-mamba")
     with pytest.raises(UnsupportedModelError, match="no attention layers"):
         explain(bundle, PROMPT, methods=["macs"], max_new_tokens=2)
-    assert registered_capture_names() == []
+    assert registered_names() == []

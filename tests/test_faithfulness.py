@@ -8,7 +8,7 @@ import torch
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from explainer import bundle_from_objects, explain
-from explainer.capture import registered_capture_names
+from explainer.capture import registered_names
 from explainer.errors import InputError
 from explainer.faithfulness import (
     RemovalConfig,
@@ -113,7 +113,7 @@ def test_removal_curves_end_to_end(bundle, attr):
                 assert curves[name][0] == pytest.approx(1.0)  # c(0) = 1
             auc = report.auc[m][metric]
             assert auc["srg"] == pytest.approx(auc["lif"] - auc["mif"])
-    assert registered_capture_names() == [] and bundle.model.config._attn_implementation == "sdpa"
+    assert registered_names() == [] and bundle.model.config._attn_implementation == "sdpa"
 
 
 def test_removal_rejects_bad_input(bundle, attr):

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.image_maps import average_precision, image_map, mask_average_precision, upsample_map
+from explainer.errors import InputError
+from explainer.image_maps import image_map, mask_average_precision, upsample_map
+from explainer.metrics import average_precision
 from explainer.result import Attribution, MethodScores
 from visuals.overlay import colormap, heat_map, image_overlay, overlay_animation, overlay_frames, overlay_grid
 
@@ -129,16 +131,17 @@ def test_round_trip_keeps_the_image_record():
 
 
 def test_average_precision_hand_computed():
+    # one AP for text and image maps: metrics.average_precision(labels, scores), 0.0 without positives
     # ranks: 0.9 (+), 0.8 (-), 0.7 (+), 0.1 (-): AP = 1/2 * 1 + 1/2 * 2/3 = 5/6
-    assert average_precision(np.array([0.9, 0.8, 0.7, 0.1]), np.array([1, 0, 1, 0])) == pytest.approx(5 / 6)
+    assert average_precision(np.array([1, 0, 1, 0]), np.array([0.9, 0.8, 0.7, 0.1])) == pytest.approx(5 / 6)
     # perfect and worst rankings
-    assert average_precision(np.array([3, 2, 1, 0]), np.array([1, 1, 0, 0])) == pytest.approx(1.0)
-    assert average_precision(np.array([0, 1, 2, 3]), np.array([1, 1, 0, 0])) == pytest.approx((1 / 3 + 2 / 4) / 2)
+    assert average_precision(np.array([1, 1, 0, 0]), np.array([3, 2, 1, 0])) == pytest.approx(1.0)
+    assert average_precision(np.array([1, 1, 0, 0]), np.array([0, 1, 2, 3])) == pytest.approx((1 / 3 + 2 / 4) / 2)
     # ties form one threshold: all equal scores give the positive rate
-    assert average_precision(np.ones(5), np.array([1, 0, 0, 1, 0])) == pytest.approx(2 / 5)
+    assert average_precision(np.array([1, 0, 0, 1, 0]), np.ones(5)) == pytest.approx(2 / 5)
     # a tie between a positive and a negative at the top: precision 1/2 at recall 1/2, then 2/3 at recall 1
-    assert average_precision(np.array([2, 2, 1, 0]), np.array([1, 0, 1, 0])) == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3)
-    assert np.isnan(average_precision(np.arange(3), np.zeros(3)))
+    assert average_precision(np.array([1, 0, 1, 0]), np.array([2, 2, 1, 0])) == pytest.approx(0.5 * 0.5 + 0.5 * 2 / 3)
+    assert average_precision(np.zeros(3), np.arange(3)) == 0.0
 
 
 def test_mask_average_precision_on_synthetic_masks():
@@ -152,3 +155,5 @@ def test_mask_average_precision_on_synthetic_masks():
     assert good > 0.9 and bad < mask.mean() * 2 and good > bad
     heat = upsample_map(image_map(attr, "macs", 0), (50, 30))
     assert heat.shape == (30, 50)
+    with pytest.raises(InputError, match="mask is empty"):
+        mask_average_precision(attr, "macs", 0, np.zeros_like(mask))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from explainer import METHODS, UnknownMethodError, bundle_from_objects, explain, get_method
-from explainer.capture import registered_capture_names
+from explainer.capture import registered_names
 
 from .conftest import build_model
 
@@ -30,7 +30,7 @@ def test_method_contract(bundle, name):
     assert np.all(np.isfinite(scores.raw)) and np.all(np.isfinite(scores.z))
     np.testing.assert_allclose(scores.z.mean(axis=1), 0, atol=1e-4)
     assert scores.seconds >= 0
-    assert registered_capture_names() == [] and bundle.model.config._attn_implementation == "sdpa"
+    assert registered_names() == [] and bundle.model.config._attn_implementation == "sdpa"
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -12,11 +12,10 @@ import pytest
 import torch
 
 from explainer import bundle_from_objects, explain, stream_explain
-from explainer.capture import capture_attention, registered_capture_names
+from explainer.capture import capture_attention, registered_names
 from explainer.errors import Cancelled
 from explainer.faithfulness import RemovalConfig, SoftConfig, measure_faithfulness, stream_faithfulness
 from explainer.methods import MACS
-from explainer.methods.atman import registered_atman_names
 from explainer.session import CancelToken, check_cancelled, hold, model_lock, run_in_worker
 
 from .conftest import build_model
@@ -39,7 +38,7 @@ def bundle(tokenizer):
 
 
 def _clean(bundle) -> None:
-    assert registered_capture_names() == [] and registered_atman_names() == []
+    assert registered_names() == []
     assert bundle.model.config._attn_implementation == "sdpa"
     assert not model_lock(bundle.model).locked()
 

@@ -13,7 +13,7 @@ from PIL import Image
 
 import explainer.capture as capture_module
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain
-from explainer.capture import capture_attention, language_config, registered_capture_names
+from explainer.capture import capture_attention, language_config, registered_names
 from explainer.cli import main as cli_main
 from explainer.image_maps import image_map
 from explainer.vision import encode_image_prompt, full_sequence_inputs, load_image
@@ -48,7 +48,7 @@ def _image(w: int, h: int, seed: int = 0) -> Image.Image:
 
 
 def _assert_clean(model) -> None:
-    assert registered_capture_names() == []
+    assert registered_names() == []
     assert model.config.text_config._attn_implementation == "sdpa"
     assert model.config.vision_config._attn_implementation == "sdpa"
     assert model.model.rope_deltas is None  # positions are passed explicitly; no state is left in the model
@@ -183,7 +183,7 @@ def test_text_only_bundle_is_refused_for_images(tokenizer):
     text_bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
     with pytest.raises(UnsupportedModelError, match="text-only"):
         explain(text_bundle, QUESTION, image=_image(64, 64), max_new_tokens=2)
-    assert registered_capture_names() == []
+    assert registered_names() == []
 
 
 def test_post_hoc_method_without_image_support_is_refused(bundle, vl_model):
@@ -243,7 +243,7 @@ def test_bad_images_give_clear_input_errors(tmp_path, bundle, kind, message):
         load_image(path)
     with pytest.raises(InputError, match=message):
         explain(bundle, QUESTION, image=str(path), max_new_tokens=2)
-    assert registered_capture_names() == []
+    assert registered_names() == []
 
 
 @pytest.fixture(scope="module")

@@ -42,8 +42,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.masking_utils import eager_mask
 
 from ..capture import attention_function_selected
 from ..errors import UnsupportedModelError
@@ -183,12 +182,6 @@ def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
             yield state
     finally:
         state.bias = None
-
-
-def registered_atman_names() -> list[str]:
-    """Names this module has currently registered (empty outside an `attention_suppression` block)."""
-    names = set(ALL_ATTENTION_FUNCTIONS.keys()) | set(ALL_MASK_ATTENTION_FUNCTIONS.keys())
-    return sorted(n for n in names if n.startswith(_NAME_PREFIX))
 
 
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
