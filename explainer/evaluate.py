@@ -33,6 +33,7 @@ QA_PROMPT = (
     "Answer the question based on the following text. Keep your response short and simple. "
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
+SQUAD_KEYS = ("id", "question", "context", "answers")  # what evaluation reads from every row
 FAITHFULNESS_METRICS = tuple(m.key for m in REMOVAL_METRICS)
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
@@ -56,8 +57,15 @@ class EvalConfig:
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def load_squad(path: str | Path, limit: int | None = None) -> list[dict[str, Any]]:
+def load_squad(
+    path: str | Path, limit: int | None = None, required: tuple[str, ...] = SQUAD_KEYS
+) -> list[dict[str, Any]]:
     """Rows {id, title, question, context, answers: [{text, answer_start}]} from a list or a {"rows": [...]} file.
+
+    Args:
+        path: the JSON file.
+        limit: keep only the first `limit` rows (None: all).
+        required: keys every row must have; the benchmark, which only reads contexts, requires none.
 
     Raises:
         InputError: unreadable file or rows without the needed keys.
@@ -70,8 +78,8 @@ def load_squad(path: str | Path, limit: int | None = None) -> list[dict[str, Any
     if not isinstance(rows, list):
         raise InputError(f"{str(path)!r} holds neither a list of rows nor {{'rows': [...]}}.")
     for r in rows:
-        if not all(k in r for k in ("id", "question", "context", "answers")):
-            raise InputError(f"Row {r.get('id', '?')!r} lacks one of id, question, context, answers.")
+        if not all(k in r for k in required):
+            raise InputError(f"Row {r.get('id', '?')!r} lacks one of {', '.join(required)}.")
     return rows[:limit] if limit is not None else rows
 
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import itertools
-import json
 import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..evaluate import load_squad
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DATA = _REPO_ROOT.parent / "shared/data/squad2-dev-350.json"
@@ -29,14 +29,11 @@ _WORDS = _WORD_LIST.split()
 
 
 def _squad_contexts(path: Path | None) -> list[str] | None:
-    """Distinct contexts in file order, or None when the file is absent."""
+    """Distinct contexts in file order, or None when the file is absent or has none (then filler text is used)."""
     if path is None or not Path(path).is_file():
         return None
-    try:
-        rows = json.loads(Path(path).read_text(encoding="utf-8"))["rows"]
-        contexts = list(dict.fromkeys(str(r["context"]) for r in rows if str(r.get("context", "")).strip()))
-    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as e:
-        raise InputError(f"Cannot read benchmark text from {str(path)!r}: {e.__class__.__name__}: {e}") from e
+    rows = load_squad(path, required=())  # rows without a context are skipped, not refused
+    contexts = list(dict.fromkeys(str(r["context"]) for r in rows if str(r.get("context", "")).strip()))
     return contexts or None
 
 
@@ -62,7 +59,8 @@ def prompt_ids(
     Args:
         tokenizer: a transformers tokenizer.
         num_tokens: N >= 1.
-        data_path: SQuAD-style JSON (`{"rows": [{"context": ...}]}`); when absent, seeded filler text is used.
+        data_path: SQuAD-style JSON read by `evaluate.load_squad` (`{"rows": [{"context": ...}]}` or a list of
+            rows); when absent, seeded filler text is used.
         seed: seed of the filler text.
 
     Returns:
