@@ -126,6 +126,23 @@ def _probs(
     return torch.softmax(scores, dim=-1).view(b, h, tq, tk)
 
 
+# Attention arguments that change the scores in ways the probability rows (and AtMan's additive bias) leave out.
+UNSUPPORTED_ATTENTION_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
+
+
+def check_attention_kwargs(module: torch.nn.Module, kwargs: dict, what: str) -> None:
+    """Refuse an attention call whose scores use soft-capping, a position bias or sinks.
+
+    Raises:
+        UnsupportedModelError: naming the layer and `what` cannot handle it.
+    """
+    if any(kwargs.get(k) is not None for k in UNSUPPORTED_ATTENTION_KWARGS):
+        raise UnsupportedModelError(
+            f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which {what} does not "
+            "support yet."
+        )
+
+
 def _make_attention_function(recorder: AttentionRecorder) -> Callable:
     def capture_attention_forward(
         module: torch.nn.Module,
@@ -137,11 +154,7 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
         scaling: float | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        if any(kwargs.get(k) is not None for k in ("softcap", "position_bias", "s_aux")):
-            raise UnsupportedModelError(
-                f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which attention "
-                "capture does not support yet."
-            )
+        check_attention_kwargs(module, kwargs, "attention capture")
         b, h, tq, d = query.shape
         kvh, tk = key.shape[1], key.shape[2]
         scale = scaling if scaling is not None else d**-0.5

@@ -111,8 +111,6 @@ class ModelBundle:
     model: Any
     tokenizer: Any
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS
-    load_seconds: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
     image_processor: Any = None  # vision-language models only (see `vision.py`)
     _vocab: dict[str, Any] = field(default_factory=dict, repr=False)  # special tokens and byte-level flag, lazily
 
@@ -152,6 +150,22 @@ class ModelBundle:
             self.tokenizer.convert_ids_to_tokens(ids), self._vocab["special"], self._vocab["byte_level"]
         )
 
+    def check_length(self, n: int, max_new_tokens: int, what: str, fix: str) -> None:
+        """Refuse a prompt of `n` tokens over the configured limit, or one that with `max_new_tokens` overflows the
+        model's context. `what` describes the prompt ("{n}" is filled in), `fix` says how to shorten it.
+
+        Raises:
+            InputError: with both parts of the message.
+        """
+        context = self.context_length
+        if n > self.max_prompt_tokens:
+            raise InputError(f"{what.format(n=n)}; the limit is {self.max_prompt_tokens}. {fix}")
+        if context is not None and n + max_new_tokens > context:
+            raise InputError(
+                f"{what.format(n=n)} and {max_new_tokens} new tokens were asked for, but the model's context holds "
+                f"{context}. {fix} Or ask for fewer tokens."
+            )
+
     def encode(self, prompt: str, chat_template: bool = True, max_new_tokens: int = 0) -> EncodedPrompt:
         """Tokenise a user prompt, with the chat template when asked and available.
 
@@ -179,16 +193,7 @@ class ModelBundle:
             for i, (s, e) in enumerate(enc["offset_mapping"]):
                 if e > s and s < end and e > start:
                     user_positions.append(i)
-        n = len(ids)
-        limit = self.max_prompt_tokens
-        context = self.context_length
-        if n > limit:
-            raise InputError(f"The prompt has {n} tokens; the limit is {limit}. Shorten it.")
-        if context is not None and n + max_new_tokens > context:
-            raise InputError(
-                f"The prompt has {n} tokens and {max_new_tokens} new tokens were asked for, but the model's context "
-                f"holds {context}. Shorten the prompt or ask for fewer tokens."
-            )
+        self.check_length(len(ids), max_new_tokens, "The prompt has {n} tokens", "Shorten it.")
         input_ids = torch.tensor([ids], dtype=torch.long, device=self.device)  # (1, N)
         return EncodedPrompt(input_ids=input_ids, user_positions=user_positions, text=text)
 
@@ -256,14 +261,12 @@ def load_model(
     model.eval()
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
-    seconds = time.perf_counter() - start
+    logger.info("Loaded %s from %s in %.1f s", name, source, time.perf_counter() - start)
     return ModelBundle(
         name=name,
         model=model,
         tokenizer=tokenizer,
         max_prompt_tokens=max_prompt_tokens,
-        load_seconds=seconds,
-        info={"source": source, "device": str(dev), "dtype": str(dtype).replace("torch.", "")},
         image_processor=image_processor,
     )
 

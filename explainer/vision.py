@@ -240,15 +240,8 @@ def encode_image_prompt(
         )
     q_lo, q_hi = q_start + shift, q_start + shift + len(question)
     user_positions = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < q_hi and e > q_lo]
-    n = len(ids)
-    context = bundle.context_length
-    if n > bundle.max_prompt_tokens:
-        raise InputError(
-            f"The image and question take {n} tokens ({num_image_tokens} for the image); the limit is "
-            f"{bundle.max_prompt_tokens}. Lower max_pixels or shorten the question."
-        )
-    if context is not None and n + max_new_tokens > context:
-        raise InputError(f"The prompt has {n} tokens plus {max_new_tokens} new ones; the model's context is {context}.")
+    what = f"The image and question take {{n}} tokens ({num_image_tokens} for the image)"
+    bundle.check_length(len(ids), max_new_tokens, what, "Lower the image detail (max_pixels) or shorten the question.")
     device = bundle.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
     mm_token_type_ids = (input_ids == cfg.image_token_id).int()  # (1, N): 1 marks image tokens

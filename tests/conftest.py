@@ -15,6 +15,8 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
+from explainer.methods import MACS
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paris is the capital of France, and Berlin is the capital of Germany.",
@@ -29,21 +31,35 @@ CHAT_TEMPLATE = (
 VOCAB = 320
 
 
-def make_tokenizer() -> PreTrainedTokenizerFast:
+def make_tokenizer(special: list[str] | None = None, corpus: list[str] | None = None) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained offline on `corpus` with the chat template; `special[3:]` (beyond the
+    three chat tokens) are registered as additional special tokens."""
+    special = special or ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=300,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        special_tokens=special,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(CORPUS, trainer)
+    tok.train_from_iterator(corpus or CORPUS, trainer)
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    if special[3:]:
+        fast.add_special_tokens({"additional_special_tokens": special[3:]})
     fast.chat_template = CHAT_TEMPLATE
     assert len(fast) <= VOCAB
     return fast
+
+
+class FailingMACS(MACS):
+    """MACS that raises after its first step: a method failing in the middle of a generation."""
+
+    def step(self, rows):
+        if rows.shape[-1] > self.n + 1:
+            raise RuntimeError("method failed")
+        return super().step(rows)
 
 
 _COMMON = dict(

@@ -9,10 +9,9 @@ from transformers import MambaConfig, MambaForCausalLM
 
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_names
-from explainer.methods import MACS
 from explainer.session import model_lock
 
-from .conftest import build_model
+from .conftest import FailingMACS, build_model
 
 PROMPT = "What is the capital of France?"
 
@@ -61,14 +60,8 @@ def test_closed_stream_leaves_model_unchanged_and_free(bundle):
 
 
 def test_failure_mid_generation_leaves_model_unchanged(bundle):
-    class Failing(MACS):
-        def step(self, rows):
-            if rows.shape[-1] > self.n + 1:
-                raise RuntimeError("method failed")
-            return super().step(rows)
-
     with pytest.raises(RuntimeError, match="method failed"):
-        explain(bundle, PROMPT, methods=[Failing()], max_new_tokens=8)
+        explain(bundle, PROMPT, methods=[FailingMACS()], max_new_tokens=8)
     assert registered_names() == [] and bundle.model.config._attn_implementation == "sdpa"
     assert explain(bundle, PROMPT, max_new_tokens=2).num_steps == 2  # still usable
 

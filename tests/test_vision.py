@@ -19,7 +19,7 @@ from explainer.image_maps import image_map
 from explainer.vision import encode_image_prompt, full_sequence_inputs, load_image
 from visuals.overlay import heat_map
 
-from .conftest import build_model
+from .conftest import FailingMACS, build_model
 from .reference import reference_macs
 from .vl_tiny import MERGE, PATCH, build_vl_model, make_vl_tokenizer, vl_bundle
 
@@ -306,16 +306,9 @@ def test_loaded_folder_is_a_vision_bundle(vl_model_dir):
 
 
 def test_failure_mid_generation_leaves_the_vl_model_clean(bundle, vl_model):
-    from explainer.methods import MACS
-
-    class Failing(MACS):
-        def step(self, rows):
-            if rows.shape[-1] > self.n + 1:
-                raise RuntimeError("method failed")
-            return super().step(rows)
 
     with pytest.raises(RuntimeError, match="method failed"):
-        explain(bundle, QUESTION, image=_image(64, 64), methods=[Failing()], max_new_tokens=4)
+        explain(bundle, QUESTION, image=_image(64, 64), methods=[FailingMACS()], max_new_tokens=4)
     _assert_clean(vl_model)
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
 from explainer.models import bundle_from_objects
 from explainer.vision import load_image_processor
 
-from .conftest import CHAT_TEMPLATE, CORPUS
+from .conftest import CORPUS, make_tokenizer
 
 SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
            "<|video_pad|>"]  # fmt: skip
@@ -18,21 +17,7 @@ PATCH, MERGE = 14, 2  # the tiny vision tower's patch side and spatial merge (Qw
 
 
 def make_vl_tokenizer() -> PreTrainedTokenizerFast:
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=300,
-        special_tokens=SPECIAL,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(CORPUS + ["What is in the image? A red square on a blue background."], trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
-    fast.chat_template = CHAT_TEMPLATE
-    assert len(fast) <= VOCAB
-    return fast
+    return make_tokenizer(SPECIAL, CORPUS + ["What is in the image? A red square on a blue background."])
 
 
 def vl_config(tokenizer) -> Qwen2_5_VLConfig:

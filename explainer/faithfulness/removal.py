@@ -39,7 +39,7 @@ from transformers import DynamicCache
 from ..errors import InputError
 from ..kv import prefix_cache, right_aligned
 from ..methods.base import ProgressFn
-from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1
+from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 from ..models import ModelBundle
 from ..result import Attribution
 from ..session import check_cancelled, hold
@@ -314,6 +314,6 @@ def removal_curves(
                 for name, rows in orders.items()
             }
             auc = {name: normalised_auc(fractions, c) for name, c in curves.items()}
-            auc["srg"] = auc["lif"] - auc["mif"]
+            auc["srg"] = srg(auc["lif"], auc["mif"])
             report.curves[m][metric], report.auc[m][metric] = curves, auc
     return report

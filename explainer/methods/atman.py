@@ -44,15 +44,13 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import eager_mask
 
-from ..capture import attention_function_selected
+from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
 from ..kv import TOKENS_PER_BATCH, prefix_cache, reusable, rows_per_batch
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
 
 _NAME_PREFIX = "explainer_atman_"
-# Attention kwargs that change the scores in ways an additive mask bias cannot be combined with here.
-_UNSUPPORTED_KWARGS = ("softcap", "position_bias", "s_aux", "sinks")
 
 
 @dataclass
@@ -148,11 +146,7 @@ def _make_attention_function(state: _Suppression) -> Callable:
         scaling: float | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
-        if any(kwargs.get(k) is not None for k in _UNSUPPORTED_KWARGS):
-            raise UnsupportedModelError(
-                f"{type(module).__name__} uses attention soft-capping, position bias or sinks, which AtMan does not "
-                "support yet."
-            )
+        check_attention_kwargs(module, kwargs, "AtMan")
         if attention_mask is None and state.bias is not None:
             raise UnsupportedModelError(
                 f"{type(module).__name__} received no attention mask from transformers' mask interface, so AtMan "
