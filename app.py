@@ -31,6 +31,7 @@ from explainer.faithfulness import (
     soft_cost,
     stream_faithfulness,
 )
+from explainer.methods import method_options
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
 from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS
@@ -79,6 +80,38 @@ def model_info() -> str:
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
     return f"**Model:** `{bundle.name}` · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+def option_inputs() -> list[tuple[str, str, Any]]:
+    """(method, option, component) for every option of every registered method, one row per method, generated from
+    the methods' config dataclasses: a checkbox for true/false, a number box for numbers, a menu for a fixed set of
+    words. Call inside a Blocks context."""
+    out = []
+    for method in available_methods():
+        with gr.Row(equal_height=True):
+            gr.Markdown(f"**{method}**", min_height=0)
+            for opt in method_options(method):
+                label, kw = f"{method}: {opt.name}", {"min_width": 180}
+                if opt.type is bool:
+                    component = gr.Checkbox(opt.default, label=label, show_label=True, container=True, **kw)
+                elif opt.type in (int, float):
+                    component = gr.Number(opt.default, label=label, precision=0 if opt.type is int else None, **kw)
+                elif opt.choices:
+                    component = gr.Dropdown(list(opt.choices), value=opt.default, label=label, **kw)
+                else:
+                    component = gr.Textbox(str(opt.default), label=label, **kw)
+                out.append((method, opt.name, component))
+    return out
+
+
+def chosen_options(methods: list[str], values: tuple) -> dict[str, dict[str, Any]]:
+    """{method: {option: value}} of the selected methods from the option widgets' values (in `OPTIONS` order); the
+    library validates them and says what is wrong."""
+    out: dict[str, dict[str, Any]] = {}
+    for (method, name), value in zip(OPTION_KEYS, values):
+        if method in methods and value is not None:
+            out.setdefault(method, {})[name] = value
+    return out
 
 
 async def follow(stream: WorkerStream, bundle: Any) -> AsyncIterator[Any]:
@@ -161,9 +194,11 @@ async def explain(
     max_new_tokens: float,
     chat_template: bool,
     show_all: bool,
+    *options: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> AsyncIterator[tuple]:
-    """Generate an answer and its attributions, yielding the rendered views as tokens arrive.
+    """Generate an answer and its attributions, yielding the rendered views as tokens arrive. `options` are the
+    values of the "Method options" widgets.
 
     Yields:
         (answer HTML, heatmap HTML, top-token rows, step-slider update, status text, Attribution for the State);
@@ -184,6 +219,7 @@ async def explain(
         methods=methods,
         max_new_tokens=int(max_new_tokens),
         chat_template=bool(chat_template),
+        method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
         cancel=CancelToken(),
     )
@@ -355,6 +391,7 @@ async def explain_image(
     opacity: float,
     contour: bool,
     max_image_tokens: float | None = None,
+    *options: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> AsyncIterator[tuple]:
     """Answer a question about an image, yielding overlays as tokens arrive. `max_image_tokens` bounds the image's
@@ -379,6 +416,7 @@ async def explain_image(
         max_new_tokens=int(max_new_tokens),
         image=image,
         max_image_tokens=int(max_image_tokens) if max_image_tokens else None,
+        method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),
         cancel=CancelToken(),
     )
@@ -402,6 +440,8 @@ def _example_images() -> list[Path]:
     return sorted(IMAGES_DIR.glob("*.png")) if IMAGES_DIR.is_dir() else []
 
 
+OPTION_KEYS = [(m, o.name) for m in available_methods() for o in method_options(m)]
+
 with gr.Blocks(title="Why did the model write that?") as demo:
     gr.Markdown(
         "# Why did the model write that?\n"
@@ -409,6 +449,9 @@ with gr.Blocks(title="Why did the model write that?") as demo:
         "heatmap shows which prompt tokens it relied on (red: more than average, blue: less). Hover a token for its "
         "score."
     )
+    with gr.Accordion("Method options (both tabs)", open=False, render=False) as options_box:
+        gr.Markdown("Each method's settings, from its config; the defaults are the papers'. See the README, Methods.")
+        OPTION_WIDGETS = [component for _, _, component in option_inputs()]
     with gr.Tabs():
         with gr.Tab("Text prompt"):
             model_md = gr.Markdown("**Model:** loading…")
@@ -449,7 +492,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
 
             explain_event = generate_btn.click(
                 explain,
-                inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box],
+                inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, *OPTION_WIDGETS],
                 outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
                 api_name="explain",
                 concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
@@ -554,6 +597,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     opacity_slider,
                     contour_box,
                     image_tokens_slider,
+                    *OPTION_WIDGETS,
                 ],
                 outputs=[
                     overlay_view,
@@ -577,6 +621,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                 show_progress="hidden",
             )
             image_cancel_btn.click(_cancelled, outputs=image_status_md, cancels=[image_event], queue=False)
+    options_box.render()
     demo.load(model_info, outputs=model_md, api_name="model_info")
     demo.load(vlm_info, outputs=vlm_md, api_name="vlm_info")
 

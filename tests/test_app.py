@@ -89,8 +89,9 @@ class FakeLibrary:
         return ["macs", "random"]
 
     def stream_explain(
-        self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None
-    ):
+        self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None,
+        method_options=None,
+    ):  # fmt: skip
         if progress is not None:
             progress(0.5, "fake post-hoc method halfway")
         self.calls.append(
@@ -100,6 +101,7 @@ class FakeLibrary:
                 "methods": methods,
                 "max_new_tokens": max_new_tokens,
                 "chat_template": chat_template,
+                "method_options": method_options,
             }
         )
         return FakeStream(self._stream(prompt, list(methods), max_new_tokens), on_cancel=self._cancel)
@@ -421,3 +423,29 @@ def test_faithfulness_event_is_named_and_shares_the_model_queue(app_module):
     assert fns["faithfulness"].concurrency_limit == 1
     assert fns["faithfulness"].concurrency_id == fns["explain"].concurrency_id
     assert fns["render_faithfulness"].fn is app_module.render_faithfulness
+
+
+def test_method_options_are_generated_from_the_configs_and_reach_the_library(app_module, fake):
+    from explainer.methods import method_options
+
+    keys = [(m, o.name) for m in app_module.available_methods() for o in method_options(m)]
+    assert app_module.OPTION_KEYS == keys and len(app_module.OPTION_WIDGETS) == len(keys)
+    widget = dict(zip(keys, app_module.OPTION_WIDGETS))
+    assert isinstance(widget[("macs", "pooling")], gr.Dropdown) and widget[("macs", "pooling")].value == "max"
+    assert isinstance(widget[("atman", "fast")], gr.Checkbox) and isinstance(widget[("macs", "alpha")], gr.Number)
+    values = [0.5 if k == ("macs", "alpha") else w.value for k, w in zip(keys, app_module.OPTION_WIDGETS)]
+    collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, *values))
+    assert fake.calls[-1]["method_options"] == {"macs": {"alpha": 0.5, "pooling": "max", "redistribute": True}}
+    fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
+    assert len(fns["explain"].inputs) == 5 + len(keys) and len(fns["explain_image"].inputs) == 7 + len(keys)
+
+
+def test_a_bad_option_is_a_clear_error(app_module, fake, monkeypatch):
+    from explainer import stream_explain
+
+    monkeypatch.setattr(app_module, "stream_explain", stream_explain)  # the real library validates the options
+    monkeypatch.setattr(app_module, "get_bundle", FakeBundle)  # options are checked before the model is used
+    keys = app_module.OPTION_KEYS
+    values = [2.0 if k == ("macs", "alpha") else w.value for k, w in zip(keys, app_module.OPTION_WIDGETS)]
+    with pytest.raises(gr.Error, match="alpha must lie in"):
+        collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, *values))
