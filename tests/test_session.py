@@ -261,3 +261,35 @@ def test_check_cancelled_sees_only_its_own_request():
         with pytest.raises(Cancelled):
             check_cancelled()
     check_cancelled()  # outside any request: nothing to cancel
+
+
+def test_app_disconnect_stops_the_work_and_the_next_request_starts_at_once(bundle, monkeypatch):
+    """What Gradio does when a visitor closes the tab: it closes the handler; the library's work must stop."""
+    import asyncio
+    import importlib
+
+    app = importlib.import_module("app")
+    real = app.stream_explain
+
+    def slow_stream(b, prompt, methods, **kw):  # the app's own call, with a method slow enough to be caught running
+        return real(b, prompt, methods=[SlowMACS()], **{**kw, "max_new_tokens": 60})
+
+    monkeypatch.setattr(app, "get_bundle", lambda: bundle)
+    monkeypatch.setattr(app, "stream_explain", slow_stream)
+
+    async def visit_then_leave():
+        handler = app.explain(PROMPTS[0], ["macs"], 60, True, False)
+        first = await handler.__anext__()
+        assert model_lock(bundle.model).locked()  # the work is running
+        await handler.aclose()
+        return first
+
+    asyncio.run(visit_then_leave())
+    t0 = time.perf_counter()
+    while model_lock(bundle.model).locked() and time.perf_counter() - t0 < 5:
+        time.sleep(0.01)
+    assert not model_lock(bundle.model).locked() and time.perf_counter() - t0 < 2.0
+    t0 = time.perf_counter()
+    assert explain(bundle, PROMPTS[0], methods=["macs"], max_new_tokens=2).num_steps == 2
+    assert time.perf_counter() - t0 < 2.0
+    _clean(bundle)
