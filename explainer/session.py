@@ -135,10 +135,6 @@ def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken 
         lock.release()
 
 
-def current_token() -> CancelToken | None:
-    return _token.get()
-
-
 def check_cancelled() -> None:
     """Raise `Cancelled` if the current request's token fired; called between forward passes and batches."""
     token = _token.get()
