@@ -5,6 +5,8 @@ from visuals.curves import faithfulness_rows, removal_figure, soft_figure
 from visuals.heatmap import (
     Z_CLIP,
     answer_html,
+    bin_class,
+    bin_color,
     diverging_color,
     side_by_side_html,
     token_heatmap_figure,
@@ -21,6 +23,8 @@ __all__ = [
     "soft_figure",
     "Z_CLIP",
     "answer_html",
+    "bin_class",
+    "bin_color",
     "colormap",
     "image_overlay",
     "overlay_frames",

@@ -2,8 +2,12 @@
 
 Every function is pure: it reads an `Attribution` and returns HTML, a Plotly figure or table rows. Steps are 0-based
 indices into the generated tokens (`None` means the newest); out-of-range steps are clamped. The HTML is
-self-contained (inline styles, its own light background and text colour) so it reads the same on light and dark
-Gradio themes.
+self-contained (its own light background and text colour) so it reads the same on light and dark Gradio themes.
+
+The heatmap HTML is re-sent on every streamed update, so a token costs as few bytes as possible (about 28 plus its
+text): its colour is one of `BINS` classes per sign (`r1`..`r8` red, `b1`..`b8` blue, none for white) defined once
+per fragment in a small `<style>` block, and its title is the z-score (`+1.23`) shown on hover. The prompt
+positions of a panel's tokens are in its `data-pos` attribute as ranges (`3-57,60-99`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,9 @@ _CARD = (
 _FLOW = "white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:15px;"
 _TOKEN = "border-radius:3px;padding:1px 0;"
 _WHITESPACE = {"\n": "⏎", "\t": "⇥", "\r": ""}
+BINS = 8  # colour steps per sign: bin round(8 |z| / zmax); finer steps are invisible at text size
+_STRONG_BIN = 6  # from here on (|z| >= 0.75 zmax) the background is dark enough for white text
+_BOLD_BIN = 4  # red tokens from here on (|z| >= 0.5 zmax) are also bold: colour is not the only cue
 
 
 @dataclass(frozen=True)
@@ -66,9 +73,43 @@ def diverging_color(z: float, zmax: float) -> str:
     return f"rgb({r}, {g}, {b})"
 
 
-def _text_color(z: float, zmax: float) -> str:
-    strong = math.isfinite(z) and zmax > 0 and abs(z) / zmax > 0.65
-    return "#ffffff" if strong else _TEXT
+def bin_class(z: float, zmax: float) -> str:
+    """CSS class of a z-score's colour bin: `r1`..`r8` (red, above average), `b1`..`b8` (blue), `xg` (no score) or
+    "" (white: |z| below half a bin)."""
+    if z is None or not math.isfinite(z):
+        return "xg"
+    b = min(round(abs(z) / zmax * BINS), BINS) if zmax > 0 else 0
+    return "" if b == 0 else f"{'r' if z > 0 else 'b'}{b}"
+
+
+def bin_color(css_class: str) -> str:
+    """CSS colour of a bin class from `bin_class` (white for "")."""
+    if css_class == "xg":
+        return _NAN_COLOR
+    if not css_class:
+        return "rgb(255, 255, 255)"
+    b = int(css_class[1:])
+    return diverging_color(b / BINS if css_class[0] == "r" else -b / BINS, 1.0)
+
+
+def _stylesheet() -> str:
+    """The token classes: one background per colour bin and sign, white text on dark bins, bold strong red."""
+    rules = [
+        f".xai-flow{{{_FLOW}}}",
+        f".xai-flow i{{font-style:normal;{_TOKEN}}}",
+        ".xai-flow i[title]:hover{outline:1px solid #1f2328}",
+        f".xai-flow .xg{{background:{_NAN_COLOR}}}",
+        f".xai-flow .xh,.xai-flow .xe{{color:{_MUTED}}}",
+    ]
+    for b in range(1, BINS + 1):
+        rules += [f".xai-flow .{c}{{background:{bin_color(c)}}}" for c in (f"r{b}", f"b{b}")]
+    strong = ",".join(f".xai-flow .{s}{b}" for s in "rb" for b in range(_STRONG_BIN, BINS + 1))
+    bold = ",".join(f".xai-flow .r{b}" for b in range(_BOLD_BIN, BINS + 1))
+    rules += [f"{strong}{{color:#fff}}", f"{bold}{{font-weight:700}}"]
+    return f"<style>{''.join(rules)}</style>"
+
+
+_STYLE = _stylesheet()
 
 
 def _clamp_step(step: int | None, num_steps: int) -> int | None:
@@ -120,8 +161,8 @@ def _quoted(token: str) -> str:
 
 def _token_text_html(token: str) -> str:
     if token == "":
-        return f'<span style="color:{_MUTED}">∅</span>'
-    text = html.escape(token.replace("\r", ""))
+        return '<span class="xe">∅</span>'
+    text = html.escape(token.replace("\r", ""), quote=False)
     return text.replace("\n", "⏎<br>")
 
 
@@ -132,42 +173,58 @@ def _score_text(z: float, raw: float) -> str:
     return f"z = {z:+.2f} (raw {raw_text})"
 
 
+def _ranges(positions: list[int]) -> str:
+    """Ascending positions as ranges: [3, 4, 5, 9] -> "3-5,9"."""
+    out, i = [], 0
+    while i < len(positions):
+        j = i
+        while j + 1 < len(positions) and positions[j + 1] == positions[j] + 1:
+            j += 1
+        out.append(str(positions[i]) if i == j else f"{positions[i]}-{positions[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
 def _tokens_html(attr: Attribution, view: _View, zmax: float) -> str:
+    # Bytes matter here (the panel is re-sent on every streamed update): a short tag, unquoted class and title.
     parts = []
     prev = None
-    for p, z, raw in zip(view.positions.tolist(), view.z.tolist(), view.raw.tolist(), strict=True):
+    positions = view.positions.tolist()
+    for p, z in zip(positions, view.z.tolist(), strict=True):
         if prev is not None and p != prev + 1:
-            parts.append(f'<span style="color:{_MUTED}" title="tokens hidden"> … </span>')
+            parts.append('<i class="xh" title="tokens hidden"> … </i>')
         prev = p
-        token = attr.prompt_tokens[p]
-        score = "no score yet" if view.step is None else _score_text(z, raw)
-        title = html.escape(f"{_quoted(token)} · position {p} · {score}", quote=True)
+        text = _token_text_html(attr.prompt_tokens[p])
         if view.step is None:
-            style = f"{_TOKEN}background-color:#ffffff;color:{_TEXT};"
+            parts.append(f"<i>{text}</i>")
+        elif not math.isfinite(z):
+            parts.append(f'<i class=xg title="no score">{text}</i>')
         else:
-            style = f"{_TOKEN}background-color:{diverging_color(z, zmax)};color:{_text_color(z, zmax)};"
-        data_z = f"{z:.6g}" if math.isfinite(z) else "nan"
-        parts.append(
-            f'<span class="xai-tok" data-pos="{p}" data-z="{data_z}" style="{style}" title="{title}">'
-            f"{_token_text_html(token)}</span>"
-        )
-    return f'<div style="{_FLOW}">{"".join(parts)}</div>'
+            css = bin_class(z, zmax)
+            parts.append(f"<i{' class=' + css if css else ''} title={z:+.2f}>{text}</i>")
+    return f'<div class="xai-flow" data-pos="{_ranges(positions)}">{"".join(parts)}</div>'
 
 
 def _legend_html(zmax: float) -> str:
-    stops = [diverging_color(-zmax * i / 8, zmax) for i in range(8, 0, -1)]
-    stops += [diverging_color(zmax * i / 8, zmax) for i in range(9)]
+    stops = [diverging_color(-zmax * i / BINS, zmax) for i in range(BINS, 0, -1)]
+    stops += [diverging_color(zmax * i / BINS, zmax) for i in range(BINS + 1)]
     gradient = ", ".join(stops)
+    described = (
+        f"Colour scale of the z-scores: blue at {-zmax:+.2f} (less important than average), white at 0, red at "
+        f"{zmax:+.2f} (more important than average); strongly red tokens are also bold. Each token's z-score is "
+        "its title, shown on hover."
+    )
     return (
-        f'<div class="xai-legend" data-zmax="{zmax:.6g}" style="display:flex;align-items:center;gap:10px;'
-        f'font-size:12px;margin-top:8px;color:{_TEXT};">'
+        f'<div class="xai-legend" data-zmax="{zmax:.6g}" role="group" aria-label="{html.escape(described)}" '
+        f'style="display:flex;align-items:center;gap:10px;flex-wrap:wrap;font-size:12px;margin-top:8px;color:{_TEXT};">'
         "<span>z-score</span>"
-        '<div style="width:200px;">'
+        '<div style="width:200px;" aria-hidden="true">'
         f'<div style="height:10px;border:1px solid #d0d7de;border-radius:2px;background:linear-gradient(to right, '
         f'{gradient});"></div>'
         '<div style="display:flex;justify-content:space-between;">'
         f"<span>{-zmax:+.2f}</span><span>0</span><span>{zmax:+.2f}</span></div></div>"
-        f'<span style="color:{_MUTED};">red: more important than average · blue: less</span>'
+        f'<span style="color:{_MUTED};" aria-hidden="true">red, bold: more important than average · blue: less · '
+        "hover a token for its z-score</span>"
         "</div>"
     )
 
@@ -203,17 +260,20 @@ def token_heatmap_html(
         zmax: half-width of the colour range; None uses the largest |z| shown, capped at `Z_CLIP`.
 
     Returns:
-        An HTML fragment: caption, tokens (hover shows token, position and score) and a colour legend.
+        An HTML fragment: caption, tokens (coloured by bin; hover shows the z-score; `data-pos` holds their prompt
+        positions) and a colour legend.
     """
     view = _view(attr, method, step, user_only)
     num_steps = 0 if method not in attr.methods else attr.methods[method].raw.shape[0]
     if view.step is None:
         note = _step_caption(attr, None, 0) if attr.num_steps == 0 else f"No scores for '{method}' yet."
-        return f'<div class="xai-heatmap" style="{_CARD}">{_note_html(note)}{_tokens_html(attr, view, 1.0)}</div>'
+        return (
+            f'<div class="xai-heatmap" style="{_CARD}">{_STYLE}{_note_html(note)}{_tokens_html(attr, view, 1.0)}</div>'
+        )
     zmax = _auto_zmax([view]) if zmax is None or zmax <= 0 else float(zmax)
     caption = f"<b>{html.escape(method)}</b> · {html.escape(_step_caption(attr, view.step, num_steps))}"
     return (
-        f'<div class="xai-heatmap" style="{_CARD}">'
+        f'<div class="xai-heatmap" style="{_CARD}">{_STYLE}'
         f'<div style="font-size:13px;margin-bottom:6px;">{caption}</div>'
         f"{_tokens_html(attr, view, zmax)}{_note_html(_scope_caption(view))}{_legend_html(zmax)}</div>"
     )
@@ -265,7 +325,7 @@ def side_by_side_html(
     grid = "display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,300px),1fr));gap:10px;align-items:start;"
     legend = _legend_html(zmax) if scored else ""
     return (
-        f'<div class="xai-heatmap" style="{_CARD}">'
+        f'<div class="xai-heatmap" style="{_CARD}">{_STYLE}'
         f'<div style="font-size:13px;margin-bottom:8px;">{caption}</div>'
         f'<div style="{grid}">{"".join(panels)}</div>{legend}</div>'
     )
