@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import InputError, UnknownMethodError
 from .atman import AtMan, AtManConfig
 from .base import AttributionMethod, GenerationRun, ProgressFn
+from .input_x_gradient import InputXGradient, InputXGradientConfig
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
 from .rollout import Rollout, RolloutConfig
@@ -24,6 +25,7 @@ METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
     Rollout.name: Rollout,
     AtMan.name: AtMan,
+    InputXGradient.name: InputXGradient,
     RandomBaseline.name: RandomBaseline,
 }
 
@@ -171,6 +173,8 @@ __all__ = [
     "METHODS",
     "AtMan",
     "AtManConfig",
+    "InputXGradient",
+    "InputXGradientConfig",
     "MACS",
     "MACSConfig",
     "RandomBaseline",

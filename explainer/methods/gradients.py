@@ -1,0 +1,76 @@
+"""What the gradient methods (Input x Gradient, Grad-ELLM, AttnLRP) share: autograd switched on inside the library's
+inference-mode code, parameters frozen for the call, one teacher-forced forward over the finished sequence and one
+backward pass per explained token, with progress and cancellation between passes.
+
+The forward runs once over all but the last token (whose logit explains nothing) and keeps its graph; the K target
+logits are differentiated one at a time with `retain_graph`, so a request costs one forward and K backward passes and
+holds one forward's activations, never K.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from ..errors import InputError
+from ..session import check_cancelled
+from .base import GenerationRun, ProgressFn
+
+
+@contextlib.contextmanager
+def gradients_enabled(model: torch.nn.Module) -> Iterator[None]:
+    """Autograd on (also inside an outer `torch.inference_mode()`), with the model's parameters frozen.
+
+    Frozen parameters keep the graph small: no layer saves its input for a weight gradient, and layers below the
+    first tensor that requires grad record nothing. Every parameter's `requires_grad` is restored on exit, also
+    after an exception.
+    """
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for p in trainable:
+            p.requires_grad_(False)
+        with torch.inference_mode(False), torch.enable_grad():
+            yield
+    finally:
+        for p in trainable:
+            p.requires_grad_(True)
+
+
+def refuse_extra_inputs(run: GenerationRun, method: str) -> None:
+    """Image prompts need the vision tower's merged embeddings, which these methods do not differentiate yet."""
+    if run.extra_inputs:
+        raise InputError(f"{method} cannot explain image prompts yet; choose another method for them.")
+
+
+def teacher_forced_ids(run: GenerationRun) -> torch.Tensor:
+    """(1, N + K - 1) the finished sequence without its last token, as an ordinary tensor (not an inference one)."""
+    with torch.inference_mode(False):
+        return run.input_ids[:, :-1].clone()
+
+
+def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:
+    """(K,) the logit of every generated token at the position that predicts it, from (1, K, V) kept logits."""
+    targets = run.input_ids[0, run.num_prompt_tokens :].clone()  # (K,)
+    return logits[0].gather(-1, targets[:, None].to(logits.device))[:, 0]
+
+
+def per_target_gradients(
+    targets: torch.Tensor,
+    inputs: Sequence[torch.Tensor],
+    progress: ProgressFn | None,
+    label: str,
+) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
+    """One backward pass per target logit: yields (k, gradients of targets[k] w.r.t. `inputs`).
+
+    Between passes the request's cancel token is checked and progress is reported as `label: k/K backward passes`.
+    The graph is released after the last pass.
+    """
+    k_total = targets.shape[0]
+    for k in range(k_total):
+        check_cancelled()
+        grads = torch.autograd.grad(targets[k], list(inputs), retain_graph=k < k_total - 1)
+        yield k, grads
+        if progress is not None:
+            progress((k + 1) / k_total, f"{label}: {k + 1}/{k_total} backward passes")

@@ -1,0 +1,81 @@
+"""Input x Gradient (Shrikumar et al., 2017; Simonyan et al., 2014), the simplest gradient baseline of the Grad-ELLM
+paper's tables (Grad-ELLM paper, section 4, "classical gradient-based methods").
+
+For generated token k, predicted at position p = N + k - 1 of the teacher-forced sequence, the score of prompt token i
+is the gradient of that token's logit l_k with respect to token i's input embedding e_i, times e_i, reduced over the
+hidden dimension:
+
+    score[k, i] = sum_d e_i[d] * dl_k/de_i[d]            (reduction "sum", signed)
+    score[k, i] = || e_i * dl_k/de_i ||_2                 (reduction "l2", unsigned)
+
+One teacher-forced forward keeps its graph and one backward pass per generated token gives one row
+(`gradients.per_target_gradients`). AttnLRP (`attnlrp.py`) is the same product computed while LRP rules reshape the
+backward pass, so it reuses `gradient_x_input`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..session import hold
+from .base import AttributionMethod, GenerationRun
+from .gradients import gradients_enabled, per_target_gradients, refuse_extra_inputs, target_logits, teacher_forced_ids
+
+_REDUCTIONS = ("sum", "l2")
+
+
+@dataclass
+class InputXGradientConfig:
+    reduction: str = field(default="sum", metadata={"choices": _REDUCTIONS})  # over the hidden dimension: "sum"
+    # (signed, the textbook definition) or "l2" (the norm of e_i * grad, unsigned)
+
+    def __post_init__(self) -> None:
+        if self.reduction not in _REDUCTIONS:
+            raise ValueError(f"reduction must be one of {', '.join(_REDUCTIONS)}, got {self.reduction!r}")
+
+
+def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradient x input at the input embeddings for every generated token, under whatever backward is in place.
+
+    Must run inside `gradients_enabled(run.model)`.
+
+    Args:
+        run: the finished generation (text only).
+        label: progress message prefix.
+        reduction: "sum" or "l2" over the hidden dimension.
+
+    Returns:
+        (K, N + K - 1) float32 reduced products e * dl_k/de at every position of the teacher-forced sequence (zero
+        after p_k, which l_k does not see), and (K,) float32 the explained logits l_k.
+    """
+    model, k_total = run.model, run.num_steps
+    ids = teacher_forced_ids(run)  # (1, T - 1)
+    with torch.no_grad():
+        embeds = model.get_input_embeddings()(ids)  # (1, T - 1, d)
+    embeds = embeds.detach().requires_grad_(True)
+    out = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
+    logits = target_logits(out.logits, run)  # (K,)
+    del out
+    scores = torch.zeros(k_total, embeds.shape[1], dtype=torch.float32)  # (K, T - 1)
+    for k, (grad,) in per_target_gradients(logits, [embeds], run.progress, label):
+        product = (embeds[0].detach() * grad[0]).float()  # (T - 1, d)
+        scores[k] = (product.sum(-1) if reduction == "sum" else product.norm(dim=-1)).cpu()
+    return scores, logits.detach().float().cpu()
+
+
+class InputXGradient(AttributionMethod):
+    name = "input_x_gradient"
+    streaming = False
+    Config = InputXGradientConfig
+
+    def explain(self, run: GenerationRun) -> np.ndarray:
+        refuse_extra_inputs(run, "Input x Gradient")
+        n = run.num_prompt_tokens
+        if run.num_steps <= 0:
+            return np.zeros((0, n), dtype=np.float32)
+        with hold(run.model), gradients_enabled(run.model):
+            scores, _ = gradient_x_input(run, "Input x Gradient", self.config.reduction)  # (K, T - 1)
+        return scores[:, :n].numpy()  # (K, N)
