@@ -10,12 +10,13 @@ import torch
 
 from explainer.capture import registered_names
 from explainer.errors import Cancelled, InputError
-from explainer.methods import InputXGradient
+from explainer.methods import GradELLM, InputXGradient
 from explainer.methods.base import GenerationRun
+from explainer.methods.grad_ellm import grad_ellm_scores
 from explainer.session import CancelToken, hold
 
 from .conftest import BUILDERS, build_model
-from .reference_gradients import reference_input_x_gradient
+from .reference_gradients import reference_grad_ellm, reference_input_x_gradient
 
 N, K = 14, 4
 
@@ -82,9 +83,33 @@ def test_input_x_gradient_l2_reduction(runs):
     np.testing.assert_allclose(scores, torch.stack(rows).numpy(), rtol=1e-4, atol=1e-6)
 
 
+# --- Grad-ELLM -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+@pytest.mark.parametrize("layers", [1, 2, 5])
+def test_grad_ellm_equals_plain_loop(runs, kind, layers):
+    run = runs[kind]
+    hooks, probe = _hooks(run.model), _probe(run.model)
+    scores, used = grad_ellm_scores(run, layers)
+    assert used == min(layers, run.model.config.num_hidden_layers)
+    expected = np.array(reference_grad_ellm(run.model, run.input_ids, N, layers))
+    assert scores.shape == (K, N)
+    assert (scores >= 0).all() and scores.max() > 0
+    np.testing.assert_allclose(scores, expected, rtol=2e-4, atol=2e-5)
+    _assert_untouched(run.model, hooks, probe)
+
+
+def test_grad_ellm_layers_option_and_metadata():
+    method = GradELLM(layers=4)
+    assert method.config.layers == 4
+    with pytest.raises(ValueError):
+        GradELLM(layers=0)
+
+
 # --- contract details ----------------------------------------------------------------------------------
 
-METHODS = [InputXGradient]
+METHODS = [InputXGradient, GradELLM]
 
 
 @pytest.mark.parametrize("cls", METHODS)

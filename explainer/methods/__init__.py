@@ -16,6 +16,7 @@ from typing import Any
 from ..errors import InputError, UnknownMethodError
 from .atman import AtMan, AtManConfig
 from .base import AttributionMethod, GenerationRun, ProgressFn
+from .grad_ellm import GradELLM, GradELLMConfig
 from .input_x_gradient import InputXGradient, InputXGradientConfig
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
@@ -25,6 +26,7 @@ METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
     Rollout.name: Rollout,
     AtMan.name: AtMan,
+    GradELLM.name: GradELLM,
     InputXGradient.name: InputXGradient,
     RandomBaseline.name: RandomBaseline,
 }
@@ -173,6 +175,8 @@ __all__ = [
     "METHODS",
     "AtMan",
     "AtManConfig",
+    "GradELLM",
+    "GradELLMConfig",
     "InputXGradient",
     "InputXGradientConfig",
     "MACS",
