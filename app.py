@@ -10,9 +10,12 @@ id or local folder instead of the embedded default model.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import functools
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -34,7 +37,7 @@ from explainer.faithfulness import (
 from explainer.methods import method_options
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
-from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS
+from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, load_image
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
 from visuals.curves import faithfulness_rows, removal_figure, soft_figure
@@ -59,6 +62,10 @@ _EMPTY_HEATMAP = (
 )
 
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
+# Slider bounds, (min, max); handlers refuse values outside them with a message (API callers can send anything).
+NEW_TOKENS = (1, 256)
+IMAGE_NEW_TOKENS = (1, 128)
+IMAGE_TOKENS = (16, 1024)
 _load_lock = threading.Lock()
 
 
@@ -80,6 +87,31 @@ def model_info() -> str:
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
     return f"**Model:** `{bundle.name}` · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+def _number(value: Any, label: str) -> float:
+    """A widget's value as a finite number, or a `gr.Error` naming the widget."""
+    try:
+        x = float(value)
+    except (TypeError, ValueError, OverflowError):
+        raise gr.Error(f"{label} must be a number, got {value!r:.40}.") from None
+    if not math.isfinite(x):
+        raise gr.Error(f"{label} must be a finite number, got {value!r:.40}.")
+    return x
+
+
+def _whole(value: Any, label: str, bounds: tuple[int, int]) -> int:
+    """A slider's value as a whole number within its bounds, or a `gr.Error` saying what is allowed."""
+    x = _number(value, label)
+    lo, hi = bounds
+    if not lo <= x <= hi:
+        raise gr.Error(f"{label} must lie between {lo} and {hi}, got {value!r:.40}.")
+    return round(x)
+
+
+def _step_index(step: Any) -> int | None:
+    """0-based step from the 1-based step slider (None: the newest); the views clamp it to the steps there are."""
+    return None if step is None else round(_number(step, "The generation step")) - 1
 
 
 def option_inputs() -> list[tuple[str, str, Any]]:
@@ -167,7 +199,7 @@ def render(attr: Attribution | None, methods: list[str], step: float | None, sho
     if attr is None:
         return "", _EMPTY_HEATMAP, []
     methods = list(methods or [])
-    index = None if step is None else int(step) - 1  # visuals count steps from 0
+    index = _step_index(step)
     user_only = not show_all
     rows = [[m, *row] for m in methods for row in top_tokens_rows(attr, m, index, TOP_K, user_only)]
     return answer_html(attr, index), side_by_side_html(attr, methods, index, user_only), rows
@@ -207,6 +239,7 @@ async def explain(
     methods = list(methods or [])
     if not methods:
         raise gr.Error("Select at least one attribution method.")
+    max_new_tokens = _whole(max_new_tokens, "Max new tokens", NEW_TOKENS)
     try:
         bundle = get_bundle()
     except ExplainerError as e:
@@ -217,7 +250,7 @@ async def explain(
         bundle,
         prompt,
         methods=methods,
-        max_new_tokens=int(max_new_tokens),
+        max_new_tokens=max_new_tokens,
         chat_template=bool(chat_template),
         method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
@@ -260,7 +293,7 @@ def _soft_steps(attr: Attribution, choice: str, step: float | None) -> list[int]
         return False
     if choice == SOFT_CHOICES[1]:
         return None
-    k = attr.num_steps if step is None else int(step)
+    k = attr.num_steps if step is None else _step_index(step) + 1
     return [min(max(k, 1), attr.num_steps) - 1]
 
 
@@ -377,9 +410,10 @@ def render_image(
         return None, "", _EMPTY_IMAGE
     attr, image = state["attr"], state["image"]
     methods = list(methods or [])
-    index = None if step is None else int(step) - 1
+    index = _step_index(step)
+    alpha = min(max(_number(opacity, "Overlay opacity"), 0.0), 1.0)
     top = CONTOUR_TOP_PERCENT if contour else None
-    grid = overlay_grid(image, attr, methods, index, alpha=float(opacity), contour_top_percent=top) if methods else None
+    grid = overlay_grid(image, attr, methods, index, alpha=alpha, contour_top_percent=top) if methods else None
     return grid, answer_html(attr, index), side_by_side_html(attr, methods, index, user_only=True)
 
 
@@ -397,14 +431,25 @@ async def explain_image(
     """Answer a question about an image, yielding overlays as tokens arrive. `max_image_tokens` bounds the image's
     resolution (merged image tokens; more means finer maps and a slower answer).
 
+    The event runs with `preprocess=False`: `gr.Image` would open every upload with PIL before this handler runs
+    (even with `type="filepath"`), and a broken file would fail there with Gradio's generic error. So `image` is
+    the upload's raw payload (a dict with the file's path, or an inline data: URL), or a path, bytes or PIL image
+    when called directly; the library's `load_image` opens it and says what is wrong with a broken file.
+
     Yields:
-        (overlay grid image, answer HTML, question heatmap HTML, step-slider update, status text, State dict).
+        (overlay grid image, answer HTML, question heatmap HTML, step-slider update, status text, State dict with
+        the loaded PIL image).
     """
     methods = list(methods or [])
     if not methods:
         raise gr.Error("Select at least one attribution method.")
     if image is None:
         raise gr.Error("Upload an image (or pick an example) first.")
+    max_new_tokens = _whole(max_new_tokens, "Max new tokens", IMAGE_NEW_TOKENS)
+    if max_image_tokens is not None:
+        max_image_tokens = _whole(max_image_tokens, "Image detail", IMAGE_TOKENS)
+    opacity = min(max(_number(opacity, "Overlay opacity"), 0.0), 1.0)
+    image = await anyio.to_thread.run_sync(_open_image, image)  # decoding a large photo takes a while
     try:
         bundle = get_vl_bundle()
     except ExplainerError as e:
@@ -413,9 +458,9 @@ async def explain_image(
         bundle,
         question,
         methods=methods,
-        max_new_tokens=int(max_new_tokens),
+        max_new_tokens=max_new_tokens,
         image=image,
-        max_image_tokens=int(max_image_tokens) if max_image_tokens else None,
+        max_image_tokens=max_image_tokens,
         method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),
         cancel=CancelToken(),
@@ -426,6 +471,27 @@ async def explain_image(
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another question or more new tokens.")
     yield _image_outputs(attr, image, methods, opacity, contour, live=False)
+
+
+def _open_image(image: Any) -> Any:
+    """The upload as a checked RGB PIL image (named by its file name in messages), or a `gr.Error` saying why not."""
+    name = Path(image).name if isinstance(image, str | Path) else None
+    if isinstance(image, dict):  # gradio's payload: {"path": ..., "url": ..., "orig_name": ...}
+        url = image.get("url") or ""
+        name = image.get("orig_name") or (Path(image["path"]).name if image.get("path") else None)
+        if url.startswith("data:"):  # sent inline through the API
+            try:
+                image = base64.b64decode(url.partition(",")[2], validate=True)
+            except (binascii.Error, ValueError) as e:
+                raise gr.Error("The image was sent as a data: URL that is not valid base64.") from e
+        elif image.get("path"):
+            image = str(image["path"])
+        else:
+            raise gr.Error("The image upload carries no file: upload it again.")
+    try:
+        return load_image(image, name=name)
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
 
 
 def _image_outputs(attr: Attribution, image: Any, methods: list[str], opacity: float, contour: bool, live: bool):
@@ -476,7 +542,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
                     show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
                     chat_template_box = gr.Checkbox(True, label="Use the chat template")
-                    max_new_slider = gr.Slider(1, 256, value=64, step=1, label="Max new tokens")
+                    max_new_slider = gr.Slider(*NEW_TOKENS, value=64, step=1, label="Max new tokens")
             status_md = gr.Markdown()
             answer_view = gr.HTML()
             step_slider = gr.Slider(
@@ -557,7 +623,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
             image_state = gr.State(None)
             with gr.Row():
                 with gr.Column(scale=3):
-                    image_box = gr.Image(type="pil", label="Image", height=280, sources=["upload", "clipboard"])
+                    image_box = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
                     question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
                     with gr.Row():
                         ask_btn = gr.Button("Ask about the image", variant="primary")
@@ -571,10 +637,9 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     image_methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
                     opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
                     contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
-                    image_max_new_slider = gr.Slider(1, 128, value=24, step=1, label="Max new tokens")
+                    image_max_new_slider = gr.Slider(*IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens")
                     image_tokens_slider = gr.Slider(
-                        16,
-                        1024,
+                        *IMAGE_TOKENS,
                         value=DEFAULT_MAX_IMAGE_TOKENS,
                         step=16,
                         label="Image detail: at most this many image tokens (finer maps, slower answers)",
@@ -608,6 +673,7 @@ with gr.Blocks(title="Why did the model write that?") as demo:
                     image_state,
                 ],
                 api_name="explain_image",
+                preprocess=False,  # the handler opens the upload itself (see explain_image)
                 concurrency_limit=1,
                 concurrency_id="model",
             )

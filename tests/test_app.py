@@ -8,6 +8,7 @@ The handlers are async generators, as Gradio runs them; `collect` drives one to 
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib
 import inspect
 import re
@@ -20,6 +21,8 @@ import pytest
 from explainer.errors import ExplainerError, InputError, ModelLoadError
 from explainer.result import Attribution, MethodScores
 from visuals import side_by_side_html, top_tokens_rows
+
+from . import upload_files
 
 ANSWER = [" It", " is", " Paris", "<|im_end|>"]
 
@@ -316,40 +319,157 @@ def test_image_tab_without_a_vision_model_says_how_to_set_one(app_module, fake, 
     assert overlay is None and answer == ""
 
 
-def test_image_questions_stream_overlays_and_rerender_from_state(app_module, fake, monkeypatch):
-    from PIL import Image
+class VLFake:
+    """A vision-language bundle and stream: records what reaches the library, streams three fake image results."""
 
-    calls = []
+    def __init__(self):
+        self.calls: list[dict] = []
 
-    def fake_stream(bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
-        calls.append({"prompt": prompt, "image": image, "methods": list(methods), **kw})
+    def stream(self, bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
+        self.calls.append({"prompt": prompt, "image": image, "methods": list(methods), **kw})
         return FakeStream(_image_attr(k, methods) for k in range(1, 4))
 
+
+@pytest.fixture
+def vl_fake(app_module, fake, monkeypatch):
     class VLBundle(FakeBundle):
         name = "fake-vlm"
         image_processor = object()
 
+    lib = VLFake()
     monkeypatch.setattr(app_module, "VLM_ID", "fake-vlm")
     monkeypatch.setattr(app_module, "load_model", lambda name=None: VLBundle())
-    monkeypatch.setattr(app_module, "stream_explain", fake_stream)
+    monkeypatch.setattr(app_module, "stream_explain", lib.stream)
+    return lib
+
+
+def test_image_questions_stream_overlays_and_rerender_from_state(app_module, vl_fake, tmp_path):
+    from PIL import Image
+
     assert "fake-vlm" in app_module.vlm_info()
-    image = Image.new("RGB", (45, 31), (40, 90, 200))
-    outs = collect(app_module.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))
-    assert len(outs) == 4 and calls[0]["image"] is image and calls[0]["prompt"] == "What?"
-    assert calls[0]["max_image_tokens"] == 64  # the "image detail" slider reaches the library
+    path = tmp_path / "blue.png"
+    Image.new("RGB", (45, 31), (40, 90, 200)).save(path)
+    outs = collect(app_module.explain_image(str(path), "What?", ["macs", "random"], 3, 0.5, True, 64))
+    image = vl_fake.calls[0]["image"]  # the library gets the image our loader opened, not the path
+    assert len(outs) == 4 and isinstance(image, Image.Image) and image.mode == "RGB" and image.size == (45, 31)
+    assert image.getpixel((3, 3)) == (40, 90, 200) and vl_fake.calls[0]["prompt"] == "What?"
+    assert vl_fake.calls[0]["max_image_tokens"] == 64  # the "image detail" slider reaches the library
     overlay, answer, question, slider, status, state = outs[-1]
     assert isinstance(overlay, Image.Image) and overlay.height == 31 + 18 and overlay.width > 2 * 45
     assert slider["interactive"] is True and slider["value"] == 3 and status.startswith("Done: 3 tokens")
     assert 'data-method="macs"' in question and _shown_tokens(question) == 2 * 2  # the question only
+    assert state["image"] is image  # the State keeps the loaded image: re-rendering never reads the file again
+    path.unlink()
     again = app_module.render_image(state, ["macs"], 1, 0.2, False)
-    assert again[0].width == 45 and len(calls) == 1
+    assert again[0].width == 45 and len(vl_fake.calls) == 1
     with pytest.raises(gr.Error, match="Upload an image"):
         collect(app_module.explain_image(None, "What?", ["macs"], 3, 0.5, True))
 
 
-def test_image_events_are_named(app_module):
-    fns = {fn.api_name for fn in app_module.demo.fns.values()}
-    assert {"explain_image", "render_image", "vlm_info"} <= fns
+@pytest.mark.parametrize("name", sorted(upload_files.BROKEN))
+def test_a_broken_upload_gets_a_one_line_message_naming_the_file(app_module, vl_fake, tmp_path, name):
+    path = upload_files.write(tmp_path, name)
+    with pytest.raises(gr.Error, match=upload_files.BROKEN[name][1]) as info:
+        collect(app_module.explain_image(str(path), "What?", ["macs"], 4, 0.5, True, 64))
+    message = info.value.message
+    assert "\n" not in message and message.startswith(f"Image {name!r}") and str(tmp_path) not in message
+    assert vl_fake.calls == []  # refused before the model is asked
+
+
+@pytest.mark.parametrize("name", sorted(upload_files.ODD))
+def test_odd_formats_reach_the_library_as_rgb(app_module, vl_fake, tmp_path, name):
+    path = upload_files.write(tmp_path, name)
+    outs = collect(app_module.explain_image(str(path), "What?", ["macs"], 3, 0.5, True, 64))
+    image = vl_fake.calls[-1]["image"]
+    _, _, pixel, tolerance = upload_files.ODD[name]
+    assert image.mode == "RGB" and image.size == (20, 12)
+    np.testing.assert_allclose(image.getpixel((0, 0)), pixel, atol=tolerance)
+    assert outs[-1][-1]["image"] is image and app_module.render_image(outs[-1][-1], ["macs"], 2, 0.5, True)[0]
+
+
+def test_example_images_still_work(app_module, vl_fake):
+    examples = app_module._example_images()
+    assert examples
+    for path in examples:
+        collect(app_module.explain_image(str(path), app_module.DEFAULT_QUESTION, ["macs"], 2, 0.5, True, 64))
+        assert vl_fake.calls[-1]["image"].size == (224, 160)
+
+
+def test_the_upload_reaches_the_handler_unopened(app_module, vl_fake, tmp_path):
+    from gradio.data_classes import ImageData
+
+    fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
+    assert fns["explain_image"].preprocess is False  # gradio hands over its raw payload
+    broken = upload_files.write(tmp_path, "notes.png")
+    upload = ImageData(path=str(broken), orig_name="notes.png")
+    with pytest.raises(Exception, match="cannot identify image file"):
+        app_module.image_box.preprocess(upload)  # what the issue saw: gr.Image opens it and fails without a reason
+    payload = upload.model_dump()  # what the handler gets: {"path": ..., "orig_name": ..., "url": None, ...}
+    with pytest.raises(gr.Error, match="Image 'notes.png' is not an image file"):
+        collect(app_module.explain_image(payload, "What?", ["macs"], 4, 0.5, True, 64))
+    png = upload_files.write(tmp_path, "bilevel.png").read_bytes()
+    inline = {"path": None, "url": "data:image/png;base64," + base64.b64encode(png).decode()}
+    collect(app_module.explain_image(inline, "What?", ["macs"], 4, 0.5, True, 64))
+    assert vl_fake.calls[-1]["image"].size == (20, 12)
+    with pytest.raises(gr.Error, match="not valid base64"):
+        collect(app_module.explain_image({"url": "data:image/png;base64,&&&"}, "What?", ["macs"], 4, 0.5, True, 64))
+    with pytest.raises(gr.Error, match="carries no file"):
+        collect(app_module.explain_image({"path": None, "url": None}, "What?", ["macs"], 4, 0.5, True, 64))
+
+
+_NOT_NUMBERS = [float("nan"), float("inf"), "many"]
+
+
+@pytest.mark.parametrize("value", [0, -1, 257, 10**6, *_NOT_NUMBERS, None])
+def test_max_new_tokens_past_the_slider_is_a_clear_error(app_module, fake, value):
+    with pytest.raises(gr.Error, match="Max new tokens must"):
+        collect(app_module.explain("Where is Paris", ["macs"], value, True, False))
+    assert fake.calls == []
+
+
+@pytest.mark.parametrize(
+    "new, detail, message",
+    [(v, 64, "Max new tokens must") for v in [0, -1, 129, 10**6, *_NOT_NUMBERS, None]]
+    + [(4, v, "Image detail must") for v in [0, 15, 1025, 10**6, *_NOT_NUMBERS]],
+)
+def test_image_sliders_past_their_bounds_are_clear_errors(app_module, vl_fake, tmp_path, new, detail, message):
+    path = upload_files.write(tmp_path, "bilevel.png")
+    with pytest.raises(gr.Error, match=message):
+        collect(app_module.explain_image(str(path), "What?", ["macs"], new, 0.5, True, detail))
+    assert vl_fake.calls == []
+
+
+def test_sliders_at_their_bounds_work(app_module, fake, vl_fake, tmp_path):
+    for new in app_module.NEW_TOKENS:
+        assert collect(app_module.explain("Where is Paris", ["macs"], new, True, False))[-1][-1].num_steps >= 1
+    path = upload_files.write(tmp_path, "bilevel.png")
+    for new, detail in zip(app_module.IMAGE_NEW_TOKENS, app_module.IMAGE_TOKENS):
+        collect(app_module.explain_image(str(path), "What?", ["macs"], new, 0.5, True, detail))
+        assert vl_fake.calls[-1]["max_image_tokens"] == detail
+
+
+@pytest.mark.parametrize("step, shown", [(0, "0"), (-5, "0"), (2, "1"), (3, "2"), (10**6, "2"), (None, "2")])
+def test_steps_past_the_slider_are_clamped_and_opacity_too(app_module, vl_fake, tmp_path, step, shown):
+    path = upload_files.write(tmp_path, "bilevel.png")
+    state = collect(app_module.explain_image(str(path), "What?", ["macs"], 3, 0.5, True, 64))[-1][-1]  # 3 steps
+    assert _selected_step(app_module.render(state["attr"], ["macs"], step, False)[0]) == [shown]
+    assert _selected_step(app_module.render_image(state, ["macs"], step, 0.5, True)[1]) == [shown]
+    for opacity in (-1, 0, 1, 5):
+        assert app_module.render_image(state, ["macs"], step, opacity, True)[0].size == (20, 12 + 18)
+
+
+@pytest.mark.parametrize("value", _NOT_NUMBERS)
+def test_steps_and_opacity_that_are_not_numbers_are_clear_errors(app_module, vl_fake, tmp_path, value):
+    path = upload_files.write(tmp_path, "bilevel.png")
+    image_state = collect(app_module.explain_image(str(path), "What?", ["macs"], 3, 0.5, True, 64))[-1][-1]
+    with pytest.raises(gr.Error, match="generation step must"):
+        app_module.render(image_state["attr"], ["macs"], value, False)
+    with pytest.raises(gr.Error, match="generation step must"):
+        app_module.render_image(image_state, ["macs"], value, 0.5, True)
+    with pytest.raises(gr.Error, match="Overlay opacity must"):
+        app_module.render_image(image_state, ["macs"], 2, value, True)
+    with pytest.raises(gr.Error, match="Overlay opacity must"):
+        collect(app_module.explain_image(str(path), "What?", ["macs"], 3, value, True, 64))
 
 
 def _fake_report():

@@ -3,9 +3,6 @@ reference, greedy tokens vs `generate`, a planted signal found by the overlay, b
 
 from __future__ import annotations
 
-import struct
-import zlib
-
 import numpy as np
 import pytest
 import torch
@@ -21,6 +18,7 @@ from visuals.overlay import heat_map
 
 from .conftest import FailingMACS, build_model
 from .reference import reference_macs
+from .upload_files import BROKEN, ODD, png_header_only, write
 from .vl_tiny import MERGE, PATCH, build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
@@ -203,18 +201,6 @@ def test_post_hoc_method_without_image_support_is_refused(bundle, vl_model):
     _assert_clean(vl_model)
 
 
-def _png_header_only(path, width: int, height: int) -> None:
-    """A PNG whose header claims a size but whose pixel data is missing (what a huge or truncated file looks like)."""
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    path.write_bytes(
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
-    )
-
-
 @pytest.mark.parametrize(
     "kind, message",
     [
@@ -236,7 +222,7 @@ def test_bad_images_give_clear_input_errors(tmp_path, bundle, kind, message):
     elif kind == "tiny":
         _image(1, 1).save(path)
     elif kind == "huge":
-        _png_header_only(path, 30_000, 30_000)
+        png_header_only(path, 30_000, 30_000)
     elif kind == "elongated":
         _image(1000, 8).save(path)
     with pytest.raises(InputError, match=message):
@@ -244,6 +230,45 @@ def test_bad_images_give_clear_input_errors(tmp_path, bundle, kind, message):
     with pytest.raises(InputError, match=message):
         explain(bundle, QUESTION, image=str(path), max_new_tokens=2)
     assert registered_names() == []
+
+
+@pytest.mark.parametrize("name", sorted(BROKEN))
+def test_every_broken_file_gets_one_line_naming_it(tmp_path, name):
+    path = write(tmp_path, name)
+    message = BROKEN[name][1]
+    with pytest.raises(InputError, match=message) as info:
+        load_image(path, name=name)
+    text = str(info.value)
+    assert "\n" not in text and text.startswith(f"Image {name!r}") and str(tmp_path) not in text
+    if path.is_file():  # the same bytes sent inline (a data: URL through the app's API)
+        with pytest.raises(InputError, match=message):
+            load_image(path.read_bytes())
+
+
+@pytest.mark.parametrize("name", sorted(ODD))
+def test_odd_formats_load_as_8_bit_rgb(tmp_path, name):
+    path = write(tmp_path, name)
+    _, mode, pixel, tolerance = ODD[name]
+    with Image.open(path) as raw:
+        assert raw.mode == mode  # the file really is in that format
+    img = load_image(path)
+    assert img.mode == "RGB" and img.size == (20, 12)
+    np.testing.assert_allclose(img.getpixel((0, 0)), pixel, atol=tolerance)
+    assert load_image(path.read_bytes()).tobytes() == img.tobytes()
+
+
+def test_wide_grey_formats_are_scaled_not_clipped(tmp_path):
+    img = load_image(write(tmp_path, "float.tiff"))  # left half the minimum, right half the maximum
+    assert img.getpixel((0, 0)) == (0, 0, 0) and img.getpixel((19, 0)) == (255, 255, 255)
+    ramp = np.linspace(0, 65535, 20 * 12).astype(np.uint16).reshape(12, 20)  # 16-bit grey ramp
+    Image.fromarray(ramp).save(tmp_path / "ramp.png")
+    grey = np.asarray(load_image(tmp_path / "ramp.png"))[..., 0]
+    np.testing.assert_allclose(grey, ramp / 257, atol=0.5)  # Pillow's own conversion would clip above 255
+
+
+def test_a_file_that_is_not_a_path_bytes_or_image_is_refused():
+    with pytest.raises(InputError, match="Expected an image file path"):
+        load_image(12345)
 
 
 @pytest.fixture(scope="module")
