@@ -1,5 +1,5 @@
 """Independent, deliberately plain references for the gradient methods: finite differences, one full forward per
-generated token, explicit q/k/v (float64 where it matters)."""
+generated token, explicit q/k/v and hand-written LRP rules in loops (float64 where it matters)."""
 
 from __future__ import annotations
 
@@ -114,3 +114,44 @@ def reference_grad_ellm(model, ids: torch.Tensor, n: int, layers: int) -> list[l
                     row[i] += max(total, 0.0)
         rows.append(row)
     return rows
+
+
+def reference_attention_relevance(q, k, v, visible, scaling, relevance_out):
+    """AttnLRP's attention rules written out per head in float64 (AttnLRP paper, Propositions 3.1 and 3.3):
+
+    out = A V, uniform rule:  R_A[i, j] = 1/2 sum_d A_ij V_jd R_out[i, d] / out[i, d], R_V likewise;
+    A = softmax(S), softmax rule:  R_S[i, j] = S_ij (R_A[i, j] - A_ij sum_j' R_A[i, j']) over visible keys;
+    S = scaling * Q K^T, uniform rule:  R_Q[i, d] = 1/2 sum_j scaling Q_id K_jd R_S[i, j] / S_ij, R_K likewise.
+
+    Args:
+        q: (H, T, D); k, v: (KVH, T, D); visible: (T, T) bool; relevance_out: (T, H, D).
+
+    Returns:
+        R_q (H, T, D), R_k (KVH, T, D), R_v (KVH, T, D).
+    """
+    heads, t, d = q.shape
+    group = heads // k.shape[0]
+    r_q, r_k, r_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    for h in range(heads):
+        kv = h // group
+        for i in range(t):
+            cols = [j for j in range(t) if visible[i, j]]
+            s = {j: scaling * float(q[h, i] @ k[kv, j]) for j in cols}
+            top = max(s.values())
+            z = sum(torch.exp(torch.tensor(s[j] - top, dtype=torch.float64)) for j in cols)
+            a = {j: float(torch.exp(torch.tensor(s[j] - top, dtype=torch.float64)) / z) for j in cols}
+            out = [sum(a[j] * float(v[kv, j, c]) for j in cols) for c in range(d)]
+            r_a = {}
+            for j in cols:
+                share = [a[j] * float(v[kv, j, c]) * float(relevance_out[i, h, c]) / out[c] for c in range(d)]
+                r_a[j] = 0.5 * sum(share)
+                for c in range(d):
+                    r_v[kv, j, c] += 0.5 * share[c]
+            total = sum(r_a.values())
+            for j in cols:
+                r_s = s[j] * (r_a[j] - a[j] * total)
+                for c in range(d):
+                    term = scaling * float(q[h, i, c]) * float(k[kv, j, c]) * r_s / s[j]
+                    r_q[h, i, c] += 0.5 * term
+                    r_k[kv, j, c] += 0.5 * term
+    return r_q, r_k, r_v

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..errors import InputError, UnknownMethodError
 from .atman import AtMan, AtManConfig
+from .attnlrp import AttnLRP, AttnLRPConfig
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .grad_ellm import GradELLM, GradELLMConfig
 from .input_x_gradient import InputXGradient, InputXGradientConfig
@@ -26,6 +27,7 @@ METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
     Rollout.name: Rollout,
     AtMan.name: AtMan,
+    AttnLRP.name: AttnLRP,
     GradELLM.name: GradELLM,
     InputXGradient.name: InputXGradient,
     RandomBaseline.name: RandomBaseline,
@@ -175,6 +177,8 @@ __all__ = [
     "METHODS",
     "AtMan",
     "AtManConfig",
+    "AttnLRP",
+    "AttnLRPConfig",
     "GradELLM",
     "GradELLMConfig",
     "InputXGradient",
