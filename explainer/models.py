@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from .errors import InputError, ModelLoadError
-from .tokens import is_byte_level, readable_tokens
+from .tokens import check_encodable, is_byte_level, readable_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -176,6 +176,7 @@ class ModelBundle:
         if prompt is None or not str(prompt).strip():
             raise InputError("The prompt is empty: type a question or some text to continue.")
         prompt = str(prompt)
+        check_encodable(prompt, "The prompt")
         tok = self.tokenizer
         if chat_template and self.has_chat_template:
             text = tok.apply_chat_template(

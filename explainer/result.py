@@ -14,6 +14,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import InputError
+from .tokens import check_encodable
+
 
 def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> np.ndarray:
     """Per-row z-scores (MACS paper Eq. 8), optionally over a subset of columns.
@@ -33,10 +36,11 @@ def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> 
     if raw.shape[0] == 0 or cols.size == 0:
         return out.astype(np.float32)
     sub = raw[:, cols]  # (K, n)
-    mean = sub.mean(axis=1, keepdims=True)
-    std = sub.std(axis=1, keepdims=True)
-    safe = np.where(std > 0, std, 1.0)
-    out[:, cols] = np.where(std > 0, (sub - mean) / safe, 0.0)
+    with np.errstate(invalid="ignore", over="ignore"):  # a row with inf or NaN scores gets NaN z-scores (no score)
+        mean = sub.mean(axis=1, keepdims=True)
+        std = sub.std(axis=1, keepdims=True)
+        safe = np.where(std > 0, std, 1.0)
+        out[:, cols] = np.where(std > 0, (sub - mean) / safe, 0.0)
     return out.astype(np.float32)
 
 
@@ -143,23 +147,46 @@ class Attribution:
         }
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> Attribution:
-        n = len(d["prompt_token_ids"])
+    def from_dict(cls, d: Any) -> Attribution:
+        """A result from the JSON layout of `to_dict` (a saved result), checked field by field so that every view
+        can show what it returns.
+
+        Raises:
+            InputError: naming the first field that is missing or malformed.
+        """
+        if not isinstance(d, dict):
+            raise InputError(f"A saved result is a JSON object (as `explain --json` writes), got {_kind(d)}.")
+        model = _field(d, "model", str)
+        ids = _token_ids(d, "prompt_token_ids")
+        n = len(ids)
+        if n == 0:
+            raise InputError("Saved result: prompt_token_ids is empty; a result explains at least one prompt token.")
+        tokens = _strings(d, "prompt_tokens", n)
+        generated_ids = _token_ids(d, "generated_token_ids", required=False)
+        k = len(generated_ids)
+        generated = _strings(d, "generated_tokens", k, required=False)
         methods = {}
-        for name, m in d.get("methods", {}).items():
-            raw = np.asarray(m["raw"], dtype=np.float32).reshape(-1, n)  # (K, N)
-            z = np.asarray(m["z"], dtype=np.float32).reshape(-1, n)
-            methods[name] = MethodScores(raw=raw, z=z, seconds=float(m.get("seconds", 0.0)), meta=m.get("meta", {}))
+        for name, m in _field(d, "methods", dict, {}).items():
+            where = f"methods[{name!r}]"
+            check_encodable(name, f"Saved result: the method name {where}")
+            if not isinstance(m, dict):
+                raise InputError(f"Saved result: {where} is an object with raw, z and seconds, got {_kind(m)}.")
+            raw = _matrix(m, "raw", where, k, n)
+            z = _matrix(m, "z", where, k, n) if "z" in m else zscore(raw)
+            seconds = _field(m, "seconds", (int, float), 0.0, where)
+            if isinstance(seconds, bool) or not 0 <= seconds < 1e15:  # not NaN, inf, or an int past float range
+                raise InputError(f"Saved result: {where}.seconds is a time in seconds, got {seconds!r:.40}.")
+            methods[name] = MethodScores(raw=raw, z=z, seconds=float(seconds), meta=_field(m, "meta", dict, {}, where))
         return cls(
-            model=d["model"],
-            prompt_token_ids=list(d["prompt_token_ids"]),
-            prompt_tokens=list(d["prompt_tokens"]),
-            generated_token_ids=list(d.get("generated_token_ids", [])),
-            generated_tokens=list(d.get("generated_tokens", [])),
+            model=model,
+            prompt_token_ids=ids,
+            prompt_tokens=tokens,
+            generated_token_ids=generated_ids,
+            generated_tokens=generated,
             methods=methods,
-            user_positions=list(d.get("user_positions", [])),
-            meta=dict(d.get("meta", {})),
-            image={k: list(map(int, v)) for k, v in d["image"].items()} if d.get("image") else None,
+            user_positions=_positions(d, "user_positions", n),
+            meta=_field(d, "meta", dict, {}),
+            image=_image_record(d.get("image"), n),
         )
 
     def save_json(self, path: str | Path) -> None:
@@ -167,4 +194,100 @@ class Attribution:
 
     @classmethod
     def load_json(cls, path: str | Path) -> Attribution:
-        return cls.from_dict(json.loads(Path(path).read_text(encoding="utf-8")))
+        """A result saved by `save_json` (or `explain --json`).
+
+        Raises:
+            InputError: the file is missing, unreadable, not JSON, or not a saved result (see `from_dict`).
+        """
+        path = Path(path)
+        try:
+            text = path.read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise InputError(f"Saved result {str(path)!r} does not exist.") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"Cannot read the saved result {str(path)!r}: {e}") from e
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InputError(f"Saved result {str(path)!r} is not valid JSON: {e}") from e
+        except RecursionError as e:
+            raise InputError(f"Saved result {str(path)!r} is nested too deeply to be a saved result.") from e
+        return cls.from_dict(data)
+
+
+def _kind(value: Any) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
+        type(value), "a number"
+    )
+
+
+_MISSING = object()
+
+
+def _field(d: dict, key: str, types: type | tuple[type, ...], default: Any = _MISSING, where: str = "") -> Any:
+    name = f"{where}.{key}" if where else key
+    if key not in d:
+        if default is _MISSING:
+            raise InputError(f"Saved result: {name} is missing.")
+        return default
+    value = d[key]
+    if not isinstance(value, types):
+        want = {str: "a string", dict: "an object", list: "a list"}.get(types, "a number")
+        raise InputError(f"Saved result: {name} must be {want}, got {_kind(value)}.")
+    return value
+
+
+def _ints(d: dict, key: str, lo: int, hi: int, what: str, required: bool = True, where: str = "") -> list[int]:
+    values = _field(d, key, list, _MISSING if required else [], where)
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < hi:
+            raise InputError(f"Saved result: {where + '.' if where else ''}{key} must hold {what}, found {v!r:.40}.")
+    return list(values)
+
+
+def _token_ids(d: dict, key: str, required: bool = True) -> list[int]:
+    return _ints(d, key, 0, 2**31, "token ids (whole numbers from 0)", required)
+
+
+def _positions(d: dict, key: str, n: int) -> list[int]:
+    return _ints(d, key, 0, n, f"prompt positions from 0 to {n - 1}", required=False)
+
+
+def _strings(d: dict, key: str, count: int, required: bool = True) -> list[str]:
+    values = _field(d, key, list, _MISSING if required else [])
+    if len(values) != count or not all(isinstance(v, str) for v in values):
+        raise InputError(f"Saved result: {key} must be {count} strings, one per token id.")
+    for i, v in enumerate(values):
+        check_encodable(v, f"Saved result: {key}[{i}]")  # the views show it; the page must be valid UTF-8
+    return list(values)
+
+
+def _matrix(m: dict, key: str, where: str, k: int, n: int) -> np.ndarray:
+    """A (k, n) float32 score matrix; numbers only (NaN marks no score)."""
+    values = _field(m, key, list, _MISSING, where)
+    try:
+        with np.errstate(over="ignore"):  # beyond float32: inf, like any score too large to show
+            a = np.asarray(values, dtype=np.float32)
+    except (TypeError, ValueError, OverflowError):
+        raise InputError(f"Saved result: {where}.{key} must be a {k} x {n} table of numbers.") from None
+    if a.size == 0 and k == 0:
+        a = a.reshape(0, n)  # (0, N): no generated tokens
+    if a.shape != (k, n):
+        raise InputError(f"Saved result: {where}.{key} must be a {k} x {n} table of numbers, got shape {a.shape}.")
+    return a
+
+
+def _image_record(image: Any, n: int) -> dict[str, list[int]] | None:
+    if image is None:
+        return None
+    if not isinstance(image, dict):
+        raise InputError(f"Saved result: image must be an object or null, got {_kind(image)}.")
+    positions = _ints(image, "token_positions", 0, n, f"prompt positions from 0 to {n - 1}", where="image")
+    grid = _ints(image, "grid", 1, 2**31, "positive whole numbers", where="image")
+    size = _ints(image, "size", 1, 2**31, "positive whole numbers", where="image")
+    if len(grid) != 2 or len(size) != 2 or grid[0] * grid[1] != len(positions):
+        raise InputError(
+            f"Saved result: image.grid must be [h, w] with h * w = {len(positions)} image tokens, and image.size "
+            "[width, height]."
+        )
+    return {"token_positions": positions, "grid": grid, "size": size}

@@ -5,7 +5,25 @@ from __future__ import annotations
 import functools
 import re
 
+from .errors import InputError
+
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def check_encodable(text: str, what: str) -> None:
+    """Refuse text that no tokenizer can take: a lone UTF-16 surrogate (U+D800..U+DFFF) is not a character; it
+    arrives from a broken copy-paste or a JSON escape such as "\\ud800" sent through the API.
+
+    Raises:
+        InputError: naming the first one and where it is.
+    """
+    m = _SURROGATE.search(text)
+    if m:
+        raise InputError(
+            f"{what} contains U+{ord(m.group()):04X} at character {m.start() + 1}: half of a UTF-16 surrogate pair, "
+            "not a character. Remove it or copy the text again."
+        )
 
 
 @functools.lru_cache(maxsize=1)

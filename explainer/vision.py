@@ -30,6 +30,7 @@ import torch
 from PIL import Image, ImageOps
 
 from .errors import InputError, ModelLoadError, UnsupportedModelError
+from .tokens import check_encodable
 
 MIN_IMAGE_SIDE = 8  # pixels; smaller images carry no spatial information worth explaining
 MAX_IMAGE_PIXELS = 80_000_000  # refuse larger files before decoding them (a 12-megapixel photo is fine)
@@ -141,6 +142,7 @@ def load_image(image: str | Path | bytes | Image.Image, name: str | None = None)
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
+            warnings.filterwarnings("ignore", category=UserWarning, module=r"PIL\.")  # corrupt data: we say so
             with Image.open(source) as img:
                 return _checked_rgb(img, label)
     except InputError:
@@ -262,19 +264,29 @@ def encode_image_prompt(
     if question is None or not str(question).strip():
         raise InputError("The question is empty: ask something about the image.")
     question = str(question)
+    check_encodable(question, "The question")
     img = load_image(image)
     size = None
+    factor = pixel_factor(processor)
     if max_image_tokens is not None:
         if not isinstance(max_image_tokens, int) or max_image_tokens < 1:
             raise InputError(f"max_image_tokens must be a positive integer, got {max_image_tokens!r}.")
-        hi = max_image_tokens * pixel_factor(processor) ** 2
+        hi = max_image_tokens * factor**2
         size = {"shortest_edge": min(int(processor.size["shortest_edge"]), hi), "longest_edge": hi}
-    try:
-        out = processor(images=[img], return_tensors="pt", **({"size": size} if size else {}))
-    except (ValueError, RuntimeError) as e:
-        raise InputError(f"The image processor refused the image: {e}") from e
-    grid_thw = out["image_grid_thw"]  # (1, 3): t, h, w in patches
+
+    def preprocess(size: dict[str, int] | None) -> Any:
+        try:
+            return processor(images=[img], return_tensors="pt", **({"size": size} if size else {}))
+        except (ValueError, RuntimeError) as e:
+            raise InputError(f"The image processor refused the image: {e}") from e
+
+    out = preprocess(size)
     merge = int(processor.merge_size)
+    if size is not None and int(out["image_grid_thw"].prod()) // merge**2 > max_image_tokens:
+        # Qwen's resizer rounds an upscaled small image up on both sides, which can pass the budget: upscale no
+        # further than one merged token (elongated images may still need one token per side)
+        out = preprocess({"shortest_edge": factor**2, "longest_edge": size["longest_edge"]})
+    grid_thw = out["image_grid_thw"]  # (1, 3): t, h, w in patches
     t, gh, gw = (int(v) for v in grid_thw[0])
     num_image_tokens = t * gh * gw // merge**2
     cfg = model.config

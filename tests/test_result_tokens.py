@@ -5,8 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from explainer.errors import InputError
 from explainer.result import Attribution, MethodScores, zscore
-from explainer.tokens import readable_tokens
+from explainer.tokens import check_encodable, readable_tokens
 
 
 def test_zscore_matches_definition_and_handles_flat_rows():
@@ -43,6 +44,64 @@ def test_attribution_json_roundtrip(tmp_path):
     np.testing.assert_allclose(back.methods["macs"].z, zscore(raw))
     assert back.methods["macs"].meta == {"alpha": 0.8}
     assert attr.top_tokens("macs", 1, k=2)[0][:2] == (2, "\n")
+
+
+def _saved() -> dict:
+    raw = np.arange(6, dtype=np.float32).reshape(2, 3)  # (K, N)
+    return Attribution(
+        model="m",
+        prompt_token_ids=[1, 2, 3],
+        prompt_tokens=["a", " b", "\n"],
+        generated_token_ids=[4, 5],
+        generated_tokens=["x", "y"],
+        methods={"macs": MethodScores.from_raw(raw)},
+        user_positions=[1, 2],
+        image={"token_positions": [0, 1], "grid": [1, 2], "size": [20, 10]},
+    ).to_dict()
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda d: d.pop("prompt_tokens"), "prompt_tokens is missing"),
+        (lambda d: d.update(prompt_token_ids=[1, 2, -3]), "prompt_token_ids must hold token ids"),
+        (lambda d: d.update(prompt_tokens=["a", "b"]), "prompt_tokens must be 3 strings"),
+        (lambda d: d.update(prompt_tokens=["a", "\ud800", "c"]), r"prompt_tokens\[1\] contains U\+D800"),
+        (lambda d: d.update(user_positions=[3]), "user_positions must hold prompt positions from 0 to 2"),
+        (lambda d: d["methods"]["macs"].update(raw=[[1, 2, 3]]), r"raw must be a 2 x 3 table of numbers"),
+        (lambda d: d["methods"]["macs"].update(raw=[[1, "a", 3], [1, 2, 3]]), "raw must be a 2 x 3 table"),
+        (lambda d: d["methods"]["macs"].update(seconds=-1), "seconds is a time in seconds"),
+        (lambda d: d["image"].update(grid=[2, 2]), "grid must be \\[h, w\\] with h \\* w = 2"),
+        (lambda d: d.update(meta=[]), "meta must be an object"),
+    ],
+)
+def test_a_malformed_saved_result_names_the_field(tmp_path, change, message):
+    d = _saved()
+    change(d)
+    with pytest.raises(InputError, match=message):
+        Attribution.from_dict(d)
+    with pytest.raises(InputError, match="is a JSON object"):
+        Attribution.from_dict([d])
+    path = tmp_path / "bad.json"
+    path.write_text("{ not json")
+    with pytest.raises(InputError, match="is not valid JSON"):
+        Attribution.load_json(path)
+    with pytest.raises(InputError, match="does not exist"):
+        Attribution.load_json(tmp_path / "missing.json")
+
+
+def test_a_saved_result_without_z_or_steps_still_loads():
+    d = _saved()
+    del d["methods"]["macs"]["z"]
+    np.testing.assert_allclose(Attribution.from_dict(d).methods["macs"].z, zscore(np.arange(6).reshape(2, 3)))
+    empty = {**d, "generated_token_ids": [], "generated_tokens": [], "methods": {"macs": {"raw": [], "z": []}}}
+    assert Attribution.from_dict(empty).methods["macs"].raw.shape == (0, 3)
+
+
+def test_lone_surrogates_are_refused_with_their_place():
+    check_encodable("fine: é 日本 👩\u200d👩", "The prompt")
+    with pytest.raises(InputError, match="The prompt contains U\\+DFFF at character 3"):
+        check_encodable("ab\udfffc", "The prompt")
 
 
 @pytest.mark.parametrize(
