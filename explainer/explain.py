@@ -110,10 +110,13 @@ def generate_steps(
 
 
 def _instantiate(methods: Sequence[str | AttributionMethod], options: dict[str, dict[str, Any]] | None):
+    options = options or {}
+    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
+        raise InputError("method_options must map method names to dicts of options, e.g. {'macs': {'alpha': 0.5}}.")
     out: list[AttributionMethod] = []
     seen = set()
     for m in methods:
-        inst = m if isinstance(m, AttributionMethod) else get_method(m, **(options or {}).get(m, {}))
+        inst = m if isinstance(m, AttributionMethod) else get_method(m, **options.get(m, {}))
         if inst.name not in seen:
             seen.add(inst.name)
             out.append(inst)

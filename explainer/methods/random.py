@@ -13,6 +13,10 @@ from .base import AttributionMethod, GenerationRun
 class RandomConfig:
     seed: int = 0  # same seed, same shapes -> same scores
 
+    def __post_init__(self) -> None:
+        if self.seed < 0:
+            raise ValueError(f"seed must be 0 or more, got {self.seed}")
+
 
 class RandomBaseline(AttributionMethod):
     name = "random"
