@@ -190,6 +190,25 @@ def _stream_explain(
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
     instances = _instantiate(methods, method_options)
+    attr, input_ids, extra_inputs = _encode_request(
+        bundle, prompt, instances, max_new_tokens, chat_template, image, max_image_tokens
+    )
+    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs)
+    yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs)
+    attr.meta["status"] = "done"
+    yield attr.snapshot()
+
+
+def _encode_request(
+    bundle: ModelBundle,
+    prompt: str,
+    instances: list[AttributionMethod],
+    max_new_tokens: int,
+    chat_template: bool,
+    image: Any,
+    max_image_tokens: int | None,
+) -> tuple[Attribution, torch.Tensor, dict[str, Any] | None]:
+    """The empty result of a request, its (1, N) prompt ids and, for an image prompt, the prefill's extra inputs."""
     extra_inputs = None
     image_record = None
     if image is not None:
@@ -219,13 +238,25 @@ def _stream_explain(
         meta={"max_new_tokens": max_new_tokens, "chat_template": bool(chat_template and bundle.has_chat_template)},
         image=image_record,
     )
+    return attr, encoded.input_ids, extra_inputs
+
+
+def _generate(
+    bundle: ModelBundle,
+    attr: Attribution,
+    input_ids: torch.Tensor,
+    instances: list[AttributionMethod],
+    max_new_tokens: int,
+    extra_inputs: dict[str, Any] | None,
+) -> Iterator[Attribution]:
+    """Greedy generation into `attr`, with the streaming methods' rows: a snapshot after every token."""
     streaming = [m for m in instances if m.streaming]
     rows: dict[str, list[np.ndarray]] = {m.name: [] for m in streaming}
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     for step in generate_steps(
-        bundle.model, encoded.input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs
+        bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs
     ):
         forward_seconds += step.seconds
         attr.generated_token_ids.append(step.token_id)
@@ -243,6 +274,17 @@ def _stream_explain(
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
     )
+
+
+def _run_post_hoc(
+    bundle: ModelBundle,
+    attr: Attribution,
+    instances: list[AttributionMethod],
+    progress: ProgressFn | None,
+    extra_inputs: dict[str, Any] | None,
+) -> Iterator[Attribution]:
+    """Each post-hoc method on the finished sequence: a snapshot after each."""
+    ids = attr.prompt_token_ids
     full_ids = torch.tensor([ids + attr.generated_token_ids], dtype=torch.long, device=bundle.device)  # (1, N+K)
     run_inputs = None
     if extra_inputs is not None:
@@ -260,8 +302,6 @@ def _stream_explain(
         raw = m.explain(run)  # (K, N)
         attr.methods[m.name] = MethodScores.from_raw(raw, seconds=time.perf_counter() - t0, meta=m.meta())
         yield attr.snapshot()
-    attr.meta["status"] = "done"
-    yield attr.snapshot()
 
 
 def explain(bundle: ModelBundle, prompt: str, **kwargs: Any) -> Attribution:

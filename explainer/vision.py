@@ -236,36 +236,8 @@ def _token(tokenizer: Any, token_id: int) -> str:
     return tok
 
 
-def encode_image_prompt(
-    bundle: Any,
-    image: str | Path | Image.Image,
-    question: str,
-    chat_template: bool = True,
-    max_new_tokens: int = 0,
-    max_image_tokens: int | None = None,
-) -> ImagePrompt:
-    """Preprocess an image and a question for the bundle's vision-language model.
-
-    `max_image_tokens` lowers or raises the pixel budget for this image only: the image is resized to at most that
-    many merged image tokens (default: the budget the image processor was loaded with).
-
-    Raises:
-        UnsupportedModelError: the bundle's model is text-only.
-        InputError: bad image, empty question, or prompt too long.
-    """
-    model, tok = bundle.model, bundle.tokenizer
-    adapter = adapter_for(model.config)
-    processor = getattr(bundle, "image_processor", None)
-    if adapter is None or processor is None:
-        raise UnsupportedModelError(
-            f"{bundle.name!r} is a text-only model. Image questions need a vision-language model such as "
-            "Qwen/Qwen2.5-VL-3B-Instruct: pass --model ID_OR_FOLDER (CLI) or set EXPLAINER_VLM (app)."
-        )
-    if question is None or not str(question).strip():
-        raise InputError("The question is empty: ask something about the image.")
-    question = str(question)
-    check_encodable(question, "The question")
-    img = load_image(image)
+def _preprocess(processor: Any, img: Image.Image, max_image_tokens: int | None) -> Any:
+    """The processor's output for one image, resized to at most `max_image_tokens` merged tokens when given."""
     size = None
     factor = pixel_factor(processor)
     if max_image_tokens is not None:
@@ -274,22 +246,25 @@ def encode_image_prompt(
         hi = max_image_tokens * factor**2
         size = {"shortest_edge": min(int(processor.size["shortest_edge"]), hi), "longest_edge": hi}
 
-    def preprocess(size: dict[str, int] | None) -> Any:
+    def run(size: dict[str, int] | None) -> Any:
         try:
             return processor(images=[img], return_tensors="pt", **({"size": size} if size else {}))
         except (ValueError, RuntimeError) as e:
             raise InputError(f"The image processor refused the image: {e}") from e
 
-    out = preprocess(size)
+    out = run(size)
     merge = int(processor.merge_size)
     if size is not None and int(out["image_grid_thw"].prod()) // merge**2 > max_image_tokens:
         # Qwen's resizer rounds an upscaled small image up on both sides, which can pass the budget: upscale no
         # further than one merged token (elongated images may still need one token per side)
-        out = preprocess({"shortest_edge": factor**2, "longest_edge": size["longest_edge"]})
-    grid_thw = out["image_grid_thw"]  # (1, 3): t, h, w in patches
-    t, gh, gw = (int(v) for v in grid_thw[0])
-    num_image_tokens = t * gh * gw // merge**2
-    cfg = model.config
+        out = run({"shortest_edge": factor**2, "longest_edge": size["longest_edge"]})
+    return out
+
+
+def _tokenize(bundle: Any, question: str, num_image_tokens: int, chat_template: bool):
+    """The prompt text, its ids with `<|image_pad|>` expanded to `num_image_tokens`, the image tokens' positions and
+    the question's positions."""
+    tok, cfg = bundle.tokenizer, bundle.model.config
     pad, start, end = (_token(tok, i) for i in (cfg.image_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id))
     content = f"{start}{pad}{end}{question}"
     if chat_template and bundle.has_chat_template:
@@ -311,18 +286,57 @@ def encode_image_prompt(
         )
     q_lo, q_hi = q_start + shift, q_start + shift + len(question)
     user_positions = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < q_hi and e > q_lo]
+    return text, ids, image_positions, user_positions
+
+
+def encode_image_prompt(
+    bundle: Any,
+    image: str | Path | Image.Image,
+    question: str,
+    chat_template: bool = True,
+    max_new_tokens: int = 0,
+    max_image_tokens: int | None = None,
+) -> ImagePrompt:
+    """Preprocess an image and a question for the bundle's vision-language model.
+
+    `max_image_tokens` lowers or raises the pixel budget for this image only: the image is resized to at most that
+    many merged image tokens (default: the budget the image processor was loaded with).
+
+    Raises:
+        UnsupportedModelError: the bundle's model is text-only.
+        InputError: bad image, empty question, or prompt too long.
+    """
+    model = bundle.model
+    adapter = adapter_for(model.config)
+    processor = getattr(bundle, "image_processor", None)
+    if adapter is None or processor is None:
+        raise UnsupportedModelError(
+            f"{bundle.name!r} is a text-only model. Image questions need a vision-language model such as "
+            "Qwen/Qwen2.5-VL-3B-Instruct: pass --model ID_OR_FOLDER (CLI) or set EXPLAINER_VLM (app)."
+        )
+    if question is None or not str(question).strip():
+        raise InputError("The question is empty: ask something about the image.")
+    question = str(question)
+    check_encodable(question, "The question")
+    img = load_image(image)
+    pixels = _preprocess(processor, img, max_image_tokens)
+    merge = int(processor.merge_size)
+    grid_thw = pixels["image_grid_thw"]  # (1, 3): t, h, w in patches
+    t, gh, gw = (int(v) for v in grid_thw[0])
+    num_image_tokens = t * gh * gw // merge**2
+    text, ids, image_positions, user_positions = _tokenize(bundle, question, num_image_tokens, chat_template)
     what = f"The image and question take {{n}} tokens ({num_image_tokens} for the image)"
     bundle.check_length(len(ids), max_new_tokens, what, "Lower the image detail (max_pixels) or shorten the question.")
     device = bundle.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
-    mm_token_type_ids = (input_ids == cfg.image_token_id).int()  # (1, N): 1 marks image tokens
+    mm_token_type_ids = (input_ids == model.config.image_token_id).int()  # (1, N): 1 marks image tokens
     grid_thw = grid_thw.to(device)
     position_ids, _ = adapter.rope_index(model)(
         input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=grid_thw
     )  # (3, 1, N)
     dtype = next(model.parameters()).dtype
     prefill = {
-        "pixel_values": out["pixel_values"].to(device=device, dtype=dtype),  # (P, C * t_patch * p * p)
+        "pixel_values": pixels["pixel_values"].to(device=device, dtype=dtype),  # (P, C * t_patch * p * p)
         "image_grid_thw": grid_thw,
         "position_ids": position_ids,
     }
