@@ -506,6 +506,185 @@ def _example_images() -> list[Path]:
     return sorted(IMAGES_DIR.glob("*.png")) if IMAGES_DIR.is_dir() else []
 
 
+def build_text_tab(option_widgets: list) -> Any:
+    """The text tab: prompt, methods, answer strip, step slider, heatmaps and the faithfulness panel; returns
+    the model line that `demo.load` fills."""
+    model_md = gr.Markdown("**Model:** loading…")
+    state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=3):
+            prompt_box = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
+            with gr.Row():
+                generate_btn = gr.Button("Generate", variant="primary")
+                cancel_btn = gr.Button("Cancel", variant="stop")
+            examples = _examples()
+            gr.Examples(
+                examples=[[e["prompt"]] for e in examples],
+                inputs=[prompt_box],
+                example_labels=[e["label"] for e in examples],
+                label="Examples",
+            )
+        with gr.Column(scale=2):
+            choices, default_methods = _method_choices()
+            methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+            show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
+            chat_template_box = gr.Checkbox(True, label="Use the chat template")
+            max_new_slider = gr.Slider(*NEW_TOKENS, value=64, step=1, label="Max new tokens")
+    status_md = gr.Markdown()
+    answer_view = gr.HTML()
+    step_slider = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+    )
+    heatmap_view = gr.HTML(_EMPTY_HEATMAP)
+    table = gr.Dataframe(
+        headers=TABLE_HEADERS,
+        datatype=["str", "number", "str", "number", "number"],
+        interactive=False,
+        label="Top prompt tokens at this step",
+    )
+
+    explain_event = generate_btn.click(
+        explain,
+        inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, *option_widgets],
+        outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
+        api_name="explain",
+        concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
+        concurrency_id="model",
+    )
+    gr.on(
+        triggers=[step_slider.input, show_all_box.input, methods_box.input],
+        fn=render,
+        inputs=[state, methods_box, step_slider, show_all_box],
+        outputs=[answer_view, heatmap_view, table],
+        api_name="render",
+        trigger_mode="always_last",
+        show_progress="hidden",
+    )
+    cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
+    build_faithfulness_panel(state, methods_box, step_slider)
+    return model_md
+
+
+def build_faithfulness_panel(state: Any, methods_box: Any, step_slider: Any) -> None:
+    """The faithfulness accordion of the text tab, measuring the result in `state`."""
+    with gr.Accordion("Faithfulness", open=False):
+        gr.Markdown(_FAITHFULNESS_NOTE)
+        faith_state = gr.State(None)
+        with gr.Row():
+            faith_btn = gr.Button("Measure faithfulness")
+            faith_cancel_btn = gr.Button("Cancel", variant="stop")
+            faith_metric = gr.Dropdown(list(FAITHFULNESS_METRICS), value="mean logit", label="Removal curve metric")
+            soft_choice = gr.Radio(list(SOFT_CHOICES), value=SOFT_CHOICES[0], label="π-Soft over")
+        soft_cost_md = gr.Markdown()
+        faith_status = gr.Markdown()
+        faith_removal_plot = gr.Plot(label="Token removal: MIF / LIF")
+        faith_soft_plot = gr.Plot(label="π-Soft-NS / π-Soft-NC")
+        faith_table = gr.Dataframe(
+            headers=FAITHFULNESS_HEADERS,
+            datatype=["str"] + ["number"] * (len(FAITHFULNESS_HEADERS) - 1),
+            interactive=False,
+            label="Summary",
+        )
+    faith_event = faith_btn.click(
+        faithfulness,
+        inputs=[state, methods_box, faith_metric, soft_choice, step_slider],
+        outputs=[faith_removal_plot, faith_soft_plot, faith_table, faith_status, faith_state],
+        api_name="faithfulness",
+        concurrency_limit=1,  # shares the model with the explain event
+        concurrency_id="model",
+    )
+    faith_cancel_btn.click(_cancelled, outputs=faith_status, cancels=[faith_event], queue=False)
+    gr.on(
+        triggers=[soft_choice.input, step_slider.release, methods_box.input, state.change],
+        fn=soft_cost_note,
+        inputs=[state, methods_box, soft_choice, step_slider, faith_state],
+        outputs=soft_cost_md,
+        show_progress="hidden",
+        queue=False,
+    )
+    faith_metric.input(
+        render_faithfulness,
+        inputs=[faith_state, faith_metric],
+        outputs=[faith_removal_plot, faith_soft_plot, faith_table],
+        api_name="render_faithfulness",
+        show_progress="hidden",
+    )
+
+
+def build_image_tab(option_widgets: list) -> Any:
+    """The image + question tab; returns the vision-model line that `demo.load` fills."""
+    choices, default_methods = _method_choices()
+    vlm_md = gr.Markdown("**Vision-language model:** checking…")
+    image_state = gr.State(None)
+    with gr.Row():
+        with gr.Column(scale=3):
+            image_box = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
+            question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
+            with gr.Row():
+                ask_btn = gr.Button("Ask about the image", variant="primary")
+                image_cancel_btn = gr.Button("Cancel", variant="stop")
+            gr.Examples(
+                examples=[[str(path), DEFAULT_QUESTION] for path in _example_images()],
+                inputs=[image_box, question_box],
+                label="Example images",
+            )
+        with gr.Column(scale=2):
+            image_methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+            opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
+            contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
+            image_max_new_slider = gr.Slider(*IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens")
+            image_tokens_slider = gr.Slider(
+                *IMAGE_TOKENS,
+                value=DEFAULT_MAX_IMAGE_TOKENS,
+                step=16,
+                label="Image detail: at most this many image tokens (finer maps, slower answers)",
+            )
+    image_status_md = gr.Markdown()
+    image_answer_view = gr.HTML()
+    image_step_slider = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+    )
+    overlay_view = gr.Image(label="Image regions each method credits for this token", interactive=False)
+    question_view = gr.HTML(label="Question tokens")
+
+    image_event = ask_btn.click(
+        explain_image,
+        inputs=[
+            image_box,
+            question_box,
+            image_methods_box,
+            image_max_new_slider,
+            opacity_slider,
+            contour_box,
+            image_tokens_slider,
+            *option_widgets,
+        ],
+        outputs=[
+            overlay_view,
+            image_answer_view,
+            question_view,
+            image_step_slider,
+            image_status_md,
+            image_state,
+        ],
+        api_name="explain_image",
+        preprocess=False,  # the handler opens the upload itself (see explain_image)
+        concurrency_limit=1,
+        concurrency_id="model",
+    )
+    gr.on(
+        triggers=[image_step_slider.input, opacity_slider.input, contour_box.input, image_methods_box.input],
+        fn=render_image,
+        inputs=[image_state, image_methods_box, image_step_slider, opacity_slider, contour_box],
+        outputs=[overlay_view, image_answer_view, question_view],
+        api_name="render_image",
+        trigger_mode="always_last",
+        show_progress="hidden",
+    )
+    image_cancel_btn.click(_cancelled, outputs=image_status_md, cancels=[image_event], queue=False)
+    return vlm_md
+
+
 OPTION_KEYS = [(m, o.name) for m in available_methods() for o in method_options(m)]
 
 with gr.Blocks(title="Why did the model write that?") as demo:
@@ -520,173 +699,9 @@ with gr.Blocks(title="Why did the model write that?") as demo:
         OPTION_WIDGETS = [component for _, _, component in option_inputs()]
     with gr.Tabs():
         with gr.Tab("Text prompt"):
-            model_md = gr.Markdown("**Model:** loading…")
-            state = gr.State(None)
-            with gr.Row():
-                with gr.Column(scale=3):
-                    prompt_box = gr.Textbox(
-                        label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask."
-                    )
-                    with gr.Row():
-                        generate_btn = gr.Button("Generate", variant="primary")
-                        cancel_btn = gr.Button("Cancel", variant="stop")
-                    examples = _examples()
-                    gr.Examples(
-                        examples=[[e["prompt"]] for e in examples],
-                        inputs=[prompt_box],
-                        example_labels=[e["label"] for e in examples],
-                        label="Examples",
-                    )
-                with gr.Column(scale=2):
-                    choices, default_methods = _method_choices()
-                    methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
-                    show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
-                    chat_template_box = gr.Checkbox(True, label="Use the chat template")
-                    max_new_slider = gr.Slider(*NEW_TOKENS, value=64, step=1, label="Max new tokens")
-            status_md = gr.Markdown()
-            answer_view = gr.HTML()
-            step_slider = gr.Slider(
-                1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
-            )
-            heatmap_view = gr.HTML(_EMPTY_HEATMAP)
-            table = gr.Dataframe(
-                headers=TABLE_HEADERS,
-                datatype=["str", "number", "str", "number", "number"],
-                interactive=False,
-                label="Top prompt tokens at this step",
-            )
-
-            explain_event = generate_btn.click(
-                explain,
-                inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, *OPTION_WIDGETS],
-                outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
-                api_name="explain",
-                concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
-                concurrency_id="model",
-            )
-            gr.on(
-                triggers=[step_slider.input, show_all_box.input, methods_box.input],
-                fn=render,
-                inputs=[state, methods_box, step_slider, show_all_box],
-                outputs=[answer_view, heatmap_view, table],
-                api_name="render",
-                trigger_mode="always_last",
-                show_progress="hidden",
-            )
-            with gr.Accordion("Faithfulness", open=False):
-                gr.Markdown(_FAITHFULNESS_NOTE)
-                faith_state = gr.State(None)
-                with gr.Row():
-                    faith_btn = gr.Button("Measure faithfulness")
-                    faith_cancel_btn = gr.Button("Cancel", variant="stop")
-                    faith_metric = gr.Dropdown(
-                        list(FAITHFULNESS_METRICS), value="mean logit", label="Removal curve metric"
-                    )
-                    soft_choice = gr.Radio(list(SOFT_CHOICES), value=SOFT_CHOICES[0], label="π-Soft over")
-                soft_cost_md = gr.Markdown()
-                faith_status = gr.Markdown()
-                faith_removal_plot = gr.Plot(label="Token removal: MIF / LIF")
-                faith_soft_plot = gr.Plot(label="π-Soft-NS / π-Soft-NC")
-                faith_table = gr.Dataframe(
-                    headers=FAITHFULNESS_HEADERS,
-                    datatype=["str"] + ["number"] * (len(FAITHFULNESS_HEADERS) - 1),
-                    interactive=False,
-                    label="Summary",
-                )
-            faith_event = faith_btn.click(
-                faithfulness,
-                inputs=[state, methods_box, faith_metric, soft_choice, step_slider],
-                outputs=[faith_removal_plot, faith_soft_plot, faith_table, faith_status, faith_state],
-                api_name="faithfulness",
-                concurrency_limit=1,  # shares the model with the explain event
-                concurrency_id="model",
-            )
-            cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
-            faith_cancel_btn.click(_cancelled, outputs=faith_status, cancels=[faith_event], queue=False)
-            gr.on(
-                triggers=[soft_choice.input, step_slider.release, methods_box.input, state.change],
-                fn=soft_cost_note,
-                inputs=[state, methods_box, soft_choice, step_slider, faith_state],
-                outputs=soft_cost_md,
-                show_progress="hidden",
-                queue=False,
-            )
-            faith_metric.input(
-                render_faithfulness,
-                inputs=[faith_state, faith_metric],
-                outputs=[faith_removal_plot, faith_soft_plot, faith_table],
-                api_name="render_faithfulness",
-                show_progress="hidden",
-            )
+            model_md = build_text_tab(OPTION_WIDGETS)
         with gr.Tab("Image + question"):
-            vlm_md = gr.Markdown("**Vision-language model:** checking…")
-            image_state = gr.State(None)
-            with gr.Row():
-                with gr.Column(scale=3):
-                    image_box = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
-                    question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
-                    with gr.Row():
-                        ask_btn = gr.Button("Ask about the image", variant="primary")
-                        image_cancel_btn = gr.Button("Cancel", variant="stop")
-                    gr.Examples(
-                        examples=[[str(path), DEFAULT_QUESTION] for path in _example_images()],
-                        inputs=[image_box, question_box],
-                        label="Example images",
-                    )
-                with gr.Column(scale=2):
-                    image_methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
-                    opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
-                    contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
-                    image_max_new_slider = gr.Slider(*IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens")
-                    image_tokens_slider = gr.Slider(
-                        *IMAGE_TOKENS,
-                        value=DEFAULT_MAX_IMAGE_TOKENS,
-                        step=16,
-                        label="Image detail: at most this many image tokens (finer maps, slower answers)",
-                    )
-            image_status_md = gr.Markdown()
-            image_answer_view = gr.HTML()
-            image_step_slider = gr.Slider(
-                1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
-            )
-            overlay_view = gr.Image(label="Image regions each method credits for this token", interactive=False)
-            question_view = gr.HTML(label="Question tokens")
-
-            image_event = ask_btn.click(
-                explain_image,
-                inputs=[
-                    image_box,
-                    question_box,
-                    image_methods_box,
-                    image_max_new_slider,
-                    opacity_slider,
-                    contour_box,
-                    image_tokens_slider,
-                    *OPTION_WIDGETS,
-                ],
-                outputs=[
-                    overlay_view,
-                    image_answer_view,
-                    question_view,
-                    image_step_slider,
-                    image_status_md,
-                    image_state,
-                ],
-                api_name="explain_image",
-                preprocess=False,  # the handler opens the upload itself (see explain_image)
-                concurrency_limit=1,
-                concurrency_id="model",
-            )
-            gr.on(
-                triggers=[image_step_slider.input, opacity_slider.input, contour_box.input, image_methods_box.input],
-                fn=render_image,
-                inputs=[image_state, image_methods_box, image_step_slider, opacity_slider, contour_box],
-                outputs=[overlay_view, image_answer_view, question_view],
-                api_name="render_image",
-                trigger_mode="always_last",
-                show_progress="hidden",
-            )
-            image_cancel_btn.click(_cancelled, outputs=image_status_md, cancels=[image_event], queue=False)
+            vlm_md = build_image_tab(OPTION_WIDGETS)
     options_box.render()
     demo.load(model_info, outputs=model_md, api_name="model_info")
     demo.load(vlm_info, outputs=vlm_md, api_name="vlm_info")
