@@ -137,7 +137,7 @@ def option_inputs() -> list[tuple[str, str, Any]]:
 
 
 def chosen_options(methods: list[str], values: tuple) -> dict[str, dict[str, Any]]:
-    """{method: {option: value}} of the selected methods from the option widgets' values (in `OPTIONS` order); the
+    """{method: {option: value}} of the selected methods from the option widgets' values (in `OPTION_KEYS` order); the
     library validates them and says what is wrong."""
     out: dict[str, dict[str, Any]] = {}
     for (method, name), value in zip(OPTION_KEYS, values):
@@ -146,7 +146,7 @@ def chosen_options(methods: list[str], values: tuple) -> dict[str, dict[str, Any
     return out
 
 
-async def follow(stream: WorkerStream, bundle: Any) -> AsyncIterator[Any]:
+async def follow(stream: WorkerStream) -> AsyncIterator[Any]:
     """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends.
 
     The work runs in the library's worker thread, which holds the model. When the visitor cancels or closes the tab,
@@ -257,7 +257,7 @@ async def explain(
         cancel=CancelToken(),
     )
     attr = None
-    async for attr in follow(stream, bundle):
+    async for attr in follow(stream):
         yield _outputs(attr, methods, show_all, live=attr.meta.get("status") != "done")
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another prompt or more new tokens.")
@@ -345,7 +345,7 @@ async def faithfulness(
         progress=lambda f, msg: progress(f, desc=msg), cancel=CancelToken(),
     )  # fmt: skip
     report = None
-    async for report in follow(stream, bundle):
+    async for report in follow(stream):
         seconds = ", ".join(f"{part} {s:.1f} s" for part, s in report.seconds.items())
         done = report.status == "done" or steps is False
         if done:
@@ -466,7 +466,7 @@ async def explain_image(
         cancel=CancelToken(),
     )
     attr = None
-    async for attr in follow(stream, bundle):
+    async for attr in follow(stream):
         yield _image_outputs(attr, image, methods, opacity, contour, live=attr.meta.get("status") != "done")
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another question or more new tokens.")
