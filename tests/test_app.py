@@ -403,7 +403,8 @@ def test_the_upload_reaches_the_handler_unopened(app_module, vl_fake, tmp_path):
     broken = upload_files.write(tmp_path, "notes.png")
     upload = ImageData(path=str(broken), orig_name="notes.png")
     with pytest.raises(Exception, match="cannot identify image file"):
-        fns["explain_image"].inputs[0].preprocess(upload)  # what the issue saw: gr.Image opens it and fails without a reason
+        # what the issue saw: gr.Image opens it and fails without a reason
+        fns["explain_image"].inputs[0].preprocess(upload)
     payload = upload.model_dump()  # what the handler gets: {"path": ..., "orig_name": ..., "url": None, ...}
     with pytest.raises(gr.Error, match="Image 'notes.png' is not an image file"):
         collect(app_module.explain_image(payload, "What?", ["macs"], 4, 0.5, True, 64))
