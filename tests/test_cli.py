@@ -42,6 +42,12 @@ def test_method_options_reach_the_method(tiny_model_dir, tmp_path):
     assert rc == 0
     meta = {m: v["meta"] for m, v in json.loads(out.read_text())["methods"].items()}
     assert meta["macs"]["alpha"] == 0.5 and meta["macs"]["pooling"] == "mean" and meta["random"]["seed"] == 3
+    plain = tmp_path / "plain.json"
+    main(["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3", "--methods",
+          "macs", "--json", str(plain)])  # fmt: skip
+    assert (
+        json.loads(plain.read_text())["methods"]["macs"]["raw"] != json.loads(out.read_text())["methods"]["macs"]["raw"]
+    )
 
 
 def test_summary_without_json(tiny_model_dir, capsys):
