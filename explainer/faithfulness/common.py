@@ -7,7 +7,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..kv import TOKENS_PER_BATCH, rows_per_batch  # noqa: F401 - re-exported for removal and soft
 from ..models import ModelBundle
 from ..result import Attribution, zscore
 

@@ -37,7 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InputError
-from ..kv import prefix_cache, right_aligned
+from ..kv import TOKENS_PER_BATCH, prefix_cache, right_aligned, rows_per_batch
 from ..methods.base import ProgressFn
 from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 from ..models import ModelBundle
@@ -45,12 +45,10 @@ from ..result import Attribution
 from ..session import check_cancelled, hold
 from .common import (
     RANDOM,
-    TOKENS_PER_BATCH,
     check_result,
     decode,
     evaluated_positions,
     removal_orderings,
-    rows_per_batch,
 )
 
 

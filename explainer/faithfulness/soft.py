@@ -29,13 +29,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import _additive_mask, _probs, attention_function_selected
 from ..errors import InputError
-from ..kv import prefix_cache
+from ..kv import TOKENS_PER_BATCH, prefix_cache, rows_per_batch
 from ..methods.base import ProgressFn
 from ..metrics import PI_GRID, calibrate, hellinger, minmax
 from ..models import ModelBundle
 from ..result import Attribution
 from ..session import check_cancelled, hold
-from .common import TOKENS_PER_BATCH, check_result, evaluated_positions, rows_per_batch
+from .common import check_result, evaluated_positions
 
 
 @dataclass
