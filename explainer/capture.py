@@ -35,7 +35,8 @@ _NAME_PREFIX = "explainer_capture_"
 _counter = itertools.count()
 _counter_lock = threading.Lock()
 
-# Called as consumer(layer_idx, q_start, probs) with probs (B, H, q_chunk, T_k) for query rows q_start..q_start+q_chunk.
+# Called as consumer(layer_idx, q_start, probs) with probs (B, H, q_chunk, W) for query rows q_start..q_start+q_chunk:
+# the rows' first W <= T_k keys; the keys after them are invisible to these queries (probability 0).
 FullRowConsumer = Callable[[int, int, torch.Tensor], None]
 
 
@@ -51,7 +52,7 @@ class AttentionRecorder:
 
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
     full_row_consumer: FullRowConsumer | None = None
-    full_row_chunk: int = 256
+    full_row_chunk: int = 128  # rows per chunk: a chunk's (H, 128, T) probabilities stay in the L3 cache at 4k tokens
 
     def clear(self) -> None:
         self.rows.clear()
@@ -114,16 +115,33 @@ def _probs(
     b, h, tq, _ = query.shape
     kvh, tk = key.shape[1], key.shape[2]
     g = h // kvh
-    q = query.reshape(b, kvh, g * tq, -1)  # (B, KVH, G*Tq, D)
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * scaling  # (B, KVH, G*Tq, Tk)
+    q = (query * scaling).reshape(b, kvh, g * tq, -1)  # (B, KVH, G*Tq, D); scaling the few queries, not the scores
+    scores = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, KVH, G*Tq, Tk)
     scores = scores.view(b, kvh, g, tq, tk)
     if mask is not None:
-        scores = scores + mask.float().unsqueeze(1)  # mask (B|1, 1, Tq, Tk) -> (B|1, 1, 1, Tq, Tk)
-    elif causal_offset is not None:
+        scores += mask.float().unsqueeze(1)  # mask (B|1, 1, Tq, Tk) -> (B|1, 1, 1, Tq, Tk)
+    elif causal_offset is not None and causal_offset + 1 < tk:
+        # Only keys after query 0 can lie in a query's future: mask that corner (at most Tq wide) in place.
+        first = max(causal_offset + 1, 0)
         qpos = torch.arange(tq, device=key.device)[:, None] + causal_offset
-        kpos = torch.arange(tk, device=key.device)[None, :]
-        scores = scores.masked_fill(kpos > qpos, float("-inf"))
+        kpos = torch.arange(first, tk, device=key.device)[None, :]
+        scores[..., first:].masked_fill_(kpos > qpos, float("-inf"))
     return torch.softmax(scores, dim=-1).view(b, h, tq, tk)
+
+
+def _visible_keys(mask: torch.Tensor | None, first_query: int, num_queries: int, num_keys: int) -> int:
+    """How many leading keys the queries first_query .. first_query + num_queries - 1 can see: a causal pass hides
+    every key after the last query; an explicit mask (e.g. bidirectional image blocks) is read as it is.
+
+    Args:
+        mask: additive float mask (B|1, 1, Tq_chunk, Tk) of these queries, or None (causal).
+        first_query: absolute key index of the chunk's first query under causality (no mask).
+    """
+    if mask is None:
+        return min(num_keys, first_query + num_queries)
+    visible = (mask > torch.finfo(mask.dtype).min).flatten(0, -2).any(dim=0)  # (Tk,)
+    hits = visible.nonzero()
+    return int(hits[-1]) + 1 if hits.numel() else num_keys
 
 
 # Attention arguments that change the scores in ways the probability rows (and AtMan's additive bias) leave out.
@@ -180,7 +198,10 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
             for start in range(0, tq, step):
                 stop = min(tq, start + step)
                 chunk_mask = None if mask is None else mask[..., start:stop, :]
-                chunk = _probs(query[:, :, start:stop, :], key, chunk_mask, scale, offset + start)
+                # Keys no query of the chunk can see have probability 0: they are left out of the chunk's rows.
+                width = _visible_keys(chunk_mask, offset + start, stop - start, tk)
+                chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]
+                chunk = _probs(query[:, :, start:stop, :], key[:, :, :width], chunk_mask, scale, offset + start)
                 recorder.full_row_consumer(module.layer_idx, offset + start, chunk)
         return out, None
 
@@ -198,7 +219,7 @@ def language_config(model: torch.nn.Module):
 def capture_attention(
     model: torch.nn.Module,
     full_row_consumer: FullRowConsumer | None = None,
-    full_row_chunk: int = 256,
+    full_row_chunk: int = 128,
 ) -> Iterator[AttentionRecorder]:
     """Record last-query attention rows of every layer while the block runs.
 

@@ -44,8 +44,8 @@ def test_one_token_prompt(bundles):
 
 
 def test_stored_elements_are_what_the_definition_needs(bundles):
-    """Only Â's rows are kept: L·N² for the prompt plus L·cap·(N + cap) for generated rows, cap < 2·K + 16;
-    no per-step copies, no L·T² rollout matrices per step."""
+    """Only Â's rows are kept: for the prompt, each prefill chunk's rows only as wide as they can see (about half of
+    L·N²), plus L·cap·(N + cap) for generated rows, cap < 2·K + 16; no per-step copies, no L·T² rollout matrices."""
     bundle = bundles["llama"]
     method = Rollout(RolloutConfig())
     steps = 20
@@ -56,7 +56,26 @@ def test_stored_elements_are_what_the_definition_needs(bundles):
     assert len(caps) == 1
     cap = caps.pop()
     assert k - 1 <= cap < 2 * k + 16
-    assert method.stored_elements() == layers * n * n + layers * cap * (n + cap)
+    chunk = 128  # capture's default rows per chunk
+    prompt = sum(min(chunk, n - a) * min(n, a + chunk) for a in range(0, n, chunk))
+    assert method.stored_elements() == layers * prompt + layers * cap * (n + cap)
+
+
+def test_long_prompt_keeps_about_half_of_the_square(bundles):
+    """Past one chunk the causal triangle shows: the prompt rows stored are well below L·N²."""
+    bundle = bundles["llama"]
+    method = Rollout(RolloutConfig())
+    prompt = " ".join(["Paris is the capital of France."] * 38)
+    attr = explain(bundle, prompt, methods=[method], max_new_tokens=2)
+    n = attr.num_prompt_tokens
+    assert 3 * 128 < n < 500
+    layers = bundle.model.config.num_hidden_layers
+    stored_prompt = sum(b.numel() for blocks in method.prompt_blocks.values() for _, b in blocks)
+    assert stored_prompt < 0.8 * layers * n * n  # four chunks here; about half the square at 4k tokens
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    attentions, _ = eager_attentions(bundle.model, ids)
+    ref = np.array(reference_rollout(attentions, n, attr.num_steps))
+    np.testing.assert_allclose(attr.methods["rollout"].raw, ref, atol=1e-5, rtol=0)
 
 
 def test_invalid_options_are_rejected():

@@ -10,7 +10,8 @@ layer (from the captured attention rows) and the prefill fills the prompt rows o
 (`needs_full_rows`). The wanted row is then computed as a vector-matrix chain from the left,
 `e_t · Â_L · Â_{L-1} · … · Â_1`: per step this costs O(L·T²), the same as the textbook row recursion
 `R_l[t] = Â_l[t] · R_{l-1}`, but it avoids that recursion's O(L·T²·N) product over all prompt rows at prefill
-(tens of seconds at 4k tokens on a CPU). Memory is the L·(N² + K·T) entries of Â's rows; nothing else is kept.
+(tens of seconds at 4k tokens on a CPU). Memory is the L·(N²/2 + K·T) entries of Â's rows (the prompt rows are
+kept in chunks only as wide as causal attention lets them see); nothing else is kept.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ class Rollout(AttributionMethod):
 
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens
-        self.prompt_rows: dict[int, torch.Tensor] = {}  # layer -> (N, N) Â rows of prompt positions
+        # layer -> [(first_row, (rows, W))]: Â's prompt rows in the chunks the prefill hands over, each only as wide
+        # as its rows can see (W <= last row + 1 under causal attention), so about half of N² is stored.
+        self.prompt_blocks: dict[int, list[tuple[int, torch.Tensor]]] = {}
         self.gen_rows: dict[int, torch.Tensor] = {}  # layer -> (capacity, N + capacity) Â rows of generated ones
 
     def _hat(self, probs: torch.Tensor, first_row: int) -> torch.Tensor:
@@ -62,24 +65,22 @@ class Rollout(AttributionMethod):
             (q, T) float32 rows of Â.
         """
         r = self.config.residual
-        fused = _FUSION[self.config.head_fusion](probs.float())  # (q, T)
-        hat = (1.0 - r) * fused
+        hat = _FUSION[self.config.head_fusion](probs.float())  # (q, T), a new tensor: changed in place below
+        hat.mul_(1.0 - r)
         q = hat.shape[0]
         idx = torch.arange(q)
         hat[idx, first_row + idx] += r
-        return hat / hat.sum(dim=-1, keepdim=True)
+        return hat.div_(hat.sum(dim=-1, keepdim=True))
 
     def consume_full_rows(self, layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
-        """Prefill rows (1, H, q, T) of one layer; only prompt positions are stored."""
+        """Prefill rows (1, H, q, W) of one layer; only prompt positions (rows and keys) are stored."""
         n = self.n
         if q_start >= n:
             return
-        hat = self._hat(probs[0], q_start)  # (q, T)
+        hat = self._hat(probs[0], q_start)  # (q, W)
         stop = min(n, q_start + hat.shape[0])
-        block = self.prompt_rows.get(layer_idx)
-        if block is None:
-            block = self.prompt_rows[layer_idx] = torch.zeros(n, n)
-        block[q_start:stop] = hat[: stop - q_start, :n]
+        block = hat[: stop - q_start, :n].contiguous()
+        self.prompt_blocks.setdefault(layer_idx, []).append((q_start, block))
 
     def _store_generated_row(self, layer: int, t: int, row: torch.Tensor) -> None:
         j = t - self.n  # index among generated positions
@@ -97,11 +98,11 @@ class Rollout(AttributionMethod):
         num_layers, _, total = rows.shape  # (L, H, T), T = N + k
         t = total - 1  # the query position of this step
         if t == n - 1:  # prefill step; a 1-token prompt has no multi-query pass, so its row comes from here
-            if n > 1 and len(self.prompt_rows) != num_layers:
+            if n > 1 and len(self.prompt_blocks) != num_layers:
                 raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
             for layer in range(num_layers) if n == 1 else ():
-                self.prompt_rows[layer] = self._hat(rows[layer][:, None, :], t)[:, :n]
-        layers = sorted(self.prompt_rows)
+                self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], t)[:, :n])]
+        layers = sorted(self.prompt_blocks)
         if t >= n:  # decode step: append this query's row of every layer's Â
             for pos, layer in enumerate(layers):
                 self._store_generated_row(layer, t, self._hat(rows[pos][:, None, :], t)[0])  # (T,)
@@ -109,7 +110,8 @@ class Rollout(AttributionMethod):
         v = self._row(layers[-1], t, total)  # (T,) = e_t · Â_L
         for layer in reversed(layers[:-1]):
             nxt = torch.zeros(total)
-            nxt[:n] = v[:n] @ self.prompt_rows[layer]  # (N,) @ (N, N)
+            for first, block in self.prompt_blocks[layer]:  # v[:N] · (Â_l's prompt rows), block by block
+                nxt[: block.shape[1]] += v[first : first + block.shape[0]] @ block  # (q,) @ (q, W)
             if k > 0:
                 nxt += v[n : n + k] @ self.gen_rows[layer][:k, :total]  # (k,) @ (k, T)
             v = nxt
@@ -118,11 +120,13 @@ class Rollout(AttributionMethod):
     def _row(self, layer: int, t: int, total: int) -> torch.Tensor:
         out = torch.zeros(total)
         if t < self.n:
-            out[: self.n] = self.prompt_rows[layer][t]
+            first, block = next((f, b) for f, b in self.prompt_blocks[layer] if f <= t < f + b.shape[0])
+            out[: block.shape[1]] = block[t - first]
         else:
             out[:] = self.gen_rows[layer][t - self.n, :total]
         return out
 
     def stored_elements(self) -> int:
         """Number of floats held (for the memory contract test)."""
-        return sum(x.numel() for x in self.prompt_rows.values()) + sum(x.numel() for x in self.gen_rows.values())
+        prompt = sum(b.numel() for blocks in self.prompt_blocks.values() for _, b in blocks)
+        return prompt + sum(x.numel() for x in self.gen_rows.values())
