@@ -205,26 +205,27 @@ def _tokens_html(attr: Attribution, view: _View, zmax: float) -> str:
     return f'<div class="xai-flow" data-pos="{_ranges(positions)}">{"".join(parts)}</div>'
 
 
-def _legend_html(zmax: float) -> str:
+def _legend_html(zmax: float, unit: str = "token", label: str = "z-score") -> str:
+    """The colour legend; `unit` names what is coloured (token, word, sentence) and `label` its score."""
     stops = [diverging_color(-zmax * i / BINS, zmax) for i in range(BINS, 0, -1)]
     stops += [diverging_color(zmax * i / BINS, zmax) for i in range(BINS + 1)]
     gradient = ", ".join(stops)
     described = (
         f"Colour scale of the z-scores: blue at {-zmax:+.2f} (less important than average), white at 0, red at "
-        f"{zmax:+.2f} (more important than average); strongly red tokens are also bold. Each token's z-score is "
+        f"{zmax:+.2f} (more important than average); strongly red {unit}s are also bold. Each {unit}'s {label} is "
         "its title, shown on hover."
     )
     return (
         f'<div class="xai-legend" data-zmax="{zmax:.6g}" role="group" aria-label="{html.escape(described)}" '
         f'style="display:flex;align-items:center;gap:10px;flex-wrap:wrap;font-size:12px;margin-top:8px;color:{_TEXT};">'
-        "<span>z-score</span>"
+        f"<span>{label}</span>"
         '<div style="width:200px;" aria-hidden="true">'
         f'<div style="height:10px;border:1px solid #d0d7de;border-radius:2px;background:linear-gradient(to right, '
         f'{gradient});"></div>'
         '<div style="display:flex;justify-content:space-between;">'
         f"<span>{-zmax:+.2f}</span><span>0</span><span>{zmax:+.2f}</span></div></div>"
         f'<span style="color:{_MUTED};" aria-hidden="true">red, bold: more important than average · blue: less · '
-        "hover a token for its z-score</span>"
+        f"hover a {unit} for its {label}</span>"
         "</div>"
     )
 

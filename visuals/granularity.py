@@ -1,0 +1,314 @@
+"""The prompt heatmap at token, word or sentence granularity, for one answer step or a span of them, and the top
+supporting sentences per method.
+
+Pure functions over an `Attribution` (scores from `explainer.spans`). The HTML reuses the token heatmap's colour
+bins, stylesheet and legend, so the views look and read alike: each unit is `<i class=r3 title=+1.23>text</i>`
+(colour bin as class, score as hover title), its text stays selectable, and a panel's `data-pos` holds its prompt
+positions as ranges. At word and sentence granularity `data-groups` lists each unit's positions (`3-4,5,6-9`), so
+a click can be mapped back to tokens.
+
+Scores: a unit's score is the mean z-score of its tokens (`explainer.spans.group_scores`); over a span of steps,
+the token z-scores are first averaged over the steps (`explainer.spans.span_scores`). User text is shown with its
+control characters and bidirectional overrides made visible (`␀`, `⟨U+202E⟩`), so a hostile prompt cannot hide
+text or reorder the rest of the panel.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from explainer.errors import InputError
+from explainer.result import Attribution
+from explainer.spans import (
+    GRANULARITIES,
+    Group,
+    ScoredGroup,
+    group_scores,
+    groups,
+    shown_positions,
+    span_range,
+    span_scores,
+    top_sentences,
+)
+from visuals.heatmap import (
+    _CARD,
+    _MUTED,
+    _STYLE,
+    Z_CLIP,
+    _legend_html,
+    _note_html,
+    _ranges,
+    bin_class,
+    visible_whitespace,
+)
+
+ZMIN_AUTO = 0.5  # smallest automatic colour range: means of z-scores are small, but near-zero ones stay pale
+SPAN_TEXT = 60  # characters of the span's answer text quoted in the caption
+
+_GRID = "display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,300px),1fr));gap:10px;align-items:start;"
+_PANEL = "border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;min-width:0;"
+_BIDI = (*range(0x202A, 0x202F), *range(0x2066, 0x206A))  # embeddings, overrides (LRE..RLO), isolates (LRI..PDI)
+# Control characters shown as their Unicode control pictures (U+2400 + code), DEL as ␡, C1 controls as U+FFFD;
+# newlines and tabs are kept (the flow is pre-wrap) and carriage returns dropped, as in the token heatmap.
+_VISIBLE = {c: chr(0x2400 + c) for c in range(0x20) if c not in (0x09, 0x0A, 0x0D)}
+_VISIBLE |= {0x0D: None, 0x7F: "␡"} | {c: "\ufffd" for c in range(0x80, 0xA0)}
+_VISIBLE |= {c: f"⟨U+{c:04X}⟩" for c in _BIDI}
+_UNIT_NAMES = {"token": "tokens", "word": "words", "sentence": "sentences"}
+
+
+def safe_text(text: str) -> str:
+    """`text` with control characters and bidirectional embeddings/overrides/isolates made visible (see module
+    docstring); everything else, right-to-left letters and emoji included, unchanged. Not yet HTML-escaped."""
+    return text.translate(_VISIBLE)
+
+
+def _text_html(text: str) -> str:
+    if text == "":
+        return '<span class="xe">∅</span>'
+    return html.escape(safe_text(text), quote=False).replace("\n", "⏎<br>")
+
+
+def _span_caption(attr: Attribution, first: int, last: int, num_steps: int) -> str:
+    if first == last:
+        token = attr.generated_tokens[first] if first < len(attr.generated_tokens) else ""
+        return f"Step {first + 1} of {num_steps} explains the token '{visible_whitespace(safe_text(token))}'"
+    text = "".join(attr.generated_tokens[first : last + 1])
+    text = visible_whitespace(safe_text(text), spaces=False)
+    if len(text) > SPAN_TEXT:
+        text = text[: SPAN_TEXT - 1] + "…"
+    return f"Steps {first + 1}-{last + 1} of {num_steps} explain '{text}' · mean of the per-step z-scores"
+
+
+def _scope_caption(n: int, subset: bool) -> str:
+    if subset:
+        return f"z-scores re-normalised over the {n} tokens of your text"
+    return f"z-scores over all {n} prompt tokens"
+
+
+def _granularity(granularity: str) -> str:
+    if granularity not in GRANULARITIES:
+        raise InputError(f"Unknown granularity {granularity!r}; choose one of: {', '.join(GRANULARITIES)}.")
+    return granularity
+
+
+def _units_html(units: Sequence[Group], scores: np.ndarray | None, zmax: float, grouped: bool) -> str:
+    # Bytes matter as in the token heatmap: a short tag, unquoted class and title.
+    parts, positions, spans = [], [], []
+    prev = None
+    for i, g in enumerate(units):
+        if prev is not None and g.start != prev:
+            parts.append('<i class="xh" title="tokens hidden"> … </i>')
+        prev = g.stop
+        positions.extend(g.positions)
+        spans.append(str(g.start) if len(g) == 1 else f"{g.start}-{g.stop - 1}")
+        text = _text_html(g.text)
+        if scores is None:
+            parts.append(f"<i>{text}</i>")
+        elif not math.isfinite(scores[i]):
+            parts.append(f'<i class=xg title="no score">{text}</i>')
+        else:
+            css = bin_class(float(scores[i]), zmax)
+            parts.append(f"<i{' class=' + css if css else ''} title={scores[i]:+.2f}>{text}</i>")
+    groups_attr = f' data-groups="{",".join(spans)}"' if grouped else ""
+    return f'<div class="xai-flow" data-pos="{_ranges(positions)}"{groups_attr}>{"".join(parts)}</div>'
+
+
+def span_side_by_side_html(
+    attr: Attribution,
+    methods: Sequence[str],
+    first: int | None = None,
+    last: int | None = None,
+    granularity: str = "token",
+    user_only: bool = True,
+    zmax: float | None = None,
+) -> str:
+    """One heatmap panel per method over the prompt, at token, word or sentence granularity, for one answer step
+    or the mean over a span of steps, all on one shared colour scale.
+
+    Args:
+        attr: the generation and its scores, each method (K, N).
+        methods: method names, one panel each; a method with no scores up to `last` gets a neutral "pending" panel.
+        first: first answer step, 0-based; None is the newest.
+        last: last answer step, inclusive; None means `first` (one step, as in the token heatmap).
+        granularity: "token", "word" or "sentence" (see `explainer.spans.word_groups` / `sentence_groups`).
+        user_only: show only the user's text with z re-standardised over it per step (as the token heatmap does);
+            False shows all N tokens with the stored z-scores.
+        zmax: shared half-width of the colour range; None uses the largest |score| shown, within
+            [`ZMIN_AUTO`, `Z_CLIP`].
+
+    Returns:
+        An HTML fragment: a caption saying what is shown (steps, aggregation, granularity, scope), a grid of panels
+        titled with method name and seconds, one legend.
+
+    Raises:
+        InputError: an unknown granularity, or a span outside the answer (see `explainer.spans.span_range`).
+    """
+    granularity = _granularity(granularity)
+    methods = list(methods)
+    if not methods:
+        return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
+    units = groups(attr, granularity, user_only)
+    pos, subset = shown_positions(attr, user_only)
+    if attr.num_steps == 0:
+        first = last = None
+        caption = "No generated tokens yet: scores appear as the answer streams."
+    else:
+        first, last = span_range(attr.num_steps, first, last)
+        caption = _span_caption(attr, first, last, attr.num_steps)
+        caption += f" · {_UNIT_NAMES[granularity]}"
+        if granularity != "token":
+            caption += " (mean z-score of their tokens)"
+        caption += f" · {_scope_caption(pos.size, subset)}"
+    per_method: list[np.ndarray | None] = []
+    for m in methods:
+        s = attr.methods.get(m)
+        if first is None or s is None or s.raw.shape[0] <= last:
+            per_method.append(None)
+            continue
+        z = span_scores(attr, m, first, last, pos if subset else None)  # (N,)
+        per_method.append(group_scores(z, units))  # (G,)
+    scored = [s for s in per_method if s is not None]
+    if zmax is None or zmax <= 0:
+        finite = [np.abs(s[np.isfinite(s)]) for s in scored]
+        peak = max((float(f.max()) for f in finite if f.size), default=1.0)
+        zmax = float(np.clip(peak, ZMIN_AUTO, Z_CLIP))
+    zmax = float(zmax)
+    panels = []
+    for m, scores in zip(methods, per_method, strict=True):
+        s = attr.methods.get(m)
+        if scores is not None:
+            detail = f"{s.seconds:.2f} s"
+        else:
+            detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
+        panels.append(
+            f'<div class="xai-panel" data-method="{html.escape(m, quote=True)}" style="{_PANEL}">'
+            f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(safe_text(m))} '
+            f'<span style="font-weight:400;color:{_MUTED};">· {html.escape(detail)}</span></div>'
+            f"{_units_html(units, scores, zmax, granularity != 'token')}</div>"
+        )
+    label = "z-score" if granularity == "token" and first == last else "mean z-score"
+    legend = _legend_html(zmax, granularity, label) if scored else ""
+    return (
+        f'<div class="xai-heatmap" data-granularity="{granularity}" style="{_CARD}">{_STYLE}'
+        f'<div style="font-size:13px;margin-bottom:8px;">{html.escape(caption)}</div>'
+        f'<div style="{_GRID}">{"".join(panels)}</div>{legend}</div>'
+    )
+
+
+def _top(attr: Attribution, method: str, first: int, last: int, k: int, user_only: bool) -> list[ScoredGroup] | None:
+    s = attr.methods.get(method)
+    if s is None or s.raw.shape[0] <= last:
+        return None
+    return top_sentences(attr, method, first, last, k, user_only)
+
+
+def top_sentences_rows(
+    attr: Attribution,
+    method: str,
+    first: int | None = None,
+    last: int | None = None,
+    k: int = 3,
+    user_only: bool = True,
+) -> list[list]:
+    """The k sentences of the prompt with the highest mean z-score over a span, for a table.
+
+    Args:
+        attr: the generation and its scores, (K, N) per method.
+        method: which method's scores to rank.
+        first: first answer step, 0-based; None is the newest.
+        last: last answer step, inclusive; None means `first`.
+        k: number of rows at most.
+        user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
+
+    Returns:
+        Rows `[rank (1-based), sentence (ends stripped, control characters visible), mean z rounded to 3 decimals,
+        prompt positions as "first-last"]`, best first; empty when the method has no scores up to `last` or there
+        are no steps yet.
+
+    Raises:
+        InputError: a span outside the answer (see `explainer.spans.span_range`).
+    """
+    if attr.num_steps == 0:
+        return []
+    first, last = span_range(attr.num_steps, first, last)
+    top = _top(attr, method, first, last, k, user_only) or []
+    return [[t.rank, safe_text(t.text.strip()), round(t.score, 3), f"{t.group.start}-{t.group.stop - 1}"] for t in top]
+
+
+def top_sentences_html(
+    attr: Attribution,
+    methods: Sequence[str],
+    first: int | None = None,
+    last: int | None = None,
+    k: int = 3,
+    user_only: bool = True,
+    zmax: float | None = None,
+) -> str:
+    """The top supporting sentences of each method side by side: one table per method, best first.
+
+    Args:
+        attr: the generation and its scores, (K, N) per method.
+        methods: method names, one table each (a method with no scores up to `last` says "pending").
+        first: first answer step, 0-based; None is the newest.
+        last: last answer step, inclusive; None means `first`.
+        k: rows per method at most.
+        user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
+        zmax: half-width of the colour range of the score badges; None uses the largest |score| listed, within
+            [`ZMIN_AUTO`, `Z_CLIP`] (pass the heatmap's to match its colours).
+
+    Returns:
+        An HTML fragment: a caption, then per method a table with rank, score (a badge coloured like the heatmap,
+        with its number written out) and the sentence (its prompt positions in the row's `data-pos`).
+
+    Raises:
+        InputError: a span outside the answer (see `explainer.spans.span_range`).
+    """
+    methods = list(methods)
+    if not methods:
+        return f'<div class="xai-top" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
+    if attr.num_steps == 0:
+        return f'<div class="xai-top" style="{_CARD}">{_note_html("No answer yet: nothing to rank.")}</div>'
+    first, last = span_range(attr.num_steps, first, last)
+    tops = [_top(attr, m, first, last, k, user_only) for m in methods]
+    if zmax is None or zmax <= 0:
+        peak = max((abs(t.score) for top in tops if top for t in top), default=1.0)
+        zmax = float(np.clip(peak, ZMIN_AUTO, Z_CLIP))
+    _, subset = shown_positions(attr, user_only)
+    scope = "your text" if subset else "the whole prompt"
+    caption = (
+        f"Top sentences of {scope} · {_span_caption(attr, first, last, attr.num_steps)} · mean z-score of their tokens"
+    )
+    cell = "padding:2px 6px;vertical-align:top;text-align:left;"
+    panels = []
+    for m, top in zip(methods, tops, strict=True):
+        if top is None:
+            body = f'<tr><td colspan="3" style="{cell}color:{_MUTED};">pending / not computed</td></tr>'
+        elif not top:
+            body = f'<tr><td colspan="3" style="{cell}color:{_MUTED};">no sentence with a score</td></tr>'
+        else:
+            rows = []
+            for t in top:
+                css = bin_class(t.score, zmax)
+                badge = f"<i{' class=' + css if css else ''}>{t.score:+.2f}</i>"
+                rows.append(
+                    f'<tr data-pos="{t.group.start}-{t.group.stop - 1}"><td style="{cell}">{t.rank}</td>'
+                    f'<td style="{cell}">{badge}</td><td style="{cell}">{_text_html(t.text.strip())}</td></tr>'
+                )
+            body = "".join(rows)
+        head = "".join(f'<th scope="col" style="{cell}">{h}</th>' for h in ("#", "mean z", "sentence"))
+        panels.append(
+            f'<div class="xai-panel" data-method="{html.escape(m, quote=True)}" style="{_PANEL}">'
+            f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(safe_text(m))}</div>'
+            f'<div class="xai-flow"><table style="border-collapse:collapse;width:100%;">'
+            f'<caption style="position:absolute;left:-9999px;">Top sentences for {html.escape(safe_text(m))}</caption>'
+            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div></div>"
+        )
+    return (
+        f'<div class="xai-top" style="{_CARD}">{_STYLE}'
+        f'<div style="font-size:13px;margin-bottom:8px;">{html.escape(caption)}</div>'
+        f'<div style="{_GRID}">{"".join(panels)}</div></div>'
+    )
