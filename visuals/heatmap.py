@@ -37,6 +37,7 @@ _CARD = (
 )
 _FLOW = "white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:15px;"
 _TOKEN = "border-radius:3px;padding:1px 0;"
+_SELECTED = "outline:2px solid #cf222e;outline-offset:1px;background-color:#fff8c5;"  # the answer token explained
 _WHITESPACE = {"\n": "⏎", "\t": "⇥", "\r": ""}
 BINS = 8  # colour steps per sign: bin round(8 |z| / zmax); finer steps are invisible at text size
 _STRONG_BIN = 6  # from here on (|z| >= 0.75 zmax) the background is dark enough for white text
@@ -351,7 +352,7 @@ def answer_html(attr: Attribution, step: int | None = None) -> str:
         title = html.escape(f"step {i + 1}: {_quoted(token)}", quote=True)
         style = _TOKEN
         if i == s:
-            style += "outline:2px solid #cf222e;outline-offset:1px;background-color:#fff8c5;"
+            style += _SELECTED
         selected = ' data-selected="true"' if i == s else ""
         parts.append(
             f'<span class="xai-step" data-step="{i}"{selected} style="{style}" title="{title}">'

@@ -187,3 +187,63 @@ def overlay_animation(
     buffer = io.BytesIO()
     quantized[0].save(buffer, format="GIF", save_all=True, append_images=quantized[1:], duration=durations, loop=0)
     return buffer.getvalue()
+
+
+MAX_GIF_FRAMES = 48  # frames kept in `gif_bytes`, spread evenly over the steps
+MAX_GIF_WIDTH = 960  # pixels: wider grids get smaller tiles
+
+
+def gif_steps(num_steps: int, max_frames: int = MAX_GIF_FRAMES) -> list[int]:
+    """The steps a GIF shows: all of them, or `max_frames` spread evenly from the first to the last."""
+    max_frames = max(int(max_frames), 1)
+    if num_steps <= max_frames:
+        return list(range(num_steps))
+    if max_frames == 1:
+        return [num_steps - 1]
+    return sorted({round(i * (num_steps - 1) / (max_frames - 1)) for i in range(max_frames)})
+
+
+def gif_bytes(
+    image: Image.Image,
+    attr: Attribution,
+    methods: Sequence[str],
+    alpha: float = 0.5,
+    contour_top_percent: float | None = None,
+    max_side: int = 240,
+    frame_ms: int = 600,
+    max_frames: int = MAX_GIF_FRAMES,
+    max_width: int = MAX_GIF_WIDTH,
+) -> bytes:
+    """An animated GIF of the image overlays over the steps, bounded in frames and size (for a download).
+
+    Frame i is `overlay_grid` (one labelled overlay per method) of step `gif_steps(K, max_frames)[i]`; each tile's
+    longer side is `max_side` pixels, smaller when the methods side by side would be wider than `max_width`.
+
+    Returns:
+        The GIF file's bytes: at most `max_frames` frames of at most `max_width` pixels, looping, one shared
+        palette, the last frame held three times as long.
+
+    Raises:
+        ValueError: the result has no steps or none of `methods` has scores.
+    """
+    import io
+
+    methods = [m for m in methods if m in attr.methods and attr.methods[m].raw.shape[0] > 0]
+    if not methods or attr.num_steps == 0:
+        raise ValueError("nothing to animate: the result has no steps for these methods")
+    gap = 6  # as overlay_grid
+    side = max(16, min(int(max_side), (int(max_width) + gap) // len(methods) - gap))
+    frames = [
+        overlay_grid(image, attr, methods, k, alpha, contour_top_percent, side)
+        for k in gif_steps(attr.num_steps, max_frames)
+    ]
+    sample = frames[:: max(1, len(frames) // 8)][:8]  # one palette fitted on up to eight frames: no flicker
+    montage = Image.new("RGB", (frames[0].width, frames[0].height * len(sample)))
+    for i, frame in enumerate(sample):
+        montage.paste(frame, (0, i * frames[0].height))
+    palette = montage.quantize(colors=255, method=Image.Quantize.MEDIANCUT)
+    quantized = [f.quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
+    durations = [int(frame_ms)] * (len(frames) - 1) + [3 * int(frame_ms)]
+    buffer = io.BytesIO()
+    quantized[0].save(buffer, format="GIF", save_all=True, append_images=quantized[1:], duration=durations, loop=0)
+    return buffer.getvalue()

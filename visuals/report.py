@@ -1,0 +1,407 @@
+"""A self-contained HTML report of one result: one file that works offline, with a step slider.
+
+The page holds the side-by-side prompt heatmaps of `visuals.heatmap.side_by_side_html` (same stylesheet, colour
+bins and legend), the answer strip, a header with the model, date and each method's time and options, and, for
+image results given their image, the image overlays. No CDN, no web font, no network: the styles and a small inline
+script are in the file, and images are `data:` URIs.
+
+The scores are embedded once, as JSON in `<script type="application/json" id="xai-data">`, per method and step
+exactly as the panels show them (the user's tokens re-normalised, or all tokens): `z` rounded to 2 decimals (the
+precision of the hover titles), `bins` the colour bin of each token as one character (`0` white, `1`-`8` red,
+`a`-`h` blue, `.` no score), so the script only copies classes and titles and every step looks as the app showed it.
+Row K (after the K steps) is the mean of each token's z over all steps ("mean over all steps").
+
+Image results given their image: one `overlay_grid` PNG (all methods side by side, longer side `image_max_side`
+pixels per method) per step, for at most `max_image_frames` steps spread evenly over the answer; a step without its
+own frame shows the nearest stored one and says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import unicodedata
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from explainer.result import Attribution
+from visuals.export import png_bytes
+from visuals.heatmap import (
+    _CARD,
+    _FLOW,
+    _MUTED,
+    _SELECTED,
+    _TEXT,
+    _TOKEN,
+    _auto_zmax,
+    _clamp_step,
+    _legend_html,
+    _quoted,
+    _scope_caption,
+    _step_caption,
+    _token_text_html,
+    _View,
+    _view,
+    bin_class,
+    side_by_side_html,
+)
+from visuals.overlay import gif_steps, overlay_grid
+
+MAX_IMAGE_FRAMES = 64  # overlay PNGs kept per report (about 20-60 KB each at the default size)
+IMAGE_MAX_SIDE = 240  # longer side of each method's overlay in the report, pixels
+
+_BIN_CHARS = (
+    {"": "0", "xg": "."} | {f"r{b}": str(b) for b in range(1, 9)} | {f"b{b}": "abcdefgh"[b - 1] for b in range(1, 9)}
+)
+
+_PAGE_STYLE = (
+    f"body{{margin:0;background:#f6f8fa;color:{_TEXT};"
+    "font-family:ui-sans-serif,system-ui,-apple-system,'Segoe UI',sans-serif}"
+    ".xai-report{max-width:1280px;margin:0 auto;padding:16px;display:flex;flex-direction:column;gap:12px}"
+    ".xai-report h1{font-size:20px;margin:0 0 8px}.xai-report h2{font-size:15px;margin:0 0 6px}"
+    ".xai-report dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0;font-size:13px}"
+    f".xai-report dt{{color:{_MUTED}}}.xai-report dd{{margin:0;word-break:break-word}}"
+    ".xai-methods{border-collapse:collapse;font-size:13px;margin-top:10px}"
+    ".xai-methods th,.xai-methods td{text-align:left;padding:2px 14px 2px 0;border-bottom:1px solid #d0d7de;"
+    "vertical-align:top;word-break:break-word}"
+    ".xai-controls{display:flex;align-items:center;gap:12px;flex-wrap:wrap;font-size:14px}"
+    "#xai-step{flex:1;min-width:200px}"
+    # a right-to-left override inside one token must not reorder its neighbours
+    ".xai-flow i,.xai-step{unicode-bidi:isolate}"
+    ".xai-step{cursor:pointer}"
+    f'.xai-step[data-selected="true"]{{{_SELECTED}}}'
+    ".xai-figure{margin:0}.xai-figure img{max-width:100%;height:auto}"
+    f".xai-figure figcaption{{font-size:13px;color:{_MUTED};margin-top:4px}}"
+)
+
+# Copies the embedded classes and titles of one step into the panels; moves the answer highlight, legend, caption
+# and image. Plain ES2015, no library.
+_SCRIPT = """(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("xai-data").textContent);
+  var slider = document.getElementById("xai-step");
+  if (!slider || !D.steps) return;
+  var mean = document.getElementById("xai-mean"), out = document.getElementById("xai-step-out");
+  var view = document.getElementById("xai-view"), img = document.getElementById("xai-image");
+  var answer = document.querySelectorAll(".xai-answer .xai-step"), panels = view.querySelectorAll(".xai-panel");
+  var CLS = {"0": "", ".": "xg"}, tokens = [], i;
+  for (i = 1; i <= 8; i++) { CLS[String(i)] = "r" + i; CLS["abcdefgh"[i - 1]] = "b" + i; }
+  for (i = 0; i < panels.length; i++) tokens.push(panels[i].querySelectorAll(".xai-flow i:not(.xh)"));
+  function title(v) {
+    return v === null ? "no score" : (v < 0 || Object.is(v, -0) ? "-" : "+") + Math.abs(v).toFixed(2);
+  }
+  function show() {
+    var step = Number(slider.value) - 1, v = mean.checked ? D.steps : step, m, j;
+    out.textContent = mean.checked ? "mean of " + D.steps : step + 1 + " / " + D.steps;
+    view.querySelector(".xai-heatmap > div").textContent = D.captions[v];
+    for (m = 0; m < D.z.length; m++) {
+      if (!D.z[m]) continue;
+      var z = D.z[m][v], bins = D.bins[m][v], els = tokens[m];
+      for (j = 0; j < els.length; j++) {
+        var c = CLS[bins.charAt(j)];
+        if (c) els[j].className = c; else els[j].removeAttribute("class");
+        els[j].title = title(z[j]);
+      }
+    }
+    var legend = view.querySelector(".xai-legend");
+    if (legend) legend.outerHTML = D.legends[D.legend[v]];
+    for (j = 0; j < answer.length; j++) {
+      if (j === step && !mean.checked) answer[j].setAttribute("data-selected", "true");
+      else answer[j].removeAttribute("data-selected");
+    }
+    if (img && D.frames.length) {
+      var best = D.frames[0];
+      for (j = 1; j < D.frames.length; j++) {
+        if (Math.abs(D.frames[j][0] - step) < Math.abs(best[0] - step)) best = D.frames[j];
+      }
+      img.src = best[1];
+      document.getElementById("xai-image-caption").textContent = D.frameCaption
+        .replace("{shown}", best[0] + 1).replace("{note}", best[0] === step ? "" : D.nearestNote);
+    }
+  }
+  slider.addEventListener("input", show);
+  mean.addEventListener("change", show);
+  for (i = 0; i < answer.length; i++) {
+    answer[i].addEventListener("click", function () {
+      slider.value = Number(this.getAttribute("data-step")) + 1;
+      mean.checked = false;
+      show();
+    });
+  }
+  show();
+})();"""
+
+
+def _clean(text: str) -> str:
+    """Control and format characters (bidi overrides included) as U+FFFD: a token's right-to-left override must not
+    turn the rest of a caption around."""
+    return "".join(
+        "\ufffd" if unicodedata.category(ch) in ("Cc", "Cf", "Cs") and ch not in "\n\t" else ch for ch in text
+    )
+
+
+def _text(value: Any, limit: int = 300) -> str:
+    """Escaped, cleaned text for the page, cut at `limit` characters."""
+    s = value if isinstance(value, str) else str(value)
+    if len(s) > limit:
+        s = s[: limit - 1] + "…"
+    return html.escape(_clean(s), quote=True)
+
+
+def _value_text(value: Any) -> str:
+    if isinstance(value, bool) or value is None:
+        return str(value).lower() if isinstance(value, bool) else "none"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, int | str):
+        return str(value)
+    try:
+        return json.dumps(value, ensure_ascii=False, default=str)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+def _script_json(data: Any) -> str:
+    """JSON that is safe inside a <script> element: no `<`, `>` or `&` can close it or open a comment."""
+    text = json.dumps(data, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    for ch, esc in (("<", "\\u003c"), (">", "\\u003e"), ("&", "\\u0026"), ("\u2028", "\\u2028"), ("\u2029", "\\u2029")):
+        text = text.replace(ch, esc)
+    return text
+
+
+def _z2(z: float) -> float | None:
+    """A z-score as its hover title shows it (2 decimals, sign of -0.00 kept); None for no score."""
+    return float(f"{z:.2f}") if math.isfinite(z) else None
+
+
+def _row(view_z: np.ndarray, zmax: float) -> tuple[list[float | None], str]:
+    zs = view_z.tolist()
+    return [_z2(z) for z in zs], "".join(_BIN_CHARS[bin_class(z, zmax)] for z in zs)
+
+
+def report_data(
+    attr: Attribution,
+    methods: Sequence[str],
+    user_only: bool = True,
+    image: Any = None,
+    max_image_frames: int = MAX_IMAGE_FRAMES,
+    image_max_side: int = IMAGE_MAX_SIDE,
+    alpha: float = 0.5,
+) -> dict[str, Any]:
+    """What the report's script needs, per view v (steps 0..K-1, then K = the mean over all steps).
+
+    Returns:
+        `{"steps": K, "methods": [...], "z": [per method: (K+1, n) z rounded to 2 decimals, None = no score; or
+        None for a method without scores], "bins": [per method: K+1 strings of n bin characters, or None],
+        "legend": [K+1 indices into "legends"], "legends": [legend HTML], "captions": [K+1 texts],
+        "frames": [[step, PNG data URI], ...], ...}` where n is the number of tokens shown per panel.
+    """
+    k = attr.num_steps
+    per_method = []  # (views per step, mean view) or None
+    for m in methods:
+        scores = attr.methods.get(m)
+        if scores is None or scores.raw.shape[0] == 0 or k == 0:
+            per_method.append(None)
+            continue
+        views = [_view(attr, m, s, user_only) for s in range(k)]
+        own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN
+            mean_z = np.nanmean(own.astype(np.float64), axis=0).astype(np.float32)  # (n,)
+        first = views[0]
+        mean_view = _View(step=k, positions=first.positions, z=mean_z, raw=mean_z, renormalised=first.renormalised)
+        per_method.append((views, mean_view))
+    scored = [p for p in per_method if p is not None]
+    zmaxes = [_auto_zmax([p[0][s] for p in scored]) for s in range(k)] + [_auto_zmax([p[1] for p in scored])]
+    z_rows, bin_rows = [], []
+    for p in per_method:
+        if p is None:
+            z_rows.append(None)
+            bin_rows.append(None)
+            continue
+        rows = [_row(v.z, zmaxes[s]) for s, v in enumerate([*p[0], p[1]])]
+        z_rows.append([r[0] for r in rows])
+        bin_rows.append([r[1] for r in rows])
+    legends: dict[str, int] = {}  # the legend depends on zmax only, and most steps share one (often Z_CLIP)
+    legend_index = [legends.setdefault(_legend_html(zmax), len(legends)) for zmax in zmaxes]
+    scope = f" · {_scope_caption(scored[0][0][0])}" if scored else ""
+    captions = [_clean(_step_caption(attr, s, k)) + scope for s in range(k)] + [
+        f"Mean of each token's z over all {k} steps{scope}"
+    ]
+    frames = []
+    if image is not None and attr.image and scored and k:
+        for s in gif_steps(k, max_image_frames):
+            grid = overlay_grid(image, attr, methods, s, alpha=alpha, max_side=image_max_side)
+            frames.append([s, "data:image/png;base64," + base64.b64encode(png_bytes(grid)).decode("ascii")])
+    return {
+        "version": 1,
+        "steps": k,
+        "methods": list(methods),
+        "user_only": bool(user_only),
+        "z": z_rows,
+        "bins": bin_rows,
+        "legend": legend_index,
+        "legends": list(legends),
+        "captions": captions,
+        "frames": frames,
+        "frameCaption": "Image regions each method credits: overlay of step {shown}{note}",
+        "nearestNote": f" (the nearest stored; the report keeps {len(frames)} of {k} steps)",
+    }
+
+
+def _step_scores(attr: Attribution) -> dict[str, list[float]]:
+    """Per-step scores of the answer tokens when the result carries them (`attr.step_scores`: "probability", "entropy"
+    in nats, K values each), else {}."""
+    found = getattr(attr, "step_scores", None)
+    if not isinstance(found, dict):
+        return {}
+    return {k: v for k, v in found.items() if isinstance(v, list | tuple) and len(v) == attr.num_steps}
+
+
+def _answer_strip(attr: Attribution, step: int | None) -> str:
+    """The answer tokens, each a click target for its step; the selected one outlined by the page's stylesheet."""
+    if not attr.generated_tokens:
+        note = f'<div style="font-size:13px;color:{_MUTED};">No answer.</div>'
+        return f'<div class="xai-answer" style="{_CARD}">{note}</div>'
+    extra = _step_scores(attr)
+    parts = []
+    for i, token in enumerate(attr.generated_tokens):
+        title = f"step {i + 1}: {_quoted(token)}"
+        for name, values in extra.items():
+            v = values[i]
+            if isinstance(v, int | float) and not isinstance(v, bool):
+                title += f" · {name} {v:.3g}{' nats' if name == 'entropy' else ''}"
+        selected = ' data-selected="true"' if i == step else ""
+        title = html.escape(title, quote=True)
+        parts.append(
+            f'<span class="xai-step" data-step="{i}"{selected} style="{_TOKEN}" title="{title}">'
+            f"{_token_text_html(token)}</span>"
+        )
+    return f'<div class="xai-answer" style="{_CARD}"><div style="{_FLOW}">{"".join(parts)}</div></div>'
+
+
+def _header(attr: Attribution, methods: Sequence[str], title: str, date: str | None, user_only: bool) -> str:
+    n_user = len({p for p in attr.user_positions if 0 <= p < attr.num_prompt_tokens})
+    prompt = f"{attr.num_prompt_tokens} tokens"
+    if user_only and n_user:
+        prompt += f"; the panels show the {n_user} tokens of the user's text, z re-normalised over them"
+    else:
+        prompt += "; the panels show all of them, z over all prompt tokens"
+    answer = f"{attr.num_steps} tokens"
+    if attr.meta.get("answer") == "given":
+        answer += " (a given answer, teacher-forced)"
+    rows = [("Model", attr.model)]
+    if date:
+        rows.append(("Date", date))
+    rows += [("Prompt", prompt), ("Answer", answer)]
+    if attr.image:
+        rows.append(("Image", f"{attr.image['size'][0]} x {attr.image['size'][1]} pixels, "
+                     f"{len(attr.image['token_positions'])} image tokens"))  # fmt: skip
+    details = [f"{k}: {_value_text(v)}" for k, v in attr.meta.items() if k != "status"]
+    if details:
+        rows.append(("Generation", "; ".join(details)))
+    dl = "".join(f"<dt>{_text(k)}</dt><dd>{_text(v, 2000)}</dd>" for k, v in rows)
+    method_rows = []
+    for m in methods:
+        scores = attr.methods.get(m)
+        seconds = f"{scores.seconds:.2f} s" if scores is not None else "not computed"
+        options = ", ".join(f"{k}={_value_text(v)}" for k, v in scores.meta.items()) if scores is not None else ""
+        method_rows.append(f"<tr><td>{_text(m)}</td><td>{seconds}</td><td>{_text(options or '-', 1000)}</td></tr>")
+    table = (
+        '<table class="xai-methods"><thead><tr><th>Method</th><th>Time</th><th>Options</th></tr></thead>'
+        f"<tbody>{''.join(method_rows)}</tbody></table>"
+        if method_rows
+        else ""
+    )
+    return f'<header style="{_CARD}"><h1>{_text(title)}</h1><dl>{dl}</dl>{table}</header>'
+
+
+def _controls(num_steps: int, step: int | None) -> str:
+    if step is None:
+        return ""
+    return (
+        f'<section class="xai-controls" style="{_CARD}">'
+        f'<label for="xai-step">Step</label><input type="range" id="xai-step" min="1" max="{num_steps}" step="1" '
+        f'value="{step + 1}"><output id="xai-step-out" for="xai-step">{step + 1} / {num_steps}</output>'
+        '<label><input type="checkbox" id="xai-mean"> mean over all steps</label>'
+        f"<noscript>JavaScript is off: the report shows step {step + 1} only.</noscript></section>"
+    )
+
+
+def _figure(data: dict[str, Any], step: int | None, has_image_record: bool, image_given: bool) -> str:
+    if not has_image_record:
+        return ""
+    if not data["frames"] or step is None:
+        why = "the image was not given to the report" if not image_given else "no method has scores"
+        note = f'<p style="font-size:13px;color:{_MUTED};">No overlay: {why}.</p>'
+        return f'<section style="{_CARD}"><h2>Image</h2>{note}</section>'
+    shown, src = min(data["frames"], key=lambda f: (abs(f[0] - step), f[0]))
+    note = "" if shown == step else data["nearestNote"]
+    caption = data["frameCaption"].replace("{shown}", str(shown + 1)).replace("{note}", note)
+    return (
+        f'<section style="{_CARD}"><h2>Image</h2><figure class="xai-figure">'
+        f'<img id="xai-image" src="{src}" alt="Attribution maps over the image, one per method">'
+        f'<figcaption id="xai-image-caption">{_text(caption)}</figcaption></figure></section>'
+    )
+
+
+def report_html(
+    attr: Attribution,
+    methods: Sequence[str] | None = None,
+    step: int | None = None,
+    user_only: bool = True,
+    title: str | None = None,
+    date: str | None = None,
+    image: Any = None,
+    max_image_frames: int = MAX_IMAGE_FRAMES,
+    image_max_side: int = IMAGE_MAX_SIDE,
+    alpha: float = 0.5,
+) -> str:
+    """One self-contained HTML page explaining a result, with a step slider; works offline.
+
+    Args:
+        attr: the result; each method's scores are (K, N).
+        methods: methods to show side by side (default: all in `attr.methods`).
+        step: the step shown first (0-based; None is the last); the slider moves through all K.
+        user_only: as in `side_by_side_html`: only the user's tokens, z re-normalised over them.
+        title: the page's heading (default "Attribution report").
+        date: when the result was made, shown as given (default `attr.meta["created"]` or `["date"]` if present).
+        image: for an image result (`attr.image` set), the PIL image asked about; adds the overlays per step.
+        max_image_frames: most overlay frames embedded (evenly spread over the steps).
+        image_max_side: longer side of each method's overlay, pixels.
+        alpha: overlay opacity.
+
+    Returns:
+        The HTML document as text (write it as UTF-8). The same arguments always give the same text.
+    """
+    methods = list(attr.methods) if methods is None else list(methods)
+    title = title or "Attribution report"
+    if date is None:
+        found = attr.meta.get("created", attr.meta.get("date"))
+        date = found if isinstance(found, str) else None
+    first = _clamp_step(step, attr.num_steps)
+    data = report_data(attr, methods, user_only, image, max_image_frames, image_max_side, alpha)
+    has_scores = any(z is not None for z in data["z"])
+    body = [
+        _header(attr, methods, title, date, user_only),
+        _controls(attr.num_steps, first if has_scores else None),
+        f'<section style="{_CARD}"><h2>Answer</h2>{_answer_strip(attr, first)}</section>',
+        _figure(data, first, bool(attr.image), image is not None),
+        f'<section style="{_CARD}"><h2>Prompt tokens, coloured by each method</h2><div id="xai-view">'
+        f"{side_by_side_html(attr, methods, first, user_only)}</div></section>",
+    ]
+    page_title = f"{title} · {attr.model}"
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
+        '<meta name="generator" content="explainer report 1">'
+        f"<title>{_text(page_title)}</title><style>{_PAGE_STYLE}</style></head>"
+        f'<body><main class="xai-report">{"".join(body)}</main>'
+        f'<script type="application/json" id="xai-data">{_script_json(data)}</script>'
+        f"<script>{_SCRIPT}</script></body></html>\n"
+    )
