@@ -1,9 +1,14 @@
-"""Greedy generation with attribution maps computed as tokens arrive.
+"""Greedy generation with attribution maps computed as tokens arrive, or a given answer explained the same way.
 
 Step k explains generated token k: its attention row comes from the forward pass whose logits chose token k (the
 prefill's last prompt position for k = 0, the previous token's decode pass after; MACS paper section 3.2.1).
 Attention capture is entered around each forward pass only, never across a `yield`, so a consumer that stops
 iterating (or fails) cannot leave the model changed.
+
+A given answer is teacher-forced: the decode loop feeds its tokens instead of the argmax, with the very same forward
+passes, so every streaming and post-hoc method explains each answer token as if the model had generated it (the
+"forced targets" of inseq). Each step also records the probability the model gave its token and the entropy of that
+next-token distribution, from the logits the step computed anyway.
 """
 
 from __future__ import annotations
@@ -21,20 +26,31 @@ from .capture import capture_attention
 from .errors import InputError
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
-from .result import Attribution, MethodScores
+from .result import STEP_SCORES, Attribution, MethodScores
 from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
+from .tokens import check_encodable
 
 MAX_NEW_TOKENS_LIMIT = 1024
 
 
 @dataclass
 class Step:
-    """One generated token and the raw score row of every streaming method: name -> (N,)."""
+    """One generated (or forced) token and the raw score row of every streaming method: name -> (N,)."""
 
     index: int
     token_id: int
     scores: dict[str, np.ndarray]
-    seconds: float  # wall time of this step's forward pass
+    seconds: float  # wall time of this step's forward pass (and of its probability and entropy)
+    probability: float = float("nan")  # softmax probability of `token_id` at this step
+    entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
+
+
+def _token_scores(logits: torch.Tensor, token: int) -> tuple[float, float]:
+    """(V,) next-token logits -> (probability of `token`, entropy in nats), in float32 whatever the model's dtype."""
+    probs = torch.softmax(logits.float(), dim=-1)  # (V,)
+    stats = torch.stack([probs[token], torch.special.entr(probs).sum()])  # entr(0) = 0: masked logits are fine
+    p, h = stats.tolist()  # one device sync for both
+    return min(max(p, 0.0), 1.0), max(h, 0.0)
 
 
 def _full_row_consumer(methods: Sequence[AttributionMethod]):
@@ -58,6 +74,7 @@ def generate_steps(
     eos_token_ids: Iterable[int] = (),
     method_seconds: dict[str, float] | None = None,
     extra_inputs: dict[str, Any] | None = None,
+    forced_ids: Sequence[int] | None = None,
 ) -> Iterator[Step]:
     """Greedy decoding that yields each token with the streaming methods' scores.
 
@@ -71,9 +88,19 @@ def generate_steps(
         extra_inputs: keyword inputs of the prefill forward only (e.g. a vision-language model's `pixel_values`,
             `image_grid_thw`). When they hold explicit `position_ids` (..., N), decode steps continue from the last
             prompt position in every axis (Qwen's 3D mRoPE), so no position state is read from or left in the model.
+        forced_ids: a given answer (K ids, K <= max_new_tokens): step k yields `forced_ids[k]` instead of the argmax
+            and feeds it to the next pass; otherwise the forward passes are those of generation. All K steps run, an
+            end-of-sequence id inside the answer included.
+
+    Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
     if input_ids.ndim != 2 or input_ids.shape[0] != 1:
         raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
+    if forced_ids is not None:
+        forced_ids = _check_token_ids(forced_ids, model.get_input_embeddings().num_embeddings)
+        if len(forced_ids) > max_new_tokens:
+            raise InputError(f"The answer has {len(forced_ids)} tokens, more than max_new_tokens ({max_new_tokens}).")
+        max_new_tokens = len(forced_ids)
     n = input_ids.shape[1]
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
@@ -95,7 +122,9 @@ def generate_steps(
                 rows = recorder.stacked(n + k)[:, 0]  # (L, H, N + k)
         else:
             out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
-        token = int(out.logits[0, -1].argmax())
+        logits = out.logits[0, -1]  # (V,)
+        token = int(logits.argmax()) if forced_ids is None else forced_ids[k]
+        probability, entropy = _token_scores(logits, token)  # also the device sync a forced step lacks
         forward_seconds = time.perf_counter() - t0
         scores = {}
         for m in streaming:
@@ -103,10 +132,26 @@ def generate_steps(
             scores[m.name] = m.step(rows)
             if method_seconds is not None:
                 method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
-        yield Step(index=k, token_id=token, scores=scores, seconds=forward_seconds)
-        if token in eos:
+        yield Step(
+            index=k, token_id=token, scores=scores, seconds=forward_seconds, probability=probability, entropy=entropy
+        )
+        if forced_ids is None and token in eos:
             break
         next_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
+
+
+def _check_token_ids(ids: Any, vocab_size: int) -> list[int]:
+    """A non-empty list of ids the model's embedding holds, or an InputError (never an index error on the device)."""
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence | np.ndarray | torch.Tensor):
+        raise InputError(f"Answer token ids must be a list of whole numbers, got {type(ids).__name__}.")
+    out = []
+    for t in list(ids.tolist() if isinstance(ids, np.ndarray | torch.Tensor) else ids):
+        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= int(t) < vocab_size:
+            raise InputError(f"Answer token ids must be whole numbers from 0 to {vocab_size - 1}, found {t!r:.40}.")
+        out.append(int(t))
+    if not out:
+        raise InputError("The answer has no tokens: give at least one token id, or no answer to generate one.")
+    return out
 
 
 def _instantiate(methods: Sequence[str | AttributionMethod], options: dict[str, dict[str, Any]] | None):
@@ -136,8 +181,10 @@ def stream_explain(
     image: Any = None,
     max_image_tokens: int | None = None,
     cancel: CancelToken | None = None,
+    answer: str | Sequence[int] | None = None,
 ) -> Iterator[Attribution]:
-    """Generate an answer and yield a growing `Attribution` after every token, then after each post-hoc method.
+    """Generate (or take) an answer and yield a growing `Attribution` after every token, then after each post-hoc
+    method.
 
     Args:
         bundle: loaded model.
@@ -152,6 +199,16 @@ def stream_explain(
         max_image_tokens: with `image`, resize it to at most this many merged image tokens (default: the budget the
             bundle's image processor was loaded with).
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
+        answer: explain this answer instead of generating one: text, or token ids used as they are. The text is
+            tokenised as the continuation of the prompt after the chat template's assistant prefix, with no special
+            tokens added (see `answer_token_ids`); every method then explains each of its K tokens as if the model
+            had generated it (teacher forcing, the same forward passes as generation). K must not exceed
+            `max_new_tokens`; all K tokens are explained, an end-of-sequence token inside the answer included, and
+            none is appended. None, "" or whitespace only: generate as usual. The result's `meta["answer"]` is
+            "given" or "generated", `meta["answer_tokenization"]` says how a text answer was split.
+
+    Every result has `step_scores`: the probability the model gave each answer token and the entropy of that
+    step's next-token distribution (nats).
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
     last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
@@ -159,12 +216,13 @@ def stream_explain(
     cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
 
     Raises:
-        InputError: bad prompt, image or settings. UnknownMethodError: unknown method name.
-        UnsupportedModelError: the model's attention cannot be captured.
+        InputError: bad prompt, answer, image or settings (an answer longer than `max_new_tokens` included).
+        UnknownMethodError: unknown method name. UnsupportedModelError: the model's attention cannot be captured.
     """
     kwargs = dict(
         prompt=prompt, methods=methods, max_new_tokens=max_new_tokens, chat_template=chat_template,
         method_options=method_options, progress=progress, image=image, max_image_tokens=max_image_tokens,
+        answer=answer,
     )  # fmt: skip
     if holds(bundle.model):
 
@@ -186,14 +244,33 @@ def _stream_explain(
     progress: ProgressFn | None,
     image: Any,
     max_image_tokens: int | None,
+    answer: str | Sequence[int] | None,
 ) -> Iterator[Attribution]:
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
+    if isinstance(answer, str):
+        check_encodable(answer, "The answer")  # before the (slow) image preprocessing
+        if not answer.strip():
+            answer = None  # an empty answer box: generate
+    elif answer is not None:
+        answer = _check_token_ids(answer, bundle.model.get_input_embeddings().num_embeddings)
     instances = _instantiate(methods, method_options)
-    attr, input_ids, extra_inputs = _encode_request(
+    attr, input_ids, extra_inputs, context = _encode_request(
         bundle, prompt, instances, max_new_tokens, chat_template, image, max_image_tokens
     )
-    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs)
+    forced = None
+    if answer is None:
+        attr.meta["answer"] = "generated"
+    else:
+        forced, how = (answer, "ids") if not isinstance(answer, str) else answer_token_ids(bundle, answer, *context)
+        if len(forced) > max_new_tokens:
+            raise InputError(
+                f"The answer has {len(forced)} tokens, more than max_new_tokens ({max_new_tokens}). Raise max new "
+                f"tokens (at most {MAX_NEW_TOKENS_LIMIT}, and prompt plus answer must fit the model's context) or "
+                "shorten the answer."
+            )
+        attr.meta.update(answer="given", answer_tokenization=how)
+    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
     yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs)
     attr.meta["status"] = "done"
     yield attr.snapshot()
@@ -207,8 +284,10 @@ def _encode_request(
     chat_template: bool,
     image: Any,
     max_image_tokens: int | None,
-) -> tuple[Attribution, torch.Tensor, dict[str, Any] | None]:
-    """The empty result of a request, its (1, N) prompt ids and, for an image prompt, the prefill's extra inputs."""
+) -> tuple[Attribution, torch.Tensor, dict[str, Any] | None, tuple[list[int], str, bool]]:
+    """The empty result of a request, its (1, N) prompt ids, for an image prompt the prefill's extra inputs, and the
+    prompt as `answer_token_ids` continues it: (ids, the text they were tokenised from, whether special tokens were
+    added)."""
     extra_inputs = None
     image_record = None
     if image is not None:
@@ -222,6 +301,8 @@ def _encode_request(
             max_image_tokens=max_image_tokens,
         )  # fmt: skip
         extra_inputs = encoded.prefill_inputs
+        pad = bundle.tokenizer.convert_ids_to_tokens(int(bundle.model.config.image_token_id))
+        text, add_special = encoded.text.replace(pad, pad * len(encoded.image_positions), 1), False  # as tokenised
         image_record = {
             "token_positions": list(encoded.image_positions),
             "grid": list(encoded.grid),
@@ -229,6 +310,7 @@ def _encode_request(
         }
     else:
         encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+        text, add_special = encoded.text, not (chat_template and bundle.has_chat_template)  # as `encode` does
     ids = encoded.input_ids[0].tolist()
     attr = Attribution(
         model=bundle.name,
@@ -238,7 +320,37 @@ def _encode_request(
         meta={"max_new_tokens": max_new_tokens, "chat_template": bool(chat_template and bundle.has_chat_template)},
         image=image_record,
     )
-    return attr, encoded.input_ids, extra_inputs
+    return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)
+
+
+def answer_token_ids(
+    bundle: ModelBundle, answer: str, prompt_ids: list[int], prompt_text: str, add_special_tokens: bool = False
+) -> tuple[list[int], str]:
+    """Token ids of `answer` as the continuation of a prompt, and how they were found.
+
+    The prompt text (chat template and assistant prefix included) and the answer are tokenised together, the way a
+    conversation is tokenised for training; when the first N ids are exactly the prompt's, the rest are the answer's
+    ("in context"). A tokenizer may merge characters across the boundary (a prompt ending mid-word, or a newline
+    followed by one); the prompt's ids then differ, and the answer is tokenised on its own, without special tokens
+    ("on its own"): the model, which produced the prompt's last token already, could only continue from a token
+    boundary too.
+
+    Args:
+        bundle: the model's bundle (its tokenizer is used).
+        answer: the answer text, exactly as given (no whitespace is stripped).
+        prompt_ids: the prompt's N ids.
+        prompt_text: the text they were tokenised from.
+        add_special_tokens: whether the prompt's tokenisation added special tokens (a prompt without template).
+
+    Returns:
+        (the answer's ids, "in context" or "on its own").
+    """
+    tok = bundle.tokenizer
+    n = len(prompt_ids)
+    joint = list(tok(prompt_text + answer, add_special_tokens=add_special_tokens)["input_ids"])
+    if len(joint) > n and joint[:n] == list(prompt_ids):
+        return joint[n:], "in context"
+    return list(tok(answer, add_special_tokens=False)["input_ids"]), "on its own"
 
 
 def _generate(
@@ -248,25 +360,33 @@ def _generate(
     instances: list[AttributionMethod],
     max_new_tokens: int,
     extra_inputs: dict[str, Any] | None,
+    forced_ids: list[int] | None = None,
 ) -> Iterator[Attribution]:
-    """Greedy generation into `attr`, with the streaming methods' rows: a snapshot after every token."""
+    """Greedy generation (or the teacher-forced `forced_ids`) into `attr`, with the streaming methods' rows and the
+    step scores: a snapshot after every token."""
     streaming = [m for m in instances if m.streaming]
+    attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
     rows: dict[str, list[np.ndarray]] = {m.name: [] for m in streaming}
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     for step in generate_steps(
-        bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs
-    ):
+        bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs,
+        forced_ids,
+    ):  # fmt: skip
         forward_seconds += step.seconds
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
+        for key in STEP_SCORES:
+            attr.step_scores[key].append(getattr(step, key))
         for m in streaming:
             rows[m.name].append(step.scores[m.name])
             attr.methods[m.name] = MethodScores.from_raw(
                 np.stack(rows[m.name]), seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
             )
-        attr.meta["status"] = f"generating: {len(attr.generated_token_ids)} tokens"
+        done = len(attr.generated_token_ids)
+        forcing = f"teacher-forcing the answer: {done} of {len(forced_ids)} tokens" if forced_ids else ""
+        attr.meta["status"] = forcing or f"generating: {done} tokens"
         yield attr.snapshot()
     generation_seconds = time.perf_counter() - gen_start
     attr.meta.update(

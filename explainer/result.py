@@ -1,13 +1,15 @@
 """The one result type every attribution method produces and every view consumes.
 
 An `Attribution` holds the prompt and generated tokens of one generation and, per method, a `[K steps x N prompt
-tokens]` score matrix: row k explains generated token k over all N prompt tokens.
+tokens]` score matrix: row k explains generated token k over all N prompt tokens. Its step scores say how sure the
+model was of each answer token.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,6 +18,8 @@ import numpy as np
 
 from .errors import InputError
 from .tokens import check_encodable
+
+STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores` (see there)
 
 
 def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -82,6 +86,9 @@ class Attribution:
         image: for image prompts, `{"token_positions": [...], "grid": [h, w], "size": [W, H]}`: the prompt positions
             of the image tokens (row-major over the merged patch grid) and the image's size, so a step's image map
             is `scores[k, token_positions].reshape(h, w)`; None for text prompts.
+        step_scores: per answer token (K values each): "probability", the softmax probability the model gave that
+            token at its step (teacher-forced tokens included), and "entropy", the entropy in nats of that step's
+            next-token distribution (0: certain; ln V at most). Empty for results saved before they existed.
     """
 
     model: str
@@ -93,6 +100,7 @@ class Attribution:
     user_positions: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
     image: dict[str, list[int]] | None = None
+    step_scores: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -116,6 +124,7 @@ class Attribution:
             methods=dict(self.methods),
             user_positions=list(self.user_positions),
             meta=dict(self.meta),
+            step_scores={key: list(values) for key, values in self.step_scores.items()},
         )
 
     def top_tokens(self, method: str, step: int, k: int = 5) -> list[tuple[int, str, float]]:
@@ -143,6 +152,7 @@ class Attribution:
                 for name, s in self.methods.items()
             },
             "meta": self.meta,
+            "step_scores": {key: [float(v) for v in values] for key, values in self.step_scores.items()},
             **({"image": {k: list(map(int, v)) for k, v in self.image.items()}} if self.image else {}),
         }
 
@@ -187,6 +197,7 @@ class Attribution:
             user_positions=_positions(d, "user_positions", n),
             meta=_field(d, "meta", dict, {}),
             image=_image_record(d.get("image"), n),
+            step_scores=_step_scores(d, k),
         )
 
     def save_json(self, path: str | Path) -> None:
@@ -275,6 +286,33 @@ def _matrix(m: dict, key: str, where: str, k: int, n: int) -> np.ndarray:
     if a.shape != (k, n):
         raise InputError(f"Saved result: {where}.{key} must be a {k} x {n} table of numbers, got shape {a.shape}.")
     return a
+
+
+def _finite(v: int | float) -> bool:
+    try:
+        return math.isfinite(v)
+    except OverflowError:  # an int past float range
+        return False
+
+
+def _step_scores(d: dict, k: int) -> dict[str, list[float]]:
+    """`step_scores` (optional): K finite numbers per key, probabilities in [0, 1], entropies from 0."""
+    scores = _field(d, "step_scores", dict, {})
+    out = {}
+    for key, values in scores.items():
+        check_encodable(key, "Saved result: a step_scores key")
+        where = f"step_scores[{key!r}]"
+        if not isinstance(values, list) or len(values) != k:
+            raise InputError(f"Saved result: {where} must be a list of {k} numbers, one per answer token.")
+        for v in values:
+            if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
+                raise InputError(f"Saved result: {where} must hold finite numbers, found {v!r:.40}.")
+            if key == "probability" and not 0 <= v <= 1:
+                raise InputError(f"Saved result: {where} must hold probabilities from 0 to 1, found {v!r:.40}.")
+            if key == "entropy" and v < 0:
+                raise InputError(f"Saved result: {where} must hold entropies of 0 or more (nats), found {v!r:.40}.")
+        out[key] = [float(v) for v in values]
+    return out
 
 
 def _image_record(image: Any, n: int) -> dict[str, list[int]] | None:

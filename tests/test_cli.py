@@ -126,3 +126,90 @@ def test_faithfulness_command_all_steps_and_bad_step(tiny_model_dir, tmp_path, c
     assert d["soft"]["steps"] == list(range(0, d["generated_tokens"], 5))
     rc = main(["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--step", "99"])
     assert rc == EXIT_USER_ERROR and "--step must lie between 1 and" in capsys.readouterr().err
+
+
+def _tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+ANSWER = "Paris is the capital of France."
+
+
+def test_explain_a_given_answer_json(tiny_model_dir, tmp_path):
+    out = tmp_path / "r.json"
+    rc = main(
+        ["explain", "--model", str(tiny_model_dir), "--prompt", "What is the capital of France?", "--answer", ANSWER,
+         "--methods", "macs,atman", "--max-new-tokens", "16", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    d = json.loads(out.read_text())
+    tok = _tokenizer(tiny_model_dir)
+    assert tok.decode(d["generated_token_ids"]) == ANSWER and "".join(d["generated_tokens"]) == ANSWER
+    assert d["meta"]["answer"] == "given" and d["meta"]["answer_tokenization"] == "in context"
+    k = len(d["generated_token_ids"])
+    for m in d["methods"].values():
+        assert len(m["raw"]) == k
+    scores = d["step_scores"]
+    assert len(scores["probability"]) == len(scores["entropy"]) == k
+    assert all(0 <= p <= 1 for p in scores["probability"]) and all(h >= 0 for h in scores["entropy"])
+
+
+def test_answer_file_equals_answer_and_the_summary_prints_step_scores(tiny_model_dir, tmp_path, capsys):
+    path = tmp_path / "answer.txt"
+    path.write_text(ANSWER + "\n", encoding="utf-8")  # the line break an editor adds is not part of the answer
+    from_file, inline = tmp_path / "f.json", tmp_path / "i.json"
+    common = ["explain", "--model", str(tiny_model_dir), "--prompt", "Capital?", "--max-new-tokens", "16"]
+    assert main([*common, "--answer-file", str(path), "--json", str(from_file)]) == 0
+    assert main([*common, "--answer", ANSWER, "--json", str(inline)]) == 0
+    a, b = json.loads(from_file.read_text()), json.loads(inline.read_text())
+    assert (
+        a["generated_token_ids"] == b["generated_token_ids"]
+        and a["methods"]["macs"]["raw"] == b["methods"]["macs"]["raw"]
+    )
+    capsys.readouterr()
+    assert main([*common, "--answer", ANSWER]) == 0
+    out = capsys.readouterr().out
+    assert f"answer (given, teacher-forced): {ANSWER!r}" in out
+    assert "step scores:" in out and "nats" in out
+    lines = [line for line in out.splitlines() if " nats" in line]
+    assert len(lines) == len(a["generated_token_ids"])
+    p, h = a["step_scores"]["probability"][0], a["step_scores"]["entropy"][0]
+    assert f"p {p:.4f}  H {h:.3f} nats" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--answer", "word " * 40, "--max-new-tokens", "8"], "more than max_new_tokens (8)"),
+        (["--answer", "  "], "The answer is empty"),
+        (["--answer-file", "/does/not/exist.txt"], "Cannot read answer file"),
+    ],
+)
+def test_bad_answers_exit_with_one_line(tiny_model_dir, capsys, args, message):
+    rc = main(["explain", "--model", str(tiny_model_dir), "--prompt", "hi", *args])
+    err = capsys.readouterr().err
+    assert rc == EXIT_USER_ERROR and message in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_answer_and_answer_file_exclude_each_other(tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        main(["explain", "--model", str(tiny_model_dir), "--prompt", "hi", "--answer", "a", "--answer-file", "f"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+def test_faithfulness_of_a_given_answer(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "f.json"
+    rc = main(
+        ["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Question: What is the capital of France?",
+         "--answer", ANSWER, "--methods", "macs", "--max-new-tokens", "16", "--soft", "off", "--json", str(out)]
+    )  # fmt: skip
+    assert rc == 0
+    assert "answer (given, teacher-forced) (" in capsys.readouterr().out
+    d = json.loads(out.read_text())
+    assert d["answer"] == ANSWER and d["answer_given"] is True
+    assert d["generated_tokens"] == len(_tokenizer(tiny_model_dir)(ANSWER)["input_ids"])
+    assert d["removal"]["curves"]["macs"]["logit"]["mif"][0] == pytest.approx(1.0)
+    assert d["removal"]["generations"]["macs"]["mif"][0] != ANSWER  # the model's own answer, regenerated

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,7 @@ def _saved() -> dict:
         methods={"macs": MethodScores.from_raw(raw)},
         user_positions=[1, 2],
         image={"token_positions": [0, 1], "grid": [1, 2], "size": [20, 10]},
+        step_scores={"probability": [0.25, 1], "entropy": [1.5, 0.0]},
     ).to_dict()
 
 
@@ -73,6 +76,17 @@ def _saved() -> dict:
         (lambda d: d["methods"]["macs"].update(seconds=-1), "seconds is a time in seconds"),
         (lambda d: d["image"].update(grid=[2, 2]), "grid must be \\[h, w\\] with h \\* w = 2"),
         (lambda d: d.update(meta=[]), "meta must be an object"),
+        (lambda d: d.update(step_scores=[]), "step_scores must be an object"),
+        (lambda d: d["step_scores"].update(entropy=[1.0]), r"step_scores\['entropy'\] must be a list of 2 numbers"),
+        (lambda d: d["step_scores"].update(entropy="1, 2"), r"step_scores\['entropy'\] must be a list of 2 numbers"),
+        (lambda d: d["step_scores"].update(probability=[0.5, 1.01]), "must hold probabilities from 0 to 1, found 1.01"),
+        (lambda d: d["step_scores"].update(probability=[-0.0001, 1]), "probabilities from 0 to 1, found -0.0001"),
+        (lambda d: d["step_scores"].update(entropy=[1.0, -1e-9]), "entropies of 0 or more \\(nats\\), found -1e-09"),
+        (lambda d: d["step_scores"].update(entropy=[1.0, float("nan")]), "must hold finite numbers, found nan"),
+        (lambda d: d["step_scores"].update(entropy=[1.0, 10**400]), "must hold finite numbers"),
+        (lambda d: d["step_scores"].update(entropy=[1.0, "2"]), "must hold finite numbers, found '2'"),
+        (lambda d: d["step_scores"].update(entropy=[1.0, True]), "must hold finite numbers, found True"),
+        (lambda d: d["step_scores"].update(rank=[1]), r"step_scores\['rank'\] must be a list of 2 numbers"),
     ],
 )
 def test_a_malformed_saved_result_names_the_field(tmp_path, change, message):
@@ -90,11 +104,30 @@ def test_a_malformed_saved_result_names_the_field(tmp_path, change, message):
         Attribution.load_json(tmp_path / "missing.json")
 
 
+def test_step_scores_round_trip_and_are_optional():
+    d = _saved()
+    back = Attribution.from_dict(json.loads(json.dumps(d)))
+    assert back.step_scores == {"probability": [0.25, 1.0], "entropy": [1.5, 0.0]}
+    assert back.to_dict()["step_scores"] == d["step_scores"]
+    older = {key: value for key, value in d.items() if key != "step_scores"}  # saved before step scores existed
+    assert Attribution.from_dict(older).step_scores == {}
+    assert Attribution.from_dict(older).to_dict()["step_scores"] == {}
+
+
+def test_snapshot_keeps_step_scores_apart_from_later_changes():
+    attr = Attribution.from_dict(_saved())
+    snap = attr.snapshot()
+    attr.step_scores["probability"].append(0.5)
+    attr.step_scores["rank"] = [1, 2]
+    assert snap.step_scores == {"probability": [0.25, 1.0], "entropy": [1.5, 0.0]}
+
+
 def test_a_saved_result_without_z_or_steps_still_loads():
     d = _saved()
     del d["methods"]["macs"]["z"]
     np.testing.assert_allclose(Attribution.from_dict(d).methods["macs"].z, zscore(np.arange(6).reshape(2, 3)))
-    empty = {**d, "generated_token_ids": [], "generated_tokens": [], "methods": {"macs": {"raw": [], "z": []}}}
+    empty = {**d, "generated_token_ids": [], "generated_tokens": [], "methods": {"macs": {"raw": [], "z": []}},
+             "step_scores": {"probability": [], "entropy": []}}  # fmt: skip
     assert Attribution.from_dict(empty).methods["macs"].raw.shape == (0, 3)
 
 

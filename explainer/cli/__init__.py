@@ -31,6 +31,31 @@ def _read_prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def _read_answer(args: argparse.Namespace) -> str | None:
+    """The answer of `--answer` / `--answer-file` (the file's final line break, which editors add, dropped), or None."""
+    if args.answer_file:
+        try:
+            text = Path(args.answer_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"Cannot read answer file {args.answer_file!r}: {e.__class__.__name__}: {e}") from e
+        text = text.removesuffix("\n").removesuffix("\r")
+    elif args.answer is not None:
+        text = args.answer
+    else:
+        return None
+    if not text.strip():
+        raise InputError("The answer is empty: give the answer's text, or leave --answer out to generate one.")
+    return text
+
+
+def _answer_options(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--answer", help="explain this answer (teacher-forced) instead of generating one; it must fit --max-new-tokens"
+    )
+    which.add_argument("--answer-file", help="read the answer to explain from a UTF-8 text file")
+
+
 def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
@@ -49,8 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .eval import add_eval_parser
     from .explain import cmd_explain, cmd_faithfulness
 
-    p = sub.add_parser("explain", help="generate an answer and explain every token")
+    p = sub.add_parser("explain", help="generate an answer (or take --answer) and explain every token")
     _prompt_and_model_options(p)
+    _answer_options(p)
     p.add_argument("--image", help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL)")
     p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
     p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
@@ -64,9 +90,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser(
         "faithfulness",
-        help="generate an answer, then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC (the app's panel)",
+        help="generate an answer (or take --answer), then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC",
     )
     _prompt_and_model_options(p)
+    _answer_options(p)
     p.add_argument("--methods", default="macs,rollout", help="comma-separated methods (random baseline added)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="pi-Soft at this answer token (1-based; default: the last)")

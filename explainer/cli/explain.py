@@ -7,16 +7,25 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from . import _read_prompt
+from . import _read_answer, _read_prompt
+
+
+def _answer_label(attr) -> str:
+    return "answer (given, teacher-forced)" if attr.meta.get("answer") == "given" else "answer"
 
 
 def _print_summary(attr, top: int) -> None:
     print(f"model: {attr.model}")
-    print(f"prompt tokens: {attr.num_prompt_tokens}   generated tokens: {attr.num_steps}")
-    print(f"answer: {attr.generated_text!r}")
+    print(f"prompt tokens: {attr.num_prompt_tokens}   answer tokens: {attr.num_steps}")
+    print(f"{_answer_label(attr)}: {attr.generated_text!r}")
     if attr.image:
         h, w = attr.image["grid"]
         print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
+    scores = attr.step_scores
+    if scores.get("probability") and scores.get("entropy"):
+        print("\nstep scores: p = the model's probability of the token, H = entropy of its next-token distribution")
+        for k, tok in enumerate(attr.generated_tokens):
+            print(f"  step {k:3d} {tok!r:>14}: p {scores['probability'][k]:.4f}  H {scores['entropy'][k]:.3f} nats")
     user = attr.user_positions or None
     from ..result import zscore
 
@@ -43,6 +52,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
         raise InputError("The prompt is empty: type a question or some text to continue.")
+    answer = _read_answer(args)
     from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
@@ -75,6 +85,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         chat_template=not args.no_chat_template,
         image=image,
         method_options=method_options,
+        answer=answer,
     )
     if args.json:
         try:
@@ -98,7 +109,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
     from visuals.curves import TABLE_HEADERS, faithfulness_rows
 
-    lines = [f"answer ({attr.num_steps} tokens): {attr.generated_text!r}"]
+    lines = [f"{_answer_label(attr)} ({attr.num_steps} tokens): {attr.generated_text!r}"]
     if report.removal:
         lines.append(f"removal: {report.removal.runs} distinct perturbed runs, fractions {report.removal.fractions}")
     if report.soft:
@@ -133,6 +144,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     prompt = _read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
+    answer = _read_answer(args)
     methods, method_options = parse_methods(args.methods)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
@@ -144,7 +156,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
     )
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
-    attr = explain(bundle, prompt, methods=methods, **options)
+    attr = explain(bundle, prompt, methods=methods, answer=answer, **options)  # removal teacher-forces its tokens
     seconds = {"generation": float(attr.meta["generation_seconds"])}
     steps = None
     if not args.all_steps:
@@ -166,6 +178,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
             "model": bundle.name,
             "prompt_tokens": attr.num_prompt_tokens,
             "answer": attr.generated_text,
+            "answer_given": attr.meta.get("answer") == "given",
             "generated_tokens": attr.num_steps,
             "methods": methods,
             "seconds": seconds,
