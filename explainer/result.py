@@ -44,7 +44,8 @@ def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> 
         mean = sub.mean(axis=1, keepdims=True)
         std = sub.std(axis=1, keepdims=True)
         safe = np.where(std > 0, std, 1.0)
-        out[:, cols] = np.where(std > 0, (sub - mean) / safe, 0.0)
+        # zero spread: every token equally important (0); inf or NaN spread: no score (NaN)
+        out[:, cols] = np.where(std > 0, (sub - mean) / safe, np.where(np.isfinite(std), 0.0, np.nan))
     return out.astype(np.float32)
 
 

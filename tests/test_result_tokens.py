@@ -20,6 +20,13 @@ def test_zscore_matches_definition_and_handles_flat_rows():
     assert np.all(z[1] == 0)
 
 
+def test_zscore_of_a_row_with_nan_or_inf_is_nan_not_flat():
+    raw = np.array([[1.0, np.nan, 3.0], [1.0, np.inf, 3.0], [1.0, 2.0, 3.0]])
+    z = zscore(raw)
+    assert np.isnan(z[0]).all() and np.isnan(z[1]).all()  # no score, rather than "every token equally important"
+    np.testing.assert_allclose(z[2], [-1.2247449, 0.0, 1.2247449], rtol=1e-6)
+
+
 def test_zscore_over_subset_leaves_others_nan():
     raw = np.array([[10.0, 1.0, 2.0, 3.0]])
     z = zscore(raw, [1, 2, 3])
