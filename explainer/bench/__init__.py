@@ -17,8 +17,9 @@ On a shared machine other processes slow the timed runs badly (two torch threads
 longer): every run records the share of the CPUs others used (`other_cpu_frac_all`), flagged rows are warned about,
 and `--quiet-wait` holds each timed run until the machine is idle.
 
-Prompts are real text: SQuAD 2.0 contexts from `../shared/data/squad2-dev-350.json`, tokenised without chat template
-and cut to exactly N tokens; without that file, seeded English-like filler text is used and the report says so.
+Prompts are real text, tokenised without chat template and cut to exactly N tokens: the essays in
+`assets/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`, e.g.
+`squad_v2-dev`); the report names the source.
 
 Modules, one job each: `prompts` (the prompt text), `probes` (peak memory and CPU contention), `worker` (the timing
 inside a worker process), `runner` (one fresh process per configuration, the report), `report` (rows, ratios,
@@ -26,7 +27,7 @@ tables, merging saved reports). The command line is `explainer/cli/bench.py`.
 """
 
 from .probes import BUSY_WARNING
-from .prompts import DEFAULT_DATA, GENERATED_SOURCE, SQUAD_SOURCE, prompt_ids
+from .prompts import DEFAULT_TEXT, prompt_ids, prompt_text
 from .report import (
     BASELINE,
     BenchRow,
@@ -45,9 +46,7 @@ from .worker import WARMUP_NEW_TOKENS, WARMUP_POSTHOC_PROMPT_TOKENS, make_runner
 __all__ = [
     "BASELINE",
     "BUSY_WARNING",
-    "DEFAULT_DATA",
-    "GENERATED_SOURCE",
-    "SQUAD_SOURCE",
+    "DEFAULT_TEXT",
     "WARMUP_NEW_TOKENS",
     "WARMUP_POSTHOC_PROMPT_TOKENS",
     "BenchRow",
@@ -63,6 +62,7 @@ __all__ = [
     "measure",
     "method_from_spec",
     "prompt_ids",
+    "prompt_text",
     "run_bench",
     "with_ratios",
     "worker_main",

@@ -1,10 +1,20 @@
-"""Prompt text for the benchmark: exactly N tokens of real text (SQuAD contexts), or seeded filler text without it."""
+"""Prompt text for the benchmark: exactly N tokens of real prose, from a SQuAD file, a text file, or the shipped text.
+
+Three sources, in order of precedence:
+
+- `data_path`: the contexts of a SQuAD file (any layout `evaluate.load_squad` reads), joined with blank lines;
+- `prompt_file`: a plain UTF-8 text file;
+- otherwise `DEFAULT_TEXT`, English essays that ship in `assets/` (public domain, see its first line).
+
+The text is repeated when it is too short, tokenised without chat template or special tokens, and cut to N tokens.
+Leading lines of a text file that start with `# ` are a header (source and licence), not prompt text; the report
+names the source.
+"""
 
 from __future__ import annotations
 
 import itertools
-import random
-from collections.abc import Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -12,71 +22,83 @@ from ..errors import InputError
 from ..evaluate import load_squad
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_DATA = _REPO_ROOT.parent / "shared/data/squad2-dev-350.json"
-SQUAD_SOURCE = "squad2-dev-350"
-GENERATED_SOURCE = "generated"
-
-# Plain English-ish vocabulary for the fallback prompt: real words tokenise like real text, random ids do not.
-_WORD_LIST = (
-    "the of and to in is was for on that with as by at from his her their this which an be are were it not or "
-    "have has had one all new more first year city river people time world state school music water history "
-    "during after before between under through early later most many other several large small known called "
-    "built founded became began remained used named part north south central western eastern government army "
-    "church university company century war region island population language family team season album "
-    "record film series book king queen law court power trade market energy system"
-)
-_WORDS = _WORD_LIST.split()
+DEFAULT_TEXT = _REPO_ROOT / "assets" / "bench_text.txt"
 
 
-def _squad_contexts(path: Path | None) -> list[str] | None:
-    """Distinct contexts in file order, or None when the file is absent or has none (then filler text is used)."""
-    if path is None or not Path(path).is_file():
-        return None
+def _squad_contexts(path: Path) -> list[str]:
+    """Distinct non-empty contexts of a SQuAD file, in file order."""
     rows = load_squad(path, required=())  # rows without a context are skipped, not refused
     contexts = list(dict.fromkeys(str(r["context"]) for r in rows if str(r.get("context", "")).strip()))
-    return contexts or None
+    if not contexts:
+        raise InputError(f"{str(path)!r} has no contexts to use as benchmark text.")
+    return contexts
 
 
-def _generated_paragraphs(seed: int) -> Iterator[str]:
-    """Endless deterministic paragraphs of eight sentences built from `_WORDS`."""
-    rng = random.Random(seed)
-    while True:
-        sentences = []
-        for _ in range(8):
-            words = [rng.choice(_WORDS) for _ in range(rng.randint(6, 14))]
-            sentences.append(" ".join(words).capitalize() + ".")
-        yield " ".join(sentences)
+def read_text_file(path: Path) -> tuple[str, str]:
+    """(body, header) of a text file: leading `# ` lines are the header (joined, without the `# `), the rest the body.
 
-
-def prompt_ids(
-    tokenizer: Any, num_tokens: int, data_path: Path | None = DEFAULT_DATA, seed: int = 0
-) -> tuple[list[int], str]:
-    """Exactly `num_tokens` token ids of real text.
-
-    Contexts of the SQuAD file are joined with blank lines (cycling when the file is too short) and the tokens of
-    the joined text, without chat template or special tokens, are cut to `num_tokens`.
-
-    Args:
-        tokenizer: a transformers tokenizer.
-        num_tokens: N >= 1.
-        data_path: SQuAD-style JSON read by `evaluate.load_squad` (`{"rows": [{"context": ...}]}` or a list of
-            rows); when absent, seeded filler text is used.
-        seed: seed of the filler text.
-
-    Returns:
-        (ids, text_source): a list of N ints and "squad2-dev-350" or "generated".
+    Raises:
+        InputError: unreadable file, or no text after the header.
     """
-    if num_tokens < 1:
-        raise InputError(f"Prompt length must be at least 1 token, got {num_tokens}.")
-    contexts = _squad_contexts(data_path)
-    if contexts is not None:
-        paragraphs, source = itertools.cycle(contexts), SQUAD_SOURCE
-    else:
-        paragraphs, source = _generated_paragraphs(seed), GENERATED_SOURCE
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"Cannot read benchmark text file {str(path)!r}: {e.__class__.__name__}: {e}") from e
+    header = list(itertools.takewhile(lambda line: line.startswith("# "), lines))
+    body = "\n".join(lines[len(header) :]).strip()
+    if not body:
+        raise InputError(f"Benchmark text file {str(path)!r} holds no text.")
+    return body, " ".join(line[2:].strip() for line in header)
+
+
+def prompt_text(data_path: Path | None = None, prompt_file: Path | None = None) -> tuple[list[str], str]:
+    """The paragraphs to cycle through and a one-line description of where they come from (for the report).
+
+    Raises:
+        InputError: an unreadable or empty file.
+    """
+    if data_path is not None:
+        return _squad_contexts(Path(data_path)), f"SQuAD contexts from {Path(data_path).name}"
+    path = Path(prompt_file) if prompt_file is not None else DEFAULT_TEXT
+    body, header = read_text_file(path)
+    name = f"assets/{path.name}" if prompt_file is None else f"text file {path.name}"
+    return [body], f"{name} ({header})" if header else name
+
+
+def _cut(tokenizer: Any, paragraphs: Iterable[str], num_tokens: int) -> list[int]:
     text = ""
     ids: list[int] = []
+    paragraphs = iter(paragraphs)
     # Re-tokenising the whole text keeps the cut exact: tokens at paragraph joins depend on both sides.
     while len(ids) < num_tokens:
         text = f"{text}\n\n{next(paragraphs)}" if text else next(paragraphs)
         ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    return ids[:num_tokens], source
+    return ids[:num_tokens]
+
+
+def prompt_ids(
+    tokenizer: Any, num_tokens: int, data_path: Path | None = None, prompt_file: Path | None = None
+) -> tuple[list[int], str]:
+    """Exactly `num_tokens` token ids of real text.
+
+    The source's paragraphs are joined with blank lines, cycling when the text is too short, and the tokens of the
+    joined text, without chat template or special tokens, are cut to `num_tokens`.
+
+    Args:
+        tokenizer: a transformers tokenizer.
+        num_tokens: N >= 1.
+        data_path: SQuAD JSON whose contexts are the text (takes precedence over `prompt_file`).
+        prompt_file: a plain text file; when neither is given, `DEFAULT_TEXT`.
+
+    Returns:
+        (ids, text_source): a list of N ints and a description of the text for the report.
+
+    Raises:
+        InputError: N < 1, or an unreadable or empty source.
+    """
+    if num_tokens < 1:
+        raise InputError(f"Prompt length must be at least 1 token, got {num_tokens}.")
+    paragraphs, source = prompt_text(data_path, prompt_file)
+    if not tokenizer(paragraphs[0], add_special_tokens=False)["input_ids"]:
+        raise InputError(f"The benchmark text ({source}) tokenises to no tokens.")
+    return _cut(tokenizer, itertools.cycle(paragraphs), num_tokens), source

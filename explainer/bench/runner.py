@@ -18,7 +18,6 @@ from typing import Any
 from .. import errors
 from ..errors import ExplainerError
 from .probes import BUSY_WARNING
-from .prompts import DEFAULT_DATA
 from .report import BenchRow, with_ratios
 
 _REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -88,7 +87,8 @@ def run_bench(
     methods: list[str],
     repeats: int,
     device: str | None = None,
-    data_path: Path | None = DEFAULT_DATA,
+    data_path: Path | None = None,
+    prompt_file: Path | None = None,
     quiet_wait: float = 0.0,
     threads: int | None = None,
     live_mem: bool = False,
@@ -112,6 +112,7 @@ def run_bench(
             "new_tokens": new_tokens,
             "repeats": repeats,
             "data": str(data_path) if data_path else None,
+            "prompt_file": str(prompt_file) if prompt_file else None,
             "quiet_wait": quiet_wait,
             "threads": threads,
             "live_mem": live_mem,

@@ -84,9 +84,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Load the model, warm up, time `repeats` runs of one configuration; runs inside a fresh worker process.
 
     Args:
-        spec: model, device, method, prompt_tokens, new_tokens, repeats, data (path or None), threads (None keeps
-            torch's default), quiet_wait (seconds to wait, before each timed run, for other processes to leave the
-            CPUs alone), live_mem (also measure `BenchRow.live_peak_mem_mb`).
+        spec: model, device, method, prompt_tokens, new_tokens, repeats, data and prompt_file (paths or None, see
+            `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to wait, before each
+            timed run, for other processes to leave the CPUs alone), live_mem (also measure
+            `BenchRow.live_peak_mem_mb`).
 
     Returns:
         A `BenchRow` as a dict plus `model`, `device`, `torch_threads` and `text_source`.
@@ -105,7 +106,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             f"{n} prompt tokens + {k} new tokens exceed the context of {bundle.name} ({context} tokens). "
             "Ask for shorter prompts or fewer new tokens."
         )
-    ids, source = prompt_ids(bundle.tokenizer, n, Path(spec["data"]) if spec.get("data") else None)
+    data, text = spec.get("data"), spec.get("prompt_file")
+    ids, source = prompt_ids(bundle.tokenizer, n, Path(data) if data else None, Path(text) if text else None)
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
     run = make_runner(bundle.model, spec["method"])
     posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming

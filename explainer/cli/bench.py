@@ -11,7 +11,7 @@ from typing import Any
 from .. import bench
 from ..bench import (
     BASELINE,
-    DEFAULT_DATA,
+    DEFAULT_TEXT,
     BenchRow,
     format_efficiency,
     format_markdown,
@@ -19,8 +19,10 @@ from ..bench import (
     load_reports,
     markdown_caption,
     method_from_spec,
+    prompt_text,
     run_bench,
 )
+from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
 
 
@@ -115,8 +117,11 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"--threads must be at least 1, got {args.threads}.")
     if args.quiet_wait < 0:
         raise InputError(f"--quiet-wait must be zero or more seconds, got {args.quiet_wait}.")
-    if args.data is not None and not Path(args.data).is_file():
-        raise InputError(f"Benchmark text file {args.data!r} does not exist.")
+    data = resolve_data(args.data) if args.data else None  # squad_v2-dev: downloaded once, then the cached copy
+    prompt_file = Path(args.prompt_file) if args.prompt_file else None
+    if prompt_file is not None and not prompt_file.is_file():
+        raise InputError(f"Benchmark text file {args.prompt_file!r} does not exist.")
+    prompt_text(data, prompt_file)  # an unreadable or empty file fails here, before any worker starts
     return run_bench(
         args.model,
         lengths,
@@ -124,7 +129,8 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
         methods,
         args.repeats,
         device=args.device,
-        data_path=Path(args.data) if args.data else DEFAULT_DATA,
+        data_path=data,
+        prompt_file=prompt_file,
         quiet_wait=args.quiet_wait,
         threads=args.threads,
         live_mem=args.live_mem,
@@ -150,7 +156,18 @@ def add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    p.add_argument("--data", default=None, help=f"SQuAD-style JSON for prompt text (default: {DEFAULT_DATA})")
+    text = p.add_mutually_exclusive_group()
+    text.add_argument(
+        "--prompt-file",
+        default=None,
+        help=f"plain text file whose tokens are repeated and cut to each prompt length (default: the essays in "
+        f"assets/{DEFAULT_TEXT.name})",
+    )
+    text.add_argument(
+        "--data",
+        default=None,
+        help=f"SQuAD JSON file whose contexts are the prompt text, or {SQUAD_V2_DEV} (downloaded once into the cache)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError
 from ..evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
 
@@ -30,8 +31,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         print(f"\ncompute recorded in the results: {summary['seconds']:.0f} s")
         return _write_summary(summary, args.json)
     if not args.data:
-        raise InputError("--data is required (or --report to summarise earlier results).")
-    rows = load_squad(args.data, args.limit)
+        raise InputError(
+            f"--data is required: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise earlier results)."
+        )
+    rows = load_squad(resolve_data(args.data), args.limit)  # squad_v2-dev: downloaded once, then the cached copy
     cfg = EvalConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -63,7 +66,11 @@ def _write_summary(summary: dict[str, Any], path: str | None) -> int:
 def add_eval_parser(sub) -> None:
     """Register `python -m explainer eval` on the CLI's subparsers."""
     p = sub.add_parser("eval", help="AUC-PR and MIF/LIF/SRG on a SQuAD file (MACS paper Tables 2, 4, 5)")
-    p.add_argument("--data", help="JSON file of SQuAD rows (list or {'rows': [...]})")
+    p.add_argument(
+        "--data",
+        help=f"SQuAD JSON file (rows as a list or {{'rows': [...]}}, or the official SQuAD 2.0 layout; answerable "
+        f"questions are used), or {SQUAD_V2_DEV}: the official SQuAD 2.0 dev set, downloaded once into the cache",
+    )
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
     p.add_argument(
         "--methods", default="macs,rollout,atman,random", help="comma-separated methods with options: macs:alpha=0.5"

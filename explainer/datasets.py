@@ -1,0 +1,136 @@
+"""SQuAD data for `eval` and `bench`: the official SQuAD 2.0 layout as our rows, and the dev set downloaded once.
+
+Two layouts hold the same questions:
+
+- ours, one row per question: a list of rows or `{"rows": [...]}`, each
+  `{id, title, question, context, answers: [{text, answer_start}]}`;
+- the official SQuAD 2.0 layout (Rajpurkar et al., 2018, "Know What You Don't Know"):
+  `{"data": [{"title", "paragraphs": [{"context", "qas": [{"id", "question", "answers", "is_impossible"}]}]}]}`.
+
+`rows_from_official` turns the second into the first, keeping answerable questions only (the MACS paper's AUC-PR
+needs a gold span) and dropping repeated answers. `resolve_data("squad_v2-dev")` downloads the official dev set once
+into `models.cache_root()/data/`, converted, and reuses that file afterwards; any other value is a local path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .errors import InputError
+
+SQUAD_V2_DEV = "squad_v2-dev"
+DOWNLOADS = {  # data set name -> official file (CC BY-SA 4.0)
+    SQUAD_V2_DEV: "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json",
+}
+DOWNLOAD_TIMEOUT = 30.0  # seconds to connect and between reads; a stalled download fails with the offline message
+_open_url = urllib.request.urlopen  # tests replace it; nothing here touches the network otherwise
+
+
+def is_official_layout(data: Any) -> bool:
+    """Whether parsed JSON has the official SQuAD layout (`{"data": [{"paragraphs": [...]}, ...]}`)."""
+    return (
+        isinstance(data, dict)
+        and isinstance(data.get("data"), list)
+        and all(isinstance(a, dict) and "paragraphs" in a for a in data["data"])
+    )
+
+
+def rows_from_official(data: dict[str, Any], answerable_only: bool = True) -> list[dict[str, Any]]:
+    """One row per question of an official-layout SQuAD file, in file order.
+
+    Args:
+        data: the parsed file (`is_official_layout(data)`).
+        answerable_only: drop questions marked `is_impossible` or without answers.
+
+    Returns:
+        Rows `{id, title, question, context, answers: [{text, answer_start}]}`; an answer given by several
+        annotators (same text, same start) appears once, where it first appears.
+
+    Raises:
+        InputError: an article, paragraph or question without the keys above.
+    """
+    rows = []
+    try:
+        for article in data["data"]:
+            title = str(article.get("title", ""))
+            for paragraph in article["paragraphs"]:
+                context = str(paragraph["context"])
+                for qa in paragraph["qas"]:
+                    row = {"id": str(qa["id"]), "title": title, "question": str(qa["question"]), "context": context}
+                    seen = dict.fromkeys((str(a["text"]), int(a["answer_start"])) for a in qa.get("answers", []))
+                    row["answers"] = [{"text": t, "answer_start": start} for t, start in seen]  # annotator order
+                    if not (answerable_only and (qa.get("is_impossible") or not row["answers"])):
+                        rows.append(row)
+    except KeyError as e:
+        raise InputError(f"Not a SQuAD 2.0 file: an article, paragraph, question or answer lacks {e}.") from e
+    except (TypeError, ValueError, AttributeError) as e:
+        raise InputError(f"Not a SQuAD 2.0 file: malformed entry ({e}).") from e
+    return rows
+
+
+def cached_file(name: str) -> Path:
+    """Where the converted copy of a named data set is kept (it may not exist yet)."""
+    from .models import cache_root
+
+    return cache_root() / "data" / f"{name}-answerable.json"
+
+
+def download(name: str) -> Path:
+    """The converted copy of a named data set, downloaded and converted on the first call only.
+
+    Raises:
+        InputError: an unknown name, or the download failed (offline, blocked, not a SQuAD file); the message says
+            how to download the file by hand and pass its path.
+    """
+    if name not in DOWNLOADS:
+        raise InputError(f"Unknown data set {name!r}; known: {', '.join(DOWNLOADS)}.")
+    target = cached_file(name)
+    if target.is_file():
+        return target
+    url = DOWNLOADS[name]
+    try:
+        with _open_url(url, timeout=DOWNLOAD_TIMEOUT) as response:
+            data = json.loads(response.read().decode("utf-8"))
+    except (OSError, ValueError) as e:  # URLError, timeouts and HTTP errors are OSErrors; bad JSON a ValueError
+        reason = getattr(e, "reason", None) or e
+        raise InputError(
+            f"Could not download {name} from {url} ({reason}). Download that file yourself and pass its path: "
+            f"--data dev-v2.0.json"
+        ) from e
+    if not is_official_layout(data):
+        raise InputError(f"{url} did not return a SQuAD 2.0 file. Download it yourself and pass its path with --data.")
+    rows = rows_from_official(data)
+    payload = {"source": f"SQuAD 2.0 dev set (CC BY-SA 4.0), answerable questions, from {url}", "rows": rows}
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".json", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(payload, f)
+        os.replace(tmp, target)  # atomic: a concurrent or interrupted run never sees half a file
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return target
+
+
+def resolve_data(name_or_path: str | Path) -> Path:
+    """A local SQuAD file for `--data`: a named data set (`squad_v2-dev`, downloaded once) or an existing path.
+
+    Raises:
+        InputError: the path does not exist, or the download failed.
+    """
+    if str(name_or_path) in DOWNLOADS:
+        return download(str(name_or_path))
+    path = Path(name_or_path)
+    if not path.is_file():
+        raise InputError(
+            f"Cannot read data file {str(name_or_path)!r}: no such file. Pass a SQuAD-format JSON file, or "
+            f"{SQUAD_V2_DEV} to download the SQuAD 2.0 dev set once."
+        )
+    return path

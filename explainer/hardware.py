@@ -1,0 +1,73 @@
+"""Optional ZeroGPU support for the app's handlers: `on_gpu(handler)`.
+
+On a Hugging Face Space with ZeroGPU hardware, a GPU is attached only while a function decorated with `spaces.GPU`
+runs; the `spaces` package provides the decorator (and is absent elsewhere). `on_gpu` applies it when `spaces` can be
+imported and returns the handler itself when it cannot, so nothing changes outside a Space.
+
+`spaces.GPU` (checked against spaces 0.51) runs the function in a forked worker that holds the GPU and sends its
+results back pickled. It takes plain and generator functions, raises NotImplementedError for coroutine functions,
+and treats an async generator function as a plain one, whose return value, an async generator object, cannot be
+pickled. The app's streaming handlers are async generators, so on ZeroGPU (SPACES_ZERO_GPU set, as `spaces` itself
+decides) they are first turned into plain generators by `sync_generator`. Elsewhere `spaces.GPU` returns its argument
+unchanged, and the async handler is passed as it is, keeping Gradio's cancellation of async handlers.
+
+This module does not import gradio; `spaces` imports it, which only happens in the app.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+ZERO_GPU_SECONDS = 120  # GPU time asked for per call; removal curves and AtMan on long prompts need more than 60 s
+
+
+def zero_gpu() -> bool:
+    """Whether this process runs on ZeroGPU hardware (the variable `spaces` reads too)."""
+    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+
+
+def sync_generator(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Iterator[Any]]:
+    """A generator function that runs the async generator function `fn` on an event loop of its own.
+
+    Each `next()` runs the loop until `fn` yields; when the consumer stops early (or fails), the async generator is
+    closed on that loop, so its `finally` blocks run (the app's cancel the library's work there). The signature,
+    name and docstring are `fn`'s (`functools.wraps`), so Gradio still sees the handler's parameters.
+    """
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Iterator[Any]:
+        loop = asyncio.new_event_loop()
+        agen = fn(*args, **kwargs)
+        try:
+            while True:
+                try:
+                    item = loop.run_until_complete(agen.__anext__())
+                except StopAsyncIteration:
+                    return
+                yield item
+        finally:
+            try:
+                loop.run_until_complete(agen.aclose())
+            finally:
+                loop.close()
+
+    return run
+
+
+def on_gpu(fn: Callable[..., Any], seconds: int = ZERO_GPU_SECONDS) -> Callable[..., Any]:
+    """`spaces.GPU(fn, duration=seconds)` when the `spaces` package is importable, else `fn` itself.
+
+    On ZeroGPU an async generator function is passed through `sync_generator` first (see the module docstring).
+    """
+    try:
+        import spaces
+    except ImportError:
+        return fn
+    if zero_gpu() and inspect.isasyncgenfunction(fn):
+        fn = sync_generator(fn)
+    return spaces.GPU(fn, duration=seconds)

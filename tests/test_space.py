@@ -1,0 +1,234 @@
+"""Space readiness: the app's default models (Hub reachable or not, CPU or GPU) and the optional `spaces.GPU` wrapping.
+
+No test touches the network: `models._open_url` is replaced by fakes, and conftest sets HF_HUB_OFFLINE for the rest.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import inspect
+import sys
+import types
+import urllib.error
+from pathlib import Path
+
+import anyio
+import pytest
+
+from explainer import hardware, models
+
+REPO = Path(__file__).resolve().parents[1]
+GPU_HANDLERS = ("explain", "faithfulness", "explain_image")  # api names of the events that run the model
+
+
+class _Answer:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+@pytest.fixture
+def hub(monkeypatch):
+    """A fake Hub: `hub.up = False` makes the opener fail like a machine without network; `hub.requests` records."""
+
+    class Hub:
+        up = True
+        error: Exception | None = None
+        requests: list = []
+
+    state = Hub()
+    state.requests = []
+
+    def opener(request, timeout):
+        state.requests.append((request.get_method(), request.full_url, timeout))
+        if state.error is not None:
+            raise state.error
+        if not state.up:
+            raise urllib.error.URLError(OSError(-2, "Name or service not known"))
+        return _Answer()
+
+    for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "EXPLAINER_MODEL", "EXPLAINER_VLM", "SPACES_ZERO_GPU"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("HF_ENDPOINT", raising=False)
+    monkeypatch.setattr(models, "_open_url", opener)
+    monkeypatch.setattr(models.torch.cuda, "is_available", lambda: False)
+    models.hub_reachable.cache_clear()
+    yield state
+    models.hub_reachable.cache_clear()
+
+
+def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hub):
+    assert models.default_model_ids() == ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct")
+    assert models.default_model_ids() == (models.HUB_TEXT_MODEL_CPU, models.HUB_VISION_MODEL)
+    # asked once per process, with a HEAD request and the short timeout
+    assert hub.requests == [
+        ("HEAD", "https://huggingface.co/api/models/Qwen/Qwen2.5-0.5B-Instruct", models.HUB_CHECK_TIMEOUT)
+    ]
+
+
+@pytest.mark.parametrize("how", ["cuda", "zerogpu"])
+def test_online_gpu_defaults_to_the_larger_model(hub, monkeypatch, how):
+    if how == "cuda":
+        monkeypatch.setattr(models.torch.cuda, "is_available", lambda: True)
+    else:  # ZeroGPU: no GPU is visible before a request, the variable says one will be
+        monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert models.default_model_ids() == ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct")
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        urllib.error.URLError(OSError(-2, "Name or service not known")),
+        TimeoutError("timed out"),
+        urllib.error.HTTPError("https://huggingface.co", 503, "Service Unavailable", {}, None),
+    ],
+)
+def test_offline_gives_the_embedded_model_and_no_vision_model(hub, error):
+    hub.error = error
+    assert models.default_model_ids() == (None, None)
+    assert models.default_model_ids() == (None, None) and len(hub.requests) == 1  # not asked again
+
+
+def test_a_client_error_still_means_the_hub_is_there(hub):
+    hub.error = urllib.error.HTTPError("https://huggingface.co", 429, "Too Many Requests", {}, None)
+    assert models.hub_reachable() is True
+
+
+@pytest.mark.parametrize("variable", ["HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"])
+def test_offline_variables_skip_the_check(hub, monkeypatch, variable):
+    monkeypatch.setenv(variable, "1")
+    assert models.default_model_ids() == (None, None)
+    assert hub.requests == []
+
+
+def test_mirror_endpoint_is_asked(hub, monkeypatch):
+    monkeypatch.setenv("HF_ENDPOINT", "https://mirror.example/")
+    assert models.hub_reachable()
+    assert hub.requests[0][1] == "https://mirror.example/api/models/Qwen/Qwen2.5-0.5B-Instruct"
+
+
+def test_environment_variables_win(hub, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_MODEL", "some/model")
+    monkeypatch.setenv("EXPLAINER_VLM", "./my-vlm")
+    assert models.default_model_ids() == ("some/model", "./my-vlm")
+    assert hub.requests == []  # both set: no network at all
+
+    monkeypatch.setenv("EXPLAINER_VLM", "none")  # the image tab off on purpose
+    assert models.default_model_ids() == ("some/model", None)
+
+    monkeypatch.delenv("EXPLAINER_VLM")
+    assert models.default_model_ids() == ("some/model", models.HUB_VISION_MODEL)
+    hub.up = False
+    models.hub_reachable.cache_clear()
+    assert models.default_model_ids() == ("some/model", None)
+    monkeypatch.setenv("EXPLAINER_MODEL", "embedded")
+    assert models.default_model_ids() == ("embedded", None)
+
+
+# --- spaces.GPU (ZeroGPU) ---
+
+
+def _fake_spaces(monkeypatch) -> list:
+    """Install a fake `spaces` module whose GPU decorator records what it wrapped and marks the result."""
+    wrapped = []
+
+    def GPU(fn, duration=None):  # noqa: N802 - the real name
+        wrapped.append((fn, duration))
+
+        @functools.wraps(fn)
+        def marked(*args, **kwargs):
+            return fn(*args, **kwargs)
+
+        marked.zerogpu = fn
+        return marked
+
+    monkeypatch.setitem(sys.modules, "spaces", types.SimpleNamespace(GPU=GPU))
+    return wrapped
+
+
+async def _handler(n: int, *options, progress=None):
+    """Like the app's handlers: an async generator that hands work to a thread and cleans up in `finally`."""
+    try:
+        for i in range(n):
+            yield await anyio.to_thread.run_sync(lambda i=i: i * i)
+    finally:
+        _handler.closed += 1
+
+
+_handler.closed = 0
+
+
+def test_without_spaces_handlers_are_unchanged(monkeypatch):
+    monkeypatch.setitem(sys.modules, "spaces", None)  # `import spaces` raises ImportError
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    assert hardware.on_gpu(_handler) is _handler
+
+
+def test_with_spaces_off_zerogpu_the_async_handler_is_passed_as_it_is(monkeypatch):
+    wrapped = _fake_spaces(monkeypatch)
+    monkeypatch.delenv("SPACES_ZERO_GPU", raising=False)
+
+    out = hardware.on_gpu(_handler)
+
+    assert wrapped == [(_handler, hardware.ZERO_GPU_SECONDS)] and out.zerogpu is _handler
+
+
+def test_on_zerogpu_async_handlers_become_generators_spaces_can_run(monkeypatch):
+    wrapped = _fake_spaces(monkeypatch)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "1")
+
+    out = hardware.on_gpu(_handler, seconds=30)
+
+    ((fn, seconds),) = wrapped
+    assert seconds == 30 and inspect.isgeneratorfunction(fn) and not inspect.isasyncgenfunction(fn)
+    assert inspect.signature(fn) == inspect.signature(_handler)  # Gradio still sees the parameters (progress too)
+    assert fn.__name__ == "_handler" and out.zerogpu is fn
+    assert list(out(4)) == [0, 1, 4, 9]
+
+
+def test_sync_generator_closes_the_async_one_when_stopped_early_and_passes_errors():
+    run = hardware.sync_generator(_handler)
+    before = _handler.closed
+    gen = run(10)
+    assert [next(gen), next(gen)] == [0, 1]
+    gen.close()
+    assert _handler.closed == before + 1  # the handler's finally ran (the app cancels the library's work there)
+
+    async def failing():
+        yield 1
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        list(hardware.sync_generator(failing)())
+
+
+def _registered(demo) -> dict:
+    return {f.api_name: f.fn for f in demo.fns.values() if f.api_name in GPU_HANDLERS}
+
+
+def test_app_registers_its_handlers_unchanged_without_spaces():
+    import app
+
+    if "spaces" in sys.modules:  # pragma: no cover - only where a real `spaces` is installed
+        pytest.skip("the spaces package is installed here")
+    assert _registered(app.demo) == {name: getattr(app, name) for name in GPU_HANDLERS}
+    assert (app.MODEL_ID, app.VLM_ID) == (None, None)  # tests run offline: embedded model, no image tab
+
+
+def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_picks_hub_models(hub, monkeypatch):
+    wrapped = _fake_spaces(monkeypatch)
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    spec = importlib.util.spec_from_file_location("app_on_zerogpu", REPO / "app.py")
+    fresh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fresh)  # a second app, built with the fake `spaces`
+
+    registered = _registered(fresh.demo)
+    assert set(registered) == set(GPU_HANDLERS)
+    for name, fn in registered.items():
+        handler = getattr(fresh, name)
+        assert fn.zerogpu.__wrapped__ is handler and inspect.isgeneratorfunction(fn.zerogpu)
+    assert len(wrapped) == len(GPU_HANDLERS)
+    assert (fresh.MODEL_ID, fresh.VLM_ID) == (models.HUB_TEXT_MODEL_GPU, models.HUB_VISION_MODEL)
