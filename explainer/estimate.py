@@ -19,14 +19,14 @@ last answer token predicts nothing that is scored, so teacher-forced passes cove
 - Grad-ELLM: the same forward, and K backward passes through the last L = min(`layers`, depth) decoder layers only.
 
 Seconds = forward positions / forward speed + backward positions x (layers reached / depth) / backward speed. The
-speeds are measured on the process's own model: first by a short probe (one forward and one backward over
-`PROBE_TOKENS` positions at batch size 1, after a warm-up forward), cached per model; then, once a method has run, the
-ratio of its measured time to the estimate for that run corrects every later estimate of that method. The model is
-rough: it ignores that attention cost grows with sequence length, that AtMan's batched suffix passes run faster per
-position than the probe's single sequence, and the extra cost of recording a graph. How far the probe-only figure is
-off has not been measured systematically: treat it as the order of magnitude ("about 40 s"), not a deadline; the
-correction from a method's run makes a rerun of the same request exact and is a better guess for prompts of
-similar length.
+speeds are measured on the process's own model: first by a short probe (a forward over a batch of
+~`kv.TOKENS_PER_BATCH` positions as AtMan runs them, a backward over one `PROBE_TOKENS`-position sequence as the
+gradient methods run them, each after a warm-up), cached per model; then, once a method has run, the ratio of its
+measured time to the estimate for that run corrects every later estimate of that method. The model is rough: it
+ignores that attention cost grows with sequence length, that AtMan's suffix passes also attend to a cached prefix,
+and the extra cost of recording a graph. How far the probe-only figure is off has not been measured systematically:
+treat it as the order of magnitude ("about 40 s"), not a deadline. The correction from a method's run makes a rerun
+of the same request exact and is a better guess for prompts of similar length.
 
 The generation's own forward time (`attr.meta["forward_seconds"]`) is not used as a speed: it is dominated by
 one-token decode steps, whose cost per position is many times that of a pass over a whole sequence.
@@ -52,7 +52,7 @@ from .models import ModelBundle
 from .result import Attribution
 from .session import CancelToken, hold
 
-PROBE_TOKENS = 256  # positions of the speed probe's sequence (fewer if the model's context is shorter)
+PROBE_TOKENS = 128  # positions of the speed probe's sequence (fewer if the model's context is shorter)
 PROBE_WAIT = 0.5  # seconds the probe waits for a busy model before giving up (the caller shows no figure yet)
 CORRECTION_BOUNDS = (0.05, 20.0)  # a measured/estimated ratio outside these is clamped (a stalled run, a tiny one)
 
@@ -241,18 +241,23 @@ def _synchronize(device: torch.device) -> None:
 
 
 def probe_speed(bundle: ModelBundle, tokens: int = PROBE_TOKENS) -> Speed:
-    """Time one forward (after a warm-up) and one backward over a `tokens`-position sequence; the caller holds the
-    model. The model is left as it was (parameters' `requires_grad` restored by `gradients_enabled`)."""
+    """Time a forward and a backward pass (each after a warm-up) shaped like the methods' own; the caller holds the
+    model, which is left as it was (parameters' `requires_grad` restored by `gradients_enabled`).
+
+    The forward runs a batch of ~`kv.TOKENS_PER_BATCH` positions in `tokens`-position rows, as AtMan's passes do
+    (most of its work); the backward runs over one `tokens`-position sequence, as the gradient methods' passes do.
+    """
     model, device = bundle.model, bundle.device
     context = bundle.context_length or tokens
     p = max(2, min(tokens, context))
+    batch = max(1, TOKENS_PER_BATCH // p)
     vocab = model.get_input_embeddings().num_embeddings
     ids = (torch.arange(p, device=device) * 7919 % vocab)[None, :]  # (1, P): varied ids, no tokenizer needed
     with torch.inference_mode():
         model(input_ids=ids, use_cache=False, logits_to_keep=1)  # warm-up: first-call allocations
         _synchronize(device)
         t0 = time.perf_counter()
-        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        model(input_ids=ids.expand(batch, -1), use_cache=False, logits_to_keep=1)  # (B, P)
         _synchronize(device)
         forward = time.perf_counter() - t0
     with gradients_enabled(model):
@@ -260,13 +265,14 @@ def probe_speed(bundle: ModelBundle, tokens: int = PROBE_TOKENS) -> Speed:
         with torch.no_grad():
             embeds = model.get_input_embeddings()(ids)  # (1, P, d)
         embeds = embeds.detach().requires_grad_(True)
-        logit = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=1).logits[0, -1, 0]
+        logits = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=2).logits[0, :, 0]  # (2,)
+        torch.autograd.grad(logits[0], [embeds], retain_graph=True)  # warm-up: the first backward sets autograd up
         _synchronize(device)
         t0 = time.perf_counter()
-        torch.autograd.grad(logit, [embeds])
+        torch.autograd.grad(logits[1], [embeds])
         _synchronize(device)
         backward = time.perf_counter() - t0
-    return Speed(forward_tokens_per_s=p / max(forward, 1e-6), backward_tokens_per_s=p / max(backward, 1e-6))
+    return Speed(forward_tokens_per_s=batch * p / max(forward, 1e-6), backward_tokens_per_s=p / max(backward, 1e-6))
 
 
 def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT) -> Speed | None:
