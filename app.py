@@ -596,16 +596,23 @@ def build_text_tab(option_widgets: list) -> Any:
         show_progress="hidden",
     )
     cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
+    estimate_inputs = [prompt_box, max_new_slider, chat_template_box, state, *option_widgets]
     gr.on(
         triggers=[
-            prompt_box.change, max_new_slider.change, chat_template_box.change, state.change,
+            prompt_box.change,
+            max_new_slider.change,
+            chat_template_box.change,
             *(w.change for w in option_widgets),
         ],
         fn=method_estimates,
-        inputs=[prompt_box, max_new_slider, chat_template_box, state, *option_widgets],
+        inputs=estimate_inputs,
         outputs=estimate_md,
         api_name="estimate",
         trigger_mode="always_last",  # typing sends many changes: only the newest is estimated
+        show_progress="hidden",
+    )
+    explain_event.then(  # a finished answer corrects the figures of the methods it ran
+        method_estimates, inputs=estimate_inputs, outputs=estimate_md, api_name="estimate_after_explain",
         show_progress="hidden",
     )  # fmt: skip
     build_faithfulness_panel(state, methods_box, step_slider)

@@ -666,10 +666,12 @@ def test_estimates_with_a_real_tiny_model(app_module, monkeypatch, llama, tokeni
         est.forget_speed(bundle)
 
 
-def test_estimate_event_follows_prompt_length_and_options(app_module):
+def test_estimate_event_follows_prompt_length_and_options_and_each_answer(app_module):
     fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
     event = fns["estimate"]
     assert event.fn is app_module.method_estimates and event.trigger_mode == "always_last"
     assert len(event.inputs) == 4 + len(app_module.OPTION_KEYS)
-    triggers = {(t[0]._id if hasattr(t[0], "_id") else t[0], t[1]) for t in event.targets}
-    assert len(triggers) == 4 + len(app_module.OPTION_KEYS) and {t[1] for t in triggers} == {"change"}
+    assert len(event.targets) == 3 + len(app_module.OPTION_KEYS) and {t[1] for t in event.targets} == {"change"}
+    after = fns["estimate_after_explain"]  # once per answer, not on every streamed update
+    assert after.fn is app_module.method_estimates and after.inputs == event.inputs
+    assert after.trigger_after == fns["explain"]._id and not after.trigger_only_on_success

@@ -26,6 +26,14 @@ def test_first_visit_ticks_macs_and_rollout_and_estimates_the_slower_methods(app
     app.shot("estimate")
 
 
+def test_a_finished_slow_method_corrects_its_estimate(app):
+    app.generate(PROMPT, max_new_tokens=3, methods=["macs", "input_x_gradient"])
+    app.page.get_by_text(re.compile(r"input_x_gradient (about \d+(\.\d)? (s|min)|under a second) ✓")).wait_for()
+    assert re.search(r"atman (about|under a second|not measured yet)", app.estimate_text())  # not run: no mark
+    assert not re.search(r"atman [^·]*✓", app.estimate_text())
+    assert app.heatmap_methods() == ["macs", "input_x_gradient"]
+
+
 def test_generate_shows_the_answer_and_a_heatmap_per_default_method(app):
     app.generate(PROMPT, max_new_tokens=6)
     steps = app.answer_tokens()
