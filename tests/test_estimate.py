@@ -10,6 +10,8 @@ import threading
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from explainer import bundle_from_objects, explain
 from explainer import estimate as est
@@ -316,3 +318,18 @@ def test_atman_options_reach_the_cost():
     naive = est.method_cost("atman", ids, 4, {"fast": "false"})  # spec strings are converted as explain converts them
     assert naive.forward_passes == 31 and naive.forward_tokens == 31 * 34
     assert method_config("atman", fast="false").fast is False
+
+
+@given(prompt=st.text(max_size=60), k=st.integers(1, 256), chat=st.booleans())
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_any_prompt_gets_an_estimate_or_an_input_error(llama, tokenizer, prompt, k, chat):
+    bundle = bundle_from_objects(llama, tokenizer, name="tiny-fuzz")
+    est._speeds[bundle.model] = est.Speed(forward_tokens_per_s=1e3, backward_tokens_per_s=5e2)
+    try:
+        out = est.estimate(bundle, prompt, max_new_tokens=k, chat_template=chat)
+    except InputError:
+        return
+    finally:
+        est.forget_speed(bundle)
+    assert all(e.seconds is not None and e.seconds >= 0 and e.describe() for e in out)
+    assert all(e.cost.free or e.cost.forward_passes >= 1 for e in out)
