@@ -26,7 +26,8 @@ from typing import Any
 import anyio
 import gradio as gr
 
-from explainer import ExplainerError, available_methods, load_model, stream_explain
+from explainer import METHODS, ExplainerError, available_methods, load_model, stream_explain
+from explainer.estimate import calibrate, estimate
 from explainer.faithfulness import (
     QUICK_SOFT,
     REMOVAL_METRICS,
@@ -58,7 +59,7 @@ _NO_VLM = (
     "`EXPLAINER_VLM=Qwen/Qwen2.5-VL-3B-Instruct python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
 )
 _EMPTY_IMAGE = "<p>Upload an image, ask a question and press <b>Ask</b>: the question's tokens appear here.</p>"
-DEFAULT_METHODS = ["macs"]
+DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates
 TOP_K = 5  # rows per method in the top-tokens table
 TABLE_HEADERS = ["method", "rank", "token", "position", "z"]
 _EMPTY_HEATMAP = (
@@ -371,10 +372,12 @@ def _examples() -> list[dict[str, str]]:
     return json.loads(EXAMPLES_PATH.read_text(encoding="utf-8"))
 
 
-def _method_choices() -> tuple[list[str], list[str]]:
+def _method_choices(image: bool = False) -> tuple[list[str], list[str]]:
     choices = list(available_methods())
-    default = [m for m in DEFAULT_METHODS if m in choices] or choices[:1]
-    return choices, default
+    default = [m for m in DEFAULT_METHODS if m in choices]
+    if image:  # streaming methods read attention rows, which image prompts have too; post-hoc ones must say so
+        default = [m for m in default if METHODS[m].streaming or METHODS[m].accepts_extra_inputs]
+    return choices, default or choices[:1]
 
 
 def get_vl_bundle() -> Any:
@@ -510,6 +513,37 @@ def _example_images() -> list[Path]:
     return sorted(IMAGES_DIR.glob("*.png")) if IMAGES_DIR.is_dir() else []
 
 
+_ESTIMATE_HINT = "Type a prompt to see how long the slower methods would take on it."
+
+
+def method_estimates(prompt: str, max_new_tokens: float, chat_template: bool, attr: Any, *options: Any) -> str:
+    """Markdown under the method checkboxes: the extra time of each slower method on this prompt and answer length.
+
+    Tokenises the prompt only; the model's speed is probed once per process (briefly, and not while another
+    request holds the model), and a finished result in `attr` corrects the figures of the methods it ran.
+    """
+    if not isinstance(prompt, str) or not prompt.strip():
+        return _ESTIMATE_HINT
+    try:
+        new = _whole(max_new_tokens, "Max new tokens", NEW_TOKENS)
+        bundle = get_bundle()
+        calibrate(bundle, attr if isinstance(attr, Attribution) else None)
+        estimates = estimate(
+            bundle, prompt, max_new_tokens=new, chat_template=bool(chat_template),
+            method_options=chosen_options(available_methods(), options),
+        )  # fmt: skip
+    except (ExplainerError, gr.Error) as e:
+        return f"No time estimate: {getattr(e, 'message', None) or e}"
+    slow = [e for e in estimates if not e.cost.free]
+    if not slow:
+        return ""
+    parts = " · ".join(f"**{e.method}** {e.describe()}{' ✓' if e.corrected else ''}" for e in slow)
+    return (
+        f"Extra time for this prompt ({slow[0].prompt_tokens} tokens, up to {new} new): {parts}. "
+        "Rough figures from a short speed probe of this model; ✓: corrected by that method's own last run here."
+    )
+
+
 def build_text_tab(option_widgets: list) -> Any:
     """The text tab: prompt, methods, answer strip, step slider, heatmaps and the faithfulness panel; returns
     the model line that `demo.load` fills."""
@@ -531,6 +565,7 @@ def build_text_tab(option_widgets: list) -> Any:
         with gr.Column(scale=2):
             choices, default_methods = _method_choices()
             methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+            estimate_md = gr.Markdown(_ESTIMATE_HINT)
             show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
             chat_template_box = gr.Checkbox(True, label="Use the chat template")
             max_new_slider = gr.Slider(*NEW_TOKENS, value=64, step=1, label="Max new tokens")
@@ -565,6 +600,25 @@ def build_text_tab(option_widgets: list) -> Any:
         show_progress="hidden",
     )
     cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
+    estimate_inputs = [prompt_box, max_new_slider, chat_template_box, state, *option_widgets]
+    gr.on(
+        triggers=[
+            prompt_box.change,
+            max_new_slider.change,
+            chat_template_box.change,
+            *(w.change for w in option_widgets),
+        ],
+        fn=method_estimates,
+        inputs=estimate_inputs,
+        outputs=estimate_md,
+        api_name="estimate",
+        trigger_mode="always_last",  # typing sends many changes: only the newest is estimated
+        show_progress="hidden",
+    )
+    explain_event.then(  # a finished answer corrects the figures of the methods it ran
+        method_estimates, inputs=estimate_inputs, outputs=estimate_md, api_name="estimate_after_explain",
+        show_progress="hidden",
+    )  # fmt: skip
     build_faithfulness_panel(state, methods_box, step_slider)
     return model_md
 
@@ -617,7 +671,7 @@ def build_faithfulness_panel(state: Any, methods_box: Any, step_slider: Any) -> 
 
 def build_image_tab(option_widgets: list) -> Any:
     """The image + question tab; returns the vision-model line that `demo.load` fills."""
-    choices, default_methods = _method_choices()
+    choices, default_methods = _method_choices(image=True)
     vlm_md = gr.Markdown("**Vision-language model:** checking…")
     image_state = gr.State(None)
     with gr.Row():

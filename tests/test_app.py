@@ -580,3 +580,98 @@ def test_a_bad_option_is_a_clear_error(app_module, fake, monkeypatch):
     values = [2.0 if k == ("macs", "alpha") else w.value for k, w in zip(keys, app_module.OPTION_WIDGETS)]
     with pytest.raises(gr.Error, match="alpha must lie in"):
         collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, *values))
+
+
+def _checkbox_groups(app_module) -> list:
+    return [
+        c["props"]
+        for c in app_module.demo.get_config_file()["components"]
+        if c.get("type") == "checkboxgroup" and c["props"].get("label") == "Attribution methods"
+    ]
+
+
+def test_macs_and_rollout_are_ticked_on_first_use_in_both_tabs(app_module):
+    groups = _checkbox_groups(app_module)
+    assert len(groups) == 2 and all(g["value"] == ["macs", "rollout"] for g in groups)
+    slow = {"atman", "attnlrp", "grad_ellm", "input_x_gradient"}
+    assert slow <= {c[0] if isinstance(c, list | tuple) else c for c in groups[0]["choices"]}  # offered, not ticked
+
+
+def test_image_defaults_keep_only_methods_that_explain_images(app_module, monkeypatch):
+    monkeypatch.setattr(app_module, "DEFAULT_METHODS", ["macs", "input_x_gradient", "atman"])
+    assert app_module._method_choices()[1] == ["macs", "input_x_gradient", "atman"]
+    assert app_module._method_choices(image=True)[1] == ["macs", "atman"]  # gradients refuse image prompts
+    monkeypatch.setattr(app_module, "DEFAULT_METHODS", ["input_x_gradient"])
+    assert app_module._method_choices(image=True)[1] == app_module._method_choices()[0][:1]  # never none ticked
+
+
+class FakeEstimates:
+    """Stands for `explainer.estimate`: records what the handler passes."""
+
+    def __init__(self):
+        self.calls, self.calibrated = [], []
+
+    def calibrate(self, bundle, attr):
+        self.calibrated.append(attr)
+        return []
+
+    def estimate(self, bundle, prompt, max_new_tokens=64, chat_template=True, method_options=None):
+        from explainer.estimate import Cost, Estimate
+
+        if not prompt.strip():
+            raise InputError("The prompt is empty.")
+        self.calls.append({"prompt": prompt, "k": max_new_tokens, "chat": chat_template, "options": method_options})
+        slow = Cost(forward_passes=2, forward_tokens=10)
+        return [
+            Estimate("macs", Cost(), 0.0, prompt_tokens=7),
+            Estimate("atman", slow, 38.0, corrected=True, prompt_tokens=7),
+            Estimate("input_x_gradient", slow, None, prompt_tokens=7),
+        ]
+
+
+def test_estimates_of_the_slower_methods_show_under_the_checkboxes(app_module, fake, monkeypatch):
+    lib = FakeEstimates()
+    monkeypatch.setattr(app_module, "estimate", lib.estimate)
+    monkeypatch.setattr(app_module, "calibrate", lib.calibrate)
+    values = [w.value for w in app_module.OPTION_WIDGETS]
+    text = app_module.method_estimates("Where is Paris?", 16.0, True, None, *values)
+    assert "7 tokens, up to 16 new" in text and "**atman** about 40 s ✓" in text
+    assert "**input_x_gradient** not measured yet" in text and "macs" not in text  # free methods are not listed
+    call = lib.calls[-1]
+    assert call["k"] == 16 and isinstance(call["k"], int) and call["chat"] is True
+    assert call["options"]["atman"]["fast"] is True  # the option widgets reach the cost model
+    state = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
+    app_module.method_estimates("Where is Paris?", 16, False, state, *values)
+    assert lib.calibrated[-1] is state and lib.calls[-1]["chat"] is False  # a finished result corrects the figures
+    assert app_module.method_estimates("  ", 16, True, None, *values) == app_module._ESTIMATE_HINT
+    assert app_module.method_estimates("hi", 999, True, None, *values).startswith("No time estimate: Max new tokens")
+    assert len(lib.calls) == 2
+
+
+def test_estimates_with_a_real_tiny_model(app_module, monkeypatch, llama, tokenizer):
+    from explainer import bundle_from_objects
+    from explainer import estimate as est
+
+    bundle = bundle_from_objects(llama, tokenizer, name="tiny-app")
+    monkeypatch.setattr(app_module, "get_bundle", lambda: bundle)
+    values = [w.value for w in app_module.OPTION_WIDGETS]
+    try:
+        text = app_module.method_estimates("Where is Paris?", 8, True, None, *values)
+        for method in ("atman", "attnlrp", "grad_ellm", "input_x_gradient"):
+            assert f"**{method}** " in text
+        assert "**macs**" not in text and "**rollout**" not in text
+        broken = [0 if k == ("atman", "batch_size") else v for k, v in zip(app_module.OPTION_KEYS, values)]
+        assert "batch_size" in app_module.method_estimates("Where is Paris?", 8, True, None, *broken)
+    finally:
+        est.forget_speed(bundle)
+
+
+def test_estimate_event_follows_prompt_length_and_options_and_each_answer(app_module):
+    fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
+    event = fns["estimate"]
+    assert event.fn is app_module.method_estimates and event.trigger_mode == "always_last"
+    assert len(event.inputs) == 4 + len(app_module.OPTION_KEYS)
+    assert len(event.targets) == 3 + len(app_module.OPTION_KEYS) and {t[1] for t in event.targets} == {"change"}
+    after = fns["estimate_after_explain"]  # once per answer, not on every streamed update
+    assert after.fn is app_module.method_estimates and after.inputs == event.inputs
+    assert after.trigger_after == fns["explain"]._id and not after.trigger_only_on_success

@@ -1,0 +1,452 @@
+"""How long the slower attribution methods will take on a prompt, before they run: a cost model times a speed.
+
+Cost model, counted in token positions that pass through the model (N prompt tokens, K answer tokens, T = N + K; the
+last answer token predicts nothing that is scored, so teacher-forced passes cover T - 1 positions):
+
+- MACS, Rollout: nothing beyond the generation itself (they read the attention rows of its forward passes).
+- random: nothing (no model call).
+- AtMan, fast path (`methods/atman.py`, `_fast_scores`): one unperturbed forward over T - 1 positions, then one
+  forward per group of distinct suppression rows, each row recomputing the suffix from its first suppressed position
+  to T - 1; rows are grouped as AtMan groups them (sorted by first position, about `kv.TOKENS_PER_BATCH` positions
+  and at most `batch_size` rows a pass). A row is one distinct input embedding (all occurrences of a token share
+  one); its first suppressed position is the earliest occurrence of that token or, with correlated suppression, of
+  any token whose embedding is at least `cosine_threshold` similar. Given the prompt's input embeddings this is
+  AtMan's own count; from token ids alone similar tokens are not seen, so the count is a lower bound (on the embedded
+  model's example prompts about a third of the rows start ~12 positions earlier than their own first occurrence).
+- AtMan, naive path (`fast=False`): N + 1 forwards over T positions.
+- Input x Gradient, AttnLRP (`methods/gradients.py`): one forward over T - 1 positions that keeps its graph, then K
+  backward passes through every decoder layer over those positions.
+- Grad-ELLM: the same forward, and K backward passes through the last L = min(`layers`, depth) decoder layers only.
+
+Seconds = forward positions / forward speed + backward positions x (layers reached / depth) / backward speed. The
+speeds are measured on the process's own model: first by a short probe (a forward over a batch of
+~`kv.TOKENS_PER_BATCH` positions as AtMan runs them, a backward over one `PROBE_TOKENS`-position sequence as the
+gradient methods run them, each after a warm-up), cached per model; then, once a method has run, the ratio of its
+measured time to the estimate for that run corrects every later estimate of that method. The model is rough: it
+ignores that attention cost grows with sequence length, that AtMan's suffix passes also attend to a cached prefix,
+and the extra cost of recording a graph. How far the probe-only figure is off has not been measured systematically:
+treat it as the order of magnitude ("about 40 s"), not a deadline. The correction from a method's run makes a rerun
+of the same request exact and is a better guess for prompts of similar length.
+
+The generation's own forward time (`attr.meta["forward_seconds"]`) is not used as a speed: it is dominated by
+one-token decode steps, whose cost per position is many times that of a pass over a whole sequence.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import Cancelled, InputError
+from .kv import TOKENS_PER_BATCH, rows_per_batch
+from .methods import METHODS, method_config, method_options
+from .methods.gradients import gradients_enabled
+from .models import ModelBundle
+from .result import Attribution
+from .session import CancelToken, hold
+
+PROBE_TOKENS = 128  # positions of the speed probe's sequence (fewer if the model's context is shorter)
+PROBE_WAIT = 0.5  # seconds the probe waits for a busy model before giving up (the caller shows no figure yet)
+CORRECTION_BOUNDS = (0.05, 20.0)  # a measured/estimated ratio outside these is clamped (a stalled run, a tiny one)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Work of one method on one request.
+
+    Attributes:
+        forward_passes: model calls.
+        forward_tokens: positions those calls compute, summed over each call's batch, through every layer.
+        backward_passes: backward passes.
+        backward_tokens: positions the backward passes cover, summed over the passes.
+        backward_layers: decoder layers each backward pass goes through; None: all of them.
+    """
+
+    forward_passes: int = 0
+    forward_tokens: int = 0
+    backward_passes: int = 0
+    backward_tokens: int = 0
+    backward_layers: int | None = None
+
+    @property
+    def free(self) -> bool:
+        """Nothing beyond the generation itself."""
+        return self.forward_passes == 0 and self.backward_passes == 0
+
+
+@dataclass(frozen=True)
+class _Request:
+    prompt_ids: list[int]
+    num_new_tokens: int
+    num_layers: int | None
+    embeddings: torch.Tensor | None  # (N, d) or None
+
+    @property
+    def n(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def t(self) -> int:
+        return self.n + self.num_new_tokens
+
+
+def _free(request: _Request, config: Any) -> Cost:
+    return Cost()
+
+
+def _first_suppressed(request: _Request, config: Any) -> list[int]:
+    """First suppressed position of every distinct AtMan suppression row (see the module docstring)."""
+    n = request.n
+    if config.suppression_factor == 1.0:  # every factor is 1: one row that suppresses nothing, started at n - 1
+        return [n - 1]
+    if not config.correlated:
+        return list(range(n))  # one row per position, each suppressing only itself
+    if request.embeddings is None:
+        first: dict[int, int] = {}
+        for i, token in enumerate(request.prompt_ids):
+            first.setdefault(token, i)
+        return sorted(first.values())
+    # As atman.suppression_factors: factors per distinct embedding (same operations, so the same rounding).
+    distinct, inverse = torch.unique(request.embeddings.float(), dim=0, return_inverse=True)  # (U, d), (N,)
+    unit = torch.nn.functional.normalize(distinct, dim=-1)  # (U, d)
+    cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
+    f = config.suppression_factor
+    factor = torch.where(cos >= config.cosine_threshold, (1.0 - f) * (1.0 - cos) + f, torch.ones_like(cos))
+    factor.fill_diagonal_(f)  # (U, U): row u suppresses column v where the factor is not 1
+    own = torch.full((len(distinct),), n, dtype=torch.long).scatter_reduce(
+        0, inverse.cpu(), torch.arange(n), reduce="amin"
+    )  # (U,) first occurrence of each distinct embedding
+    return torch.where(factor.cpu() != 1.0, own[None, :], n).amin(dim=1).tolist()
+
+
+def _atman(request: _Request, config: Any) -> Cost:
+    n, t, k = request.n, request.t, request.num_new_tokens
+    if k <= 0:
+        return Cost()
+    if not config.fast:
+        return Cost(forward_passes=n + 1, forward_tokens=(n + 1) * t)
+    first = sorted(_first_suppressed(request, config))
+    passes, tokens, s = 1, t - 1, 0  # the unperturbed pass
+    while s < len(first):
+        suffix = t - 1 - first[s]  # the group's smallest first position sets its suffix and its size
+        size = min(rows_per_batch(suffix, TOKENS_PER_BATCH, config.batch_size), len(first) - s)
+        passes, tokens, s = passes + 1, tokens + size * suffix, s + size
+    return Cost(forward_passes=passes, forward_tokens=tokens)
+
+
+def _gradients(layers: Callable[[_Request, Any], int | None]) -> Callable[[_Request, Any], Cost]:
+    def cost(request: _Request, config: Any) -> Cost:
+        k, t = request.num_new_tokens, request.t
+        if k <= 0:
+            return Cost()
+        return Cost(
+            forward_passes=1,
+            forward_tokens=t - 1,
+            backward_passes=k,
+            backward_tokens=k * (t - 1),
+            backward_layers=layers(request, config),
+        )
+
+    return cost
+
+
+def _grad_ellm_layers(request: _Request, config: Any) -> int | None:
+    return config.layers if request.num_layers is None else min(config.layers, request.num_layers)
+
+
+COST_MODELS: dict[str, Callable[[_Request, Any], Cost]] = {
+    "macs": _free,
+    "rollout": _free,
+    "random": _free,
+    "atman": _atman,
+    "attnlrp": _gradients(lambda request, config: None),
+    "grad_ellm": _gradients(_grad_ellm_layers),
+    "input_x_gradient": _gradients(lambda request, config: None),
+}
+
+
+def method_cost(
+    method: str,
+    prompt_ids: Sequence[int],
+    num_new_tokens: int,
+    options: dict[str, Any] | None = None,
+    *,
+    num_layers: int | None = None,
+    embeddings: torch.Tensor | None = None,
+) -> Cost:
+    """The work a registered method does on a finished generation.
+
+    Args:
+        method: registered method name.
+        prompt_ids: the N prompt token ids (chat template included).
+        num_new_tokens: K.
+        options: the method's options, validated as `explain` validates them.
+        num_layers: the model's decoder depth (caps Grad-ELLM's `layers`).
+        embeddings: (N, d) the prompt's input embeddings; AtMan's count is exact with them, a lower bound without.
+
+    Raises:
+        UnknownMethodError: not a registered method. InputError: bad options.
+    """
+    config = method_config(method, **(options or {}))  # checks the name too
+    key = method.strip().lower()
+    if key not in COST_MODELS:
+        raise InputError(f"No cost model for {key}: its time cannot be estimated.")
+    request = _Request(list(prompt_ids), int(num_new_tokens), num_layers, embeddings)
+    return COST_MODELS[key](request, config)
+
+
+@dataclass
+class Speed:
+    """Measured speed of one model in this process.
+
+    Attributes:
+        forward_tokens_per_s: positions per second of a forward pass over one sequence (inference mode).
+        backward_tokens_per_s: positions per second of a backward pass through every layer over one sequence.
+        corrections: method -> measured seconds / estimated seconds of its last run on this model.
+    """
+
+    forward_tokens_per_s: float
+    backward_tokens_per_s: float
+    corrections: dict[str, float] = field(default_factory=dict)
+
+    def seconds(self, cost: Cost, num_layers: int | None = None, method: str | None = None) -> float:
+        """Estimated seconds of `cost`, with `method`'s correction when it has one."""
+        depth = 1.0
+        if cost.backward_layers is not None and num_layers:
+            depth = min(cost.backward_layers, num_layers) / num_layers
+        raw = cost.forward_tokens / self.forward_tokens_per_s
+        raw += cost.backward_tokens * depth / self.backward_tokens_per_s
+        return raw * self.corrections.get(method, 1.0) if method else raw
+
+
+_speeds: weakref.WeakKeyDictionary[Any, Speed] = weakref.WeakKeyDictionary()
+_speeds_guard = threading.Lock()
+
+
+def _num_layers(model: Any) -> int | None:
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    return getattr(config, "num_hidden_layers", None)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def probe_speed(bundle: ModelBundle, tokens: int = PROBE_TOKENS) -> Speed:
+    """Time a forward and a backward pass (each after a warm-up) shaped like the methods' own; the caller holds the
+    model, which is left as it was (parameters' `requires_grad` restored by `gradients_enabled`).
+
+    The forward runs a batch of ~`kv.TOKENS_PER_BATCH` positions in `tokens`-position rows, as AtMan's passes do
+    (most of its work); the backward runs over one `tokens`-position sequence, as the gradient methods' passes do.
+    """
+    model, device = bundle.model, bundle.device
+    context = bundle.context_length or tokens
+    p = max(2, min(tokens, context))
+    batch = max(1, TOKENS_PER_BATCH // p)
+    vocab = model.get_input_embeddings().num_embeddings
+    ids = (torch.arange(p, device=device) * 7919 % vocab)[None, :]  # (1, P): varied ids, no tokenizer needed
+    with torch.inference_mode():
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)  # warm-up: first-call allocations
+        _synchronize(device)
+        t0 = time.perf_counter()
+        model(input_ids=ids.expand(batch, -1), use_cache=False, logits_to_keep=1)  # (B, P)
+        _synchronize(device)
+        forward = time.perf_counter() - t0
+    with gradients_enabled(model):
+        ids = ids.clone()  # an ordinary tensor, not an inference one
+        with torch.no_grad():
+            embeds = model.get_input_embeddings()(ids)  # (1, P, d)
+        embeds = embeds.detach().requires_grad_(True)
+        logits = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=2).logits[0, :, 0]  # (2,)
+        torch.autograd.grad(logits[0], [embeds], retain_graph=True)  # warm-up: the first backward sets autograd up
+        _synchronize(device)
+        t0 = time.perf_counter()
+        torch.autograd.grad(logits[1], [embeds])
+        _synchronize(device)
+        backward = time.perf_counter() - t0
+    return Speed(forward_tokens_per_s=batch * p / max(forward, 1e-6), backward_tokens_per_s=p / max(backward, 1e-6))
+
+
+def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT) -> Speed | None:
+    """The model's cached speed, probing it on first use (`probe_speed`).
+
+    Args:
+        bundle: the loaded model.
+        wait: seconds to wait for the model if another request holds it; None waits as long as it takes.
+
+    Returns:
+        The speed, or None if the model stayed busy for `wait` seconds (nothing is cached then; ask again later).
+    """
+    with _speeds_guard:
+        known = _speeds.get(bundle.model)
+    if known is not None:
+        return known
+    token = CancelToken()
+    timer = threading.Timer(wait, token.cancel, ("busy",)) if wait is not None else None
+    if timer is not None:
+        timer.start()
+    try:
+        with hold(bundle.model, token):
+            if timer is not None:
+                timer.cancel()  # holding the model now: let the probe finish
+            measured = probe_speed(bundle)
+    except Cancelled:
+        return None
+    finally:
+        if timer is not None:
+            timer.cancel()
+    with _speeds_guard:
+        return _speeds.setdefault(bundle.model, measured)
+
+
+def forget_speed(bundle: ModelBundle) -> None:
+    """Drop the cached speed and corrections of a model (the next `speed` probes again)."""
+    with _speeds_guard:
+        _speeds.pop(bundle.model, None)
+
+
+def _embeddings(bundle: ModelBundle, ids: Sequence[int]) -> torch.Tensor:
+    """(N, d) input embeddings of `ids`: a table lookup, no forward pass."""
+    with torch.inference_mode():
+        table = bundle.model.get_input_embeddings()
+        return table(torch.tensor(list(ids), dtype=torch.long, device=table.weight.device))
+
+
+def _known_options(method: str, meta: dict[str, Any]) -> dict[str, Any]:
+    names = {o.name for o in method_options(method)}
+    return {k: v for k, v in meta.items() if k in names}
+
+
+def calibrate(bundle: ModelBundle, attr: Attribution | None) -> list[str]:
+    """Learn each method's correction from a finished text result of this model: measured / estimated seconds.
+
+    Only post-hoc methods that ran the model are used; image results (whose image tokens this cost model does not
+    count) and results of another model are ignored. Does nothing before the model's speed is known.
+
+    Returns:
+        The methods whose correction was updated.
+    """
+    if attr is None or attr.image is not None or attr.model != bundle.name or not attr.num_steps:
+        return []
+    if attr.meta.get("status") not in (None, "done"):
+        return []
+    with _speeds_guard:
+        known = _speeds.get(bundle.model)
+    if known is None:
+        return []
+    num_layers = _num_layers(bundle.model)
+    embeddings = None
+    updated = {}
+    for method, scores in attr.methods.items():
+        if method not in COST_MODELS or scores.seconds <= 0:
+            continue
+        if method == "atman" and embeddings is None:
+            embeddings = _embeddings(bundle, attr.prompt_token_ids)
+        try:
+            cost = method_cost(
+                method, attr.prompt_token_ids, attr.num_steps, _known_options(method, scores.meta),
+                num_layers=num_layers, embeddings=embeddings,
+            )  # fmt: skip
+        except InputError:
+            continue
+        if cost.free:
+            continue
+        predicted = known.seconds(cost, num_layers)
+        if predicted > 0:
+            updated[method] = min(max(scores.seconds / predicted, CORRECTION_BOUNDS[0]), CORRECTION_BOUNDS[1])
+    with _speeds_guard:
+        known.corrections.update(updated)
+    return list(updated)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """The estimated time of one method on one request.
+
+    Attributes:
+        method: registered method name.
+        cost: its work (see `Cost`).
+        seconds: estimated wall time beyond the generation, or None while the model's speed is unknown.
+        corrected: whether a measured run of this method on this model corrected the figure.
+        prompt_tokens: N, the prompt's tokens as the model sees them (chat template included).
+    """
+
+    method: str
+    cost: Cost
+    seconds: float | None
+    corrected: bool = False
+    prompt_tokens: int = 0
+
+    def describe(self) -> str:
+        """e.g. "about 40 s", "under a second", "not measured yet", "none" (no extra work)."""
+        if self.cost.free:
+            return "none"
+        return "not measured yet" if self.seconds is None else format_seconds(self.seconds)
+
+
+def estimate(
+    bundle: ModelBundle,
+    prompt: str,
+    methods: Sequence[str] | None = None,
+    max_new_tokens: int = 64,
+    chat_template: bool = True,
+    method_options: dict[str, dict[str, Any]] | None = None,
+    wait: float | None = PROBE_WAIT,
+) -> list[Estimate]:
+    """Estimated extra time of each method on this prompt, taking K = `max_new_tokens` (an answer that ends earlier
+    costs less). Tokenises the prompt and looks up its embeddings; runs the model only for the first speed probe.
+
+    Args:
+        bundle: the loaded model.
+        prompt: the user's text, as `explain` gets it.
+        methods: registered names; None: every registered method.
+        max_new_tokens: K.
+        chat_template: as `explain`.
+        method_options: per-method options, as `explain` takes them.
+        wait: how long the first speed probe may wait for a busy model (see `speed`).
+
+    Raises:
+        InputError: empty or too long prompt, bad options. UnknownMethodError: unknown method.
+    """
+    encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
+    ids = encoded.input_ids[0].tolist()
+    names = list(METHODS) if methods is None else list(methods)
+    options = method_options or {}
+    num_layers = _num_layers(bundle.model)
+    embeddings = _embeddings(bundle, ids) if "atman" in names else None
+    costs = {
+        m: method_cost(m, ids, max_new_tokens, options.get(m), num_layers=num_layers, embeddings=embeddings)
+        for m in names
+    }
+    known = speed(bundle, wait) if any(not c.free for c in costs.values()) else None
+    out = []
+    for m, cost in costs.items():
+        seconds = 0.0 if cost.free else (known.seconds(cost, num_layers, m) if known else None)
+        out.append(Estimate(m, cost, seconds, known is not None and m in known.corrections, len(ids)))
+    return out
+
+
+def format_seconds(seconds: float) -> str:
+    """A rough duration with no false precision: "under a second", "about 4 s", "about 40 s", "about 3 min"."""
+    if not math.isfinite(seconds):
+        return "unknown"
+    if seconds < 1:
+        return "under a second"
+    if seconds < 10:
+        return f"about {round(seconds)} s"
+    if seconds < 60:
+        return f"about {5 * round(seconds / 5)} s"
+    minutes = seconds / 60
+    if minutes < 10:
+        return f"about {round(minutes * 2) / 2:g} min"
+    if minutes < 90:
+        return f"about {5 * round(minutes / 5)} min"
+    return f"about {round(minutes / 60, 1):g} h"

@@ -1,0 +1,85 @@
+"""The text tab in a real browser: defaults and time estimates, generate, the step slider, faithfulness, cancel.
+
+Each test is a new visitor (`app` fixture: a fresh browser context on the running app with the embedded model) and
+keeps answers short so the whole folder stays within a couple of minutes on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import re
+
+PROMPT = "What is the capital of France?"
+
+
+def test_first_visit_ticks_macs_and_rollout_and_estimates_the_slower_methods(app):
+    assert app.checked_methods() == ["macs", "rollout"]
+    assert app.estimate_text().startswith("Type a prompt to see")
+    app.type_prompt(PROMPT)
+    app.page.get_by_text(re.compile(r"^Extra time for this prompt")).wait_for()
+    text = app.estimate_text()
+    for method in ("atman", "attnlrp", "grad_ellm", "input_x_gradient"):
+        assert re.search(rf"{method} (about \d|under a second|not measured yet)", text), text
+    assert "macs" not in text and "rollout" not in text
+    assert "up to 64 new" in text
+    app.set_max_new_tokens(8)
+    app.page.get_by_text(re.compile(r"up to 8 new")).wait_for()  # follows the answer length
+    app.shot("estimate")
+
+
+def test_a_finished_slow_method_corrects_its_estimate(app):
+    app.generate(PROMPT, max_new_tokens=3, methods=["macs", "input_x_gradient"])
+    app.page.get_by_text(re.compile(r"input_x_gradient (about \d+(\.\d)? (s|min)|under a second) ✓")).wait_for()
+    assert re.search(r"atman (about|under a second|not measured yet)", app.estimate_text())  # not run: no mark
+    assert not re.search(r"atman [^·]*✓", app.estimate_text())
+    assert app.heatmap_methods() == ["macs", "input_x_gradient"]
+
+
+def test_generate_shows_the_answer_and_a_heatmap_per_default_method(app):
+    app.generate(PROMPT, max_new_tokens=6)
+    steps = app.answer_tokens()
+    assert 1 <= len(steps) <= 6 and "".join(steps).strip()
+    assert app.heatmap_methods() == ["macs", "rollout"]
+    assert app.scored_tokens("macs") > 0 and app.scored_tokens("rollout") > 0
+    assert app.selected_step() == len(steps) - 1  # the newest token is explained first
+    assert app.status().startswith(f"Done: {len(steps)} tokens")
+    app.shot("generated")
+
+
+def test_moving_the_step_slider_changes_the_view(app):
+    app.generate(PROMPT, max_new_tokens=6)
+    steps = len(app.answer_tokens())
+    assert steps >= 2, "the answer needs two tokens for a slider to move"
+    before = app.heatmap_html()
+    app.move_step_slider(-(steps - 1))  # to the first token
+    app.page.locator('.xai-answer:visible .xai-step[data-step="0"][data-selected]').wait_for()
+    assert app.step_slider_value() == 1
+    assert app.heatmap_html() != before  # the heatmaps now explain the first answer token
+    app.shot("first-step")
+    app.move_step_slider(1)
+    app.page.locator('.xai-answer:visible .xai-step[data-step="1"][data-selected]').wait_for()
+
+
+def test_measure_faithfulness_with_soft_skipped_draws_removal_curves(app):
+    app.generate(PROMPT, max_new_tokens=4)
+    app.measure_faithfulness(soft="skip π-Soft")
+    legend = app.removal_curve_legend()
+    assert [entry.split(" ")[0] for entry in legend] == ["macs", "rollout", "random"], legend
+    assert all(re.fullmatch(r"\S+ \(SRG [+-]?\d\.\d+\)", entry) for entry in legend), legend
+    summary = app.page.get_by_label("Summary")
+    for method in ("macs", "rollout", "random"):
+        assert summary.get_by_text(method, exact=True).count() >= 1
+    app.shot("faithfulness")
+
+
+def test_cancel_stops_a_running_request_and_frees_the_model(app, app_server):
+    app.generate("Count from 1 to 300, one number per line.", max_new_tokens=256, methods=["macs"], wait=False)
+    app.page.locator(".xai-answer:visible .xai-step").nth(2).wait_for(timeout=90_000)  # a few tokens in
+    app.press("Cancel")
+    app_server.wait_model_free(timeout=30)  # the worker stopped and released the model, long before 256 tokens
+    shown = len(app.answer_tokens())
+    app.page.wait_for_timeout(1500)  # several update intervals: a request still streaming would add tokens
+    assert len(app.answer_tokens()) == shown < 256
+    assert not app.status().startswith("Done")
+    app.shot("cancelled")
+    app.generate("Name a colour.", max_new_tokens=3, methods=["macs"])  # the next request gets the model
+    assert app.heatmap_methods() == ["macs"]
