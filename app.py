@@ -82,6 +82,13 @@ NEW_TOKENS = (1, 256)
 IMAGE_NEW_TOKENS = (1, 128)
 IMAGE_TOKENS = (16, 1024)
 _load_lock = threading.Lock()
+# Gradio's prose style draws borders around every table cell and squeezes narrow columns: the top-sentence tables
+# keep their rank and score on one line and no grid.
+_CSS = (
+    ".xai-top table,.xai-top th,.xai-top td{border:none !important;background:none}"
+    ".xai-top td:nth-child(-n+2),.xai-top th:nth-child(-n+2){white-space:nowrap;width:1%}"
+    ".xai-top tbody tr{border-top:1px solid #d0d7de}.xai-top{margin-top:8px}"
+)
 
 
 @functools.cache
@@ -832,6 +839,7 @@ def build_text_tab(option_widgets: list) -> Any:
                 example_labels=[e["label"] for e in examples],
                 label="Examples",
             )
+            open_file = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
         with gr.Column(scale=2):
             choices, default_methods = _method_choices()
             methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
@@ -859,11 +867,10 @@ def build_text_tab(option_widgets: list) -> Any:
         interactive=False,
         label="Top prompt tokens at this step",
     )
-    with gr.Row(equal_height=True):
-        json_btn = gr.DownloadButton("Download JSON", interactive=False, size="md")
-        report_btn = gr.DownloadButton("Download HTML report", interactive=False, size="md")
-        png_btn = gr.DownloadButton("Download PNG of this view", interactive=False, size="md")
-        open_file = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=90)
+    with gr.Row():
+        json_btn = gr.DownloadButton("Download JSON", interactive=False, size="sm")
+        report_btn = gr.DownloadButton("Download HTML report", interactive=False, size="sm")
+        png_btn = gr.DownloadButton("Download PNG of this view", interactive=False, size="sm")
     downloads = [json_btn, report_btn, png_btn]
 
     explain_event = generate_btn.click(
@@ -1052,7 +1059,7 @@ def build_image_tab(option_widgets: list) -> Any:
     question_view = gr.HTML(label="Question tokens")
     with gr.Row():
         image_downloads = [
-            gr.DownloadButton(f"Download {what}", interactive=False, size="md")
+            gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
             for what in ("JSON", "HTML report", "PNG of this view", "GIF")
         ]
 
@@ -1145,6 +1152,7 @@ def main() -> None:
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        css=_CSS,
     )
 
 

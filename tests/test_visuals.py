@@ -419,5 +419,8 @@ def test_answer_strip_marks_a_given_answer_and_highlights_a_span():
     assert answer_html(attr, 0, 2) == fragment
     assert re.findall(r'data-step="(\d+)" data-selected', answer_html(attr, 1, 99)) == ["1", "2"]  # clamped
     assert re.findall(r'data-step="(\d+)" data-selected', answer_html(attr, 1, 1)) == ["1"]
+    outlined = ["outline:" in t["style"] for t in _answer_tokens(answer_html(attr, 1, 1))]
+    assert outlined == [False, True, False]  # one token: outlined; a span: shaded, so the run reads as one
+    assert not any("outline:" in t["style"] for t in _answer_tokens(fragment))
     attr.meta["answer"] = "generated"
     assert "teacher-forced" not in answer_html(attr, 1)

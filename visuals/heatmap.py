@@ -38,6 +38,7 @@ _CARD = (
 _FLOW = "white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:15px;"
 _TOKEN = "border-radius:3px;padding:1px 0;"
 _SELECTED = "outline:2px solid #cf222e;outline-offset:1px;background-color:#fff8c5;"  # the answer token explained
+_IN_SPAN = "background-color:#fff8c5;box-shadow:inset 0 -2px 0 #cf222e;"  # tokens of an explained span
 LOW_PROBABILITY = 0.1  # answer tokens the model gave less than this are underlined with dots on the answer strip
 _LOW = "text-decoration:underline dotted #57606a 2px;text-underline-offset:4px;"
 _WHITESPACE = {"\n": "⏎", "\t": "⇥", "\r": ""}
@@ -386,7 +387,7 @@ def answer_html(attr: Attribution, step: int | None = None, last: int | None = N
             title += f" · entropy {h:.2f} nats"
         selected = ""
         if first <= i <= e:
-            style, selected = style + _SELECTED, ' data-selected="true"'
+            style, selected = style + (_SELECTED if first == e else _IN_SPAN), ' data-selected="true"'
         parts.append(
             f'<span class="xai-step" data-step="{i}"{selected}{low} style="{style}" '
             f'title="{html.escape(title, quote=True)}">{_token_text_html(token)}</span>'
