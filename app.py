@@ -85,9 +85,9 @@ _load_lock = threading.Lock()
 # Gradio's prose style draws borders around every table cell and squeezes narrow columns: the top-sentence tables
 # keep their rank and score on one line and no grid.
 _CSS = (
-    ".xai-top table,.xai-top th,.xai-top td{border:none !important;background:none}"
+    ".xai-top table,.xai-top tr,.xai-top th,.xai-top td{border:none !important;background:none}"
+    ".xai-top tbody tr{border-top:1px solid #d0d7de !important}.xai-top{margin-top:8px}"
     ".xai-top td:nth-child(-n+2),.xai-top th:nth-child(-n+2){white-space:nowrap;width:1%}"
-    ".xai-top tbody tr{border-top:1px solid #d0d7de}.xai-top{margin-top:8px}"
 )
 
 
