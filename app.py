@@ -310,8 +310,9 @@ def _answer_text(answer: Any) -> str | None:
 def _answer_budget(answer: str | None, max_new_tokens: int) -> int:
     """max_new_tokens for a request: a given answer raises it to fit, up to the library's limit.
 
-    No tokenizer makes more tokens of a text than its UTF-8 bytes plus one (a prefix-space token), so that many
-    always fit; the library then explains exactly the answer's tokens, and a longer answer gets its InputError.
+    Byte-level BPE and SentencePiece (byte fallback) tokenizers make at most one token per UTF-8 byte, plus one
+    prefix-space token, so that many fit; the library explains exactly the answer's tokens, and an answer that still
+    does not fit gets its InputError.
     """
     if answer is None:
         return max_new_tokens
@@ -371,7 +372,7 @@ async def explain(
     yield _outputs(attr, methods, show_all, False, span, granularity)
 
 
-def after_explain(attr: Attribution | None, span: bool) -> tuple:
+def after_explain(attr: Attribution | None) -> tuple:
     """Run after every explain request, finished, failed or cancelled (Gradio runs it once the cancelled request
     has stopped, so no late update overwrites it): a stopped answer gets its status and free sliders; a finished
     one is left as its last update showed it.
@@ -742,7 +743,7 @@ def _image_outputs(attr: Attribution, image: Any, methods: list[str], opacity: f
 
 def after_image(state: dict | None) -> tuple:
     """As `after_explain`, for the image tab: (status text, step-slider update), or skips."""
-    status, step, _ = after_explain(state.get("attr") if isinstance(state, dict) else None, False)
+    status, step, _ = after_explain(state.get("attr") if isinstance(state, dict) else None)
     return status, step
 
 
@@ -927,7 +928,7 @@ def build_text_tab(option_widgets: list) -> Any:
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
     cancel_btn.click(None, cancels=[explain_event])
     explain_event.then(
-        after_explain, inputs=[state, span_box], outputs=[status_md, step_slider, span_end_slider],
+        after_explain, inputs=state, outputs=[status_md, step_slider, span_end_slider],
         api_name="after_explain", show_progress="hidden",
     ).then(
         export_files, inputs=[state, methods_box, show_all_box], outputs=[json_btn, report_btn],

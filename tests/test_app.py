@@ -805,13 +805,13 @@ def _partial(app_module, fake, n: int) -> Attribution:
 def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(app_module, fake):
     state = _partial(app_module, fake, 3)
     assert state.meta["status"] == "fake step 3"
-    status, step, end = app_module.after_explain(state, False)
+    status, step, end = app_module.after_explain(state)
     assert status.startswith("Stopped after 3 tokens (cancelled") and "model is free" in status
     assert step["interactive"] and step["value"] == step["maximum"] == 3 and end["maximum"] == 3
     done = collect(app_module.explain("Where is Paris", ["macs"], 8, True, False))[-1][-1]
     done.meta["status"] = "done"
-    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done, False))  # left as shown
-    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(None, False))
+    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done))  # left as shown
+    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(None))
     assert app_module.after_image({"attr": state, "image": None})[0].startswith("Stopped after 3 tokens")
     assert app_module.after_faithfulness("Removal curves ready (removal 1.0 s); π-Soft is running…").startswith(
         "Stopped"
