@@ -17,6 +17,8 @@ import json
 import logging
 import math
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -28,6 +30,7 @@ import gradio as gr
 
 from explainer import METHODS, ExplainerError, available_methods, load_model, stream_explain
 from explainer.estimate import calibrate, estimate
+from explainer.explain import MAX_NEW_TOKENS_LIMIT
 from explainer.faithfulness import (
     QUICK_SOFT,
     REMOVAL_METRICS,
@@ -40,10 +43,16 @@ from explainer.methods import method_options
 from explainer.models import default_model_ids
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
+from explainer.spans import GRANULARITIES
 from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, load_image
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
 from visuals.curves import faithfulness_rows, removal_figure, soft_figure
+from visuals.export import export_filename, load_result, png_bytes, result_json, write_download
+from visuals.granularity import span_side_by_side_html, top_sentences_html
+from visuals.overlay import gif_bytes
+from visuals.png import view_png
+from visuals.report import report_html
 
 # EXPLAINER_MODEL / EXPLAINER_VLM, else Hub models when the Hub answers (asked once, here), else None: the embedded
 # model and no image tab. Loaded on first use.
@@ -61,6 +70,7 @@ _NO_VLM = (
 _EMPTY_IMAGE = "<p>Upload an image, ask a question and press <b>Ask</b>: the question's tokens appear here.</p>"
 DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates
 TOP_K = 5  # rows per method in the top-tokens table
+TOP_SENTENCES = 3  # sentences per method under a span or word/sentence view
 TABLE_HEADERS = ["method", "rank", "token", "position", "z"]
 _EMPTY_HEATMAP = (
     "<p>Type a prompt and press <b>Generate</b>: a heatmap over the prompt appears for every answer token.</p>"
@@ -72,6 +82,13 @@ NEW_TOKENS = (1, 256)
 IMAGE_NEW_TOKENS = (1, 128)
 IMAGE_TOKENS = (16, 1024)
 _load_lock = threading.Lock()
+# Gradio's prose style draws borders around every table cell and squeezes narrow columns: the top-sentence tables
+# keep their rank and score on one line and no grid.
+_CSS = (
+    ".xai-top table,.xai-top tr,.xai-top th,.xai-top td{border:none !important;background:none}"
+    ".xai-top tbody tr{border-top:1px solid #d0d7de !important}.xai-top{margin-top:8px}"
+    ".xai-top td:nth-child(-n+2),.xai-top th:nth-child(-n+2){white-space:nowrap;width:1%}"
+)
 
 
 @functools.cache
@@ -192,37 +209,114 @@ def _waiting_note(bundle: Any) -> str | None:
     return f"Waiting for the model: {ahead} request{'s' if ahead > 1 else ''} ahead (a cancelled one stops first)…"
 
 
-def render(attr: Attribution | None, methods: list[str], step: float | None, show_all: bool) -> tuple[str, str, list]:
-    """Answer, heatmap panels and top-token rows for one step of a stored result; never runs the model.
+def _granularity(value: Any) -> str:
+    if value not in GRANULARITIES:
+        raise gr.Error(f"Prompt units must be one of {', '.join(GRANULARITIES)}, got {value!r:.40}.")
+    return value
+
+
+def render(
+    attr: Attribution | None,
+    methods: list[str],
+    step: float | None,
+    show_all: bool,
+    span: bool = False,
+    span_end: float | None = None,
+    granularity: str = "token",
+) -> tuple[str, str, list]:
+    """Answer, heatmap panels and top-token rows for one step (or a span of steps) of a stored result; never runs
+    the model.
 
     Args:
         attr: the session's result, or None before the first generation.
         methods: methods to show, one panel each.
-        step: 1-based step from the slider (None: the newest).
+        step: 1-based step from the slider (None: the newest); with `span`, the span's first or last token.
         show_all: show every prompt token with z over all of them, instead of only the user's text re-normalised.
+        span: explain the answer tokens from `step` to `span_end` (either order) with the mean of their z-scores.
+        span_end: 1-based other end of the span (None: `step`).
+        granularity: prompt units, "token", "word" or "sentence".
+
+    Returns:
+        (answer HTML, heatmap HTML, top-token rows). The single-step token view is `side_by_side_html`; a span or
+        word/sentence units show `span_side_by_side_html` with each method's top sentences below, and top-token
+        rows only for a single step.
     """
+    granularity = _granularity(granularity or "token")
     if attr is None:
         return "", _EMPTY_HEATMAP, []
     methods = list(methods or [])
     index = _step_index(step)
     user_only = not show_all
-    rows = [[m, *row] for m in methods for row in top_tokens_rows(attr, m, index, TOP_K, user_only)]
-    return answer_html(attr, index), side_by_side_html(attr, methods, index, user_only), rows
+    if not span and granularity == "token":
+        rows = [[m, *row] for m in methods for row in top_tokens_rows(attr, m, index, TOP_K, user_only)]
+        return answer_html(attr, index), side_by_side_html(attr, methods, index, user_only), rows
+    k = attr.num_steps
+    first = last = None
+    if k:
+        first = min(max(k - 1 if index is None else index, 0), k - 1)
+        last = first
+        if span and span_end is not None:
+            last = min(max(_step_index(span_end), 0), k - 1)
+        first, last = min(first, last), max(first, last)
+    try:
+        heatmap = span_side_by_side_html(attr, methods, first, last, granularity, user_only)
+        heatmap += top_sentences_html(attr, methods, first, last, TOP_SENTENCES, user_only)
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
+    rows = (
+        [] if first != last else [[m, *r] for m in methods for r in top_tokens_rows(attr, m, first, TOP_K, user_only)]
+    )
+    return answer_html(attr, first, last), heatmap, rows
 
 
 def _status(attr: Attribution, live: bool) -> str:
+    given = attr.meta.get("answer") == "given"
     if live:
         return str(attr.meta.get("status") or f"Generating… {attr.num_steps} tokens")
     timings = ", ".join(f"{name} {scores.seconds:.2f} s" for name, scores in attr.methods.items())
-    return f"Done: {attr.num_steps} tokens. Time per method: {timings or 'n/a'}. Move the slider to explain any token."
+    what = f"{attr.num_steps} tokens" + (" of the given answer (teacher-forced)" if given else "")
+    return f"Done: {what}. Time per method: {timings or 'n/a'}. Move the slider to explain any token."
 
 
-def _outputs(attr: Attribution, methods: list[str], show_all: bool, live: bool) -> tuple:
+def _sliders(attr: Attribution, live: bool, span: bool) -> tuple[dict, dict]:
+    """Updates of the step and span-end sliders: locked to the newest step while live; a finished span covers the
+    whole answer."""
     steps = max(attr.num_steps, 1)
-    answer, heatmap, rows = render(attr, methods, steps, show_all)  # follow the newest step
-    # gradio needs maximum > minimum; with one step the slider stays locked (visuals clamp step 2 to 1 anyway)
-    slider = gr.update(minimum=1, maximum=max(steps, 2), value=steps, interactive=not live and steps > 1)
-    return answer, heatmap, rows, slider, _status(attr, live), attr
+    free = not live and steps > 1
+    # gradio needs maximum > minimum; with one step the sliders stay locked (the views clamp step 2 to 1 anyway)
+    step = gr.update(minimum=1, maximum=max(steps, 2), value=1 if span and free else steps, interactive=free)
+    end = gr.update(minimum=1, maximum=max(steps, 2), value=steps, interactive=free)
+    return step, end
+
+
+def _outputs(
+    attr: Attribution, methods: list[str], show_all: bool, live: bool, span: bool = False, granularity: str = "token"
+) -> tuple:
+    step, end = _sliders(attr, live, span)
+    first = step["value"]
+    answer, heatmap, rows = render(attr, methods, first, show_all, span, attr.num_steps, granularity)
+    return answer, heatmap, rows, step, end, _status(attr, live), attr
+
+
+def _answer_text(answer: Any) -> str | None:
+    """The answer box's text, or None to generate (empty or whitespace only, as the library reads it)."""
+    if answer is None:
+        return None
+    if not isinstance(answer, str):
+        raise gr.Error(f"The answer must be text, got {type(answer).__name__}.")
+    return answer if answer.strip() else None
+
+
+def _answer_budget(answer: str | None, max_new_tokens: int) -> int:
+    """max_new_tokens for a request: a given answer raises it to fit, up to the library's limit.
+
+    Byte-level BPE and SentencePiece (byte fallback) tokenizers make at most one token per UTF-8 byte, plus one
+    prefix-space token, so that many fit; the library explains exactly the answer's tokens, and an answer that still
+    does not fit gets its InputError.
+    """
+    if answer is None:
+        return max_new_tokens
+    return min(max(max_new_tokens, len(answer.encode("utf-8")) + 1), MAX_NEW_TOKENS_LIMIT)
 
 
 async def explain(
@@ -231,42 +325,173 @@ async def explain(
     max_new_tokens: float,
     chat_template: bool,
     show_all: bool,
+    answer: str | None = None,
+    span: bool = False,
+    granularity: str = "token",
     *options: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> AsyncIterator[tuple]:
-    """Generate an answer and its attributions, yielding the rendered views as tokens arrive. `options` are the
+    """Generate an answer (or explain the given `answer`, teacher-forced) and its attributions, yielding the
+    rendered views as tokens arrive. `span` and `granularity` choose the view as in `render`; `options` are the
     values of the "Method options" widgets.
 
     Yields:
-        (answer HTML, heatmap HTML, top-token rows, step-slider update, status text, Attribution for the State);
-        the slider is locked to the newest step while generating and released on the last yield.
+        (answer HTML, heatmap HTML, top-token rows, step-slider update, span-end-slider update, status text,
+        Attribution for the State); the sliders are locked to the newest step while generating and released on
+        the last yield (a span then covers the whole answer).
     """
     methods = list(methods or [])
     if not methods:
         raise gr.Error("Select at least one attribution method.")
     max_new_tokens = _whole(max_new_tokens, "Max new tokens", NEW_TOKENS)
+    answer = _answer_text(answer)
+    granularity = _granularity(granularity or "token")
+    span = bool(span)
     try:
         bundle = get_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
     if note := _waiting_note(bundle):
-        yield gr.skip(), gr.skip(), gr.skip(), gr.skip(), note, gr.skip()
+        yield *[gr.skip()] * 5, note, gr.skip()
     stream = stream_explain(
         bundle,
         prompt,
         methods=methods,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=_answer_budget(answer, max_new_tokens),
         chat_template=bool(chat_template),
         method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),  # post-hoc methods (AtMan)
         cancel=CancelToken(),
+        answer=answer,
     )
     attr = None
     async for attr in follow(stream):
-        yield _outputs(attr, methods, show_all, live=attr.meta.get("status") != "done")
+        yield _outputs(attr, methods, show_all, attr.meta.get("status") != "done", span, granularity)
     if attr is None:
         raise gr.Error("The model produced no tokens. Try another prompt or more new tokens.")
-    yield _outputs(attr, methods, show_all, live=False)
+    yield _outputs(attr, methods, show_all, False, span, granularity)
+
+
+def after_explain(attr: Attribution | None) -> tuple:
+    """Run after every explain request, finished, failed or cancelled (Gradio runs it once the cancelled request
+    has stopped, so no late update overwrites it): a stopped answer gets its status and free sliders; a finished
+    one is left as its last update showed it.
+
+    Returns:
+        (status text, step-slider update, span-end-slider update), or skips.
+    """
+    if not isinstance(attr, Attribution) or attr.meta.get("status") == "done" or not attr.num_steps:
+        return gr.skip(), gr.skip(), gr.skip()
+    step, end = _sliders(attr, live=False, span=False)
+    what = "given answer's tokens" if attr.meta.get("answer") == "given" else "tokens"
+    status = (
+        f"Stopped after {attr.num_steps} {what} (cancelled, or failed with the message shown); the model is free "
+        "again. Move the slider to explain any of them."
+    )
+    return status, step, end
+
+
+def span_controls(attr: Attribution | None, span: bool) -> tuple:
+    """Ticking "Explain a span" shows the span-end slider and sets the span to the whole answer; the top-token
+    table (one step's) makes way for the top sentences.
+
+    Returns:
+        (step-slider update, span-end-slider update, table update).
+    """
+    span = bool(span)
+    table = gr.update(visible=not span)
+    if not isinstance(attr, Attribution) or attr.num_steps < 2:
+        return gr.skip(), gr.update(visible=span), table
+    steps = attr.num_steps
+    step = gr.update(value=1) if span else gr.skip()
+    return step, gr.update(visible=span, minimum=1, maximum=steps, value=steps, interactive=True), table
+
+
+# Downloads: each file is written into a fresh folder of a per-process temporary directory (removed at exit), and
+# only the newest KEEP_DOWNLOADS folders stay: Gradio copies a returned file into its own cache before the handler's
+# reply is sent, so older ones are never needed again. Gradio's cache itself is cleaned by `delete_cache` below.
+KEEP_DOWNLOADS = 32
+_DOWNLOADS = tempfile.TemporaryDirectory(prefix="explainer-downloads-")
+_downloads_lock = threading.Lock()
+_NO_FILE = {"value": None, "interactive": False}
+
+
+def _download(data: str | bytes, filename: str) -> dict:
+    """A DownloadButton update serving `data` as `filename`, written to its own folder; prunes older folders."""
+    with _downloads_lock:
+        root = Path(_DOWNLOADS.name)
+        path = write_download(data, filename, tempfile.mkdtemp(dir=root))
+        folders = sorted(root.iterdir(), key=lambda f: f.stat().st_mtime_ns)
+        for old in folders[:-KEEP_DOWNLOADS]:
+            shutil.rmtree(old, ignore_errors=True)
+    return gr.update(value=str(path), interactive=True)
+
+
+def _exported_methods(attr: Attribution, methods: list[str] | None) -> list[str]:
+    """The ticked methods the result has scores for, else all of its methods."""
+    return [m for m in (methods or []) if m in attr.methods] or list(attr.methods)
+
+
+def export_report(attr: Attribution | None, methods: list[str], show_all: bool) -> dict:
+    """The "HTML report" download: one self-contained page of the ticked methods with its own step slider (it opens
+    at the last step); off without a result. Never runs the model."""
+    if not isinstance(attr, Attribution) or not attr.num_steps:
+        return gr.update(**_NO_FILE)
+    report = report_html(attr, _exported_methods(attr, methods), user_only=not show_all)
+    return _download(report, export_filename(attr, "html", "report"))
+
+
+def export_files(attr: Attribution | None, methods: list[str], show_all: bool) -> tuple[dict, dict]:
+    """The "JSON" (the CLI's format, every method) and "HTML report" downloads of a new result.
+
+    Returns:
+        (JSON DownloadButton update, HTML report DownloadButton update); both off without a result.
+    """
+    if not isinstance(attr, Attribution) or not attr.num_steps:
+        return gr.update(**_NO_FILE), gr.update(**_NO_FILE)
+    return _download(result_json(attr), export_filename(attr, "json")), export_report(attr, methods, show_all)
+
+
+def export_view(
+    attr: Attribution | None,
+    methods: list[str],
+    step: float | None,
+    show_all: bool,
+    span: bool = False,
+    granularity: str = "token",
+) -> dict:
+    """The "PNG of this view" download: the side-by-side heatmaps of the step on the slider. It draws the token view
+    of one step, so it is off while a span or word/sentence units are shown."""
+    if not isinstance(attr, Attribution) or not attr.num_steps or span or granularity != "token":
+        return gr.update(**_NO_FILE)
+    image = view_png(attr, list(methods or []), _step_index(step), user_only=not show_all)
+    return _download(png_bytes(image), export_filename(attr, "png"))
+
+
+def open_saved(path: Any, show_all: bool, span: bool, granularity: str) -> tuple:
+    """Load a result saved as JSON ("Open a saved result") into the session and show it; never runs the model.
+
+    Returns:
+        (State, methods-box update with the result's methods ticked, answer HTML, heatmap HTML, top-token rows,
+        step-slider update, span-end-slider update, status text).
+    """
+    if not path:
+        return (gr.skip(),) * 8
+    try:
+        attr = load_result(path)
+    except ExplainerError as e:
+        raise gr.Error(str(e)) from e
+    choices, _ = _method_choices()
+    methods = list(attr.methods)
+    box = gr.update(choices=choices + [m for m in methods if m not in choices], value=methods)
+    step, end = _sliders(attr, live=False, span=bool(span))
+    answer, heatmap, rows = render(attr, methods, step["value"], show_all, span, attr.num_steps, granularity)
+    given = " of a given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
+    status = (
+        f"Opened {Path(path).name}: {attr.num_steps} answer tokens{given} by {attr.model}, methods "
+        f"{', '.join(methods) or 'none'}; no model was run. Move the slider to explain any token."
+    )
+    return attr, box, answer, heatmap, rows, step, end, status
 
 
 FAITHFULNESS_METRICS = {m.label: m.key for m in REMOVAL_METRICS}
@@ -364,8 +589,12 @@ async def faithfulness(
         raise gr.Error("Faithfulness produced no result.")
 
 
-def _cancelled() -> str:
-    return "Cancelled: the work stops within one forward pass and the model is free again."
+def after_faithfulness(status: str | None) -> str:
+    """Run after every faithfulness request (Gradio runs it once a cancelled request has stopped): a measurement
+    that did not finish says so instead of keeping its last progress line."""
+    if isinstance(status, str) and status.startswith("Measured on"):
+        return gr.skip()
+    return "Stopped: the measurement was cancelled (or failed with the message shown); the model is free again."
 
 
 def _examples() -> list[dict[str, str]]:
@@ -432,11 +661,13 @@ async def explain_image(
     opacity: float,
     contour: bool,
     max_image_tokens: float | None = None,
+    answer: str | None = None,
     *options: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> AsyncIterator[tuple]:
-    """Answer a question about an image, yielding overlays as tokens arrive. `max_image_tokens` bounds the image's
-    resolution (merged image tokens; more means finer maps and a slower answer).
+    """Answer a question about an image (or explain the given `answer`, teacher-forced), yielding overlays as tokens
+    arrive. `max_image_tokens` bounds the image's resolution (merged image tokens; more means finer maps and a
+    slower answer).
 
     The event runs with `preprocess=False`: `gr.Image` would open every upload with PIL before this handler runs
     (even with `type="filepath"`), and a broken file would fail there with Gradio's generic error. So `image` is
@@ -456,6 +687,7 @@ async def explain_image(
     if max_image_tokens is not None:
         max_image_tokens = _whole(max_image_tokens, "Image detail", IMAGE_TOKENS)
     opacity = min(max(_number(opacity, "Overlay opacity"), 0.0), 1.0)
+    answer = _answer_text(answer)
     image = await anyio.to_thread.run_sync(_open_image, image)  # decoding a large photo takes a while
     try:
         bundle = get_vl_bundle()
@@ -465,12 +697,13 @@ async def explain_image(
         bundle,
         question,
         methods=methods,
-        max_new_tokens=max_new_tokens,
+        max_new_tokens=_answer_budget(answer, max_new_tokens),
         image=image,
         max_image_tokens=max_image_tokens,
         method_options=chosen_options(methods, options),
         progress=lambda fraction, message: progress(fraction, desc=message),
         cancel=CancelToken(),
+        answer=answer,
     )
     attr = None
     async for attr in follow(stream):
@@ -502,11 +735,50 @@ def _open_image(image: Any) -> Any:
 
 
 def _image_outputs(attr: Attribution, image: Any, methods: list[str], opacity: float, contour: bool, live: bool):
-    steps = max(attr.num_steps, 1)
     state = {"attr": attr, "image": image}
-    grid, answer, question = render_image(state, methods, steps, opacity, contour)
-    slider = gr.update(minimum=1, maximum=max(steps, 2), value=steps, interactive=not live and steps > 1)
+    slider, _ = _sliders(attr, live, span=False)
+    grid, answer, question = render_image(state, methods, slider["value"], opacity, contour)
     return grid, answer, question, slider, _status(attr, live), state
+
+
+def after_image(state: dict | None) -> tuple:
+    """As `after_explain`, for the image tab: (status text, step-slider update), or skips."""
+    status, step, _ = after_explain(state.get("attr") if isinstance(state, dict) else None)
+    return status, step
+
+
+def export_image_files(state: dict | None, methods: list[str], opacity: float, contour: bool) -> tuple:
+    """The image tab's "JSON", "HTML report" (with the overlays) and "GIF" downloads of the session's result.
+
+    Returns:
+        (JSON, HTML report, GIF) DownloadButton updates; all off without a result.
+    """
+    attr = state.get("attr") if isinstance(state, dict) else None
+    if not isinstance(attr, Attribution) or not attr.num_steps:
+        return gr.update(**_NO_FILE), gr.update(**_NO_FILE), gr.update(**_NO_FILE)
+    image, methods = state.get("image"), _exported_methods(attr, methods)
+    alpha = min(max(_number(opacity, "Overlay opacity"), 0.0), 1.0)
+    top = CONTOUR_TOP_PERCENT if contour else None
+    try:
+        gif = _download(gif_bytes(image, attr, methods, alpha, top), export_filename(attr, "gif"))
+    except ValueError:  # no method has scores yet
+        gif = gr.update(**_NO_FILE)
+    report = report_html(attr, methods, image=image, alpha=alpha)
+    return (
+        _download(result_json(attr), export_filename(attr, "json")),
+        _download(report, export_filename(attr, "html", "report")),
+        gif,
+    )
+
+
+def export_image_view(state: dict | None, methods: list[str], step: float | None, opacity: float) -> dict:
+    """The image tab's "PNG of this view": the overlays and question heatmaps of the step on the slider."""
+    attr = state.get("attr") if isinstance(state, dict) else None
+    if not isinstance(attr, Attribution) or not attr.num_steps:
+        return gr.update(**_NO_FILE)
+    alpha = min(max(_number(opacity, "Overlay opacity"), 0.0), 1.0)
+    image = view_png(attr, list(methods or []), _step_index(step), image=state.get("image"), alpha=alpha)
+    return _download(png_bytes(image), export_filename(attr, "png"))
 
 
 def _example_images() -> list[Path]:
@@ -545,13 +817,19 @@ def method_estimates(prompt: str, max_new_tokens: float, chat_template: bool, at
 
 
 def build_text_tab(option_widgets: list) -> Any:
-    """The text tab: prompt, methods, answer strip, step slider, heatmaps and the faithfulness panel; returns
-    the model line that `demo.load` fills."""
+    """The text tab: prompt and optional answer, methods, answer strip, step (and span) sliders, heatmaps, downloads,
+    opening a saved result, and the faithfulness panel; returns the model line that `demo.load` fills."""
     model_md = gr.Markdown("**Model:** loading…")
     state = gr.State(None)
     with gr.Row():
         with gr.Column(scale=3):
             prompt_box = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
+            answer_box = gr.Textbox(
+                label="Answer (optional)",
+                lines=2,
+                placeholder="Leave empty to generate. Or paste an answer to explain it: it is teacher-forced, and "
+                "every method explains each of its tokens as if the model had written it.",
+            )
             with gr.Row():
                 generate_btn = gr.Button("Generate", variant="primary")
                 cancel_btn = gr.Button("Cancel", variant="stop")
@@ -562,17 +840,26 @@ def build_text_tab(option_widgets: list) -> Any:
                 example_labels=[e["label"] for e in examples],
                 label="Examples",
             )
+            open_file = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
         with gr.Column(scale=2):
             choices, default_methods = _method_choices()
             methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
             estimate_md = gr.Markdown(_ESTIMATE_HINT)
             show_all_box = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
             chat_template_box = gr.Checkbox(True, label="Use the chat template")
-            max_new_slider = gr.Slider(*NEW_TOKENS, value=64, step=1, label="Max new tokens")
+            max_new_slider = gr.Slider(
+                *NEW_TOKENS, value=64, step=1, label="Max new tokens", info="A given answer raises it to fit."
+            )
     status_md = gr.Markdown()
     answer_view = gr.HTML()
     step_slider = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+    )
+    with gr.Row(equal_height=True):
+        span_box = gr.Checkbox(False, label="Explain a span of answer tokens (mean of their z-scores)")
+        granularity_radio = gr.Radio(list(GRANULARITIES), value="token", label="Prompt units")
+    span_end_slider = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, visible=False, label="Span end (the span runs from the step above)"
     )
     heatmap_view = gr.HTML(_EMPTY_HEATMAP)
     table = gr.Dataframe(
@@ -581,25 +868,83 @@ def build_text_tab(option_widgets: list) -> Any:
         interactive=False,
         label="Top prompt tokens at this step",
     )
+    with gr.Row():
+        json_btn = gr.DownloadButton("Download JSON", interactive=False, size="sm")
+        report_btn = gr.DownloadButton("Download HTML report", interactive=False, size="sm")
+        png_btn = gr.DownloadButton("Download PNG of this view", interactive=False, size="sm")
+    downloads = [json_btn, report_btn, png_btn]
 
     explain_event = generate_btn.click(
         on_gpu(explain),  # ZeroGPU: a GPU is attached while the handler runs; elsewhere the handler itself
-        inputs=[prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, *option_widgets],
-        outputs=[answer_view, heatmap_view, table, step_slider, status_md, state],
+        inputs=[
+            prompt_box, methods_box, max_new_slider, chat_template_box, show_all_box, answer_box, span_box,
+            granularity_radio, *option_widgets,
+        ],
+        outputs=[answer_view, heatmap_view, table, step_slider, span_end_slider, status_md, state],
         api_name="explain",
         concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
         concurrency_id="model",
-    )
+    )  # fmt: skip
+    generate_btn.click(
+        lambda: (gr.update(**_NO_FILE),) * 3, outputs=downloads, queue=False, show_progress="hidden",
+        api_name="clear_downloads",
+    )  # fmt: skip
+    view_inputs = [state, methods_box, step_slider, show_all_box, span_box, span_end_slider, granularity_radio]
+    png_inputs = [state, methods_box, step_slider, show_all_box, span_box, granularity_radio]
     gr.on(
-        triggers=[step_slider.input, show_all_box.input, methods_box.input],
+        triggers=[
+            step_slider.input,
+            show_all_box.input,
+            methods_box.input,
+            span_end_slider.input,
+            granularity_radio.input,
+        ],
         fn=render,
-        inputs=[state, methods_box, step_slider, show_all_box],
+        inputs=view_inputs,
         outputs=[answer_view, heatmap_view, table],
         api_name="render",
         trigger_mode="always_last",
         show_progress="hidden",
+    ).then(export_view, inputs=png_inputs, outputs=png_btn, api_name="export_view", show_progress="hidden")
+    span_box.input(
+        span_controls, inputs=[state, span_box], outputs=[step_slider, span_end_slider, table], api_name="span",
+        show_progress="hidden",
+    ).then(
+        render, inputs=view_inputs, outputs=[answer_view, heatmap_view, table], api_name="render_span",
+        show_progress="hidden",
+    ).then(
+        export_view, inputs=png_inputs, outputs=png_btn, api_name="export_span_view", show_progress="hidden"
+    )  # fmt: skip
+    gr.on(
+        triggers=[show_all_box.input, methods_box.input],
+        fn=export_report,
+        inputs=[state, methods_box, show_all_box],
+        outputs=report_btn,
+        api_name="export_report",
+        trigger_mode="always_last",
+        show_progress="hidden",
     )
-    cancel_btn.click(_cancelled, outputs=status_md, cancels=[explain_event], queue=False)
+    # Cancel only cancels; what a stopped request shows is set by `after_explain`, which Gradio runs once the
+    # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
+    cancel_btn.click(None, cancels=[explain_event])
+    explain_event.then(
+        after_explain, inputs=state, outputs=[status_md, step_slider, span_end_slider],
+        api_name="after_explain", show_progress="hidden",
+    ).then(
+        export_files, inputs=[state, methods_box, show_all_box], outputs=[json_btn, report_btn],
+        api_name="export_files", show_progress="hidden",
+    ).then(export_view, inputs=png_inputs, outputs=png_btn, api_name="export_view_after_explain",
+           show_progress="hidden")  # fmt: skip
+    open_file.upload(
+        open_saved,
+        inputs=[open_file, show_all_box, span_box, granularity_radio],
+        outputs=[state, methods_box, answer_view, heatmap_view, table, step_slider, span_end_slider, status_md],
+        api_name="open_saved",
+    ).then(
+        export_files, inputs=[state, methods_box, show_all_box], outputs=[json_btn, report_btn],
+        api_name="export_files_after_open", show_progress="hidden",
+    ).then(export_view, inputs=png_inputs, outputs=png_btn, api_name="export_view_after_open",
+           show_progress="hidden")  # fmt: skip
     estimate_inputs = [prompt_box, max_new_slider, chat_template_box, state, *option_widgets]
     gr.on(
         triggers=[
@@ -651,7 +996,11 @@ def build_faithfulness_panel(state: Any, methods_box: Any, step_slider: Any) -> 
         concurrency_limit=1,  # shares the model with the explain event
         concurrency_id="model",
     )
-    faith_cancel_btn.click(_cancelled, outputs=faith_status, cancels=[faith_event], queue=False)
+    faith_cancel_btn.click(None, cancels=[faith_event])  # the status is set after the request stops (see text tab)
+    faith_event.then(
+        after_faithfulness, inputs=faith_status, outputs=faith_status, api_name="after_faithfulness",
+        show_progress="hidden",
+    )  # fmt: skip
     gr.on(
         triggers=[soft_choice.input, step_slider.release, methods_box.input, state.change],
         fn=soft_cost_note,
@@ -678,6 +1027,9 @@ def build_image_tab(option_widgets: list) -> Any:
         with gr.Column(scale=3):
             image_box = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
             question_box = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
+            image_answer_box = gr.Textbox(
+                label="Answer (optional)", lines=1, placeholder="Leave empty to generate, or give an answer to explain."
+            )
             with gr.Row():
                 ask_btn = gr.Button("Ask about the image", variant="primary")
                 image_cancel_btn = gr.Button("Cancel", variant="stop")
@@ -690,7 +1042,9 @@ def build_image_tab(option_widgets: list) -> Any:
             image_methods_box = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
             opacity_slider = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
             contour_box = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
-            image_max_new_slider = gr.Slider(*IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens")
+            image_max_new_slider = gr.Slider(
+                *IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens", info="A given answer raises it to fit."
+            )
             image_tokens_slider = gr.Slider(
                 *IMAGE_TOKENS,
                 value=DEFAULT_MAX_IMAGE_TOKENS,
@@ -704,6 +1058,11 @@ def build_image_tab(option_widgets: list) -> Any:
     )
     overlay_view = gr.Image(label="Image regions each method credits for this token", interactive=False)
     question_view = gr.HTML(label="Question tokens")
+    with gr.Row():
+        image_downloads = [
+            gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
+            for what in ("JSON", "HTML report", "PNG of this view", "GIF")
+        ]
 
     image_event = ask_btn.click(
         on_gpu(explain_image),
@@ -715,6 +1074,7 @@ def build_image_tab(option_widgets: list) -> Any:
             opacity_slider,
             contour_box,
             image_tokens_slider,
+            image_answer_box,
             *option_widgets,
         ],
         outputs=[
@@ -738,14 +1098,33 @@ def build_image_tab(option_widgets: list) -> Any:
         api_name="render_image",
         trigger_mode="always_last",
         show_progress="hidden",
-    )
-    image_cancel_btn.click(_cancelled, outputs=image_status_md, cancels=[image_event], queue=False)
+    ).then(
+        export_image_view, inputs=[image_state, image_methods_box, image_step_slider, opacity_slider],
+        outputs=image_downloads[2], api_name="export_image_view", show_progress="hidden",
+    )  # fmt: skip
+    ask_btn.click(
+        lambda: (gr.update(**_NO_FILE),) * 4, outputs=image_downloads, queue=False, show_progress="hidden",
+        api_name="clear_image_downloads",
+    )  # fmt: skip
+    image_cancel_btn.click(None, cancels=[image_event])  # the status is set after the request stops (see text tab)
+    image_event.then(
+        after_image, inputs=image_state, outputs=[image_status_md, image_step_slider], api_name="after_image",
+        show_progress="hidden",
+    ).then(
+        export_image_files, inputs=[image_state, image_methods_box, opacity_slider, contour_box],
+        outputs=[image_downloads[0], image_downloads[1], image_downloads[3]], api_name="export_image_files",
+        show_progress="hidden",
+    ).then(
+        export_image_view, inputs=[image_state, image_methods_box, image_step_slider, opacity_slider],
+        outputs=image_downloads[2], api_name="export_image_view_after_explain", show_progress="hidden",
+    )  # fmt: skip
     return vlm_md
 
 
 OPTION_KEYS = [(m, o.name) for m in available_methods() for o in method_options(m)]
 
-with gr.Blocks(title="Why did the model write that?") as demo:
+# Gradio keeps a copy of every file it serves (downloads, uploads): hourly, copies older than a day are deleted.
+with gr.Blocks(title="Why did the model write that?", delete_cache=(3600, 86400)) as demo:
     gr.Markdown(
         "# Why did the model write that?\n"
         "Type a prompt and press **Generate**. The answer appears token by token; for the selected answer token the "
@@ -774,6 +1153,7 @@ def main() -> None:
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
+        css=_CSS,
     )
 
 

@@ -93,7 +93,7 @@ class FakeLibrary:
 
     def stream_explain(
         self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None,
-        method_options=None,
+        method_options=None, answer=None,
     ):  # fmt: skip
         if progress is not None:
             progress(0.5, "fake post-hoc method halfway")
@@ -105,21 +105,24 @@ class FakeLibrary:
                 "max_new_tokens": max_new_tokens,
                 "chat_template": chat_template,
                 "method_options": method_options,
+                "answer": answer,
             }
         )
-        return FakeStream(self._stream(prompt, list(methods), max_new_tokens), on_cancel=self._cancel)
+        return FakeStream(self._stream(prompt, list(methods), max_new_tokens, answer), on_cancel=self._cancel)
 
     def _cancel(self):
         self.cancelled = True
 
-    def _stream(self, prompt, methods, max_new_tokens):
+    def _stream(self, prompt, methods, max_new_tokens, given=None):
         try:
             if not prompt.strip():
                 raise InputError("The prompt is empty: type a question first.")
             words = [" " + w for w in prompt.split()]
             tokens = ["<|im_start|>", "user", "\n", *words, "<|im_end|>"]
             n = len(tokens)
-            answer = ANSWER[:max_new_tokens]
+            answer = ANSWER[:max_new_tokens] if given is None else [" " + w for w in given.split()]
+            if len(answer) > max_new_tokens:
+                raise InputError(f"The answer has {len(answer)} tokens, more than max_new_tokens ({max_new_tokens}).")
             raw = np.random.default_rng(0).random((len(answer), n)).astype(np.float32)  # (K, N)
             for k in range(1, len(answer) + 1):
                 if self.fail_after is not None and k > self.fail_after:
@@ -132,7 +135,8 @@ class FakeLibrary:
                     generated_tokens=answer[:k],
                     methods={m: MethodScores.from_raw(raw[:k], seconds=0.01 * k) for m in methods},
                     user_positions=list(range(3, 3 + len(words))),
-                    meta={"status": f"fake step {k}"},
+                    meta={"status": f"fake step {k}", "answer": "generated" if given is None else "given"},
+                    step_scores={"probability": [0.5 ** (i + 1) for i in range(k)], "entropy": [1.0] * k},
                 )
         finally:
             self.closed = True
@@ -181,16 +185,18 @@ def test_import_loads_no_model(app_module):
 def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):
     outs = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))
     assert len(outs) == len(ANSWER) + 1  # one per token, then the final one
-    for k, (answer, heatmap, rows, slider, status, state) in enumerate(outs[:-1], start=1):
+    for k, (answer, heatmap, rows, slider, span_end, status, state) in enumerate(outs[:-1], start=1):
         assert answer.count('class="xai-step"') == k
         assert _selected_step(answer) == [str(k - 1)]  # follows the newest token
         assert slider["value"] == k and slider["maximum"] == max(k, 2) and slider["interactive"] is False
+        assert span_end["value"] == k and span_end["interactive"] is False
         assert status == f"fake step {k}"
         assert isinstance(state, Attribution) and state.num_steps == k
         assert 'data-method="macs"' in heatmap
         assert [r[:2] for r in rows[:2]] == [["macs", 1], ["macs", 2]]
-    answer, heatmap, rows, slider, status, state = outs[-1]
+    answer, heatmap, rows, slider, span_end, status, state = outs[-1]
     assert isinstance(state, Attribution) and state.generated_tokens == ANSWER
+    assert span_end["value"] == span_end["maximum"] == len(ANSWER) and span_end["interactive"] is True
     assert slider["interactive"] is True and slider["value"] == slider["maximum"] == len(ANSWER)
     one = collect(app_module.explain("hi", ["macs"], 1, True, False))[-1][3]
     assert one["value"] == 1 and one["maximum"] == 2 and one["interactive"] is False  # nothing to scrub
@@ -283,8 +289,18 @@ def test_demo_wires_named_queued_events(app_module):
     assert all(fn.api_name for fn in app_module.demo.fns.values())
     assert fns["explain"].concurrency_limit == 1
     assert inspect.isasyncgenfunction(fns["explain"].fn)
-    cancels = [fn for fn in app_module.demo.fns.values() if fn.fn is app_module._cancelled]
-    assert len(cancels) == 3 and all(not fn.queue for fn in cancels)  # answered at once, outside the queue
+    cancels = [fn for fn in app_module.demo.fns.values() if fn.cancels]
+    assert {tuple(app_module.demo.fns[i].api_name for i in fn.cancels) for fn in cancels} == {
+        ("explain",),
+        ("faithfulness",),
+        ("explain_image",),
+    }
+    # Cancel runs nothing that sets the status (it would race with the request's last update): the handlers that
+    # do run after the cancelled request, finished or not
+    assert all(fn.fn is None for fn in cancels)
+    for after, request in [("after_explain", "explain"), ("after_faithfulness", "faithfulness"),
+                           ("after_image", "explain_image")]:  # fmt: skip
+        assert fns[after].trigger_after == fns[request]._id and not fns[after].trigger_only_on_success
     assert fns["render"].fn is app_module.render
     config = app_module.demo.get_config_file()
     assert any(dep.get("api_name") == "explain" for dep in config["dependencies"])
@@ -326,7 +342,9 @@ class VLFake:
         self.calls: list[dict] = []
 
     def stream(self, bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
-        self.calls.append({"prompt": prompt, "image": image, "methods": list(methods), **kw})
+        self.calls.append(
+            {"prompt": prompt, "image": image, "methods": list(methods), "max_new_tokens": max_new_tokens, **kw}
+        )
         return FakeStream(_image_attr(k, methods) for k in range(1, 4))
 
 
@@ -565,10 +583,10 @@ def test_method_options_are_generated_from_the_configs_and_reach_the_library(app
     assert isinstance(widget[("macs", "pooling")], gr.Dropdown) and widget[("macs", "pooling")].value == "max"
     assert isinstance(widget[("atman", "fast")], gr.Checkbox) and isinstance(widget[("macs", "alpha")], gr.Number)
     values = [0.5 if k == ("macs", "alpha") else w.value for k, w in zip(keys, app_module.OPTION_WIDGETS)]
-    collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, *values))
+    collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, "", False, "token", *values))
     assert fake.calls[-1]["method_options"] == {"macs": {"alpha": 0.5, "pooling": "max", "redistribute": True}}
     fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
-    assert len(fns["explain"].inputs) == 5 + len(keys) and len(fns["explain_image"].inputs) == 7 + len(keys)
+    assert len(fns["explain"].inputs) == 8 + len(keys) and len(fns["explain_image"].inputs) == 8 + len(keys)
 
 
 def test_a_bad_option_is_a_clear_error(app_module, fake, monkeypatch):
@@ -579,7 +597,7 @@ def test_a_bad_option_is_a_clear_error(app_module, fake, monkeypatch):
     keys = app_module.OPTION_KEYS
     values = [2.0 if k == ("macs", "alpha") else w.value for k, w in zip(keys, app_module.OPTION_WIDGETS)]
     with pytest.raises(gr.Error, match="alpha must lie in"):
-        collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, *values))
+        collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, None, False, "token", *values))
 
 
 def _checkbox_groups(app_module) -> list:
@@ -675,3 +693,219 @@ def test_estimate_event_follows_prompt_length_and_options_and_each_answer(app_mo
     after = fns["estimate_after_explain"]  # once per answer, not on every streamed update
     assert after.fn is app_module.method_estimates and after.inputs == event.inputs
     assert after.trigger_after == fns["explain"]._id and not after.trigger_only_on_success
+
+
+# --- issue 11 in the app: a given answer, step scores, spans and units, exports, reopening, stopped requests --------
+
+
+def _panel_titles(fragment: str, method: str) -> list[float]:
+    """The scores (hover titles) of one heatmap panel's units, in order; NaN for units without a score."""
+    panel = fragment.split(f'data-method="{method}"', 1)[1].split('class="xai-panel"', 1)[0]
+    flow = panel.split('class="xai-flow"', 1)[1].split("</div>", 1)[0]
+    return [float(t) if t[0] in "+-" else float("nan") for t in re.findall(r"<i[^>]* title=([^\s>]+)>", flow)]
+
+
+def test_a_given_answer_is_teacher_forced_and_said_so(app_module, fake):
+    outs = collect(app_module.explain("Where is Paris", ["macs"], 2, True, False, "It is in France"))
+    call = fake.calls[-1]
+    assert call["answer"] == "It is in France"
+    # the slider said 2 new tokens; the answer's 15 UTF-8 bytes (+1) always hold its tokens
+    assert call["max_new_tokens"] == len(b"It is in France") + 1
+    answer, heatmap, rows, slider, span_end, status, state = outs[-1]
+    assert state.generated_tokens == [" It", " is", " in", " France"] and state.meta["answer"] == "given"
+    assert status.startswith("Done: 4 tokens of the given answer (teacher-forced).")
+    assert "Given answer (teacher-forced)" in answer and answer == app_module.answer_html(state, 3)
+    assert 'data-low="true"' in answer  # the fake gives step k probability 0.5^k: steps 4+ are below 0.1
+    for empty in ("", "  \n", None):  # an empty box generates, with the slider's length
+        collect(app_module.explain("Where is Paris", ["macs"], 3, True, False, empty))
+        assert fake.calls[-1]["answer"] is None and fake.calls[-1]["max_new_tokens"] == 3
+    collect(app_module.explain("Where is Paris", ["macs"], 200, True, False, "Paris"))
+    assert fake.calls[-1]["max_new_tokens"] == 200  # never lowered
+    assert app_module._answer_budget("é" * 5000, 8) == app_module.MAX_NEW_TOKENS_LIMIT  # the library's limit
+    with pytest.raises(gr.Error, match="The answer must be text"):
+        collect(app_module.explain("Where is Paris", ["macs"], 3, True, False, ["It"]))
+
+
+@pytest.mark.parametrize(
+    "answer", ["Paris.", " It is Paris, the capital of France!\n\nYes.", "🙂 Zürich — 東京 \t", "a\n\n\n\n"]
+)
+def test_the_answer_budget_fits_a_real_tokenizer(app_module, monkeypatch, llama, tokenizer, answer):
+    """The real library with a tiny model: an answer longer than the slider's max new tokens is explained whole."""
+    from explainer import bundle_from_objects
+    from explainer import stream_explain as real_stream
+
+    bundle = bundle_from_objects(llama, tokenizer, name="tiny-app")
+    monkeypatch.setattr(app_module, "stream_explain", real_stream)
+    monkeypatch.setattr(app_module, "get_bundle", lambda: bundle)
+    attr = collect(app_module.explain("Where is Paris?", ["macs"], 1, True, False, answer))[-1][-1]
+    assert attr.meta["answer"] == "given" and attr.meta["status"] == "done"
+    assert tokenizer.decode(attr.generated_token_ids) == answer and attr.num_steps > 1
+    assert attr.num_steps <= app_module._answer_budget(answer, 1)
+    assert set(attr.step_scores) == {"probability", "entropy"} and len(attr.step_scores["entropy"]) == attr.num_steps
+
+
+def test_a_span_at_sentence_units_shows_mean_maps_and_top_sentences(app_module, fake):
+    from visuals.granularity import span_side_by_side_html, top_sentences_html
+
+    prompt = "Paris is big. It is in France. Berlin is far"
+    state = collect(app_module.explain(prompt, ["macs", "random"], 8, True, False))[-1][-1]
+    methods = ["macs", "random"]
+    answer, heatmap, rows = app_module.render(state, methods, 2, False, True, 4, "sentence")  # steps 2-4, 1-based
+    assert answer == app_module.answer_html(state, 1, 3)
+    assert re.findall(r'data-step="(\d+)" data-selected', answer) == ["1", "2", "3"]
+    assert heatmap == span_side_by_side_html(state, methods, 1, 3, "sentence") + top_sentences_html(
+        state, methods, 1, 3, app_module.TOP_SENTENCES
+    )
+    assert 'data-granularity="sentence"' in heatmap and 'class="xai-top"' in heatmap
+    assert rows == []  # top tokens are one step's; the top sentences stand in for them
+    assert app_module.render(state, methods, 4, False, True, 2, "sentence") == (answer, heatmap, rows)  # either order
+    # independent: token units over the span are the mean over the steps of z re-normalised over the user's tokens
+    _, tokens_view, _ = app_module.render(state, ["macs"], 2, False, True, 4, "token")
+    raw = state.methods["macs"].raw[1:4][:, state.user_positions].astype(np.float64)  # (3, n)
+    z = (raw - raw.mean(axis=1, keepdims=True)) / raw.std(axis=1, keepdims=True)
+    np.testing.assert_allclose(_panel_titles(tokens_view, "macs"), z.mean(axis=0), atol=0.006)  # titles: 2 decimals
+    # one step at word units: the word view, top sentences, and that step's top tokens
+    answer, heatmap, rows = app_module.render(state, ["macs"], 2, False, False, 4, "word")
+    assert re.findall(r'data-step="(\d+)" data-selected', answer) == ["1"]
+    assert heatmap.startswith(span_side_by_side_html(state, ["macs"], 1, 1, "word"))
+    assert rows == [["macs", *r] for r in top_tokens_rows(state, "macs", 1, 5, True)]
+    assert app_module.render(state, ["macs"], 2, False, False, None, "token")[1] == side_by_side_html(
+        state, ["macs"], 1
+    )
+    with pytest.raises(gr.Error, match="Prompt units must be one of token, word, sentence"):
+        app_module.render(state, ["macs"], 2, False, False, None, "paragraph")
+    with pytest.raises(gr.Error, match="generation step must"):
+        app_module.render(state, ["macs"], 2, False, True, "end", "token")
+
+
+def test_span_and_units_follow_the_stream_and_a_finished_span_covers_the_answer(app_module, fake):
+    from visuals.granularity import span_side_by_side_html
+
+    outs = collect(app_module.explain("Paris is big. It is far", ["macs"], 8, True, False, None, True, "sentence"))
+    for k, (answer, heatmap, _, slider, end, _, _) in enumerate(outs[:-1], start=1):
+        assert slider["value"] == end["value"] == k and not slider["interactive"]  # the newest token while live
+        assert re.findall(r'data-step="(\d+)" data-selected', answer) == [str(k - 1)]
+        assert 'data-granularity="sentence"' in heatmap and f"Step {k} of {k} explains" in heatmap
+    answer, heatmap, rows, slider, end, _, state = outs[-1]
+    k = state.num_steps
+    assert slider["value"] == 1 and end["value"] == end["maximum"] == k and slider["interactive"]
+    assert heatmap.startswith(span_side_by_side_html(state, ["macs"], 0, k - 1, "sentence"))
+    step, end, table = app_module.span_controls(state, True)  # ticking the box: the whole answer, no token table
+    assert step["value"] == 1 and end["visible"] and end["value"] == end["maximum"] == k and not table["visible"]
+    step, end, table = app_module.span_controls(state, False)
+    assert not end["visible"] and table["visible"]
+    assert app_module.span_controls(None, True)[1]["visible"]
+
+
+def _partial(app_module, fake, n: int) -> Attribution:
+    """The State after a request that stopped after `n` streamed tokens (cancelled)."""
+    return first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False), n)[-1][-1]
+
+
+def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(app_module, fake):
+    state = _partial(app_module, fake, 3)
+    assert state.meta["status"] == "fake step 3"
+    status, step, end = app_module.after_explain(state)
+    assert status.startswith("Stopped after 3 tokens (cancelled") and "model is free" in status
+    assert step["interactive"] and step["value"] == step["maximum"] == 3 and end["maximum"] == 3
+    done = collect(app_module.explain("Where is Paris", ["macs"], 8, True, False))[-1][-1]
+    done.meta["status"] = "done"
+    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done))  # left as shown
+    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(None))
+    assert app_module.after_image({"attr": state, "image": None})[0].startswith("Stopped after 3 tokens")
+    assert app_module.after_faithfulness("Removal curves ready (removal 1.0 s); π-Soft is running…").startswith(
+        "Stopped"
+    )
+    assert isinstance(app_module.after_faithfulness("Measured on 4 answer tokens"), type(gr.skip()))
+
+
+def _file(update: dict) -> bytes:
+    assert update["interactive"] is True
+    return open(update["value"], "rb").read()
+
+
+def test_exports_are_the_libraries_files_and_reopen_to_identical_views(app_module, fake, tmp_path):
+    from visuals.export import load_result, result_json
+    from visuals.png import view_png
+    from visuals.report import report_html
+
+    state = collect(app_module.explain("Paris is big. It is far", ["macs", "random"], 8, True, False))[-1][-1]
+    json_file, report_file = app_module.export_files(state, ["random", "macs"], False)
+    assert json_file["value"].endswith("explanation-fake-tiny-4steps.json")
+    assert _file(json_file).decode() == result_json(state)
+    assert _file(report_file).decode() == report_html(state, ["random", "macs"], user_only=True)
+    assert _file(app_module.export_report(state, ["macs", "atman"], True)).decode() == report_html(
+        state, ["macs"], user_only=False
+    )  # a ticked method without scores is left out
+    png = _file(app_module.export_view(state, ["macs"], 2, False))
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert png == app_module.png_bytes(view_png(state, ["macs"], 1, user_only=True))
+    for off in (
+        app_module.export_view(state, ["macs"], 2, False, True, "token"),  # PNG draws one step's token view only
+        app_module.export_view(state, ["macs"], 2, False, False, "sentence"),
+        app_module.export_view(None, ["macs"], 2, False),
+        *app_module.export_files(None, ["macs"], False),
+    ):
+        assert off == {"__type__": "update", "value": None, "interactive": False}
+    saved = tmp_path / "saved.json"
+    saved.write_bytes(_file(json_file))
+    app_module._load.cache_clear()
+    calls, loads = len(fake.calls), fake.loads
+    opened = app_module.open_saved(str(saved), False, False, "token")
+    attr, box, answer, heatmap, rows, step, end, status = opened
+    assert fake.loads == loads and len(fake.calls) == calls  # no model loaded, none asked
+    assert box["value"] == ["macs", "random"] and step["value"] == step["maximum"] == 4 and step["interactive"]
+    assert status.startswith("Opened saved.json: 4 answer tokens by fake-tiny") and "no model was run" in status
+    assert (answer, heatmap, rows) == app_module.render(state, ["macs", "random"], 4, False)
+    for view in [(1, False, False, None, "token"), (2, True, True, 4, "sentence"), (3, False, False, None, "word")]:
+        assert app_module.render(attr, ["macs", "random"], *view) == app_module.render(state, ["macs", "random"], *view)
+    assert load_result(str(saved)).to_dict() == attr.to_dict()
+    assert app_module.open_saved(None, False, False, "token") == (gr.skip(),) * 8
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"model": "x"')
+    with pytest.raises(gr.Error, match="not valid JSON"):
+        app_module.open_saved(str(broken), False, False, "token")
+    foreign = tmp_path / "foreign.json"
+    mine = {"mine": MethodScores.from_raw(np.zeros((0, 1)))}
+    foreign.write_text(result_json(Attribution(model="m", prompt_token_ids=[1], prompt_tokens=["a"], methods=mine)))
+    box = app_module.open_saved(str(foreign), False, False, "token")[1]
+    assert box["value"] == ["mine"] and box["choices"][-1] == "mine"  # an unregistered method can still be shown
+
+
+def test_downloads_live_in_one_temporary_folder_that_keeps_the_newest(app_module):
+    root = app_module.Path(app_module._DOWNLOADS.name)
+    paths = [app_module._download(f"file {i}", "same-name.txt")["value"] for i in range(app_module.KEEP_DOWNLOADS + 5)]
+    assert all(app_module.Path(p).parent.parent == root for p in paths)
+    assert len(list(root.iterdir())) <= app_module.KEEP_DOWNLOADS
+    assert open(paths[-1]).read() == f"file {app_module.KEEP_DOWNLOADS + 4}"  # names repeat, files do not clash
+    assert not app_module.Path(paths[0]).exists()
+
+
+def test_image_exports_add_the_gif_and_the_overlays(app_module, vl_fake, tmp_path):
+    from visuals.overlay import gif_bytes
+    from visuals.png import view_png
+
+    path = upload_files.write(tmp_path, "bilevel.png")
+    state = collect(app_module.explain_image(str(path), "What?", ["macs"], 3, 0.5, True, 64, "A dog"))[-1][-1]
+    assert vl_fake.calls[-1]["answer"] == "A dog" and vl_fake.calls[-1]["max_new_tokens"] == len(b"A dog") + 1
+    json_file, report_file, gif_file = app_module.export_image_files(state, ["macs"], 0.4, True)
+    gif = _file(gif_file)
+    assert gif[:6] == b"GIF89a" and gif == gif_bytes(state["image"], state["attr"], ["macs"], 0.4, 10)
+    assert "xai-image" in _file(report_file).decode() and _file(json_file).startswith(b"{")
+    png = _file(app_module.export_image_view(state, ["macs"], 2, 0.4))
+    assert png == app_module.png_bytes(view_png(state["attr"], ["macs"], 1, image=state["image"], alpha=0.4))
+    assert all(u["value"] is None for u in app_module.export_image_files(None, ["macs"], 0.5, True))
+
+
+def test_exports_and_reopening_are_wired_after_each_answer(app_module):
+    fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
+    chain = ["explain", "after_explain", "export_files", "export_view_after_explain"]
+    for before, after in zip(chain, chain[1:]):
+        assert fns[after].trigger_after == fns[before]._id and not fns[after].trigger_only_on_success
+    assert fns["export_files_after_open"].trigger_after == fns["open_saved"]._id
+    assert fns["open_saved"].fn is app_module.open_saved and fns["open_saved"].targets[0][1] == "upload"
+    assert fns["export_view"].trigger_after == fns["render"]._id
+    image_chain = ["explain_image", "after_image", "export_image_files", "export_image_view_after_explain"]
+    for before, after in zip(image_chain, image_chain[1:]):
+        assert fns[after].trigger_after == fns[before]._id
+    assert app_module.demo.delete_cache is not None  # Gradio's copies of served files are cleaned too

@@ -465,7 +465,8 @@ def _app_result(app_module, state: Attribution, data) -> None:
 )
 def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
     try:
-        outs = collect(app.explain(prompt, methods, new, *flags, *data.draw(option_values(app, odd_share=8))))
+        options = data.draw(option_values(app, odd_share=8))
+        outs = collect(app.explain(prompt, methods, new, *flags, None, False, "token", *options))  # generate
     except gr.Error as e:
         _refused(e.message)
     else:
@@ -479,7 +480,7 @@ def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
 def test_app_explain_any_settings(app, text, data, methods, new):
     options = data.draw(option_values(app, odd_share=2))
     try:
-        outs = collect(app.explain("Where is Paris?", methods, new, True, False, *options))
+        outs = collect(app.explain("Where is Paris?", methods, new, True, False, None, False, "token", *options))
     except gr.Error as e:
         _refused(e.message)
     else:

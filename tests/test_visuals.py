@@ -364,3 +364,63 @@ def test_a_streamed_update_costs_at_most_40_bytes_per_token_and_method():
         assert len(positions(panels(fragment)["macs"])) == (n - 5 if user_only else n)
         size = len(fragment.encode("utf-8"))
         assert size <= 40 * n * 2 + constant, size / (n * 2)
+
+
+def _answer_tokens(fragment: str) -> list[dict[str, str]]:
+    """Each answer token's attributes (data-step, data-selected, data-low, style, title) and text, in order."""
+    out = []
+    for attrs, text in re.findall(r'<span class="xai-step" ([^>]*)>(.*?)</span>', fragment):
+        found = dict(re.findall(r'([\w-]+)="([^"]*)"', attrs))
+        out.append({**found, "title": html.unescape(found["title"]), "text": html.unescape(text)})
+    return out
+
+
+def test_answer_strip_shows_step_scores_on_hover_and_underlines_unlikely_tokens():
+    attr = make_attr()
+    probabilities, entropies = [0.91234, 0.0999, 0.00004], [0.25, 3.14159, 0.0]
+    attr.step_scores = {"probability": probabilities, "entropy": entropies}
+    tokens = _answer_tokens(answer_html(attr, 1))
+    assert [t["text"] for t in tokens] == [" Paris", " is", "<b>"]
+    for i, (t, p, h) in enumerate(zip(tokens, probabilities, entropies, strict=True)):
+        m = re.fullmatch(rf"step {i + 1}: '.*' · p = ([0-9.e+-]+) · entropy ([0-9.]+) nats", t["title"])
+        assert m, t["title"]
+        assert math.isclose(float(m[1]), p, rel_tol=5e-3) and math.isclose(float(m[2]), h, abs_tol=5e-3)
+        low = p < 0.1  # the documented threshold, decided here independently of the module's constant
+        assert (t.get("data-low") == "true") == low and ("underline dotted" in t["style"]) == low
+    assert [t.get("data-selected") for t in tokens] == [None, "true", None]
+    fragment = answer_html(attr, 1)
+    assert "dotted underline: p &lt; 0.1" in fragment or "dotted underline: p < 0.1" in fragment
+    assert "teacher-forced" not in fragment
+
+
+def test_answer_strip_without_step_scores_has_no_scores_and_no_legend():
+    attr = make_attr()
+    assert attr.step_scores == {}
+    fragment = answer_html(attr, 0)
+    assert all(re.fullmatch(r"step \d: '.*'", t["title"]) for t in _answer_tokens(fragment))
+    assert "data-low" not in fragment and "dotted underline" not in fragment
+    attr.step_scores = {"probability": [0.5], "entropy": [1.0]}  # wrong length (K = 3): ignored, not misattributed
+    assert answer_html(attr, 0) == fragment
+    attr.step_scores = {"probability": [float("nan"), 0.01, 0.5], "entropy": [1.0, float("nan"), 2.0]}
+    tokens = _answer_tokens(answer_html(attr, 0))
+    assert [("p =" in t["title"], "entropy" in t["title"], "data-low" in t) for t in tokens] == [
+        (False, True, False),
+        (True, False, True),
+        (True, True, False),
+    ]
+
+
+def test_answer_strip_marks_a_given_answer_and_highlights_a_span():
+    attr = make_attr()
+    attr.meta["answer"] = "given"
+    fragment = answer_html(attr, 2, 0)  # a reversed span is the same span
+    assert "Given answer (teacher-forced)" in fragment
+    assert re.findall(r'data-step="(\d+)" data-selected', fragment) == ["0", "1", "2"]
+    assert answer_html(attr, 0, 2) == fragment
+    assert re.findall(r'data-step="(\d+)" data-selected', answer_html(attr, 1, 99)) == ["1", "2"]  # clamped
+    assert re.findall(r'data-step="(\d+)" data-selected', answer_html(attr, 1, 1)) == ["1"]
+    outlined = ["outline:" in t["style"] for t in _answer_tokens(answer_html(attr, 1, 1))]
+    assert outlined == [False, True, False]  # one token: outlined; a span: shaded, so the run reads as one
+    assert not any("outline:" in t["style"] for t in _answer_tokens(fragment))
+    attr.meta["answer"] = "generated"
+    assert "teacher-forced" not in answer_html(attr, 1)

@@ -38,6 +38,9 @@ _CARD = (
 _FLOW = "white-space:pre-wrap;word-break:break-word;line-height:1.9;font-size:15px;"
 _TOKEN = "border-radius:3px;padding:1px 0;"
 _SELECTED = "outline:2px solid #cf222e;outline-offset:1px;background-color:#fff8c5;"  # the answer token explained
+_IN_SPAN = "background-color:#fff8c5;box-shadow:inset 0 -2px 0 #cf222e;"  # tokens of an explained span
+LOW_PROBABILITY = 0.1  # answer tokens the model gave less than this are underlined with dots on the answer strip
+_LOW = "text-decoration:underline dotted #57606a 2px;text-underline-offset:4px;"
 _WHITESPACE = {"\n": "⏎", "\t": "⇥", "\r": ""}
 BINS = 8  # colour steps per sign: bin round(8 |z| / zmax); finer steps are invisible at text size
 _STRONG_BIN = 6  # from here on (|z| >= 0.75 zmax) the background is dark enough for white text
@@ -333,32 +336,70 @@ def side_by_side_html(
     )
 
 
-def answer_html(attr: Attribution, step: int | None = None) -> str:
-    """The generated answer as text with the token of `step` outlined (the one the heatmap explains).
+def _step_score(attr: Attribution, key: str, step: int) -> float:
+    """`attr.step_scores[key][step]` as a float, NaN when the result has none (older results, wrong length)."""
+    values = attr.step_scores.get(key) if isinstance(attr.step_scores, dict) else None
+    if not isinstance(values, list | tuple) or len(values) != attr.num_steps:
+        return math.nan
+    v = values[step]
+    return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else math.nan
+
+
+def _probability_text(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else f"{p:.1e}"
+
+
+def answer_html(attr: Attribution, step: int | None = None, last: int | None = None) -> str:
+    """The answer as text with the explained token (or span of tokens) outlined, and each token's step scores.
+
+    Each token's hover title names its step and, when the result has step scores, the probability the model gave it
+    and the entropy of that step (nats); a token with probability below `LOW_PROBABILITY` is underlined with dots
+    (a cue that does not rely on colour), explained in a legend line under the answer. A given answer says so
+    ("given answer (teacher-forced)").
 
     Args:
-        attr: the generation; its K `generated_tokens` are shown.
+        attr: the generation; its K `generated_tokens` are shown, with `attr.step_scores` when present.
         step: 0-based index of the highlighted token; None is the newest, out-of-range values are clamped.
+        last: with a span, its last step (inclusive, clamped): steps `step`..`last` are highlighted; None is `step`.
 
     Returns:
-        An HTML fragment.
+        An HTML fragment; highlighted tokens carry `data-selected`, underlined ones `data-low`.
     """
     num_steps = len(attr.generated_tokens)
     s = _clamp_step(step, num_steps)
     if s is None:
         return f'<div class="xai-answer" style="{_CARD}">{_note_html("No answer yet.")}</div>'
+    e = s if last is None else _clamp_step(last, num_steps)
+    first, e = min(s, e), max(s, e)
+    scored = False
     parts = []
     for i, token in enumerate(attr.generated_tokens):
-        title = html.escape(f"step {i + 1}: {_quoted(token)}", quote=True)
-        style = _TOKEN
-        if i == s:
-            style += _SELECTED
-        selected = ' data-selected="true"' if i == s else ""
+        title = f"step {i + 1}: {_quoted(token)}"
+        p, h = _step_score(attr, "probability", i), _step_score(attr, "entropy", i)
+        style, low = _TOKEN, ""
+        if math.isfinite(p):
+            scored = True
+            title += f" · p = {_probability_text(p)}"
+            if p < LOW_PROBABILITY:
+                style, low = style + _LOW, ' data-low="true"'
+        if math.isfinite(h):
+            scored = True
+            title += f" · entropy {h:.2f} nats"
+        selected = ""
+        if first <= i <= e:
+            style, selected = style + (_SELECTED if first == e else _IN_SPAN), ' data-selected="true"'
         parts.append(
-            f'<span class="xai-step" data-step="{i}"{selected} style="{style}" title="{title}">'
-            f"{_token_text_html(token)}</span>"
+            f'<span class="xai-step" data-step="{i}"{selected}{low} style="{style}" '
+            f'title="{html.escape(title, quote=True)}">{_token_text_html(token)}</span>'
         )
-    return f'<div class="xai-answer" style="{_CARD}"><div style="{_FLOW}">{"".join(parts)}</div></div>'
+    head = _note_html("Given answer (teacher-forced)") if attr.meta.get("answer") == "given" else ""
+    legend = ""
+    if scored:
+        legend = _note_html(
+            "Hover a token for the probability p the model gave it and the entropy of that step (nats); "
+            f"dotted underline: p < {LOW_PROBABILITY:g}."
+        )
+    return f'<div class="xai-answer" style="{_CARD}">{head}<div style="{_FLOW}">{"".join(parts)}</div>{legend}</div>'
 
 
 def top_tokens_rows(

@@ -3,7 +3,7 @@
 Tests say what they do (`app.generate("...", max_new_tokens=6)`) and read what a visitor sees (`app.heatmap_methods()`);
 the selectors live here only. Widgets are found by their labels (Gradio writes `aria-label="number input for <label>"`
 on a slider's number box), the views by the classes and `data-` attributes `visuals` writes (`.xai-step[data-step]`,
-`.xai-panel[data-method]`). A new panel (spans, exports, reload) adds its methods here.
+`.xai-panel[data-method]`, `.xai-top` for the top sentences), buttons by their names. A new panel adds its methods here.
 """
 
 from __future__ import annotations
@@ -14,6 +14,13 @@ from typing import Any
 
 GENERATE_SECONDS = 90  # a short answer with MACS and Rollout on the embedded model, on a busy 2-core machine
 FAITHFULNESS_SECONDS = 120
+_CANONICAL = """el => {
+  const walk = n => n.nodeType === 3 ? n.data : n.nodeType !== 1 ? "" : "<" + n.tagName.toLowerCase()
+    + [...n.attributes].map(a => ` ${a.name}="${a.value}"`).sort().join("") + ">"
+    + [...n.childNodes].map(walk).join("") + "</" + n.tagName.toLowerCase() + ">";
+  return walk(el);
+}"""
+_STATUS = re.compile(r"^(Done: |generating|Generating|teacher-forcing|running |Stopped|Opened |Waiting)")
 
 
 class AppPage:
@@ -70,20 +77,45 @@ class AppPage:
     def set_max_new_tokens(self, value: int) -> None:
         self.set_number("Max new tokens", value)
 
+    def type_answer(self, text: str) -> None:
+        """Fill the "Answer (optional)" box of the text tab ("" to generate)."""
+        box = self.page.get_by_label("Answer (optional)", exact=True).first
+        box.fill(text)
+        box.blur()
+
+    def pick_example(self, label: str) -> None:
+        """Click one of the text tab's examples (fills the prompt)."""
+        self.page.get_by_role("button", name=label).click()
+
     # --- generation --------------------------------------------------------------------------------------------
     def status(self) -> str:
         """The status line under the inputs ("Done: …", "generating: …", "Cancelled: …"), or ""."""
-        line = self.page.get_by_text(re.compile(r"^(Done: |generating|Generating|running |Cancelled|Waiting)"))
+        line = self.page.get_by_text(_STATUS)
         return line.first.inner_text() if line.count() else ""
+
+    def wait_status(self, pattern: str, timeout: float = GENERATE_SECONDS) -> str:
+        """Wait until the status line matches `pattern` (a regular expression); returns it."""
+        line = self.page.get_by_text(_STATUS).filter(has_text=re.compile(pattern)).first
+        line.wait_for(timeout=timeout * 1000)
+        return line.inner_text()
 
     def press(self, button: str) -> None:
         self.page.get_by_role("button", name=button, exact=True).first.click()
 
     def generate(
-        self, prompt: str, max_new_tokens: int = 6, methods: list[str] | None = None, wait: bool = True
+        self,
+        prompt: str | None,
+        max_new_tokens: int = 6,
+        methods: list[str] | None = None,
+        wait: bool = True,
+        answer: str | None = None,
     ) -> None:
-        """Type a prompt, set the answer length (and methods), press Generate and, with `wait`, wait until done."""
-        self.type_prompt(prompt)
+        """Type a prompt (None: keep the one there), set the answer length (and methods, and a given answer), press
+        Generate and, with `wait`, wait until done."""
+        if prompt is not None:
+            self.type_prompt(prompt)
+        if answer is not None:
+            self.type_answer(answer)
         self.set_max_new_tokens(max_new_tokens)
         if methods is not None:
             self.set_methods(methods)
@@ -101,6 +133,19 @@ class AppPage:
     def answer_tokens(self) -> list[str]:
         return self.page.locator(".xai-answer:visible .xai-step").all_inner_texts()
 
+    def answer_titles(self) -> list[str]:
+        """The hover titles of the answer tokens ("step 1: 'Paris' · p = 0.912 · entropy 0.41 nats")."""
+        return self.page.locator(".xai-answer:visible .xai-step").evaluate_all("els => els.map(e => e.title)")
+
+    def answer_text(self) -> str:
+        """Everything the answer strip shows: its note, the tokens, its legend line."""
+        return self.page.locator(".xai-answer:visible").first.inner_text()
+
+    def selected_steps(self) -> list[int]:
+        """0-based steps highlighted on the answer strip (one, or a span)."""
+        selected = self.page.locator(".xai-answer:visible .xai-step[data-selected]")
+        return [int(s) for s in selected.evaluate_all("els => els.map(e => e.dataset.step)")]
+
     def selected_step(self) -> int | None:
         """0-based step highlighted on the answer strip."""
         selected = self.page.locator(".xai-answer:visible .xai-step[data-selected]")
@@ -114,6 +159,12 @@ class AppPage:
     def heatmap_html(self) -> str:
         return self.page.locator(".xai-heatmap:visible").first.inner_html()
 
+    def view_dom(self, selector: str = ".xai-heatmap:visible") -> str:
+        """The first matching view as canonical markup: tags, attributes sorted by name, text. Gradio patches an
+        updated view in place, which can reorder attributes, so raw `inner_html` differs between two visitors who
+        see the same thing."""
+        return self.page.locator(selector).first.evaluate(_CANONICAL)
+
     def scored_tokens(self, method: str) -> int:
         """Prompt tokens of `method`'s panel that carry a score (a hover title with a z-score)."""
         return self.page.locator(f'.xai-panel[data-method="{method}"] .xai-flow i[title^="+"], '
@@ -121,6 +172,55 @@ class AppPage:
 
     def step_slider_value(self) -> int:
         return int(float(self.page.get_by_label("number input for Generation step", exact=False).input_value()))
+
+    def step_slider_enabled(self) -> bool:
+        return self.page.get_by_label("range slider for Generation step", exact=False).is_enabled()
+
+    # --- spans and prompt units --------------------------------------------------------------------------------
+    def explain_span(self, on: bool = True) -> None:
+        """Tick (or untick) "Explain a span of answer tokens": the span starts as the whole answer."""
+        box = self.page.get_by_label("Explain a span of answer tokens", exact=False)
+        if box.is_checked() != on:
+            box.click()
+
+    def set_span_end(self, value: int) -> None:
+        self.set_number("Span end", value)
+
+    def set_units(self, unit: str) -> None:
+        """Pick the prompt units: "token", "word" or "sentence"."""
+        self.page.get_by_label(unit, exact=True).check()
+
+    def heatmap_granularity(self) -> str | None:
+        return self.page.locator(".xai-heatmap:visible").first.get_attribute("data-granularity")
+
+    def heatmap_caption(self) -> str:
+        return self.page.locator(".xai-heatmap:visible > div").nth(0).inner_text()
+
+    def top_sentences(self, method: str) -> list[str]:
+        """The top supporting sentences listed for `method`, best first (empty when none are shown)."""
+        rows = self.page.locator(f'.xai-top:visible .xai-panel[data-method="{method}"] tbody tr[data-pos]')
+        return [rows.nth(i).locator("td").nth(2).inner_text() for i in range(rows.count())]
+
+    # --- saving and opening ------------------------------------------------------------------------------------
+    def download(self, name: str, folder: Path) -> Path:
+        """Press a download button ("Download JSON", "Download HTML report", "Download PNG of this view") once it is
+        enabled and save the file into `folder` under the name the app suggests."""
+        button = self.page.get_by_role("button", name=name, exact=True)
+        self.page.wait_for_function("b => !b.disabled", arg=button.element_handle())
+        with self.page.expect_download() as info:
+            button.click()
+        path = folder / info.value.suggested_filename
+        info.value.save_as(path)
+        return path
+
+    def download_enabled(self, name: str) -> bool:
+        return self.page.get_by_role("button", name=name, exact=True).is_enabled()
+
+    def open_saved(self, path: Path) -> str:
+        """Upload a saved result through "Open a saved result" and wait for its status line; returns it."""
+        block = self.page.locator(".block", has_text="Open a saved result")
+        block.locator("input[type=file]").set_input_files(str(path))
+        return self.wait_status(r"^Opened ")
 
     def move_step_slider(self, presses: int) -> None:
         """Drag-free slider move: focus the range slider and press the arrow keys (negative: to the left)."""

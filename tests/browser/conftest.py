@@ -33,10 +33,17 @@ REQUIRE_ENV = "EXPLAINER_REQUIRE_BROWSER"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark this folder's tests `browser` and run them after all others: Playwright's sync API keeps an event loop
+    running in the main thread from the first browser test to the end of the session, and every later test that
+    calls `asyncio.run` (the app's handlers) or starts Playwright itself would fail."""
     here = Path(__file__).parent
+    browser = []
     for item in items:
         if here in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.browser)
+            browser.append(item)
+    last = set(browser)
+    items[:] = [item for item in items if item not in last] + browser
 
 
 @pytest.hookimpl(wrapper=True)
