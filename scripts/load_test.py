@@ -80,7 +80,8 @@ def table_of(outputs) -> list:
 
 
 def explain_args(prompt: str, methods: list[str], max_new: int = 16) -> tuple:
-    return (prompt, methods, max_new, True, False)
+    # prompt, methods, max new tokens, chat template, show all, answer (none), span (off), units; options default
+    return (prompt, methods, max_new, True, False, "", False, "token")
 
 
 def peak_rss_mib(pid: int) -> float | None:
