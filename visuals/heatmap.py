@@ -21,6 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from explainer.result import Attribution, zscore
+from explainer.spans import shown_positions
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
 TOKENS_PER_ROW = 16  # grid width of the Plotly view
@@ -124,18 +125,8 @@ def _clamp_step(step: int | None, num_steps: int) -> int | None:
     return min(max(int(step), 0), num_steps - 1)
 
 
-def _positions(attr: Attribution, user_only: bool) -> tuple[np.ndarray, bool]:
-    """Shown prompt positions and whether they are the user's subset (falls back to all tokens)."""
-    n = len(attr.prompt_tokens)
-    if user_only and attr.user_positions:
-        pos = np.unique(np.asarray([p for p in attr.user_positions if 0 <= p < n], dtype=np.int64))
-        if pos.size:
-            return pos, True
-    return np.arange(n, dtype=np.int64), False
-
-
 def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> _View:
-    pos, subset = _positions(attr, user_only)
+    pos, subset = shown_positions(attr, user_only)
     scores = attr.methods.get(method)
     s = _clamp_step(step, 0 if scores is None else scores.raw.shape[0])
     if s is None:

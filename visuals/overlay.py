@@ -167,7 +167,6 @@ def overlay_animation(
     Raises:
         ValueError: the result has no steps or none of `methods` has scores.
     """
-    import io
 
     methods = [m for m in methods if m in attr.methods]
     if not methods or attr.num_steps == 0:
@@ -175,15 +174,24 @@ def overlay_animation(
     frames = [
         overlay_grid(image, attr, methods, k, alpha, contour_top_percent, max_side) for k in range(attr.num_steps)
     ]
-    # One palette shared by all frames keeps colours steady (per-frame palettes flicker); it is fitted on up to eight
-    # frames spread over the sequence, stacked into one image.
+    return _gif(frames, frame_ms)
+
+
+def _gif(frames: list[Image.Image], frame_ms: int) -> bytes:
+    """Looping GIF bytes of same-sized RGB frames, the last held three times as long.
+
+    One palette shared by all frames keeps colours steady (per-frame palettes flicker); it is fitted on up to eight
+    frames spread over the sequence, stacked into one image.
+    """
+    import io
+
     sample = frames[:: max(1, len(frames) // 8)][:8]
     montage = Image.new("RGB", (frames[0].width, frames[0].height * len(sample)))
     for i, frame in enumerate(sample):
         montage.paste(frame, (0, i * frames[0].height))
     palette = montage.quantize(colors=255, method=Image.Quantize.MEDIANCUT)
     quantized = [f.quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
-    durations = [frame_ms] * (len(frames) - 1) + [3 * frame_ms]
+    durations = [int(frame_ms)] * (len(frames) - 1) + [3 * int(frame_ms)]
     buffer = io.BytesIO()
     quantized[0].save(buffer, format="GIF", save_all=True, append_images=quantized[1:], duration=durations, loop=0)
     return buffer.getvalue()
@@ -226,7 +234,6 @@ def gif_bytes(
     Raises:
         ValueError: the result has no steps or none of `methods` has scores.
     """
-    import io
 
     methods = [m for m in methods if m in attr.methods and attr.methods[m].raw.shape[0] > 0]
     if not methods or attr.num_steps == 0:
@@ -237,13 +244,4 @@ def gif_bytes(
         overlay_grid(image, attr, methods, k, alpha, contour_top_percent, side)
         for k in gif_steps(attr.num_steps, max_frames)
     ]
-    sample = frames[:: max(1, len(frames) // 8)][:8]  # one palette fitted on up to eight frames: no flicker
-    montage = Image.new("RGB", (frames[0].width, frames[0].height * len(sample)))
-    for i, frame in enumerate(sample):
-        montage.paste(frame, (0, i * frames[0].height))
-    palette = montage.quantize(colors=255, method=Image.Quantize.MEDIANCUT)
-    quantized = [f.quantize(palette=palette, dither=Image.Dither.NONE) for f in frames]
-    durations = [int(frame_ms)] * (len(frames) - 1) + [3 * int(frame_ms)]
-    buffer = io.BytesIO()
-    quantized[0].save(buffer, format="GIF", save_all=True, append_images=quantized[1:], duration=durations, loop=0)
-    return buffer.getvalue()
+    return _gif(frames, frame_ms)
