@@ -788,8 +788,11 @@ def _example_images() -> list[Path]:
 _ESTIMATE_HINT = "Type a prompt to see how long the slower methods would take on it."
 
 
-def method_estimates(prompt: str, max_new_tokens: float, chat_template: bool, attr: Any, *options: Any) -> str:
-    """Markdown under the method checkboxes: the extra time of each slower method on this prompt and answer length.
+def method_estimates(
+    prompt: str, max_new_tokens: float, chat_template: bool, attr: Any, answer: str | None, *options: Any
+) -> str:
+    """Markdown under the method checkboxes: the extra time of each slower method on this prompt and answer length
+    (the given answer's, when the *Answer* box is filled).
 
     Tokenises the prompt only; the model's speed is probed once per process (briefly, and not while another
     request holds the model), and a finished result in `attr` corrects the figures of the methods it ran.
@@ -803,6 +806,7 @@ def method_estimates(prompt: str, max_new_tokens: float, chat_template: bool, at
         estimates = estimate(
             bundle, prompt, max_new_tokens=new, chat_template=bool(chat_template),
             method_options=chosen_options(available_methods(), options),
+            answer=answer if isinstance(answer, str) else None,
         )  # fmt: skip
     except (ExplainerError, gr.Error) as e:
         return f"No time estimate: {getattr(e, 'message', None) or e}"
@@ -810,8 +814,9 @@ def method_estimates(prompt: str, max_new_tokens: float, chat_template: bool, at
     if not slow:
         return ""
     parts = " · ".join(f"**{e.method}** {e.describe()}{' ✓' if e.corrected else ''}" for e in slow)
+    length = "the given answer" if isinstance(answer, str) and answer.strip() else f"up to {new} new"
     return (
-        f"Extra time for this prompt ({slow[0].prompt_tokens} tokens, up to {new} new): {parts}. "
+        f"Extra time for this prompt ({slow[0].prompt_tokens} tokens, {length}): {parts}. "
         "Rough figures from a short speed probe of this model; ✓: corrected by that method's own last run here."
     )
 
@@ -945,10 +950,11 @@ def build_text_tab(option_widgets: list) -> Any:
         api_name="export_files_after_open", show_progress="hidden",
     ).then(export_view, inputs=png_inputs, outputs=png_btn, api_name="export_view_after_open",
            show_progress="hidden")  # fmt: skip
-    estimate_inputs = [prompt_box, max_new_slider, chat_template_box, state, *option_widgets]
+    estimate_inputs = [prompt_box, max_new_slider, chat_template_box, state, answer_box, *option_widgets]
     gr.on(
         triggers=[
             prompt_box.change,
+            answer_box.change,
             max_new_slider.change,
             chat_template_box.change,
             *(w.change for w in option_widgets),

@@ -400,9 +400,11 @@ def estimate(
     chat_template: bool = True,
     method_options: dict[str, dict[str, Any]] | None = None,
     wait: float | None = PROBE_WAIT,
+    answer: str | None = None,
 ) -> list[Estimate]:
     """Estimated extra time of each method on this prompt, taking K = `max_new_tokens` (an answer that ends earlier
-    costs less). Tokenises the prompt and looks up its embeddings; runs the model only for the first speed probe.
+    costs less), or, with a given `answer`, K = its number of tokens. Tokenises the prompt (and answer) and looks up
+    the prompt's embeddings; runs the model only for the first speed probe.
 
     Args:
         bundle: the loaded model.
@@ -412,10 +414,13 @@ def estimate(
         chat_template: as `explain`.
         method_options: per-method options, as `explain` takes them.
         wait: how long the first speed probe may wait for a busy model (see `speed`).
+        answer: a given answer (teacher-forced by `explain`); empty or None: generation up to `max_new_tokens`.
 
     Raises:
         InputError: empty or too long prompt, bad options. UnknownMethodError: unknown method.
     """
+    if isinstance(answer, str) and answer.strip():  # tokenised on its own: within a token or two of explain's count
+        max_new_tokens = max(1, len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]))
     encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
     ids = encoded.input_ids[0].tolist()
     names = list(METHODS) if methods is None else list(methods)

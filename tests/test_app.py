@@ -633,12 +633,14 @@ class FakeEstimates:
         self.calibrated.append(attr)
         return []
 
-    def estimate(self, bundle, prompt, max_new_tokens=64, chat_template=True, method_options=None):
+    def estimate(self, bundle, prompt, max_new_tokens=64, chat_template=True, method_options=None, answer=None):
         from explainer.estimate import Cost, Estimate
 
         if not prompt.strip():
             raise InputError("The prompt is empty.")
-        self.calls.append({"prompt": prompt, "k": max_new_tokens, "chat": chat_template, "options": method_options})
+        self.calls.append(
+            {"prompt": prompt, "k": max_new_tokens, "chat": chat_template, "options": method_options, "answer": answer}
+        )
         slow = Cost(forward_passes=2, forward_tokens=10)
         return [
             Estimate("macs", Cost(), 0.0, prompt_tokens=7),
@@ -652,18 +654,21 @@ def test_estimates_of_the_slower_methods_show_under_the_checkboxes(app_module, f
     monkeypatch.setattr(app_module, "estimate", lib.estimate)
     monkeypatch.setattr(app_module, "calibrate", lib.calibrate)
     values = [w.value for w in app_module.OPTION_WIDGETS]
-    text = app_module.method_estimates("Where is Paris?", 16.0, True, None, *values)
+    text = app_module.method_estimates("Where is Paris?", 16.0, True, None, "", *values)
     assert "7 tokens, up to 16 new" in text and "**atman** about 40 s ✓" in text
     assert "**input_x_gradient** not measured yet" in text and "macs" not in text  # free methods are not listed
     call = lib.calls[-1]
     assert call["k"] == 16 and isinstance(call["k"], int) and call["chat"] is True
     assert call["options"]["atman"]["fast"] is True  # the option widgets reach the cost model
     state = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))[-1][-1]
-    app_module.method_estimates("Where is Paris?", 16, False, state, *values)
+    app_module.method_estimates("Where is Paris?", 16, False, state, None, *values)
     assert lib.calibrated[-1] is state and lib.calls[-1]["chat"] is False  # a finished result corrects the figures
-    assert app_module.method_estimates("  ", 16, True, None, *values) == app_module._ESTIMATE_HINT
-    assert app_module.method_estimates("hi", 999, True, None, *values).startswith("No time estimate: Max new tokens")
+    assert app_module.method_estimates("  ", 16, True, None, "", *values) == app_module._ESTIMATE_HINT
+    refused = app_module.method_estimates("hi", 999, True, None, "", *values)
+    assert refused.startswith("No time estimate: Max new tokens")
     assert len(lib.calls) == 2
+    given = app_module.method_estimates("Where is Paris?", 16, True, None, "In France.", *values)
+    assert lib.calls[-1]["answer"] == "In France." and "the given answer" in given and "up to 16 new" not in given
 
 
 def test_estimates_with_a_real_tiny_model(app_module, monkeypatch, llama, tokenizer):
@@ -674,12 +679,12 @@ def test_estimates_with_a_real_tiny_model(app_module, monkeypatch, llama, tokeni
     monkeypatch.setattr(app_module, "get_bundle", lambda: bundle)
     values = [w.value for w in app_module.OPTION_WIDGETS]
     try:
-        text = app_module.method_estimates("Where is Paris?", 8, True, None, *values)
+        text = app_module.method_estimates("Where is Paris?", 8, True, None, "", *values)
         for method in ("atman", "attnlrp", "grad_ellm", "input_x_gradient"):
             assert f"**{method}** " in text
         assert "**macs**" not in text and "**rollout**" not in text
         broken = [0 if k == ("atman", "batch_size") else v for k, v in zip(app_module.OPTION_KEYS, values)]
-        assert "batch_size" in app_module.method_estimates("Where is Paris?", 8, True, None, *broken)
+        assert "batch_size" in app_module.method_estimates("Where is Paris?", 8, True, None, "", *broken)
     finally:
         est.forget_speed(bundle)
 
@@ -688,8 +693,8 @@ def test_estimate_event_follows_prompt_length_and_options_and_each_answer(app_mo
     fns = {fn.api_name: fn for fn in app_module.demo.fns.values()}
     event = fns["estimate"]
     assert event.fn is app_module.method_estimates and event.trigger_mode == "always_last"
-    assert len(event.inputs) == 4 + len(app_module.OPTION_KEYS)
-    assert len(event.targets) == 3 + len(app_module.OPTION_KEYS) and {t[1] for t in event.targets} == {"change"}
+    assert len(event.inputs) == 5 + len(app_module.OPTION_KEYS)  # prompt, max new, template, state, answer
+    assert len(event.targets) == 4 + len(app_module.OPTION_KEYS) and {t[1] for t in event.targets} == {"change"}
     after = fns["estimate_after_explain"]  # once per answer, not on every streamed update
     assert after.fn is app_module.method_estimates and after.inputs == event.inputs
     assert after.trigger_after == fns["explain"]._id and not after.trigger_only_on_success

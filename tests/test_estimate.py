@@ -249,6 +249,19 @@ def test_estimate_is_cost_over_measured_speed(bundle):
     assert plain["attnlrp"].cost.forward_tokens == len(bundle.tokenizer(prompt)["input_ids"]) + k - 1
 
 
+def test_a_given_answer_sets_k_to_its_tokens(bundle):
+    """With a given answer the work is that answer's K tokens, not the slider's max-new-tokens."""
+    est._speeds[bundle.model] = est.Speed(forward_tokens_per_s=100.0, backward_tokens_per_s=40.0)
+    prompt, answer = "Paris is the capital of France.", "It is Paris, in France."
+    k = len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    given = {e.method: e for e in est.estimate(bundle, prompt, max_new_tokens=200, answer=answer)}
+    alike = {e.method: e for e in est.estimate(bundle, prompt, max_new_tokens=k)}
+    assert given["input_x_gradient"].seconds == pytest.approx(alike["input_x_gradient"].seconds)
+    assert given["input_x_gradient"].cost == alike["input_x_gradient"].cost
+    blank = {e.method: e for e in est.estimate(bundle, prompt, max_new_tokens=k, answer="  ")}
+    assert blank["input_x_gradient"].cost == alike["input_x_gradient"].cost  # blank: generation up to K
+
+
 def test_estimate_refuses_bad_input(bundle):
     with pytest.raises(InputError, match="empty"):
         est.estimate(bundle, "   ")
