@@ -206,7 +206,7 @@ def _waiting_note(bundle: Any) -> str | None:
     if not lock.locked():
         return None
     ahead = lock.waiting + 1
-    return f"Waiting for the model: {ahead} request{'s' if ahead > 1 else ''} ahead (a cancelled one stops first)…"
+    return f"{_WAITING}: {ahead} request{'s' if ahead > 1 else ''} ahead (a cancelled one stops first)…"
 
 
 def _granularity(value: Any) -> str:
@@ -372,14 +372,24 @@ async def explain(
     yield _outputs(attr, methods, show_all, False, span, granularity)
 
 
-def after_explain(attr: Attribution | None) -> tuple:
+_WAITING = "Waiting for the model"  # how `_waiting_note` starts
+
+
+def after_explain(attr: Attribution | None, status: str | None = None) -> tuple:
     """Run after every explain request, finished, failed or cancelled (Gradio runs it once the cancelled request
     has stopped, so no late update overwrites it): a stopped answer gets its status and free sliders; a finished
-    one is left as its last update showed it.
+    one is left as its last update showed it; a request stopped while it still waited for the model (the status
+    still shows the waiting note) says so.
 
     Returns:
         (status text, step-slider update, span-end-slider update), or skips.
     """
+    if isinstance(status, str) and status.startswith(_WAITING):
+        return (
+            "Stopped before it started (cancelled while waiting for the model); the views show the previous result.",
+            gr.skip(),
+            gr.skip(),
+        )
     if not isinstance(attr, Attribution) or attr.meta.get("status") == "done" or not attr.num_steps:
         return gr.skip(), gr.skip(), gr.skip()
     step, end = _sliders(attr, live=False, span=False)
@@ -741,9 +751,9 @@ def _image_outputs(attr: Attribution, image: Any, methods: list[str], opacity: f
     return grid, answer, question, slider, _status(attr, live), state
 
 
-def after_image(state: dict | None) -> tuple:
+def after_image(state: dict | None, status: str | None = None) -> tuple:
     """As `after_explain`, for the image tab: (status text, step-slider update), or skips."""
-    status, step, _ = after_explain(state.get("attr") if isinstance(state, dict) else None)
+    status, step, _ = after_explain(state.get("attr") if isinstance(state, dict) else None, status)
     return status, step
 
 
@@ -933,7 +943,7 @@ def build_text_tab(option_widgets: list) -> Any:
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
     cancel_btn.click(None, cancels=[explain_event])
     explain_event.then(
-        after_explain, inputs=state, outputs=[status_md, step_slider, span_end_slider],
+        after_explain, inputs=[state, status_md], outputs=[status_md, step_slider, span_end_slider],
         api_name="after_explain", show_progress="hidden",
     ).then(
         export_files, inputs=[state, methods_box, show_all_box], outputs=[json_btn, report_btn],
@@ -1114,7 +1124,8 @@ def build_image_tab(option_widgets: list) -> Any:
     )  # fmt: skip
     image_cancel_btn.click(None, cancels=[image_event])  # the status is set after the request stops (see text tab)
     image_event.then(
-        after_image, inputs=image_state, outputs=[image_status_md, image_step_slider], api_name="after_image",
+        after_image, inputs=[image_state, image_status_md], outputs=[image_status_md, image_step_slider],
+        api_name="after_image",
         show_progress="hidden",
     ).then(
         export_image_files, inputs=[image_state, image_methods_box, opacity_slider, contour_box],

@@ -817,6 +817,12 @@ def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(app_m
     done.meta["status"] = "done"
     assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done))  # left as shown
     assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(None))
+    # a request cancelled while it waited for the model never replaced the waiting note
+    lock_note = f"{app_module._WAITING}: 1 request ahead (a cancelled one stops first)…"
+    status, step, _ = app_module.after_explain(done, lock_note)
+    assert status.startswith("Stopped before it started") and isinstance(step, type(gr.skip()))
+    assert app_module.after_image({"attr": done, "image": None}, lock_note)[0].startswith("Stopped before it started")
+    assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done, "Done: 8 tokens."))
     assert app_module.after_image({"attr": state, "image": None})[0].startswith("Stopped after 3 tokens")
     assert app_module.after_faithfulness("Removal curves ready (removal 1.0 s); π-Soft is running…").startswith(
         "Stopped"
