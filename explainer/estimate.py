@@ -44,8 +44,9 @@ from typing import Any
 
 import torch
 
+from .capture import language_config
 from .errors import Cancelled, InputError
-from .kv import TOKENS_PER_BATCH, rows_per_batch
+from .kv import TOKENS_PER_BATCH, batches_by_first
 from .methods import METHODS, method_config, method_options
 from .methods.gradients import gradients_enabled
 from .models import ModelBundle
@@ -132,13 +133,10 @@ def _atman(request: _Request, config: Any) -> Cost:
         return Cost()
     if not config.fast:
         return Cost(forward_passes=n + 1, forward_tokens=(n + 1) * t)
-    first = sorted(_first_suppressed(request, config))
-    passes, tokens, s = 1, t - 1, 0  # the unperturbed pass
-    while s < len(first):
-        suffix = t - 1 - first[s]  # the group's smallest first position sets its suffix and its size
-        size = min(rows_per_batch(suffix, TOKENS_PER_BATCH, config.batch_size), len(first) - s)
-        passes, tokens, s = passes + 1, tokens + size * suffix, s + size
-    return Cost(forward_passes=passes, forward_tokens=tokens)
+    first = _first_suppressed(request, config)
+    groups = batches_by_first(first, t - 1, config.batch_size)  # as AtMan batches its passes
+    tokens = sum(len(g) * (t - 1 - first[g[0]]) for g in groups)  # a group's first row has its smallest position
+    return Cost(forward_passes=1 + len(groups), forward_tokens=t - 1 + tokens)  # + the unperturbed pass
 
 
 def _gradients(layers: Callable[[_Request, Any], int | None]) -> Callable[[_Request, Any], Cost]:
@@ -231,8 +229,7 @@ _speeds_guard = threading.Lock()
 
 
 def _num_layers(model: Any) -> int | None:
-    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-    return getattr(config, "num_hidden_layers", None)
+    return getattr(language_config(model), "num_hidden_layers", None)
 
 
 def _synchronize(device: torch.device) -> None:

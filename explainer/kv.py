@@ -19,6 +19,19 @@ def rows_per_batch(length: int, tokens: int, most: int) -> int:
     return max(1, min(most, tokens // max(1, length)))
 
 
+def batches_by_first(first: list[int], end: int, most: int) -> list[list[int]]:
+    """Perturbed rows in forward batches: indices of `first` ordered by their first perturbed position (stable),
+    cut so that each batch's smallest first position, which sets the suffix `end - first` all its rows recompute,
+    fits about TOKENS_PER_BATCH positions (1..`most` rows per batch)."""
+    order = sorted(range(len(first)), key=first.__getitem__)
+    groups, s = [], 0
+    while s < len(order):
+        size = rows_per_batch(end - first[order[s]], TOKENS_PER_BATCH, most)
+        groups.append(order[s : s + size])
+        s += size
+    return groups
+
+
 def prefix_cache(cache: DynamicCache, length: int, batch: int) -> DynamicCache:
     """A new cache holding the first `length` positions of a batch-1 cache, repeated `batch` times (no copy until
     the new cache grows)."""

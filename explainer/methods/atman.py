@@ -46,7 +46,7 @@ from transformers.masking_utils import eager_mask
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
-from ..kv import TOKENS_PER_BATCH, prefix_cache, reusable, rows_per_batch
+from ..kv import batches_by_first, prefix_cache, reusable
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
 
@@ -357,14 +357,9 @@ def _fast_scores(
     suppressed = rows[:, :n] != 0  # (R, N)
     # First suppressed position of each row (a row that suppresses nothing, factor 1, starts at the last prompt token).
     first = torch.where(suppressed.any(dim=1), suppressed.float().argmax(dim=1), n - 1)  # (R,)
-    order = torch.argsort(first, stable=True).tolist()
     # A group starts at its smallest first position, so its longest suffix sets how many rows fit the token budget:
     # a few seconds per forward on a CPU, so a cancelled request stops soon.
-    groups, s = [], 0
-    while s < len(order):
-        size = rows_per_batch(t - 1 - int(first[order[s]]), TOKENS_PER_BATCH, batch_size)
-        groups.append(order[s : s + size])
-        s += size
+    groups = batches_by_first(first.tolist(), t - 1, batch_size)
     total = len(groups) + 1
     columns = torch.zeros(k, rows.shape[0])  # (K, R)
     with attention_suppression(model) as state:
