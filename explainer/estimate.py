@@ -48,6 +48,7 @@ from .capture import language_config
 from .errors import Cancelled, InputError
 from .kv import TOKENS_PER_BATCH, batches_by_first
 from .methods import METHODS, method_config, method_options
+from .methods.atman import distinct_suppression_factors
 from .methods.gradients import gradients_enabled
 from .models import ModelBundle
 from .result import Attribution
@@ -114,14 +115,10 @@ def _first_suppressed(request: _Request, config: Any) -> list[int]:
         for i, token in enumerate(request.prompt_ids):
             first.setdefault(token, i)
         return sorted(first.values())
-    # As atman.suppression_factors: factors per distinct embedding (same operations, so the same rounding).
-    distinct, inverse = torch.unique(request.embeddings.float(), dim=0, return_inverse=True)  # (U, d), (N,)
-    unit = torch.nn.functional.normalize(distinct, dim=-1)  # (U, d)
-    cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
-    f = config.suppression_factor
-    factor = torch.where(cos >= config.cosine_threshold, (1.0 - f) * (1.0 - cos) + f, torch.ones_like(cos))
-    factor.fill_diagonal_(f)  # (U, U): row u suppresses column v where the factor is not 1
-    own = torch.full((len(distinct),), n, dtype=torch.long).scatter_reduce(
+    factor, inverse = distinct_suppression_factors(
+        request.embeddings, config.suppression_factor, config.cosine_threshold
+    )  # (U, U): row u suppresses column v where the factor is not 1
+    own = torch.full((factor.shape[0],), n, dtype=torch.long).scatter_reduce(
         0, inverse.cpu(), torch.arange(n), reduce="amin"
     )  # (U,) first occurrence of each distinct embedding
     return torch.where(factor.cpu() != 1.0, own[None, :], n).amin(dim=1).tolist()

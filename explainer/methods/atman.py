@@ -96,13 +96,26 @@ def suppression_factors(
     n = embeddings.shape[0]
     if not correlated:
         return torch.ones(n, n, dtype=torch.float32, device=embeddings.device).fill_diagonal_(factor)  # (N, N)
-    # Per distinct embedding, so that equal embeddings give bit-identical rows (the fast path computes such rows once).
+    per_id, inverse = distinct_suppression_factors(embeddings, factor, threshold)
+    return per_id[inverse][:, inverse]  # (N, N)
+
+
+def distinct_suppression_factors(
+    embeddings: torch.Tensor, factor: float, threshold: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Correlated suppression factors per distinct embedding, so that equal embeddings give bit-identical rows (the
+    fast path computes such rows once, and the time estimate counts them without a model run).
+
+    Returns:
+        ((U, U) factors: row u on the attention to every distinct embedding v when u is suppressed, 1 for untouched;
+        (N,) index of each prompt token's distinct embedding).
+    """
     distinct, inverse = torch.unique(embeddings.float(), dim=0, return_inverse=True)  # (U, d), (N,)
     unit = torch.nn.functional.normalize(distinct, dim=-1)  # (U, d); zero rows stay zero
     cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
     per_id = torch.where(cos >= threshold, (1.0 - factor) * (1.0 - cos) + factor, torch.ones_like(cos))
     per_id.fill_diagonal_(factor)
-    return per_id[inverse][:, inverse]  # (N, N)
+    return per_id, inverse
 
 
 @dataclass
