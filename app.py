@@ -17,8 +17,6 @@ import json
 import logging
 import math
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -48,7 +46,7 @@ from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, load_image
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 from visuals.curves import TABLE_HEADERS as FAITHFULNESS_HEADERS
 from visuals.curves import faithfulness_rows, removal_figure, soft_figure
-from visuals.export import export_filename, load_result, png_bytes, result_json, write_download
+from visuals.export import DownloadFolder, export_filename, load_result, png_bytes, result_json
 from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.overlay import gif_bytes
 from visuals.png import view_png
@@ -417,24 +415,16 @@ def span_controls(attr: Attribution | None, span: bool) -> tuple:
     return step, gr.update(visible=span, minimum=1, maximum=steps, value=steps, interactive=True), table
 
 
-# Downloads: each file is written into a fresh folder of a per-process temporary directory (removed at exit), and
-# only the newest KEEP_DOWNLOADS folders stay: Gradio copies a returned file into its own cache before the handler's
-# reply is sent, so older ones are never needed again. Gradio's cache itself is cleaned by `delete_cache` below.
+# Downloads live in one temporary folder per process (removed at exit) that keeps only the newest files; Gradio's own
+# cache is cleaned by `delete_cache` below.
 KEEP_DOWNLOADS = 32
-_DOWNLOADS = tempfile.TemporaryDirectory(prefix="explainer-downloads-")
-_downloads_lock = threading.Lock()
+_DOWNLOADS = DownloadFolder(keep=KEEP_DOWNLOADS)
 _NO_FILE = {"value": None, "interactive": False}
 
 
 def _download(data: str | bytes, filename: str) -> dict:
-    """A DownloadButton update serving `data` as `filename`, written to its own folder; prunes older folders."""
-    with _downloads_lock:
-        root = Path(_DOWNLOADS.name)
-        path = write_download(data, filename, tempfile.mkdtemp(dir=root))
-        folders = sorted(root.iterdir(), key=lambda f: f.stat().st_mtime_ns)
-        for old in folders[:-KEEP_DOWNLOADS]:
-            shutil.rmtree(old, ignore_errors=True)
-    return gr.update(value=str(path), interactive=True)
+    """A DownloadButton update serving `data` as `filename`."""
+    return gr.update(value=str(_DOWNLOADS.write(data, filename)), interactive=True)
 
 
 def _exported_methods(attr: Attribution, methods: list[str] | None) -> list[str]:

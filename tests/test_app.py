@@ -884,7 +884,7 @@ def test_exports_are_the_libraries_files_and_reopen_to_identical_views(app_modul
 
 
 def test_downloads_live_in_one_temporary_folder_that_keeps_the_newest(app_module):
-    root = app_module.Path(app_module._DOWNLOADS.name)
+    root = app_module._DOWNLOADS.root
     paths = [app_module._download(f"file {i}", "same-name.txt")["value"] for i in range(app_module.KEEP_DOWNLOADS + 5)]
     assert all(app_module.Path(p).parent.parent == root for p in paths)
     assert len(list(root.iterdir())) <= app_module.KEEP_DOWNLOADS

@@ -23,6 +23,7 @@ from explainer.result import Attribution, MethodScores, zscore
 from tests.conftest import build_model
 from visuals.export import (
     MAX_RESULT_BYTES,
+    DownloadFolder,
     export_filename,
     load_result,
     png_bytes,
@@ -288,6 +289,19 @@ def test_download_names_and_files_are_safe(tmp_path):
         shutil.rmtree(a.parent), shutil.rmtree(b.parent)
     c = write_download("x", "r.html", directory=tmp_path)
     assert c == tmp_path / "r.html" and c.read_text() == "x"
+
+
+def test_download_folder_keeps_the_newest_files_in_folders_of_their_own():
+    folder = DownloadFolder(keep=3)
+    root = folder.root
+    paths = [folder.write(f"file {i}", "../same name.txt") for i in range(5)]
+    assert all(p.parent.parent == root and p.name == "same-name.txt" for p in paths)
+    assert [p.exists() for p in paths] == [False, False, True, True, True]  # the two oldest were pruned
+    assert paths[-1].read_text() == "file 4" and len(set(p.parent for p in paths)) == 5
+    folder._folder.cleanup()  # what happens at exit
+    assert not root.exists()
+    with pytest.raises(ValueError, match="keep"):
+        DownloadFolder(keep=0)
 
 
 # --- HTML report ---------------------------------------------------------------------------------------------------

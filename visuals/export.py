@@ -15,7 +15,9 @@ import io
 import json
 import os
 import re
+import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -166,3 +168,34 @@ def write_download(data: str | bytes, filename: str, directory: str | os.PathLik
     path = folder / name
     path.write_bytes(data.encode("utf-8") if isinstance(data, str) else bytes(data))
     return path
+
+
+class DownloadFolder:
+    """A temporary folder for the files a UI serves by path, keeping only the newest `keep` of them.
+
+    Each `write` gets a folder of its own (names repeat across users, files never clash); older folders beyond
+    `keep` are removed, and the whole folder when the process exits. Gradio copies a returned file into its own cache
+    before the reply is sent, so only the newest few are ever needed again. Safe to share between threads.
+    """
+
+    def __init__(self, keep: int = 32, prefix: str = "explainer-downloads-") -> None:
+        if keep < 1:
+            raise ValueError(f"keep must be at least 1, got {keep}")
+        self.keep = keep
+        self._folder = tempfile.TemporaryDirectory(prefix=prefix)
+        self._lock = threading.Lock()
+        self._written = 0  # sub-folders are named by this counter, so their names sort oldest first
+
+    @property
+    def root(self) -> Path:
+        return Path(self._folder.name)
+
+    def write(self, data: str | bytes, filename: str) -> Path:
+        """Write `data` as `filename` (made safe as in `write_download`) in a fresh sub-folder; prune old ones."""
+        with self._lock:
+            self._written += 1
+            path = write_download(data, filename, tempfile.mkdtemp(prefix=f"{self._written:012d}-", dir=self.root))
+            folders = sorted(self.root.iterdir(), key=lambda f: f.name)  # not mtime: a clock tick holds several
+            for old in folders[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        return path
