@@ -9,6 +9,7 @@ clamped.
 
 from __future__ import annotations
 
+import io
 from collections.abc import Sequence
 
 import numpy as np
@@ -167,7 +168,6 @@ def overlay_animation(
     Raises:
         ValueError: the result has no steps or none of `methods` has scores.
     """
-
     methods = [m for m in methods if m in attr.methods]
     if not methods or attr.num_steps == 0:
         raise ValueError("nothing to animate: the result has no steps for these methods")
@@ -183,8 +183,6 @@ def _gif(frames: list[Image.Image], frame_ms: int) -> bytes:
     One palette shared by all frames keeps colours steady (per-frame palettes flicker); it is fitted on up to eight
     frames spread over the sequence, stacked into one image.
     """
-    import io
-
     sample = frames[:: max(1, len(frames) // 8)][:8]
     montage = Image.new("RGB", (frames[0].width, frames[0].height * len(sample)))
     for i, frame in enumerate(sample):
@@ -234,7 +232,6 @@ def gif_bytes(
     Raises:
         ValueError: the result has no steps or none of `methods` has scores.
     """
-
     methods = [m for m in methods if m in attr.methods and attr.methods[m].raw.shape[0] > 0]
     if not methods or attr.num_steps == 0:
         raise ValueError("nothing to animate: the result has no steps for these methods")
