@@ -223,12 +223,36 @@ class AppPage:
         return self.wait_status(r"^Opened ")
 
     def move_step_slider(self, presses: int) -> None:
-        """Drag-free slider move: focus the range slider and press the arrow keys (negative: to the left)."""
+        """Drag-free slider move: focus the range slider and press the arrow keys (negative: to the left), then wait
+        until its number box shows where the presses lead (clamped to the slider's range).
+
+        The slider is waited for first (enabled: the request has handed it over), and presses that a busy browser
+        dropped are made again (CI once saw none of five land), so a test reads the view of the step it asked for.
+        """
         slider = self.page.get_by_label("range slider for Generation step", exact=False)
-        slider.focus()
-        key = "ArrowLeft" if presses < 0 else "ArrowRight"
-        for _ in range(abs(presses)):
-            slider.press(key)
+        slider.wait_for()
+        self.page.wait_for_function("el => !el.disabled", arg=slider.element_handle(), timeout=30_000)
+        low, high = (int(float(slider.get_attribute(bound) or 1)) for bound in ("min", "max"))
+        target = min(max(self.step_slider_value() + presses, low), high)
+        for _ in range(3):
+            now = self.step_slider_value()
+            if now == target:
+                return
+            slider.focus()
+            key = "ArrowLeft" if target < now else "ArrowRight"
+            for _ in range(abs(target - now)):
+                slider.press(key)
+            try:
+                self.page.wait_for_function(
+                    "([el, want]) => Number(el.value) === want",
+                    arg=[self.page.get_by_label("number input for Generation step", exact=False).element_handle(),
+                         target],
+                    timeout=5_000,
+                )  # fmt: skip
+            except Exception as error:  # Playwright's TimeoutError: presses lost, read the value and press the rest
+                if type(error).__name__ != "TimeoutError":
+                    raise
+        assert self.step_slider_value() == target, f"the step slider stays at {self.step_slider_value()}, not {target}"
 
     def estimate_text(self) -> str:
         """The time estimate under the method checkboxes."""
