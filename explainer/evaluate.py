@@ -59,7 +59,7 @@ class EvalConfig:
 
 
 def load_squad(
-    path: str | Path, limit: int | None = None, required: tuple[str, ...] = SQUAD_KEYS
+    path: str | Path, limit: int | None = None, required: tuple[str, ...] = SQUAD_KEYS, offset: int = 0
 ) -> list[dict[str, Any]]:
     """Rows {id, title, question, context, answers: [{text, answer_start}]} of a SQuAD file.
 
@@ -68,8 +68,9 @@ def load_squad(
 
     Args:
         path: the JSON file (`datasets.resolve_data` turns `squad_v2-dev` into one).
-        limit: keep only the first `limit` rows (None: all).
+        limit: keep only the first `limit` rows (None: all), counted from `offset`.
         required: keys every row must have; the benchmark, which only reads contexts, requires none.
+        offset: skip the file's first `offset` rows (one part of a run split into parts, joined with `--report`).
 
     Raises:
         InputError: unreadable file or rows without the needed keys.
@@ -92,7 +93,9 @@ def load_squad(
             raise InputError(f"{str(path)!r} has a row that is not an object: {str(r)[:40]!r}.")
         if not all(k in r for k in required):
             raise InputError(f"Row {r.get('id', '?')!r} lacks one of {', '.join(required)}.")
-    return rows[:limit] if limit is not None else rows
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError(f"--offset and --limit must be 0 or more, got {offset} and {limit}.")
+    return rows[offset : offset + limit] if limit is not None else rows[offset:]
 
 
 def make_methods(cfg: EvalConfig) -> list:
@@ -211,6 +214,8 @@ def read_results(path: str | Path | None) -> list[dict[str, Any]]:
 def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Per-sample rows of several results files joined by id: methods evaluated in separate runs on the same samples
     (e.g. AtMan run later) become one row per sample. Samples missing from some files keep the methods they have.
+    A method found in several files keeps the fields of all of them (an AUC-PR-only run and a run with removal curves
+    on the same sample add up to both; a field in both is taken from the later file).
 
     Raises:
         InputError: a file is missing, or two files disagree on a sample's generated answer (different model or
@@ -225,14 +230,15 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
                 continue
             seen = merged.get(row["id"])
             if seen is None:
-                merged[row["id"]] = {**row, "methods": dict(row["methods"])}
+                merged[row["id"]] = {**row, "methods": {name: dict(f) for name, f in row["methods"].items()}}
                 continue
             if seen.get("answer") != row.get("answer"):
                 raise InputError(
                     f"Sample {row['id']!r} has different answers in the results files; they come from different "
                     "models or settings and cannot be combined."
                 )
-            seen["methods"].update(row["methods"])
+            for name, fields in row["methods"].items():
+                seen["methods"][name] = {**seen["methods"].get(name, {}), **fields}
             seen["seconds"] = seen.get("seconds", 0.0) + row.get("seconds", 0.0)
     return list(merged.values())
 

@@ -78,6 +78,21 @@ def test_eval_skip_faithfulness_and_limit(tiny_model_dir, data_file, tmp_path):
     assert rc == 0
     d = json.loads(out.read_text())
     assert d["n"] == 1 and "mAUC_PR" in d["methods"]["macs"] and "mSRG_ppl" not in d["methods"]["macs"]
+    assert [s["id"] for s in d["samples"]] == ["q1"]
+    # the second part of a split run: rows from --offset on
+    rc = main(["eval", "--data", str(data_file), "--model", str(tiny_model_dir), "--methods", "macs",
+               "--max-new-tokens", "2", "--offset", "1", "--skip-faithfulness", "--json", str(out)])  # fmt: skip
+    assert rc == 0 and [s["id"] for s in json.loads(out.read_text())["samples"]] == ["q2"]
+
+
+def test_load_squad_offset_and_limit(data_file):
+    assert [r["id"] for r in load_squad(data_file)] == ["q1", "q2"]
+    assert [r["id"] for r in load_squad(data_file, offset=1)] == ["q2"]
+    assert [r["id"] for r in load_squad(data_file, limit=1, offset=1)] == ["q2"]
+    assert [r["id"] for r in load_squad(data_file, limit=1)] == ["q1"]
+    assert load_squad(data_file, offset=5) == []
+    with pytest.raises(InputError, match="--offset"):
+        load_squad(data_file, offset=-1)
 
 
 @pytest.mark.parametrize(
@@ -153,6 +168,13 @@ def test_results_of_separate_runs_join_by_sample(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "N = 3 samples" in printed and "atman" in printed and "compute recorded in the results: 11 s" in printed
     assert json.loads(out.read_text())["methods"]["atman"]["mAUC_PR"] == pytest.approx(0.5)
+
+    # the same method in two files (an AUC-PR-only part and a part with removal curves): both sets of fields kept
+    aucpr = _jsonl(tmp_path / "d.jsonl", [{"id": "b", "answer": "y", "methods": {"macs": {"auc_pr": 1.0}}}])
+    curves = _jsonl(tmp_path / "e.jsonl", [{"id": "b", "answer": "y", "methods": {"macs": {"srg_logit": 0.2}}}])
+    for order in ([aucpr, curves], [curves, aucpr]):
+        assert merge_results(order)[0]["methods"]["macs"] == {"auc_pr": 1.0, "srg_logit": 0.2}
+    assert summarise(merge_results([curves, first]))["methods"]["macs"]["mSRG_logit"] == pytest.approx(0.2)
 
     clash = _jsonl(tmp_path / "c.jsonl", [{"id": "a", "answer": "other", "methods": {"rollout": {"auc_pr": 0.0}}}])
     assert main(["eval", "--report", f"{first},{clash}"]) == EXIT_USER_ERROR

@@ -34,7 +34,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(
             f"--data is required: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise earlier results)."
         )
-    rows = load_squad(resolve_data(args.data), args.limit)  # squad_v2-dev: downloaded once, then the cached copy
+    rows = load_squad(
+        resolve_data(args.data), args.limit, offset=args.offset
+    )  # squad_v2-dev: downloaded once, then the cached copy
     cfg = EvalConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -71,7 +73,10 @@ def add_eval_parser(sub) -> None:
         help=f"SQuAD JSON file (rows as a list or {{'rows': [...]}}, or the official SQuAD 2.0 layout; answerable "
         f"questions are used), or {SQUAD_V2_DEV}: the official SQuAD 2.0 dev set, downloaded once into the cache",
     )
-    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows")
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows (from --offset on)")
+    p.add_argument(
+        "--offset", type=int, default=0, help="skip the first N rows: split a long run into parts, joined with --report"
+    )
     p.add_argument(
         "--methods", default="macs,rollout,atman,random", help="comma-separated methods with options: macs:alpha=0.5"
     )
