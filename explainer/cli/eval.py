@@ -34,9 +34,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         raise InputError(
             f"--data is required: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise earlier results)."
         )
-    rows = load_squad(
-        resolve_data(args.data), args.limit, offset=args.offset
-    )  # squad_v2-dev: downloaded once, then the cached copy
+    # squad_v2-dev: downloaded once, then the cached copy
+    rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     cfg = EvalConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
