@@ -75,6 +75,8 @@ def load_squad(
     Raises:
         InputError: unreadable file or rows without the needed keys.
     """
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError(f"--offset and --limit must be 0 or more, got {offset} and {limit}.")
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -93,8 +95,6 @@ def load_squad(
             raise InputError(f"{str(path)!r} has a row that is not an object: {str(r)[:40]!r}.")
         if not all(k in r for k in required):
             raise InputError(f"Row {r.get('id', '?')!r} lacks one of {', '.join(required)}.")
-    if offset < 0 or (limit is not None and limit < 0):
-        raise InputError(f"--offset and --limit must be 0 or more, got {offset} and {limit}.")
     return rows[offset : offset + limit] if limit is not None else rows[offset:]
 
 

@@ -170,8 +170,11 @@ class AppPage:
         return self.page.locator(f'.xai-panel[data-method="{method}"] .xai-flow i[title^="+"], '
                                  f'.xai-panel[data-method="{method}"] .xai-flow i[title^="-"]').count()  # fmt: skip
 
+    def _step_number_box(self) -> Any:
+        return self.page.get_by_label("number input for Generation step", exact=False)
+
     def step_slider_value(self) -> int:
-        return int(float(self.page.get_by_label("number input for Generation step", exact=False).input_value()))
+        return int(float(self._step_number_box().input_value()))
 
     def step_slider_enabled(self) -> bool:
         return self.page.get_by_label("range slider for Generation step", exact=False).is_enabled()
@@ -245,10 +248,9 @@ class AppPage:
             try:
                 self.page.wait_for_function(
                     "([el, want]) => Number(el.value) === want",
-                    arg=[self.page.get_by_label("number input for Generation step", exact=False).element_handle(),
-                         target],
+                    arg=[self._step_number_box().element_handle(), target],
                     timeout=5_000,
-                )  # fmt: skip
+                )
             except Exception as error:  # Playwright's TimeoutError: presses lost, read the value and press the rest
                 if type(error).__name__ != "TimeoutError":
                     raise
