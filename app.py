@@ -349,8 +349,8 @@ async def explain(
         bundle = get_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    if note := _waiting_note(bundle):
-        yield *[gr.skip()] * 5, note, gr.skip()
+    # the status line carries the progress bar (`show_progress_on`), so it says something from the start
+    yield *[gr.skip()] * 5, _waiting_note(bundle) or _STARTING, gr.skip()
     stream = stream_explain(
         bundle,
         prompt,
@@ -371,13 +371,14 @@ async def explain(
 
 
 _WAITING = "Waiting for the model"  # how `_waiting_note` starts
+_STARTING = "Reading the prompt…"  # the status until the first token (or the waiting note)
 
 
 def after_explain(attr: Attribution | None, status: str | None = None) -> tuple:
     """Run after every explain request, finished, failed or cancelled (Gradio runs it once the cancelled request
     has stopped, so no late update overwrites it): a stopped answer gets its status and free sliders; a finished
-    one is left as its last update showed it; a request stopped while it still waited for the model (the status
-    still shows the waiting note) says so.
+    one is left as its last update showed it; a request stopped before its first token (the status still shows
+    the waiting note or `_STARTING`) says so.
 
     Returns:
         (status text, step-slider update, span-end-slider update), or skips.
@@ -385,6 +386,13 @@ def after_explain(attr: Attribution | None, status: str | None = None) -> tuple:
     if isinstance(status, str) and status.startswith(_WAITING):
         return (
             "Stopped before it started (cancelled while waiting for the model); the views show the previous result.",
+            gr.skip(),
+            gr.skip(),
+        )
+    if status == _STARTING:
+        return (
+            "Stopped before the first token (cancelled, or failed with the message shown); the views show the "
+            "previous result.",
             gr.skip(),
             gr.skip(),
         )
@@ -536,12 +544,18 @@ def soft_cost_note(attr: Attribution | None, methods: list[str], choice: str, st
     if steps is False or not chosen:
         return "π-Soft: off." if steps is False else ""
     cost = soft_cost(attr, chosen, QUICK_SOFT, steps)
-    speed = report.removal.tokens_per_second if report is not None and report.removal is not None else 0.0
-    eta = f", about {cost['tokens'] / speed:.0f} s at the speed measured for the removal curves" if speed else ""
+    seconds = _soft_seconds(cost, report)
+    eta = f", about {seconds:.0f} s at the speed measured for the removal curves" if seconds else ""
     return (
         f"π-Soft cost: {cost['steps']} step{'s' if cost['steps'] > 1 else ''} × {cost['forwards'] // cost['steps']} "
         f"forward passes over {cost['tokens']:,} positions{eta}."
     )
+
+
+def _soft_seconds(cost: dict[str, int], report: Any) -> float | None:
+    """pi-Soft's expected time from its cost and the removal curves' measured speed (None before they ran)."""
+    speed = report.removal.tokens_per_second if report is not None and report.removal is not None else 0.0
+    return cost["tokens"] / speed if speed else None
 
 
 async def faithfulness(
@@ -568,8 +582,8 @@ async def faithfulness(
         bundle = get_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    if note := _waiting_note(bundle):
-        yield gr.skip(), gr.skip(), gr.skip(), note, gr.skip()
+    # the status line carries the progress bar (`show_progress_on`), so it says something from the start
+    yield gr.skip(), gr.skip(), gr.skip(), _waiting_note(bundle) or "Measuring the removal curves…", gr.skip()
     stream = stream_faithfulness(
         bundle, attr, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
         progress=lambda f, msg: progress(f, desc=msg), cancel=CancelToken(),
@@ -581,9 +595,9 @@ async def faithfulness(
         if done:
             status = f"Measured on {attr.num_steps} answer tokens for {', '.join(chosen)} (random baseline added): "
             status += f"{seconds}."
-        else:
-            cost = soft_cost_note(attr, chosen, soft_choice, step, report)
-            status = f"Removal curves ready ({seconds}); π-Soft is running… {cost}"
+        else:  # kept short: the progress text is drawn over the middle of this line
+            eta = _soft_seconds(soft_cost(attr, chosen, QUICK_SOFT, steps), report)
+            status = f"Removal curves ready ({seconds}); π-Soft running" + (f", ~{eta:.0f} s" if eta else "") + "…"
         yield *render_faithfulness(report, metric), status, report
     if report is None:
         raise gr.Error("Faithfulness produced no result.")
@@ -693,6 +707,7 @@ async def explain_image(
         bundle = get_vl_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
+    yield *[gr.skip()] * 4, _waiting_note(bundle) or _STARTING, gr.skip()  # as in `explain`
     stream = stream_explain(
         bundle,
         question,
@@ -889,6 +904,7 @@ def build_text_tab(option_widgets: list) -> Any:
         api_name="explain",
         concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
         concurrency_id="model",
+        show_progress_on=status_md,  # one progress line; the answer and views stay readable while they stream
     )  # fmt: skip
     generate_btn.click(
         lambda: (gr.update(**_NO_FILE),) * 3, outputs=downloads, queue=False, show_progress="hidden",
@@ -1001,6 +1017,7 @@ def build_faithfulness_panel(state: Any, methods_box: Any, step_slider: Any) -> 
         api_name="faithfulness",
         concurrency_limit=1,  # shares the model with the explain event
         concurrency_id="model",
+        show_progress_on=faith_status,  # one progress line; the removal curves stay readable while pi-Soft runs
     )
     faith_cancel_btn.click(None, cancels=[faith_event])  # the status is set after the request stops (see text tab)
     faith_event.then(
@@ -1095,6 +1112,7 @@ def build_image_tab(option_widgets: list) -> Any:
         preprocess=False,  # the handler opens the upload itself (see explain_image)
         concurrency_limit=1,
         concurrency_id="model",
+        show_progress_on=image_status_md,  # one progress line (see the text tab)
     )
     gr.on(
         triggers=[image_step_slider.input, opacity_slider.input, contour_box.input, image_methods_box.input],

@@ -183,8 +183,10 @@ def test_import_loads_no_model(app_module):
 
 
 def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):
-    outs = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))
-    assert len(outs) == len(ANSWER) + 1  # one per token, then the final one
+    start, *outs = collect(app_module.explain("Where is Paris", ["macs"], 8.0, True, False))
+    # first the status line alone (it carries the progress bar), then one update per token, then the final one
+    assert start[5] == app_module._STARTING and all(isinstance(x, type(gr.skip())) for x in start[:5] + start[6:])
+    assert len(outs) == len(ANSWER) + 1
     for k, (answer, heatmap, rows, slider, span_end, status, state) in enumerate(outs[:-1], start=1):
         assert answer.count('class="xai-step"') == k
         assert _selected_step(answer) == [str(k - 1)]  # follows the newest token
@@ -239,7 +241,8 @@ def test_error_mid_stream_becomes_gr_error_and_cancels_the_work(app_module, fake
 
     async def run():
         async for out in app_module.explain("Where is Paris", ["macs"], 8, True, False):
-            seen.append(out[-1].num_steps)
+            if isinstance(out[-1], Attribution):  # not the first, status-only update
+                seen.append(out[-1].num_steps)
 
     with pytest.raises(gr.Error, match="Out of memory"):
         asyncio.run(run())
@@ -247,8 +250,8 @@ def test_error_mid_stream_becomes_gr_error_and_cancels_the_work(app_module, fake
 
 
 def test_cancelled_request_cancels_the_work(app_module, fake):
-    out = first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False))
-    assert out[0][-1].num_steps == 1
+    out = first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False), 2)
+    assert out[-1][-1].num_steps == 1
     assert fake.cancelled  # the library's worker gets the cancel; it stops and frees the model (test_session.py)
 
 
@@ -369,7 +372,8 @@ def test_image_questions_stream_overlays_and_rerender_from_state(app_module, vl_
     Image.new("RGB", (45, 31), (40, 90, 200)).save(path)
     outs = collect(app_module.explain_image(str(path), "What?", ["macs", "random"], 3, 0.5, True, 64))
     image = vl_fake.calls[0]["image"]  # the library gets the image our loader opened, not the path
-    assert len(outs) == 4 and isinstance(image, Image.Image) and image.mode == "RGB" and image.size == (45, 31)
+    assert outs[0][4] == app_module._STARTING  # the status line first: it carries the progress bar
+    assert len(outs) == 5 and isinstance(image, Image.Image) and image.mode == "RGB" and image.size == (45, 31)
     assert image.getpixel((3, 3)) == (40, 90, 200) and vl_fake.calls[0]["prompt"] == "What?"
     assert vl_fake.calls[0]["max_image_tokens"] == 64  # the "image detail" slider reaches the library
     overlay, answer, question, slider, status, state = outs[-1]
@@ -523,8 +527,9 @@ def test_faithfulness_panel_shows_removal_first_then_soft(app_module, fake, monk
     outs = collect(app_module.faithfulness(attr, ["macs", "rollout"], "perplexity", app_module.SOFT_CHOICES[0], 2))
     assert calls[0][1] == ["macs"] and calls[0][2] is app_module.QUICK_SOFT  # only methods of this result
     assert calls[0][3] == [1]  # the slider's step (1-based) as a 0-based step
-    (removal, soft, rows, status, report), last = outs
-    assert removal is not None and soft is None and "π-Soft is running" in status  # removal curves come first
+    start, (removal, soft, rows, status, report), last = outs
+    assert start[3] == "Measuring the removal curves…"  # the status line, which carries the progress bar, at once
+    assert removal is not None and soft is None and "π-Soft running" in status  # removal curves come first
     removal, soft, rows, status, report = last
     assert soft is not None and "macs" in status and "soft 2.0 s" in status
     assert [r[0] for r in rows] == ["macs", "random"] and rows[0][2] == pytest.approx(0.5)
@@ -571,6 +576,10 @@ def test_faithfulness_event_is_named_and_shares_the_model_queue(app_module):
     assert fns["faithfulness"].fn is app_module.faithfulness
     assert fns["faithfulness"].concurrency_limit == 1
     assert fns["faithfulness"].concurrency_id == fns["explain"].concurrency_id
+    # progress is drawn on each model event's status line only, so results already shown stay readable
+    statuses = {"faithfulness": 3, "explain": 5, "explain_image": 4}
+    for name, index in statuses.items():
+        assert list(fns[name].show_progress_on) == [fns[name].outputs[index]], name
     assert fns["render_faithfulness"].fn is app_module.render_faithfulness
 
 
@@ -786,7 +795,7 @@ def test_a_span_at_sentence_units_shows_mean_maps_and_top_sentences(app_module, 
 def test_span_and_units_follow_the_stream_and_a_finished_span_covers_the_answer(app_module, fake):
     from visuals.granularity import span_side_by_side_html
 
-    outs = collect(app_module.explain("Paris is big. It is far", ["macs"], 8, True, False, None, True, "sentence"))
+    _, *outs = collect(app_module.explain("Paris is big. It is far", ["macs"], 8, True, False, None, True, "sentence"))
     for k, (answer, heatmap, _, slider, end, _, _) in enumerate(outs[:-1], start=1):
         assert slider["value"] == end["value"] == k and not slider["interactive"]  # the newest token while live
         assert re.findall(r'data-step="(\d+)" data-selected', answer) == [str(k - 1)]
@@ -804,7 +813,7 @@ def test_span_and_units_follow_the_stream_and_a_finished_span_covers_the_answer(
 
 def _partial(app_module, fake, n: int) -> Attribution:
     """The State after a request that stopped after `n` streamed tokens (cancelled)."""
-    return first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False), n)[-1][-1]
+    return first_then_close(app_module.explain("Where is Paris", ["macs"], 8, True, False), n + 1)[-1][-1]
 
 
 def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(app_module, fake):
@@ -822,9 +831,13 @@ def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(app_m
     status, step, _ = app_module.after_explain(done, lock_note)
     assert status.startswith("Stopped before it started") and isinstance(step, type(gr.skip()))
     assert app_module.after_image({"attr": done, "image": None}, lock_note)[0].startswith("Stopped before it started")
+    # and one stopped (or failed) before its first token never replaced the starting note
+    status, step, _ = app_module.after_explain(done, app_module._STARTING)
+    assert status.startswith("Stopped before the first token") and isinstance(step, type(gr.skip()))
+    assert app_module.after_image(None, app_module._STARTING)[0].startswith("Stopped before the first token")
     assert all(isinstance(x, type(gr.skip())) for x in app_module.after_explain(done, "Done: 8 tokens."))
     assert app_module.after_image({"attr": state, "image": None})[0].startswith("Stopped after 3 tokens")
-    assert app_module.after_faithfulness("Removal curves ready (removal 1.0 s); π-Soft is running…").startswith(
+    assert app_module.after_faithfulness("Removal curves ready (removal 1.0 s); π-Soft running, ~3 s…").startswith(
         "Stopped"
     )
     assert isinstance(app_module.after_faithfulness("Measured on 4 answer tokens"), type(gr.skip()))
