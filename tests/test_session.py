@@ -279,11 +279,19 @@ def test_app_disconnect_stops_the_work_and_the_next_request_starts_at_once(bundl
 
     async def visit_then_leave():
         handler = app.explain(PROMPTS[0], ["macs"], 60, True, False)
-        first = await handler.__anext__()
+        assert (await handler.__anext__())[5] == app._STARTING  # the status line first; no work started yet
+        first = await handler.__anext__()  # the first token
         assert model_lock(bundle.model).locked()  # the work is running
         await handler.aclose()
         return first
 
+    async def leave_before_the_work_starts():
+        handler = app.explain(PROMPTS[0], ["macs"], 60, True, False)
+        await handler.__anext__()  # the status line
+        await handler.aclose()
+
+    asyncio.run(leave_before_the_work_starts())
+    assert not model_lock(bundle.model).locked()  # nothing was started, so nothing holds the model
     asyncio.run(visit_then_leave())
     t0 = time.perf_counter()
     while model_lock(bundle.model).locked() and time.perf_counter() - t0 < 5:
