@@ -39,6 +39,7 @@ from explainer.faithfulness import (
 from explainer.hardware import on_gpu
 from explainer.methods import method_options
 from explainer.models import default_model_ids
+from explainer.precision import precision_label
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
 from explainer.spans import GRANULARITIES
@@ -91,7 +92,8 @@ _CSS = (
 
 @functools.cache
 def _load(model_id: str | None) -> Any:
-    return load_model(model_id)
+    # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16
+    return load_model(model_id, dtype=os.environ.get("EXPLAINER_DTYPE") or None)
 
 
 def get_bundle() -> Any:
@@ -106,7 +108,13 @@ def model_info() -> str:
         bundle = get_bundle()
     except ExplainerError as e:
         raise gr.Error(str(e)) from e
-    return f"**Model:** `{bundle.name}` · prompts up to {bundle.max_prompt_tokens} tokens"
+    return f"**Model:** `{bundle.name}`{_precision(bundle)} · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+def _precision(bundle: Any) -> str:
+    """The precision for the model lines, e.g. " · bfloat16 on cpu"; "" for a model without weights (tests' fakes)."""
+    label = precision_label(bundle.model)
+    return f" · {label}" if label else ""
 
 
 def _number(value: Any, label: str) -> float:
@@ -641,7 +649,10 @@ def vlm_info() -> str:
         return f"**Could not load the vision-language model `{VLM_ID}`:** {e}"
     if getattr(bundle, "image_processor", None) is None:
         return f"**`{bundle.name}` reads text only.** {_NO_VLM}"
-    return f"**Vision-language model:** `{bundle.name}` · the image is resized to a bounded number of image tokens"
+    return (
+        f"**Vision-language model:** `{bundle.name}`{_precision(bundle)} · the image is resized to a bounded number "
+        "of image tokens"
+    )
 
 
 def render_image(

@@ -26,6 +26,7 @@ from .capture import capture_attention
 from .errors import InputError
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
+from .precision import precision_meta
 from .result import STEP_SCORES, Attribution, MethodScores
 from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
 from .tokens import check_encodable
@@ -317,7 +318,11 @@ def _encode_request(
         prompt_token_ids=ids,
         prompt_tokens=bundle.readable(ids),
         user_positions=encoded.user_positions,
-        meta={"max_new_tokens": max_new_tokens, "chat_template": bool(chat_template and bundle.has_chat_template)},
+        meta={
+            "max_new_tokens": max_new_tokens,
+            "chat_template": bool(chat_template and bundle.has_chat_template),
+            **precision_meta(bundle.model),
+        },
         image=image_record,
     )
     return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from .errors import InputError, ModelLoadError
+from .precision import default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
 
 logger = logging.getLogger(__name__)
@@ -264,7 +265,7 @@ def load_model(
     name_or_path: str | None = None,
     *,
     device: str | None = None,
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | str | None = None,
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
@@ -274,9 +275,11 @@ def load_model(
     Vision-language models with an adapter in `vision.VISION_ADAPTERS` (Qwen2.5-VL, Qwen2-VL) load with their
     image-text-to-text class and a torchvision-free image processor whose resized image area is bounded by
     `min_pixels` / `max_pixels` (defaults in `vision.py`). `trust_remote_code` stays off: only architectures
-    transformers ships are loaded.
+    transformers ships are loaded. `dtype` is a torch dtype or its name (see `precision.parse_dtype`); None or
+    "auto" is `precision.default_dtype` of the device.
 
     Raises:
+        InputError: an unknown dtype name.
         ModelLoadError: unknown id, unreachable hub, unreadable folder, or not a causal LM.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -284,8 +287,7 @@ def load_model(
     start = time.perf_counter()
     name = name_or_path or EMBEDDED_MODEL
     dev = _resolve_device(device)
-    if dtype is None:
-        dtype = torch.float32 if dev.type == "cpu" else torch.bfloat16
+    dtype = (parse_dtype(dtype) if isinstance(dtype, str) else dtype) or default_dtype(dev)
     if name in (EMBEDDED_MODEL, "embedded", "default"):
         name = EMBEDDED_MODEL
         source = str(_converted_embedded_folder())

@@ -17,8 +17,10 @@ import sys
 import gradio as gr
 import numpy as np
 import pytest
+import torch
 
 from explainer.errors import ExplainerError, InputError, ModelLoadError
+from explainer.models import load_model
 from explainer.result import Attribution, MethodScores
 from visuals import side_by_side_html, top_tokens_rows
 
@@ -84,7 +86,7 @@ class FakeLibrary:
         self.cancelled = False
         self.fail_after: int | None = None
 
-    def load_model(self, name=None):
+    def load_model(self, name=None, dtype=None):
         self.loads += 1
         return FakeBundle()
 
@@ -229,6 +231,33 @@ def test_model_is_loaded_once_per_process(app_module, fake):
     assert fake.calls[-1]["methods"] == ["macs", "random"]
 
 
+def test_model_line_names_the_precision_set_by_explainer_dtype(app_module, fake, monkeypatch, tokenizer):
+    from explainer.models import bundle_from_objects
+    from explainer.precision import parse_dtype
+
+    from .conftest import build_model
+
+    asked = []
+
+    def load(name=None, dtype=None):
+        asked.append(dtype)
+        model = build_model("llama").to(parse_dtype(dtype) or torch.float32)
+        return bundle_from_objects(model, tokenizer, name="tiny-llama")
+
+    monkeypatch.setattr(app_module, "load_model", load)
+    monkeypatch.setenv("EXPLAINER_DTYPE", "bfloat16")
+    line = app_module.model_info()
+    assert asked == ["bfloat16"] and "`tiny-llama` · bfloat16 on cpu · prompts up to" in line
+    app_module._load.cache_clear()
+    monkeypatch.delenv("EXPLAINER_DTYPE")
+    assert "· float32 on cpu ·" in app_module.model_info() and asked[-1] is None  # unset: the device's default
+    app_module._load.cache_clear()
+    monkeypatch.setattr(app_module, "load_model", load_model)  # the real loader refuses a bad name before loading
+    monkeypatch.setenv("EXPLAINER_DTYPE", "bf15")
+    with pytest.raises(gr.Error, match="Unknown dtype 'bf15': use one of auto, float32, bfloat16, float16"):
+        app_module.model_info()
+
+
 def test_explainer_error_becomes_gr_error(app_module, fake):
     with pytest.raises(gr.Error, match="The prompt is empty"):
         collect(app_module.explain("   ", ["macs"], 8, True, False))
@@ -256,7 +285,7 @@ def test_cancelled_request_cancels_the_work(app_module, fake):
 
 
 def test_load_failure_becomes_gr_error(app_module, fake, monkeypatch):
-    def broken(name=None):
+    def broken(name=None, dtype=None):
         raise ModelLoadError("Model 'nope' not found: check the id or folder.")
 
     monkeypatch.setattr(app_module, "load_model", broken)
@@ -359,7 +388,7 @@ def vl_fake(app_module, fake, monkeypatch):
 
     lib = VLFake()
     monkeypatch.setattr(app_module, "VLM_ID", "fake-vlm")
-    monkeypatch.setattr(app_module, "load_model", lambda name=None: VLBundle())
+    monkeypatch.setattr(app_module, "load_model", lambda name=None, dtype=None: VLBundle())
     monkeypatch.setattr(app_module, "stream_explain", lib.stream)
     return lib
 

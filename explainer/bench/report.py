@@ -200,10 +200,11 @@ def format_efficiency(rows: list[BenchRow], markdown: bool = False) -> str:
 def markdown_caption(report: dict[str, Any]) -> str:
     m = report["machine"]
     repeats = sorted({r["repeats"] for r in report["rows"]})
+    precision = f" in {report['dtype']}" if report.get("dtype") else ""  # reports before --dtype have none
     return (
-        f"{report['model']} on {m['device']} ({m['cpu_model']}, {m['cpu_count']} cores, {m['torch_threads']} torch "
-        f"threads), torch {m['torch']}, transformers {m['transformers']}; median of {'/'.join(map(str, repeats))} "
-        f"runs; prompt text: {report['text_source']}; {report['date']}."
+        f"{report['model']}{precision} on {m['device']} ({m['cpu_model']}, {m['cpu_count']} cores, "
+        f"{m['torch_threads']} torch threads), torch {m['torch']}, transformers {m['transformers']}; median of "
+        f"{'/'.join(map(str, repeats))} runs; prompt text: {report['text_source']}; {report['date']}."
     )
 
 
@@ -212,7 +213,7 @@ def load_reports(paths: list[str]) -> dict[str, Any]:
     length and new tokens); ratios are recomputed over the merged rows.
 
     Raises:
-        InputError: unreadable files, or reports of different models or numbers of new tokens.
+        InputError: unreadable files, or reports of different models, precisions or numbers of new tokens.
     """
     merged: dict[tuple, BenchRow] = {}
     reports = []
@@ -225,8 +226,8 @@ def load_reports(paths: list[str]) -> dict[str, Any]:
         reports.append(report)
         for r in rows:
             merged[(r.method, r.prompt_tokens, r.new_tokens)] = r
-    for key in ("model", "new_tokens"):
-        values = {str(r.get(key)) for r in reports}
+    for key in ("model", "new_tokens", "dtype"):
+        values = {str(r.get(key)) for r in reports if key != "dtype" or key in r}  # reports before --dtype have none
         if len(values) > 1:
             raise InputError(f"Reports differ in {key} ({', '.join(sorted(values))}); combine only comparable runs.")
     last = reports[-1]

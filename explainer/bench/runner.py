@@ -87,6 +87,7 @@ def run_bench(
     methods: list[str],
     repeats: int,
     device: str | None = None,
+    dtype: str = "auto",
     data_path: Path | None = None,
     prompt_file: Path | None = None,
     quiet_wait: float = 0.0,
@@ -94,7 +95,8 @@ def run_bench(
     live_mem: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    """Measure every (prompt length, method) pair, each in its own process.
+    """Measure every (prompt length, method) pair, each in its own process, with the weights in `dtype` (a name
+    that `precision.parse_dtype` reads; every worker parses it).
 
     Returns:
         The report: {"rows": [...], "machine": {...}, "model", "date", "text_source", "new_tokens"}.
@@ -107,6 +109,7 @@ def run_bench(
         spec = {
             "model": model,
             "device": device,
+            "dtype": dtype,
             "method": m,
             "prompt_tokens": n,
             "new_tokens": new_tokens,
@@ -137,6 +140,7 @@ def run_bench(
         "rows": [asdict(r) for r in with_ratios(rows)],
         "machine": machine_info(info.get("device", device or ""), info.get("torch_threads")),
         "model": info.get("model", model),
+        "dtype": info.get("dtype", dtype),
         "text_source": info.get("text_source"),
         "new_tokens": new_tokens,
         "quiet_wait_s": quiet_wait,

@@ -84,22 +84,24 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Load the model, warm up, time `repeats` runs of one configuration; runs inside a fresh worker process.
 
     Args:
-        spec: model, device, method, prompt_tokens, new_tokens, repeats, data and prompt_file (paths or None, see
+        spec: model, device, dtype (a name, see `precision.parse_dtype`; None or "auto": the device's default),
+            method, prompt_tokens, new_tokens, repeats, data and prompt_file (paths or None, see
             `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to wait, before each
             timed run, for other processes to leave the CPUs alone), live_mem (also measure
             `BenchRow.live_peak_mem_mb`).
 
     Returns:
-        A `BenchRow` as a dict plus `model`, `device`, `torch_threads` and `text_source`.
+        A `BenchRow` as a dict plus `model`, `device`, `dtype`, `torch_threads` and `text_source`.
     """
     import torch
 
     from ..models import load_model
+    from ..precision import dtype_name
 
     n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    bundle = load_model(spec["model"], device=spec["device"], max_prompt_tokens=n)
+    bundle = load_model(spec["model"], device=spec["device"], dtype=spec.get("dtype"), max_prompt_tokens=n)
     context = bundle.context_length
     if context is not None and n + k > context:
         raise InputError(
@@ -154,6 +156,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "row": asdict(row),
         "model": bundle.name,
         "device": str(bundle.device),
+        "dtype": dtype_name(bundle.model.dtype),
         "torch_threads": torch.get_num_threads(),
         "text_source": source,
     }

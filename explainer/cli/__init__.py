@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ExplainerError, InputError
+from ..precision import DTYPE_CHOICES
 
 EXIT_USER_ERROR = 2
 
@@ -56,6 +57,15 @@ def _answer_options(p: argparse.ArgumentParser) -> None:
     which.add_argument("--answer-file", help="read the answer to explain from a UTF-8 text file")
 
 
+def dtype_option(p: argparse.ArgumentParser) -> None:
+    """`--dtype`, kept as text: the command checks it with `precision.parse_dtype` before loading a model."""
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help=f"weights' precision: {', '.join(DTYPE_CHOICES)} (auto: bfloat16 on a GPU, float32 on the CPU)",
+    )
+
+
 def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
@@ -64,6 +74,7 @@ def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    dtype_option(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -24,6 +24,8 @@ from ..bench import (
 )
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
+from ..precision import parse_dtype
+from . import dtype_option
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -82,8 +84,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rows = [BenchRow(**r) for r in report["rows"]]
     m = report["machine"]
     print(
-        f"model: {report['model']}   device: {m['device']}   torch threads: {m['torch_threads']}   "
-        f"text: {report['text_source']}   date: {report['date']}"
+        f"model: {report['model']}   dtype: {report.get('dtype', '?')}   device: {m['device']}   "
+        f"torch threads: {m['torch_threads']}   text: {report['text_source']}   date: {report['date']}"
     )
     print(format_table(rows))
     print()
@@ -107,6 +109,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    parse_dtype(args.dtype)  # a bad name fails here, before any worker starts; workers get the name
     lengths = _parse_lengths(args.prompt_tokens)
     methods = _parse_methods(args.methods)
     if args.new_tokens < 1:
@@ -129,6 +132,7 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
         methods,
         args.repeats,
         device=args.device,
+        dtype=args.dtype,
         data_path=data,
         prompt_file=prompt_file,
         quiet_wait=args.quiet_wait,
@@ -156,6 +160,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    dtype_option(p)
     text = p.add_mutually_exclusive_group()
     text.add_argument(
         "--prompt-file",

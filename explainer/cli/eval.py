@@ -12,13 +12,17 @@ from typing import Any
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError
 from ..evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
+from ..precision import precision_meta
+from . import dtype_option
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..methods import parse_methods
     from ..models import load_model
+    from ..precision import parse_dtype
 
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    dtype = parse_dtype(args.dtype)
     methods = tuple(names)
     for path in (args.json, args.results):
         if path and not Path(path).resolve().parent.is_dir():
@@ -44,11 +48,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         method_options=method_options,
     )
-    bundle = load_model(args.model, device=args.device)
+    bundle = load_model(args.model, device=args.device, dtype=dtype)
     start = time.perf_counter()
     summary = run_evaluation(bundle, rows, cfg, args.results, log=lambda msg: print(msg, file=sys.stderr))
     summary["seconds"] = time.perf_counter() - start
-    summary["config"] = {"model": bundle.name, "data": str(args.data), **vars(cfg)}
+    summary["config"] = {"model": bundle.name, **precision_meta(bundle.model), "data": str(args.data), **vars(cfg)}
     print(format_tables(summary))
     print(f"\nelapsed: {summary['seconds']:.1f} s")
     return _write_summary(summary, args.json)
@@ -82,6 +86,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    dtype_option(p)
     p.add_argument("--json", help="write the summary and per-sample rows as JSON to this path")
     p.add_argument("--results", help="JSON-lines file of per-sample results; a rerun skips the ids already in it")
     p.add_argument("--skip-faithfulness", action="store_true", help="AUC-PR only (no removal runs)")

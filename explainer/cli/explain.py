@@ -15,7 +15,8 @@ def _answer_label(attr) -> str:
 
 
 def _print_summary(attr, top: int) -> None:
-    print(f"model: {attr.model}")
+    precision = f" ({attr.meta['dtype']} on {attr.meta['device']})" if "dtype" in attr.meta else ""
+    print(f"model: {attr.model}{precision}")
     print(f"prompt tokens: {attr.num_prompt_tokens}   answer tokens: {attr.num_steps}")
     print(f"{_answer_label(attr)}: {attr.generated_text!r}")
     if attr.image:
@@ -48,6 +49,7 @@ def _print_summary(attr, top: int) -> None:
 def cmd_explain(args: argparse.Namespace) -> int:
     from ..explain import explain
     from ..models import load_model
+    from ..precision import parse_dtype
 
     prompt = _read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
@@ -56,6 +58,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    dtype = parse_dtype(args.dtype)
     if args.json:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
@@ -73,6 +76,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     bundle = load_model(
         args.model,
         device=args.device,
+        dtype=dtype,
         max_prompt_tokens=args.max_prompt_tokens,
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
@@ -140,18 +144,20 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
     from ..methods import parse_methods
     from ..models import load_model
+    from ..precision import parse_dtype
 
     prompt = _read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
     answer = _read_answer(args)
     methods, method_options = parse_methods(args.methods)
+    dtype = parse_dtype(args.dtype)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and args.routing:
         soft = dataclasses.replace(soft, routing=args.routing)
-    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
+    bundle = load_model(args.model, device=args.device, dtype=dtype, max_prompt_tokens=args.max_prompt_tokens)
     options = dict(
         max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
     )
@@ -176,6 +182,8 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     if args.json:
         out = {
             "model": bundle.name,
+            "dtype": attr.meta.get("dtype"),
+            "device": attr.meta.get("device"),
             "prompt_tokens": attr.num_prompt_tokens,
             "answer": attr.generated_text,
             "answer_given": attr.meta.get("answer") == "given",

@@ -1,0 +1,80 @@
+"""The model's floating-point precision: parsing `--dtype` / `EXPLAINER_DTYPE`, the default per device, its name.
+
+One place for the rule that `auto` follows (`default_dtype`), so every entry point (CLI commands, bench workers, the
+app) loads a model in the same precision for the same device.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .errors import InputError
+
+DTYPES: dict[str, torch.dtype] = {  # the values `--dtype` and EXPLAINER_DTYPE accept, besides "auto"
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+DTYPE_CHOICES = ("auto", *DTYPES)
+
+
+def parse_dtype(text: str | None) -> torch.dtype | None:
+    """The dtype named by `text` (case and surrounding spaces ignored); None for "auto", "" or None.
+
+    None means "the default for the device" (`default_dtype`), which only the loader knows.
+
+    Raises:
+        InputError: any other value; the message lists the valid ones.
+    """
+    if text is None:
+        return None
+    key = str(text).strip().lower()
+    if key in ("", "auto"):
+        return None
+    if key not in DTYPES:
+        raise InputError(f"Unknown dtype {text!r}: use one of {', '.join(DTYPE_CHOICES)}.")
+    return DTYPES[key]
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """The precision `auto` stands for on `device`: bfloat16 on an accelerator, float32 on a CPU."""
+    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """The name of a dtype ("bfloat16" for torch.bfloat16), as `parse_dtype` reads it back."""
+    return str(dtype).removeprefix("torch.")
+
+
+def model_dtype(model: Any) -> torch.dtype | None:
+    """The floating-point dtype of a model's weights (its first floating parameter), or None if it has none."""
+    dtype = getattr(model, "dtype", None)
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    parameters = getattr(model, "parameters", None)
+    for p in parameters() if callable(parameters) else ():
+        if p.is_floating_point():
+            return p.dtype
+    return None
+
+
+def precision_label(model: Any) -> str:
+    """E.g. "bfloat16 on cpu": the weights' dtype and the device of the first weight; "" for an object without any."""
+    dtype = model_dtype(model)
+    if dtype is None:
+        return ""
+    device = getattr(model, "device", None)
+    if not isinstance(device, torch.device):
+        device = next(p.device for p in model.parameters() if p.is_floating_point())
+    return f"{dtype_name(dtype)} on {device}"
+
+
+def precision_meta(model: Any) -> dict[str, str]:
+    """{"dtype": "bfloat16", "device": "cuda:0"} of a model's weights, for a result's metadata ({} without weights)."""
+    label = precision_label(model)
+    if not label:
+        return {}
+    dtype, _, device = label.partition(" on ")
+    return {"dtype": dtype, "device": device}

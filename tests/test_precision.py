@@ -1,0 +1,160 @@
+"""The precision choice: `precision.parse_dtype` and its rule for `auto`, `--dtype` on every command, the dtype
+recorded in results (explain JSON, faithfulness JSON, eval rows, bench reports)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from explainer.cli import build_parser, main
+from explainer.errors import InputError
+from explainer.evaluate import check_precision, merge_results
+from explainer.models import load_model
+from explainer.precision import (
+    DTYPE_CHOICES,
+    default_dtype,
+    dtype_name,
+    model_dtype,
+    parse_dtype,
+    precision_label,
+    precision_meta,
+)
+
+from .conftest import build_model
+
+COMMANDS = ("explain", "faithfulness", "eval", "bench")
+
+
+@pytest.mark.parametrize(
+    "text, dtype",
+    [("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16),
+     (" BFloat16 ", torch.bfloat16), ("auto", None), ("", None), (None, None)],
+)  # fmt: skip
+def test_parse_dtype_reads_each_value(text, dtype):
+    assert parse_dtype(text) is dtype
+
+
+@pytest.mark.parametrize("text", ["bf16", "fp32", "float64", "int8", "half"])
+def test_parse_dtype_refuses_other_names_and_lists_the_valid_ones(text):
+    with pytest.raises(InputError) as e:
+        parse_dtype(text)
+    assert str(e.value) == f"Unknown dtype {text!r}: use one of auto, float32, bfloat16, float16."
+
+
+def test_auto_is_bfloat16_on_an_accelerator_and_float32_on_the_cpu():
+    assert default_dtype("cpu") is torch.float32 and default_dtype(torch.device("cpu")) is torch.float32
+    assert default_dtype("cuda") is torch.bfloat16 and default_dtype(torch.device("cuda", 1)) is torch.bfloat16
+
+
+def test_names_read_back():
+    for name in DTYPE_CHOICES[1:]:
+        assert dtype_name(parse_dtype(name)) == name
+
+
+def test_precision_of_a_model_and_of_an_object_without_weights():
+    model = build_model("llama").to(torch.bfloat16)
+    assert model_dtype(model) is torch.bfloat16
+    assert precision_label(model) == "bfloat16 on cpu"
+    assert precision_meta(model) == {"dtype": "bfloat16", "device": "cpu"}
+    plain = torch.nn.Sequential(torch.nn.Embedding(3, 2), torch.nn.Linear(2, 2)).to(torch.float16)  # no .dtype
+    assert model_dtype(plain) is torch.float16 and precision_label(plain) == "float16 on cpu"
+    assert model_dtype(object()) is None and precision_label(object()) == "" and precision_meta(object()) == {}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("value", DTYPE_CHOICES)
+def test_every_command_takes_dtype(command, value):
+    args = build_parser().parse_args([command, "--dtype", value])
+    assert args.dtype == value
+    assert build_parser().parse_args([command]).dtype == "auto"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_bad_dtype_is_one_line_before_any_model_loads(command, tmp_path, capsys):
+    data = tmp_path / "squad.json"
+    data.write_text("[]", encoding="utf-8")
+    extra = {"explain": ["--prompt", "hi"], "faithfulness": ["--prompt", "hi"], "eval": ["--data", str(data)]}
+    assert main([command, "--model", "/no/such/model", "--dtype", "bf16", *extra.get(command, [])]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: Unknown dtype 'bf16': use one of auto, float32, bfloat16, float16."
+
+
+def test_load_model_takes_a_dtype_or_its_name(tiny_model_dir):
+    assert load_model(str(tiny_model_dir), device="cpu").model.dtype is torch.float32  # auto on the CPU
+    assert load_model(str(tiny_model_dir), device="cpu", dtype="bfloat16").model.dtype is torch.bfloat16
+    assert load_model(str(tiny_model_dir), device="cpu", dtype=torch.float16).model.dtype is torch.float16
+    with pytest.raises(InputError, match="Unknown dtype 'fp8'"):
+        load_model(str(tiny_model_dir), device="cpu", dtype="fp8")
+
+
+def test_explain_bfloat16_records_the_precision_in_the_json(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3"]
+    assert main([*argv, "--dtype", "bfloat16", "--json", str(out)]) == 0
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["dtype"] == "bfloat16" and meta["device"] == "cpu"
+    assert main([*argv, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["meta"]["dtype"] == "float32"
+    capsys.readouterr()
+    assert main([*argv, "--dtype", "bfloat16"]) == 0
+    assert "(bfloat16 on cpu)" in capsys.readouterr().out.splitlines()[0]  # the summary's model line
+
+
+def test_faithfulness_json_records_the_precision(tiny_model_dir, tmp_path):
+    out = tmp_path / "f.json"
+    argv = ["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "2",
+            "--methods", "macs", "--soft", "off", "--dtype", "bfloat16", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    d = json.loads(out.read_text())
+    assert d["dtype"] == "bfloat16" and d["device"] == "cpu"
+
+
+ROW = {
+    "id": "q1", "title": "t", "question": "What is the capital of France?",
+    "context": "Paris is the capital of France.", "answers": [{"text": "Paris", "answer_start": 0}],
+}  # fmt: skip
+
+
+def test_eval_rows_record_the_precision_and_a_resume_in_another_one_is_refused(tiny_model_dir, tmp_path, capsys):
+    data, out, results = tmp_path / "squad.json", tmp_path / "e.json", tmp_path / "r.jsonl"
+    data.write_text(json.dumps([ROW]), encoding="utf-8")
+    argv = ["eval", "--data", str(data), "--model", str(tiny_model_dir), "--methods", "macs", "--max-new-tokens", "2",
+            "--skip-faithfulness", "--results", str(results)]  # fmt: skip
+    assert main([*argv, "--dtype", "bfloat16", "--json", str(out)]) == 0
+    d = json.loads(out.read_text())
+    assert d["samples"][0]["dtype"] == "bfloat16" and d["config"]["dtype"] == "bfloat16"
+    assert json.loads(results.read_text().splitlines()[0])["dtype"] == "bfloat16"
+    capsys.readouterr()
+    assert main([*argv, "--dtype", "float32"]) == 2
+    err = capsys.readouterr().err
+    assert "computed in bfloat16, but the model is loaded in float32: pass --dtype bfloat16" in err
+
+
+def test_results_of_different_precisions_are_not_joined(tmp_path):
+    a, b = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    row = {"id": "q1", "answer": "Paris", "methods": {"macs": {"auc_pr": 1.0}}}
+    a.write_text(json.dumps({**row, "dtype": "float32"}) + "\n", encoding="utf-8")
+    b.write_text(json.dumps({**row, "dtype": "bfloat16"}) + "\n", encoding="utf-8")
+    with pytest.raises(InputError, match="evaluated in float32 and in bfloat16"):
+        merge_results([a, b])
+    b.write_text(json.dumps(row) + "\n", encoding="utf-8")  # rows from before the precision was recorded
+    assert len(merge_results([a, b])) == 1
+    check_precision([{"id": "x"}, {"id": "y", "dtype": "float32"}], "float32", a)  # same precision, or unknown
+    with pytest.raises(InputError, match="pass --dtype float32"):
+        check_precision([{"id": "y", "dtype": "float32"}], "bfloat16", a)
+
+
+def test_bench_passes_the_dtype_to_its_workers(tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "b.json"
+    argv = ["bench", "--model", str(tiny_model_dir), "--prompt-tokens", "8", "--new-tokens", "2", "--methods", "none",
+            "--repeats", "1", "--device", "cpu", "--dtype", "bfloat16", "--json", str(out), "--markdown"]  # fmt: skip
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["dtype"] == "bfloat16"  # what the worker loaded, not what was asked
+    printed = capsys.readouterr().out
+    assert "dtype: bfloat16" in printed and " in bfloat16 on cpu (" in printed
+    float32 = tmp_path / "b32.json"
+    float32.write_text(json.dumps({**json.loads(out.read_text()), "dtype": "float32"}), encoding="utf-8")
+    assert main(["bench", "--report", f"{out},{float32}"]) == 2
+    assert "Reports differ in dtype (bfloat16, float32)" in capsys.readouterr().err
