@@ -28,6 +28,7 @@ import numpy as np
 from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
 from .metrics import REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .precision import precision_meta
 from .session import CancelToken, hold
 
 QA_PROMPT = (
@@ -149,19 +150,24 @@ def answer_step(generated_tokens: list[str], answers: Iterable[str]) -> int | No
     return None
 
 
+def qa_prompt(row: dict[str, Any]) -> tuple[str, int]:
+    """The paper's QA prompt (`QA_PROMPT`) for a SQuAD row, and the character where its context starts."""
+    head, _, _ = QA_PROMPT.partition("{context}")
+    prefix = head.format(question=row["question"])
+    return prefix + row["context"], len(prefix)
+
+
 def evaluate_sample(bundle, row: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
     """Everything the tables need for one SQuAD row (one JSON-able dict)."""
     from .explain import explain
     from .faithfulness import RemovalConfig, removal_curves
 
     t0 = time.perf_counter()
-    head, _, _ = QA_PROMPT.partition("{context}")
-    prefix = head.format(question=row["question"])
-    prompt = prefix + row["context"]
+    prompt, context_start = qa_prompt(row)
     instances = make_methods(cfg)
     attr = explain(bundle, prompt, methods=instances, max_new_tokens=cfg.max_new_tokens)
     encoded = bundle.encode(prompt, max_new_tokens=cfg.max_new_tokens)
-    positions, spans = context_positions(bundle, encoded, prompt, len(prefix))
+    positions, spans = context_positions(bundle, encoded, prompt, context_start)
     if not positions:
         raise InputError(f"Row {row['id']!r}: no context tokens found.")
     labels = [span_labels(spans, a["answer_start"], a["answer_start"] + len(a["text"])) for a in row["answers"]]
@@ -173,6 +179,7 @@ def evaluate_sample(bundle, row: dict[str, Any], cfg: EvalConfig) -> dict[str, A
         "n_generated": attr.num_steps,
         "answer": attr.generated_text,
         "answer_step": ans_step,
+        "dtype": attr.meta.get("dtype"),
         "methods": {},
     }
     for m in attr.methods:
@@ -218,8 +225,8 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     on the same sample add up to both; a field in both is taken from the later file).
 
     Raises:
-        InputError: a file is missing, or two files disagree on a sample's generated answer (different model or
-            settings, so their scores do not describe the same generation).
+        InputError: a file is missing, or two files disagree on a sample's precision or generated answer
+            (different model or settings, so their scores do not describe the same generation).
     """
     merged: dict[str, dict[str, Any]] = {}
     for path in paths:
@@ -232,6 +239,11 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
             if seen is None:
                 merged[row["id"]] = {**row, "methods": {name: dict(f) for name, f in row["methods"].items()}}
                 continue
+            if None not in (seen.get("dtype"), row.get("dtype")) and seen["dtype"] != row["dtype"]:
+                raise InputError(
+                    f"Sample {row['id']!r} was evaluated in {seen['dtype']} and in {row['dtype']}; results of "
+                    "different precisions cannot be combined."
+                )
             if seen.get("answer") != row.get("answer"):
                 raise InputError(
                     f"Sample {row['id']!r} has different answers in the results files; they come from different "
@@ -302,6 +314,20 @@ def format_tables(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def check_precision(rows: Iterable[dict[str, Any]], dtype: str | None, path: str | Path | None) -> None:
+    """Refuse to resume a results file whose rows were computed in another precision than `dtype`.
+
+    Raises:
+        InputError: names both precisions and the way out.
+    """
+    other = {r["dtype"] for r in rows if r.get("dtype") is not None} - {dtype}
+    if dtype is not None and other:
+        raise InputError(
+            f"{str(path)!r} holds results computed in {', '.join(sorted(other))}, but the model is loaded in "
+            f"{dtype}: pass --dtype {sorted(other)[0]}, or write to another --results file."
+        )
+
+
 def run_evaluation(
     bundle,
     rows: list[dict[str, Any]],
@@ -319,6 +345,7 @@ def run_evaluation(
         `{"n", "methods": {...}, "samples": [...], "skipped": [ids of rows that failed, with reasons]}`.
     """
     done = {r["id"]: r for r in read_results(results_path)}
+    check_precision(done.values(), precision_meta(bundle.model).get("dtype"), results_path)
     todo = [r for r in rows if r["id"] not in done]
     if log and done:
         log(f"resuming: {sum(r['id'] in done for r in rows)} of {len(rows)} samples already in {results_path}")
