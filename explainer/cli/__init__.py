@@ -1,10 +1,11 @@
-"""Command line: `python -m explainer explain|bench|eval ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
-Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`); this one holds
-the parser, the helpers they share and `main`. Only this package imports `visuals`: the library returns data.
+Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
+`agreement.py`); this one holds the parser, the helpers they share and `main`. Only this package imports `visuals`:
+the library returns data.
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     # Imported here, not at the top: the command modules import this package's shared helpers.
+    from .agreement import add_agreement_parser
     from .bench import add_bench_parser
     from .eval import add_eval_parser
     from .explain import cmd_explain, cmd_faithfulness
@@ -120,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_eval_parser(sub)
+    add_agreement_parser(sub)
     return parser
 
 
