@@ -143,7 +143,7 @@ def format_table(summary: dict[str, dict[str, Any]]) -> str:
     for name, s in summary.items():
         good = cell(None if s["frac_top5_good"] is None else 100 * s["frac_top5_good"], ".1f")
         lines.append(
-            f"| {name} | {cell(s['median_spearman'], '.3f')} | {cell(s['p25_spearman'], '.3f')} | "
+            f"| {name} | {cell(s['median_spearman'], '.4f')} | {cell(s['p25_spearman'], '.4f')} | "
             f"{cell(s['median_top5'], '.1f')} | {good}{'%' if good != '-' else ''} | {s['prompts']} | {s['steps']} | "
             f"{s['undefined']} |"
         )

@@ -120,8 +120,8 @@ def test_summary_pools_the_steps_of_all_prompts():
     table = format_table(s)
     lines = table.splitlines()
     assert lines[0].startswith("| method | median Spearman | 25th pct Spearman | median top-5 overlap |")
-    assert lines[2] == f"| macs | 0.850 | {np.percentile([0.9, 1.0, 0.5, 0.8], 25):.3f} | 4.0 | 60.0% | 2 | 5 | 1 |"
-    assert lines[3] == "| rollout | 0.700 | 0.700 | 4.0 | 100.0% | 1 | 1 | 0 |"
+    assert lines[2] == f"| macs | 0.8500 | {np.percentile([0.9, 1.0, 0.5, 0.8], 25):.4f} | 4.0 | 60.0% | 2 | 5 | 1 |"
+    assert lines[3] == "| rollout | 0.7000 | 0.7000 | 4.0 | 100.0% | 1 | 1 | 0 |"
     undefined = format_table(summarise([_row("e", [None], [5])])).splitlines()[2]
     assert undefined == "| macs | - | - | 5.0 | 100.0% | 1 | 1 | 1 |"
     with pytest.raises(InputError, match="positions"):
