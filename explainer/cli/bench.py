@@ -24,6 +24,7 @@ from ..bench import (
 )
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
+from . import methods_help
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -151,8 +152,10 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument(
         "--methods",
         default="none,macs",
-        help="comma-separated: none (plain generate) and registered method names, each optionally with options "
-        "as name:key=value:key=value (e.g. macs:alpha=0.5)",
+        help=methods_help(
+            "comma-separated: none (plain generate) and registered method names, each optionally with options "
+            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
+        ),
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
