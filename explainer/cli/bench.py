@@ -11,7 +11,7 @@ from typing import Any
 from .. import bench
 from ..bench import (
     BASELINE,
-    DEFAULT_TEXT,
+    DEFAULT_TEXT_NAME,
     BenchRow,
     format_efficiency,
     format_markdown,
@@ -164,7 +164,7 @@ def add_bench_parser(sub: Any) -> None:
         "--prompt-file",
         default=None,
         help=f"plain text file whose tokens are repeated and cut to each prompt length (default: the essays in "
-        f"assets/{DEFAULT_TEXT.name})",
+        f"{DEFAULT_TEXT_NAME})",
     )
     text.add_argument(
         "--data",
