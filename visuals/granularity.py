@@ -206,39 +206,6 @@ def _top(attr: Attribution, method: str, first: int, last: int, k: int, user_onl
     return top_sentences(attr, method, first, last, k, user_only)
 
 
-def top_sentences_rows(
-    attr: Attribution,
-    method: str,
-    first: int | None = None,
-    last: int | None = None,
-    k: int = 3,
-    user_only: bool = True,
-) -> list[list]:
-    """The k sentences of the prompt with the highest mean z-score over a span, for a table.
-
-    Args:
-        attr: the generation and its scores, (K, N) per method.
-        method: which method's scores to rank.
-        first: first answer step, 0-based; None is the newest.
-        last: last answer step, inclusive; None means `first`.
-        k: number of rows at most.
-        user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
-
-    Returns:
-        Rows `[rank (1-based), sentence (ends stripped, control characters visible), mean z rounded to 3 decimals,
-        prompt positions as "first-last"]`, best first; empty when the method has no scores up to `last` or there
-        are no steps yet.
-
-    Raises:
-        InputError: a span outside the answer (see `explainer.spans.span_range`).
-    """
-    if attr.num_steps == 0:
-        return []
-    first, last = span_range(attr.num_steps, first, last)
-    top = _top(attr, method, first, last, k, user_only) or []
-    return [[t.rank, safe_text(t.text.strip()), round(t.score, 3), f"{t.group.start}-{t.group.stop - 1}"] for t in top]
-
-
 def top_sentences_html(
     attr: Attribution,
     methods: Sequence[str],

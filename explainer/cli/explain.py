@@ -96,10 +96,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_summary(attr, args.top)
     if args.gif:
-        from visuals.overlay import overlay_animation
+        from visuals.overlay import gif_bytes
 
+        frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
         try:
-            Path(args.gif).write_bytes(overlay_animation(image, attr, methods, contour_top_percent=10))
+            Path(args.gif).write_bytes(
+                gif_bytes(image, attr, methods, contour_top_percent=10, max_side=320, max_frames=frames)
+            )
         except (OSError, ValueError) as e:
             raise InputError(f"Cannot write {args.gif!r}: {e}") from e
         print(f"wrote {args.gif} ({attr.num_steps} frames, one overlay per method)")
