@@ -27,7 +27,7 @@ import numpy as np
 
 from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
-from .metrics import REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .metrics import REMOVAL_METRIC_KEYS, mean_ci, span_labels, step_auc_pr
 from .session import CancelToken, hold
 
 QA_PROMPT = (
@@ -35,7 +35,6 @@ QA_PROMPT = (
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
 SQUAD_KEYS = ("id", "question", "context", "answers")  # what evaluation reads from every row
-REMOVAL_METRIC_KEYS = tuple(m.key for m in REMOVAL_METRICS)  # logit, ppl, rougeL, bleu
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
     "macs_no_redistribution": {"redistribute": False},
