@@ -27,7 +27,7 @@ import numpy as np
 
 from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
-from .metrics import REMOVAL_METRIC_KEYS, mean_ci, span_labels, step_auc_pr
+from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .session import CancelToken, hold
 
 QA_PROMPT = (
