@@ -6,7 +6,7 @@ so teacher-forced passes cover T - 1 positions):
 
 - MACS, Rollout: nothing beyond the generation itself (they read the attention rows of its forward passes).
 - random: nothing (no model call).
-- AtMan, fast path (`methods/atman.py`, `atman_cost`): one unperturbed forward over T - 1 positions, then one
+- AtMan, fast path (`methods/atman_cost.py`): one unperturbed forward over T - 1 positions, then one
   forward per group of distinct suppression rows, each row recomputing the suffix from its first suppressed position
   to T - 1; rows are grouped as AtMan groups them (sorted by first position, about `kv.TOKENS_PER_BATCH` positions
   and at most `batch_size` rows a pass). A row is one distinct input embedding (all occurrences of a token share
