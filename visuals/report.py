@@ -128,6 +128,20 @@ def _row(view_z: np.ndarray, zmax: float) -> tuple[list[float | None], str]:
     return [_z2(z) for z in zs], "".join(_BIN_CHARS[bin_class(z, zmax)] for z in zs)
 
 
+def _method_views(attr: Attribution, method: str, user_only: bool) -> tuple[list[_View], _View] | None:
+    """One method's view of every step and of the mean over all steps; None without scores."""
+    k, scores = attr.num_steps, attr.methods.get(method)
+    if scores is None or scores.raw.shape[0] == 0 or k == 0:
+        return None
+    views = [_view(attr, method, s, user_only) for s in range(k)]
+    own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN
+        mean_z = np.nanmean(own.astype(np.float64), axis=0).astype(np.float32)  # (n,)
+    first = views[0]
+    return views, _View(step=k, positions=first.positions, z=mean_z, raw=mean_z, renormalised=first.renormalised)
+
+
 def report_data(
     attr: Attribution,
     methods: Sequence[str],
@@ -146,20 +160,7 @@ def report_data(
         "frames": [[step, PNG data URI], ...], ...}` where n is the number of tokens shown per panel.
     """
     k = attr.num_steps
-    per_method = []  # (views per step, mean view) or None
-    for m in methods:
-        scores = attr.methods.get(m)
-        if scores is None or scores.raw.shape[0] == 0 or k == 0:
-            per_method.append(None)
-            continue
-        views = [_view(attr, m, s, user_only) for s in range(k)]
-        own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN
-            mean_z = np.nanmean(own.astype(np.float64), axis=0).astype(np.float32)  # (n,)
-        first = views[0]
-        mean_view = _View(step=k, positions=first.positions, z=mean_z, raw=mean_z, renormalised=first.renormalised)
-        per_method.append((views, mean_view))
+    per_method = [_method_views(attr, m, user_only) for m in methods]
     scored = [p for p in per_method if p is not None]
     zmaxes = [_auto_zmax([p[0][s] for p in scored]) for s in range(k)] + [_auto_zmax([p[1] for p in scored])]
     z_rows, bin_rows = [], []

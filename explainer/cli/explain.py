@@ -71,22 +71,13 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
     bundle = load_model(
-        args.model,
-        device=args.device,
-        max_prompt_tokens=args.max_prompt_tokens,
-        min_pixels=args.min_pixels,
+        args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens, min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
-    )
+    )  # fmt: skip
     attr = explain(
-        bundle,
-        prompt,
-        methods=methods,
-        max_new_tokens=args.max_new_tokens,
-        chat_template=not args.no_chat_template,
-        image=image,
-        method_options=method_options,
-        answer=answer,
-    )
+        bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
+        image=image, method_options=method_options, answer=answer,
+    )  # fmt: skip
     if args.json:
         try:
             attr.save_json(args.json)
@@ -96,17 +87,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_summary(attr, args.top)
     if args.gif:
-        from visuals.overlay import gif_bytes
-
-        frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
-        try:
-            Path(args.gif).write_bytes(
-                gif_bytes(image, attr, methods, contour_top_percent=10, max_side=320, max_frames=frames)
-            )
-        except (OSError, ValueError) as e:
-            raise InputError(f"Cannot write {args.gif!r}: {e}") from e
-        print(f"wrote {args.gif} ({attr.num_steps} frames, one overlay per method)")
+        _write_gif(args.gif, image, attr, methods)
     return 0
+
+
+def _write_gif(path: str, image, attr, methods: list[str]) -> None:
+    from visuals.overlay import gif_bytes
+
+    frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
+    try:
+        Path(path).write_bytes(gif_bytes(image, attr, methods, contour_top_percent=10, max_side=320, max_frames=frames))
+    except (OSError, ValueError) as e:
+        raise InputError(f"Cannot write {path!r}: {e}") from e
+    print(f"wrote {path} ({attr.num_steps} frames, one overlay per method)")
 
 
 def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
