@@ -47,7 +47,7 @@ _NAME_PREFIX = "explainer_grad_ellm_"
 @dataclass
 class GradELLMConfig:
     layers: int = 8  # L, the last decoder layers aggregated; Appendix I's search over {1, 4, 8, 16, 32} on our SQuAD
-    # data picked 8 for the embedded model (README, "Methods"); 1 is Appendix B's single-layer definition
+    # data picked 8 for the embedded model (docs/results.md, "Method notes"); 1 is Appendix B's single-layer definition
 
     def __post_init__(self) -> None:
         if self.layers < 1:
