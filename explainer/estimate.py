@@ -279,6 +279,11 @@ class Estimate:
     corrected: bool = False
     prompt_tokens: int = 0
 
+    @property
+    def label(self) -> str:
+        """The method's name for people (`AttributionMethod.display_name`), e.g. "AtMan"."""
+        return method_class(self.method).display_name
+
     def describe(self) -> str:
         """e.g. "about 40 s", "under a second", "not measured yet", "none" (no extra work), "no estimate"."""
         if self.cost.free:

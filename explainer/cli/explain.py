@@ -27,10 +27,12 @@ def _print_summary(attr, top: int) -> None:
         for k, tok in enumerate(attr.generated_tokens):
             print(f"  step {k:3d} {tok!r:>14}: p {scores['probability'][k]:.4f}  H {scores['entropy'][k]:.3f} nats")
     user = attr.user_positions or None
+    from ..methods import METHODS
     from ..result import zscore
 
     for name, scores in attr.methods.items():
-        print(f"\n[{name}]  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
+        label = f" {METHODS[name].display_name}" if name in METHODS else ""
+        print(f"\n[{name}]{label}  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
         z = zscore(scores.raw, user) if user else scores.z  # (K, N)
         for k, tok in enumerate(attr.generated_tokens):
             row = z[k]
