@@ -26,7 +26,7 @@ from typing import Any
 import anyio
 import gradio as gr
 
-from explainer import METHODS, ExplainerError, available_methods, load_model, stream_explain
+from explainer import ExplainerError, available_methods, load_model, stream_explain
 from explainer.estimate import calibrate, estimate
 from explainer.explain import MAX_NEW_TOKENS_LIMIT
 from explainer.faithfulness import (
@@ -37,7 +37,7 @@ from explainer.faithfulness import (
     stream_faithfulness,
 )
 from explainer.hardware import on_gpu
-from explainer.methods import method_options
+from explainer.methods import method_choices, method_options
 from explainer.models import default_model_ids
 from explainer.precision import precision_label
 from explainer.result import Attribution
@@ -624,10 +624,9 @@ def _examples() -> list[dict[str, str]]:
 
 
 def _method_choices(image: bool = False) -> tuple[list[str], list[str]]:
-    choices = list(available_methods())
-    default = [m for m in DEFAULT_METHODS if m in choices]
-    if image:  # streaming methods read attention rows, which image prompts have too; post-hoc ones must say so
-        default = [m for m in default if METHODS[m].streaming or METHODS[m].accepts_extra_inputs]
+    choices = method_choices()
+    usable = method_choices(image=image)
+    default = [m for m in DEFAULT_METHODS if m in usable]
     return choices, default or choices[:1]
 
 

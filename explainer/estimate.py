@@ -1,22 +1,26 @@
 """How long the slower attribution methods will take on a prompt, before they run: a cost model times a speed.
 
-Cost model, counted in token positions that pass through the model (N prompt tokens, K answer tokens, T = N + K; the
-last answer token predicts nothing that is scored, so teacher-forced passes cover T - 1 positions):
+Each method states its own cost model (`AttributionMethod.cost`, in its file), counted in token positions that pass
+through the model (N prompt tokens, K answer tokens, T = N + K; the last answer token predicts nothing that is scored,
+so teacher-forced passes cover T - 1 positions):
 
 - MACS, Rollout: nothing beyond the generation itself (they read the attention rows of its forward passes).
 - random: nothing (no model call).
-- AtMan, fast path (`methods/atman.py`, `_fast_scores`): one unperturbed forward over T - 1 positions, then one
+- AtMan, fast path (`methods/atman_cost.py`): one unperturbed forward over T - 1 positions, then one
   forward per group of distinct suppression rows, each row recomputing the suffix from its first suppressed position
   to T - 1; rows are grouped as AtMan groups them (sorted by first position, about `kv.TOKENS_PER_BATCH` positions
   and at most `batch_size` rows a pass). A row is one distinct input embedding (all occurrences of a token share
   one); its first suppressed position is the earliest occurrence of that token or, with correlated suppression, of
-  any token whose embedding is at least `cosine_threshold` similar. Given the prompt's input embeddings this is
-  AtMan's own count; from token ids alone similar tokens are not seen, so the count is a lower bound (on the embedded
-  model's example prompts about a third of the rows start ~12 positions earlier than their own first occurrence).
+  any token whose embedding is at least `cosine_threshold` similar. Given the prompt's input embeddings (methods with
+  `needs_prompt_embeddings` get them) this is AtMan's own count; from token ids alone similar tokens are not seen, so
+  the count is a lower bound (on the embedded model's example prompts about a third of the rows start ~12 positions
+  earlier than their own first occurrence).
 - AtMan, naive path (`fast=False`): N + 1 forwards over T positions.
-- Input x Gradient, AttnLRP (`methods/gradients.py`): one forward over T - 1 positions that keeps its graph, then K
-  backward passes through every decoder layer over those positions.
+- Input x Gradient, AttnLRP (`methods/cost.py`, `gradient_cost`): one forward over T - 1 positions that keeps its
+  graph, then K backward passes through every decoder layer over those positions.
 - Grad-ELLM: the same forward, and K backward passes through the last L = min(`layers`, depth) decoder layers only.
+- A method without a cost model of its own: nothing if it streams, else unknown ("no estimate"; the others still
+  get theirs).
 
 Seconds = forward positions / forward speed + backward positions x (layers reached / depth) / backward speed. The
 speeds are measured on the process's own model: first by a short probe (a forward over a batch of
@@ -38,7 +42,7 @@ import math
 import threading
 import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,9 +50,9 @@ import torch
 
 from .capture import language_config
 from .errors import Cancelled, InputError
-from .kv import TOKENS_PER_BATCH, batches_by_first
-from .methods import METHODS, method_config, method_options
-from .methods.atman import distinct_suppression_factors
+from .kv import TOKENS_PER_BATCH
+from .methods import METHODS, method_class, method_config, method_options
+from .methods.cost import Cost, CostRequest
 from .methods.gradients import gradients_enabled
 from .models import ModelBundle
 from .result import Attribution
@@ -57,114 +61,6 @@ from .session import CancelToken, hold
 PROBE_TOKENS = 128  # positions of the speed probe's sequence (fewer if the model's context is shorter)
 PROBE_WAIT = 0.5  # seconds the probe waits for a busy model before giving up (the caller shows no figure yet)
 CORRECTION_BOUNDS = (0.05, 20.0)  # a measured/estimated ratio outside these is clamped (a stalled run, a tiny one)
-
-
-@dataclass(frozen=True)
-class Cost:
-    """Work of one method on one request.
-
-    Attributes:
-        forward_passes: model calls.
-        forward_tokens: positions those calls compute, summed over each call's batch, through every layer.
-        backward_passes: backward passes.
-        backward_tokens: positions the backward passes cover, summed over the passes.
-        backward_layers: decoder layers each backward pass goes through; None: all of them.
-    """
-
-    forward_passes: int = 0
-    forward_tokens: int = 0
-    backward_passes: int = 0
-    backward_tokens: int = 0
-    backward_layers: int | None = None
-
-    @property
-    def free(self) -> bool:
-        """Nothing beyond the generation itself."""
-        return self.forward_passes == 0 and self.backward_passes == 0
-
-
-@dataclass(frozen=True)
-class _Request:
-    prompt_ids: list[int]
-    num_new_tokens: int
-    num_layers: int | None
-    embeddings: torch.Tensor | None  # (N, d) or None
-
-    @property
-    def n(self) -> int:
-        return len(self.prompt_ids)
-
-    @property
-    def t(self) -> int:
-        return self.n + self.num_new_tokens
-
-
-def _free(request: _Request, config: Any) -> Cost:
-    return Cost()
-
-
-def _first_suppressed(request: _Request, config: Any) -> list[int]:
-    """First suppressed position of every distinct AtMan suppression row (see the module docstring)."""
-    n = request.n
-    if config.suppression_factor == 1.0:  # every factor is 1: one row that suppresses nothing, started at n - 1
-        return [n - 1]
-    if not config.correlated:
-        return list(range(n))  # one row per position, each suppressing only itself
-    if request.embeddings is None:
-        first: dict[int, int] = {}
-        for i, token in enumerate(request.prompt_ids):
-            first.setdefault(token, i)
-        return sorted(first.values())
-    factor, inverse = distinct_suppression_factors(
-        request.embeddings, config.suppression_factor, config.cosine_threshold
-    )  # (U, U): row u suppresses column v where the factor is not 1
-    own = torch.full((factor.shape[0],), n, dtype=torch.long).scatter_reduce(
-        0, inverse.cpu(), torch.arange(n), reduce="amin"
-    )  # (U,) first occurrence of each distinct embedding
-    return torch.where(factor.cpu() != 1.0, own[None, :], n).amin(dim=1).tolist()
-
-
-def _atman(request: _Request, config: Any) -> Cost:
-    n, t, k = request.n, request.t, request.num_new_tokens
-    if k <= 0:
-        return Cost()
-    if not config.fast:
-        return Cost(forward_passes=n + 1, forward_tokens=(n + 1) * t)
-    first = _first_suppressed(request, config)
-    groups = batches_by_first(first, t - 1, config.batch_size)  # as AtMan batches its passes
-    tokens = sum(len(g) * (t - 1 - first[g[0]]) for g in groups)  # a group's first row has its smallest position
-    return Cost(forward_passes=1 + len(groups), forward_tokens=t - 1 + tokens)  # + the unperturbed pass
-
-
-def _gradients(layers: Callable[[_Request, Any], int | None]) -> Callable[[_Request, Any], Cost]:
-    def cost(request: _Request, config: Any) -> Cost:
-        k, t = request.num_new_tokens, request.t
-        if k <= 0:
-            return Cost()
-        return Cost(
-            forward_passes=1,
-            forward_tokens=t - 1,
-            backward_passes=k,
-            backward_tokens=k * (t - 1),
-            backward_layers=layers(request, config),
-        )
-
-    return cost
-
-
-def _grad_ellm_layers(request: _Request, config: Any) -> int | None:
-    return config.layers if request.num_layers is None else min(config.layers, request.num_layers)
-
-
-COST_MODELS: dict[str, Callable[[_Request, Any], Cost]] = {
-    "macs": _free,
-    "rollout": _free,
-    "random": _free,
-    "atman": _atman,
-    "attnlrp": _gradients(lambda request, config: None),
-    "grad_ellm": _gradients(_grad_ellm_layers),
-    "input_x_gradient": _gradients(lambda request, config: None),
-}
 
 
 def method_cost(
@@ -184,17 +80,18 @@ def method_cost(
         num_new_tokens: K.
         options: the method's options, validated as `explain` validates them.
         num_layers: the model's decoder depth (caps Grad-ELLM's `layers`).
-        embeddings: (N, d) the prompt's input embeddings; AtMan's count is exact with them, a lower bound without.
+        embeddings: (N, d) the prompt's input embeddings, for methods with `needs_prompt_embeddings` (AtMan's count
+            is exact with them, a lower bound without).
+
+    Returns:
+        The method's own `cost`; `Cost.known` is False for a method without a cost model.
 
     Raises:
         UnknownMethodError: not a registered method. InputError: bad options.
     """
     config = method_config(method, **(options or {}))  # checks the name too
-    key = method.strip().lower()
-    if key not in COST_MODELS:
-        raise InputError(f"No cost model for {key}: its time cannot be estimated.")
-    request = _Request(list(prompt_ids), int(num_new_tokens), num_layers, embeddings)
-    return COST_MODELS[key](request, config)
+    request = CostRequest(list(prompt_ids), int(num_new_tokens), num_layers, embeddings)
+    return method_class(method).cost(request, config)
 
 
 @dataclass
@@ -314,6 +211,10 @@ def _embeddings(bundle: ModelBundle, ids: Sequence[int]) -> torch.Tensor:
         return table(torch.tensor(list(ids), dtype=torch.long, device=table.weight.device))
 
 
+def _need_embeddings(methods: Sequence[str]) -> bool:
+    return any(method_class(m).needs_prompt_embeddings for m in methods)
+
+
 def _known_options(method: str, meta: dict[str, Any]) -> dict[str, Any]:
     names = {o.name for o in method_options(method)}
     return {k: v for k, v in meta.items() if k in names}
@@ -337,13 +238,11 @@ def calibrate(bundle: ModelBundle, attr: Attribution | None) -> list[str]:
     if known is None:
         return []
     num_layers = _num_layers(bundle.model)
-    embeddings = None
+    ran = [m for m, scores in attr.methods.items() if m in METHODS and scores.seconds > 0]  # not a loaded file's own
+    embeddings = _embeddings(bundle, attr.prompt_token_ids) if _need_embeddings(ran) else None
     updated = {}
-    for method, scores in attr.methods.items():
-        if method not in COST_MODELS or scores.seconds <= 0:
-            continue
-        if method == "atman" and embeddings is None:
-            embeddings = _embeddings(bundle, attr.prompt_token_ids)
+    for method in ran:
+        scores = attr.methods[method]
         try:
             cost = method_cost(
                 method, attr.prompt_token_ids, attr.num_steps, _known_options(method, scores.meta),
@@ -351,7 +250,7 @@ def calibrate(bundle: ModelBundle, attr: Attribution | None) -> list[str]:
             )  # fmt: skip
         except InputError:
             continue
-        if cost.free:
+        if cost.free or not cost.known:
             continue
         predicted = known.seconds(cost, num_layers)
         if predicted > 0:
@@ -368,7 +267,8 @@ class Estimate:
     Attributes:
         method: registered method name.
         cost: its work (see `Cost`).
-        seconds: estimated wall time beyond the generation, or None while the model's speed is unknown.
+        seconds: estimated wall time beyond the generation, or None while the model's speed is unknown or the
+            method has no cost model (`cost.known` False).
         corrected: whether a measured run of this method on this model corrected the figure.
         prompt_tokens: N, the prompt's tokens as the model sees them (chat template included).
     """
@@ -379,10 +279,17 @@ class Estimate:
     corrected: bool = False
     prompt_tokens: int = 0
 
+    @property
+    def label(self) -> str:
+        """The method's name for people (`AttributionMethod.display_name`), e.g. "AtMan"."""
+        return method_class(self.method).display_name
+
     def describe(self) -> str:
-        """e.g. "about 40 s", "under a second", "not measured yet", "none" (no extra work)."""
+        """e.g. "about 40 s", "under a second", "not measured yet", "none" (no extra work), "no estimate"."""
         if self.cost.free:
             return "none"
+        if not self.cost.known:
+            return "no estimate"
         return "not measured yet" if self.seconds is None else format_seconds(self.seconds)
 
 
@@ -420,15 +327,18 @@ def estimate(
     names = list(METHODS) if methods is None else list(methods)
     options = method_options or {}
     num_layers = _num_layers(bundle.model)
-    embeddings = _embeddings(bundle, ids) if "atman" in names else None
+    embeddings = _embeddings(bundle, ids) if _need_embeddings(names) else None
     costs = {
         m: method_cost(m, ids, max_new_tokens, options.get(m), num_layers=num_layers, embeddings=embeddings)
         for m in names
     }
-    known = speed(bundle, wait) if any(not c.free for c in costs.values()) else None
+    known = speed(bundle, wait) if any(c.known and not c.free for c in costs.values()) else None
     out = []
     for m, cost in costs.items():
-        seconds = 0.0 if cost.free else (known.seconds(cost, num_layers, m) if known else None)
+        if cost.free or not cost.known:
+            seconds = 0.0 if cost.free else None
+        else:
+            seconds = known.seconds(cost, num_layers, m) if known else None
         out.append(Estimate(m, cost, seconds, known is not None and m in known.corrections, len(ids)))
     return out
 

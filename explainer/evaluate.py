@@ -27,7 +27,7 @@ import numpy as np
 
 from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
-from .metrics import REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .precision import precision_meta
 from .session import CancelToken, hold
 
@@ -36,7 +36,6 @@ QA_PROMPT = (
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
 SQUAD_KEYS = ("id", "question", "context", "answers")  # what evaluation reads from every row
-FAITHFULNESS_METRICS = tuple(m.key for m in REMOVAL_METRICS)
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
     "macs_no_redistribution": {"redistribute": False},
@@ -264,7 +263,7 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         rows = [s["methods"][name] for s in ok if name in s["methods"]]
         entry: dict[str, Any] = {}
         keys = {"mAUC_PR": "auc_pr"}
-        for metric in FAITHFULNESS_METRICS:
+        for metric in REMOVAL_METRIC_KEYS:
             keys.update({f"mSRG_{metric}": f"srg_{metric}", f"mMIF_{metric}": f"mif_{metric}",
                          f"mLIF_{metric}": f"lif_{metric}"})  # fmt: skip
         for out_key, key in keys.items():

@@ -294,7 +294,7 @@ def _encode_request(
     if image is not None:
         from .vision import encode_image_prompt
 
-        refused = [m.name for m in instances if not m.streaming and not getattr(m, "accepts_extra_inputs", False)]
+        refused = [m.name for m in instances if not getattr(m, "explains_images", m.streaming)]
         if refused:
             raise InputError(f"{', '.join(refused)} cannot explain image prompts; choose other methods.")
         encoded = encode_image_prompt(

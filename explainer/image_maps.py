@@ -1,9 +1,7 @@
-"""Image maps of an `Attribution` and their evaluation against object masks (MACS paper, Appendix B).
+"""Image maps of an `Attribution` (MACS paper, Appendix B).
 
 Pure numpy + PIL: no model. A step's image map is the row of scores at the image-token positions, z-scored over
-those positions only and reshaped to the merged patch grid; it is upsampled smoothly to the image's pixels. The
-evaluation hook scores a map against a binary object mask with the area under the precision-recall curve
-(average precision over pixels), as Appendix B does.
+those positions only and reshaped to the merged patch grid; it is upsampled smoothly to the image's pixels.
 """
 
 from __future__ import annotations
@@ -11,8 +9,6 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from .errors import InputError
-from .metrics import average_precision
 from .result import Attribution, zscore
 
 
@@ -52,20 +48,3 @@ def upsample_map(grid_map: np.ndarray, size: tuple[int, int], resample: int = Im
     """
     m = np.asarray(grid_map, dtype=np.float32)  # (h, w)
     return np.asarray(Image.fromarray(m, mode="F").resize(tuple(size), resample=resample), dtype=np.float32)
-
-
-def mask_average_precision(attr: Attribution, method: str, step: int, mask: np.ndarray) -> float:
-    """AUC-PR of one step's image map against a binary object mask, over pixels (Appendix B).
-
-    Args:
-        attr, method, step: as in `image_map`.
-        mask: (H, W) booleans, True on the object; any resolution (the map is upsampled to it).
-
-    Raises:
-        InputError: the mask marks no pixel (AP is undefined; `metrics.average_precision` would give 0).
-    """
-    mask = np.asarray(mask, dtype=bool)  # (H, W)
-    if not mask.any():
-        raise InputError("The object mask is empty: mark at least one pixel of the object.")
-    heat = upsample_map(image_map(attr, method, step), (mask.shape[1], mask.shape[0]), Image.BILINEAR)  # (H, W)
-    return average_precision(mask.ravel(), heat.ravel())

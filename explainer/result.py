@@ -1,15 +1,19 @@
-"""The one result type every attribution method produces and every view consumes.
+"""The one result type every attribution method produces and every view consumes, and its saved file.
 
 An `Attribution` holds the prompt and generated tokens of one generation and, per method, a `[K steps x N prompt
 tokens]` score matrix: row k explains generated token k over all N prompt tokens. Its step scores say how sure the
 model was of each answer token.
+
+Saving and opening: `result_json` / `Attribution.save_json` write the one file format (`result_schema`, with its
+`format_version`) that `explain --json` and the app's download both write; `load_result` / `Attribution.load_json`
+read it, and files of earlier versions, turning every way a file can be wrong into an `InputError`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +21,13 @@ from typing import Any
 import numpy as np
 
 from .errors import InputError
-from .tokens import check_encodable
+from .result_schema import FORMAT_VERSION, parse_saved
 
 STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores` (see there)
+# A saved result of the app's largest usual request (2,000 prompt tokens x 200 steps x 4 methods, raw and z) is
+# about 35 MB in `result_json`'s compact form and 60 MB as float64 digits; parsing holds about five times the file in
+# Python objects, so 64 MiB (~350 MB while loading) stays well within a Space's memory and refuses anything larger.
+MAX_RESULT_BYTES = 64 * 2**20
 
 
 def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -135,8 +143,9 @@ class Attribution:
         return [(int(i), self.prompt_tokens[i], float(z[i])) for i in order]
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON layout of the CLI: `methods: {name: {"raw": [[...]], "z": [[...]], "seconds": s}}`."""
+        """The saved-result layout (`result_schema`), scores as float64 numbers; `result_json` writes it compactly."""
         return {
+            "format_version": FORMAT_VERSION,
             "model": self.model,
             "prompt_token_ids": list(map(int, self.prompt_token_ids)),
             "prompt_tokens": list(self.prompt_tokens),
@@ -159,174 +168,131 @@ class Attribution:
 
     @classmethod
     def from_dict(cls, d: Any) -> Attribution:
-        """A result from the JSON layout of `to_dict` (a saved result), checked field by field so that every view
-        can show what it returns.
+        """A result from the saved-result layout of any format version, checked against `result_schema` so that
+        every view can show it.
 
         Raises:
-            InputError: naming the first field that is missing or malformed.
+            InputError: not an object, or naming the first field that is missing or malformed.
         """
-        if not isinstance(d, dict):
-            raise InputError(f"A saved result is a JSON object (as `explain --json` writes), got {_kind(d)}.")
-        model = _field(d, "model", str)
-        ids = _token_ids(d, "prompt_token_ids")
-        n = len(ids)
-        if n == 0:
-            raise InputError("Saved result: prompt_token_ids is empty; a result explains at least one prompt token.")
-        tokens = _strings(d, "prompt_tokens", n)
-        generated_ids = _token_ids(d, "generated_token_ids", required=False)
-        k = len(generated_ids)
-        generated = _strings(d, "generated_tokens", k, required=False)
+        saved = parse_saved(d)
+        n, k = len(saved.prompt_token_ids), len(saved.generated_token_ids)
         methods = {}
-        for name, m in _field(d, "methods", dict, {}).items():
-            where = f"methods[{name!r}]"
-            check_encodable(name, f"Saved result: the method name {where}")
-            if not isinstance(m, dict):
-                raise InputError(f"Saved result: {where} is an object with raw, z and seconds, got {_kind(m)}.")
-            raw = _matrix(m, "raw", where, k, n)
-            z = _matrix(m, "z", where, k, n) if "z" in m else zscore(raw)
-            seconds = _field(m, "seconds", (int, float), 0.0, where)
-            if isinstance(seconds, bool) or not 0 <= seconds < 1e15:  # not NaN, inf, or an int past float range
-                raise InputError(f"Saved result: {where}.seconds is a time in seconds, got {seconds!r:.40}.")
-            methods[name] = MethodScores(raw=raw, z=z, seconds=float(seconds), meta=_field(m, "meta", dict, {}, where))
+        for name, m in saved.methods.items():
+            raw = _matrix(m.raw, k, n)
+            z = _matrix(m.z, k, n) if m.z is not None else zscore(raw)
+            methods[name] = MethodScores(raw=raw, z=z, seconds=float(m.seconds), meta=dict(m.meta))
         return cls(
-            model=model,
-            prompt_token_ids=ids,
-            prompt_tokens=tokens,
-            generated_token_ids=generated_ids,
-            generated_tokens=generated,
+            model=saved.model,
+            prompt_token_ids=list(saved.prompt_token_ids),
+            prompt_tokens=list(saved.prompt_tokens),
+            generated_token_ids=list(saved.generated_token_ids),
+            generated_tokens=list(saved.generated_tokens),
             methods=methods,
-            user_positions=_positions(d, "user_positions", n),
-            meta=_field(d, "meta", dict, {}),
-            image=_image_record(d.get("image"), n),
-            step_scores=_step_scores(d, k),
+            user_positions=list(saved.user_positions),
+            meta=dict(saved.meta),
+            image=saved.image.model_dump() if saved.image is not None else None,
+            step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
         )
 
     def save_json(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()), encoding="utf-8")
+        """Write `result_json(self)` to `path` (what `explain --json` and the app's download write)."""
+        Path(path).write_text(result_json(self), encoding="utf-8")
 
     @classmethod
     def load_json(cls, path: str | Path) -> Attribution:
-        """A result saved by `save_json` (or `explain --json`).
+        """A result saved by `save_json`, `explain --json` or the app's download (see `load_result`)."""
+        return load_result(Path(path))
 
-        Raises:
-            InputError: the file is missing, unreadable, not JSON, or not a saved result (see `from_dict`).
-        """
-        path = Path(path)
+
+def _matrix(rows: list[list[float]], k: int, n: int) -> np.ndarray:
+    """(K, N) float32 from checked rows; values beyond float32's range become inf, like any score too large to show."""
+    with np.errstate(over="ignore"):
+        return np.asarray(rows, dtype=np.float32).reshape(k, n)
+
+
+def _compact_matrix(a: np.ndarray) -> list[list[float]]:
+    """(K, N) float32 -> nested lists of floats printed with the shortest digits that read back to the same float32."""
+    a = np.asarray(a, dtype=np.float32)  # (K, N)
+    # numpy prints float32 with its shortest round-trip repr; parsing that text as float64 gives a float whose repr
+    # is at most as long and which converts back to the same float32. Row by row: the text array is 128 bytes a cell.
+    return [row.astype(str).astype(np.float64).tolist() for row in a]
+
+
+def result_json(attr: Attribution) -> str:
+    """The result as one line of JSON in the saved-result format (`result_schema`), each score written as the
+    shortest decimal that reads back to the same float32 (about half the size of float64 digits); NaN scores are
+    written as `NaN` (Python's reader accepts it; strict JSON readers do not).
+
+    `load_result` / `Attribution.load_json` read it back to a result with bit-identical scores, tokens and metadata.
+    """
+    d = attr.to_dict()
+    for name, m in d["methods"].items():
+        m["raw"] = _compact_matrix(attr.methods[name].raw)
+        m["z"] = _compact_matrix(attr.methods[name].z)
+    return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+def _size_text(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
+
+
+def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int) -> tuple[bytes, str]:
+    """The file's bytes and a name for messages; refuses a missing, unreadable or too large file."""
+    if isinstance(source, bytes | bytearray | memoryview):
+        data, what = bytes(source), "The uploaded file"
+    elif isinstance(source, str | os.PathLike):
+        path = Path(source)
+        what = f"The file {path.name!r}"
         try:
-            text = path.read_text(encoding="utf-8")
+            if path.is_dir():
+                raise InputError(f"{str(path)!r} is a folder; choose a saved result (.json) file.")
+            size = path.stat().st_size
+            if size > max_bytes:
+                raise InputError(
+                    f"{what} is {_size_text(size)}; a saved result can be at most {_size_text(max_bytes)}."
+                )
+            data = path.read_bytes()
         except FileNotFoundError:
-            raise InputError(f"Saved result {str(path)!r} does not exist.") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"Cannot read the saved result {str(path)!r}: {e}") from e
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise InputError(f"Saved result {str(path)!r} is not valid JSON: {e}") from e
-        except RecursionError as e:
-            raise InputError(f"Saved result {str(path)!r} is nested too deeply to be a saved result.") from e
-        return cls.from_dict(data)
+            raise InputError(f"The saved result {str(path)!r} does not exist.") from None
+        except (OSError, ValueError) as e:  # ValueError: a NUL in the path
+            raise InputError(f"Cannot read the saved result {str(path)!r}: {getattr(e, 'strerror', None) or e}.") from e
+    else:
+        raise InputError(f"A saved result is given as bytes or a file path, got {type(source).__name__}.")
+    if len(data) > max_bytes:
+        raise InputError(f"{what} is {_size_text(len(data))}; a saved result can be at most {_size_text(max_bytes)}.")
+    if not data.strip():
+        raise InputError(f"{what} is empty; choose a result saved with 'Download JSON' or `explain --json`.")
+    return data, what
 
 
-def _kind(value: Any) -> str:
-    return {dict: "an object", list: "a list", str: "a string", bool: "true/false", type(None): "null"}.get(
-        type(value), "a number"
-    )
+def load_result(source: bytes | bytearray | str | os.PathLike, max_bytes: int = MAX_RESULT_BYTES) -> Attribution:
+    """A saved result (`result_json`, the app's download, `explain --json`), of any format version.
 
+    Args:
+        source: the file's content as bytes, or the path of the file (str or Path; what an upload widget gives).
+        max_bytes: largest file accepted (default `MAX_RESULT_BYTES`, 64 MiB).
 
-_MISSING = object()
+    Returns:
+        The result, checked against `result_schema`: every view can show it without a model.
 
-
-def _field(d: dict, key: str, types: type | tuple[type, ...], default: Any = _MISSING, where: str = "") -> Any:
-    name = f"{where}.{key}" if where else key
-    if key not in d:
-        if default is _MISSING:
-            raise InputError(f"Saved result: {name} is missing.")
-        return default
-    value = d[key]
-    if not isinstance(value, types):
-        want = {str: "a string", dict: "an object", list: "a list"}.get(types, "a number")
-        raise InputError(f"Saved result: {name} must be {want}, got {_kind(value)}.")
-    return value
-
-
-def _ints(d: dict, key: str, lo: int, hi: int, what: str, required: bool = True, where: str = "") -> list[int]:
-    values = _field(d, key, list, _MISSING if required else [], where)
-    for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or not lo <= v < hi:
-            raise InputError(f"Saved result: {where + '.' if where else ''}{key} must hold {what}, found {v!r:.40}.")
-    return list(values)
-
-
-def _token_ids(d: dict, key: str, required: bool = True) -> list[int]:
-    return _ints(d, key, 0, 2**31, "token ids (whole numbers from 0)", required)
-
-
-def _positions(d: dict, key: str, n: int) -> list[int]:
-    return _ints(d, key, 0, n, f"prompt positions from 0 to {n - 1}", required=False)
-
-
-def _strings(d: dict, key: str, count: int, required: bool = True) -> list[str]:
-    values = _field(d, key, list, _MISSING if required else [])
-    if len(values) != count or not all(isinstance(v, str) for v in values):
-        raise InputError(f"Saved result: {key} must be {count} strings, one per token id.")
-    for i, v in enumerate(values):
-        check_encodable(v, f"Saved result: {key}[{i}]")  # the views show it; the page must be valid UTF-8
-    return list(values)
-
-
-def _matrix(m: dict, key: str, where: str, k: int, n: int) -> np.ndarray:
-    """A (k, n) float32 score matrix; numbers only (NaN marks no score)."""
-    values = _field(m, key, list, _MISSING, where)
+    Raises:
+        InputError: the file is missing, too large, empty, not UTF-8 text, not JSON, or not a saved result (the
+            message names the field).
+    """
+    data, what = _read(source, max_bytes)
     try:
-        with np.errstate(over="ignore"):  # beyond float32: inf, like any score too large to show
-            a = np.asarray(values, dtype=np.float32)
-    except (TypeError, ValueError, OverflowError):
-        raise InputError(f"Saved result: {where}.{key} must be a {k} x {n} table of numbers.") from None
-    if a.size == 0 and k == 0:
-        a = a.reshape(0, n)  # (0, N): no generated tokens
-    if a.shape != (k, n):
-        raise InputError(f"Saved result: {where}.{key} must be a {k} x {n} table of numbers, got shape {a.shape}.")
-    return a
-
-
-def _finite(v: int | float) -> bool:
-    try:
-        return math.isfinite(v)
-    except OverflowError:  # an int past float range
-        return False
-
-
-def _step_scores(d: dict, k: int) -> dict[str, list[float]]:
-    """`step_scores` (optional): K finite numbers per key, probabilities in [0, 1], entropies from 0."""
-    scores = _field(d, "step_scores", dict, {})
-    out = {}
-    for key, values in scores.items():
-        check_encodable(key, "Saved result: a step_scores key")
-        where = f"step_scores[{key!r}]"
-        if not isinstance(values, list) or len(values) != k:
-            raise InputError(f"Saved result: {where} must be a list of {k} numbers, one per answer token.")
-        for v in values:
-            if isinstance(v, bool) or not isinstance(v, int | float) or not _finite(v):
-                raise InputError(f"Saved result: {where} must hold finite numbers, found {v!r:.40}.")
-            if key == "probability" and not 0 <= v <= 1:
-                raise InputError(f"Saved result: {where} must hold probabilities from 0 to 1, found {v!r:.40}.")
-            if key == "entropy" and v < 0:
-                raise InputError(f"Saved result: {where} must hold entropies of 0 or more (nats), found {v!r:.40}.")
-        out[key] = [float(v) for v in values]
-    return out
-
-
-def _image_record(image: Any, n: int) -> dict[str, list[int]] | None:
-    if image is None:
-        return None
-    if not isinstance(image, dict):
-        raise InputError(f"Saved result: image must be an object or null, got {_kind(image)}.")
-    positions = _ints(image, "token_positions", 0, n, f"prompt positions from 0 to {n - 1}", where="image")
-    grid = _ints(image, "grid", 1, 2**31, "positive whole numbers", where="image")
-    size = _ints(image, "size", 1, 2**31, "positive whole numbers", where="image")
-    if len(grid) != 2 or len(size) != 2 or grid[0] * grid[1] != len(positions):
+        text = data.decode("utf-8-sig")  # a byte-order mark from a Windows editor is harmless
+    except UnicodeDecodeError as e:
         raise InputError(
-            f"Saved result: image.grid must be [h, w] with h * w = {len(positions)} image tokens, and image.size "
-            "[width, height]."
-        )
-    return {"token_positions": positions, "grid": grid, "size": size}
+            f"{what} is not UTF-8 text (byte {e.start + 1} is 0x{data[e.start]:02x}); a saved result is a .json file."
+        ) from None
+    try:
+        parsed = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(
+            f"{what} is not valid JSON (line {e.lineno}, column {e.colno}: {e.msg}); a saved result is the .json file "
+            "that 'Download JSON' or `explain --json` writes."
+        ) from None
+    except RecursionError:
+        raise InputError(f"{what} is nested too deeply to be a saved result.") from None
+    return Attribution.from_dict(parsed)

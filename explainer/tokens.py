@@ -11,19 +11,27 @@ _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
+def encoding_problem(text: str) -> str | None:
+    """Why no tokenizer can take `text`, or None: a lone UTF-16 surrogate (U+D800..U+DFFF) is not a character; it
+    arrives from a broken copy-paste or a JSON escape such as "\\ud800" sent through the API."""
+    m = _SURROGATE.search(text)
+    if m is None:
+        return None
+    return (
+        f"contains U+{ord(m.group()):04X} at character {m.start() + 1}: half of a UTF-16 surrogate pair, not a "
+        "character. Remove it or copy the text again."
+    )
+
+
 def check_encodable(text: str, what: str) -> None:
-    """Refuse text that no tokenizer can take: a lone UTF-16 surrogate (U+D800..U+DFFF) is not a character; it
-    arrives from a broken copy-paste or a JSON escape such as "\\ud800" sent through the API.
+    """Refuse text that no tokenizer can take (see `encoding_problem`).
 
     Raises:
-        InputError: naming the first one and where it is.
+        InputError: naming the first lone surrogate and where it is.
     """
-    m = _SURROGATE.search(text)
-    if m:
-        raise InputError(
-            f"{what} contains U+{ord(m.group()):04X} at character {m.start() + 1}: half of a UTF-16 surrogate pair, "
-            "not a character. Remove it or copy the text again."
-        )
+    problem = encoding_problem(text)
+    if problem is not None:
+        raise InputError(f"{what} {problem}")
 
 
 @functools.lru_cache(maxsize=1)

@@ -29,7 +29,7 @@ from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 PROMPT = "What is the capital of France?"
 ANSWER = "Paris is the capital of France."  # not what the random tiny models generate
 ALL = available_methods()
-IMAGE_METHODS = [m for m, cls in METHODS.items() if cls.streaming or cls.accepts_extra_inputs]
+IMAGE_METHODS = [m for m, cls in METHODS.items() if cls.explains_images]
 
 
 def _bundle(tokenizer, kind: str = "llama"):

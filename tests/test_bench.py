@@ -87,12 +87,13 @@ def test_shipped_text_is_the_default_and_named_in_the_source(tokenizer):
     header, _, body = raw.partition("\n")
     assert header.startswith("# Source:") and "Licence:" in header and "public domain" in header
     assert 25_000 <= len(raw.encode("utf-8")) <= 40_000 and len(body.split()) > 4_000
-    assert str(bench.DEFAULT_TEXT.relative_to(Path(__file__).resolve().parents[1])) == "assets/bench_text.txt"
+    shipped = Path(__file__).resolve().parents[1] / "explainer" / "data" / "bench_text.txt"
+    assert bench.DEFAULT_TEXT_NAME == "explainer/data/bench_text.txt" and shipped.read_text(encoding="utf-8") == raw
 
     ids, source = prompt_ids(tokenizer, 300)
 
     assert len(ids) == 300
-    assert source.startswith("assets/bench_text.txt (Source:") and "CC0" in source
+    assert source.startswith("explainer/data/bench_text.txt (Source:") and "CC0" in source
     assert ids == tokenizer(body.strip(), add_special_tokens=False)["input_ids"][:300]  # the header is not text
     assert "Source" not in tokenizer.decode(ids[:20])
 
@@ -228,7 +229,7 @@ def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
         assert r["peak_mem_mb_all"] == [r["peak_mem_mb"]]
     assert all(r["tokens_per_s_ratio"] == 1.0 for r in rows if r["method"] == "none")
     assert report["machine"]["torch_threads"] >= 1 and report["machine"]["device"] == "cpu"
-    assert report["text_source"].startswith("assets/bench_text.txt (Source:")  # the shipped text by default
+    assert report["text_source"].startswith("explainer/data/bench_text.txt (Source:")  # the shipped text by default
     assert report["model"] and report["date"]
     printed = capsys.readouterr().out
     assert "tokens_per_s" in printed and "| method |" in printed

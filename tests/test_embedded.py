@@ -46,7 +46,7 @@ def test_embedded_macs_matches_eager_reference(embedded):
 def test_embedded_gradient_methods_and_attnlrp_conservation(embedded):
     """`explain --methods attnlrp,grad_ellm,input_x_gradient` on the real 30-layer model: finite, non-zero (K, N)
     maps; AttnLRP's relevance over all input positions sums to a fraction of the explained logit in the range the
-    README states (0.27-0.51 on SQuAD prompts), and the JSON's raw rows are its prompt columns."""
+    docs state (docs/results.md: 0.27-0.51 on SQuAD prompts), and the JSON's raw rows are its prompt columns."""
     methods = ["attnlrp", "grad_ellm", "input_x_gradient"]
     attr = explain(embedded, QA, methods=methods, max_new_tokens=3)
     n, k = attr.num_prompt_tokens, attr.num_steps

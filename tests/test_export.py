@@ -33,7 +33,7 @@ from visuals.export import (
 from visuals.heatmap import Z_CLIP, answer_html, bin_class, bin_color, side_by_side_html, top_tokens_rows
 from visuals.overlay import gif_bytes, gif_steps, overlay_grid
 from visuals.png import _draw_view, view_png
-from visuals.report import _SCRIPT, report_html
+from visuals.report import report_html, report_script
 
 HOSTILE = [
     "<|im_start|>",
@@ -322,7 +322,7 @@ def test_report_is_one_offline_document_with_a_panel_per_method_and_a_slider():
     assert "http://" not in lowered and "https://" not in lowered and "@import" not in lowered
     assert "url(" not in lowered and "@font-face" not in lowered
     assert [a.get("type") for a, _ in page.scripts] == ["application/json", None]
-    assert page.scripts[1][1] == _SCRIPT and "src" not in page.scripts[1][0]
+    assert page.scripts[1][1] == report_script() and "src" not in page.scripts[1][0]
     assert list(page.panels) == list(attr.methods)
     _, slider = page.by_id("xai-step")
     assert (slider["type"], slider["min"], slider["max"], slider["value"]) == ("range", "1", "4", "2")
@@ -411,7 +411,7 @@ def test_hostile_text_cannot_leave_the_data_or_break_the_page():
     report = report_html(attr, title="</title><script>alert(2)</script>", date="<!--")
     page = Page(report)
     assert [a.get("type") for a, _ in page.scripts] == ["application/json", None]  # no injected script element
-    assert page.scripts[1][1] == _SCRIPT
+    assert page.scripts[1][1] == report_script()
     assert report.lower().count("</script") == 2 and report.lower().count("<script") == 2
     assert "<!--" not in report and "\u2028" not in page.scripts[0][1]
     assert "\x00" not in report.split("<main", 1)[0]  # the head (title) has no control characters

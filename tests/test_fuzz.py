@@ -32,7 +32,7 @@ from explainer import Attribution, InputError, MethodScores, UnknownMethodError,
 from explainer.capture import registered_names
 from explainer.session import model_lock
 from explainer.vision import load_image
-from visuals import answer_html, overlay_grid, side_by_side_html, token_heatmap_figure, top_tokens_rows
+from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 
 from .conftest import build_model, make_tokenizer
 from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
@@ -271,7 +271,6 @@ def _renders(attr: Attribution) -> None:
         answer_html(attr, step).encode("utf-8")
         for m in methods:
             top_tokens_rows(attr, m, step)
-            token_heatmap_figure(attr, m, step)
         if attr.image:
             overlay_grid(Image.new("RGB", tuple(attr.image["size"])), attr, methods, step)
     back = Attribution.from_dict(json.loads(json.dumps(attr.to_dict())))

@@ -12,7 +12,7 @@ import pytest
 from explainer.errors import InputError
 from explainer.result import Attribution, MethodScores
 from explainer.spans import group_scores, sentence_groups, top_sentences, word_groups
-from visuals.granularity import safe_text, span_side_by_side_html, top_sentences_html, top_sentences_rows
+from visuals.granularity import safe_text, span_side_by_side_html, top_sentences_html
 from visuals.heatmap import Z_CLIP, bin_class, side_by_side_html
 
 TEMPLATE_HEAD = ["<|im_start|>", "user", "\n"]
@@ -147,7 +147,7 @@ def test_pending_methods_no_methods_no_steps_and_bad_input():
     none = make_attr({}, generated=[])
     empty = span_side_by_side_html(none, ["macs"], granularity="sentence")
     assert "No generated tokens yet" in empty and 'class="xai-legend"' not in empty
-    assert top_sentences_rows(none, "macs") == [] and "No answer yet" in top_sentences_html(none, ["macs"])
+    assert "No answer yet" in top_sentences_html(none, ["macs"])
     with pytest.raises(InputError, match="tokens 1 to 5"):
         span_side_by_side_html(attr, ["macs"], 3, 9)
     with pytest.raises(InputError, match="backwards"):
@@ -156,7 +156,7 @@ def test_pending_methods_no_methods_no_steps_and_bad_input():
         span_side_by_side_html(attr, ["macs"], 0, granularity="paragraph")
 
 
-def test_top_sentences_table_and_rows_follow_the_library():
+def test_top_sentences_table_follows_the_library():
     attr = make_attr()
     fragment = top_sentences_html(attr, ["macs", "rollout", "atman"], 0, 4, k=2)
     assert "Top sentences of your text · Steps 1-5 of 5" in fragment
@@ -172,9 +172,6 @@ def test_top_sentences_table_and_rows_follow_the_library():
         assert [(int(a), int(b) + 1) for a, b, *_ in rows] == [(t.group.start, t.group.stop) for t in want]
         assert [r[3] for r in rows] == [f"{t.score:+.2f}" for t in want]  # the number is written, not only coloured
         assert [html.unescape(r[4]).replace("⏎<br>", "\n") for r in rows] == [t.text.strip() for t in want]
-        assert top_sentences_rows(attr, m, 0, 4, k=2) == [
-            [t.rank, t.text.strip(), round(t.score, 3), f"{t.group.start}-{t.group.stop - 1}"] for t in want
-        ]
         assert '<th scope="col"' in panel and "<caption" in panel
     assert "pending" in panels(fragment)["atman"]
     assert "Top sentences of the whole prompt" in top_sentences_html(attr, ["macs"], 0, user_only=False)

@@ -1,4 +1,4 @@
-"""Image overlays and the mask evaluation hook, on synthetic results (no model)."""
+"""Image overlays, maps and GIFs, on synthetic results (no model)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.errors import InputError
-from explainer.image_maps import image_map, mask_average_precision, upsample_map
+from explainer.image_maps import image_map, upsample_map
 from explainer.metrics import average_precision
 from explainer.result import Attribution, MethodScores
-from visuals.overlay import colormap, heat_map, image_overlay, overlay_animation, overlay_frames, overlay_grid
+from visuals.overlay import colormap, gif_bytes, heat_map, image_overlay, overlay_grid
 
 GRID = (3, 5)  # merged patch grid (h, w)
 PREFIX = 4  # text tokens before the image tokens
@@ -89,7 +88,7 @@ def test_grid_frames_and_steps():
     assert grid.size == (3 * 91 + 2 * 6, 37 + 18)
     pending = np.asarray(grid)[18:, 2 * (91 + 6) : 3 * (91 + 6) - 6]
     assert np.all(pending == 220)  # a method without scores gets a grey tile
-    frames = overlay_frames(img, attr, "macs")
+    frames = [image_overlay(img, attr, "macs", k) for k in range(3)]
     assert len(frames) == 3 and all(f.size == img.size for f in frames)
     assert not np.array_equal(np.asarray(frames[0]), np.asarray(frames[2]))  # the peak moves
     np.testing.assert_array_equal(np.asarray(image_overlay(img, attr, "macs", 99)), np.asarray(frames[-1]))
@@ -99,7 +98,7 @@ def test_animation_has_one_frame_per_step_and_follows_the_peak():
     import io
 
     img, attr = _photo(), _attr(steps=3)
-    gif = Image.open(io.BytesIO(overlay_animation(img, attr, ["macs", "random", "missing"], max_side=91)))
+    gif = Image.open(io.BytesIO(gif_bytes(img, attr, ["macs", "random", "missing"], max_side=91)))
     assert gif.format == "GIF" and gif.n_frames == 3
     frames = []
     for k in range(3):
@@ -112,7 +111,7 @@ def test_animation_has_one_frame_per_step_and_follows_the_peak():
         distances = [np.abs(frame - grid).mean() for grid in grids]
         assert distances[k] < 10 and int(np.argmin(distances)) == k
     with pytest.raises(ValueError, match="nothing to animate"):
-        overlay_animation(img, attr, ["missing"])
+        gif_bytes(img, attr, ["missing"])
 
 
 def test_text_result_has_no_image_map():
@@ -144,16 +143,9 @@ def test_average_precision_hand_computed():
     assert average_precision(np.zeros(3), np.arange(3)) == 0.0
 
 
-def test_mask_average_precision_on_synthetic_masks():
+def test_maps_upsample_to_the_image():
     attr = _attr(size=(50, 30))
-    mask = np.zeros((30, 50), dtype=bool)
-    mask[20:30, 30:40] = True  # exactly the peak cell (row 2, column 3 of a 3 x 5 grid over 50 x 30 pixels)
-    good = mask_average_precision(attr, "macs", 0, mask)
-    wrong = np.zeros_like(mask)
-    wrong[0:10, 0:10] = True
-    bad = mask_average_precision(attr, "macs", 0, wrong)
-    assert good > 0.9 and bad < mask.mean() * 2 and good > bad
     heat = upsample_map(image_map(attr, "macs", 0), (50, 30))
-    assert heat.shape == (30, 50)
-    with pytest.raises(InputError, match="mask is empty"):
-        mask_average_precision(attr, "macs", 0, np.zeros_like(mask))
+    assert heat.shape == (30, 50) and heat.dtype == np.float32
+    r, c = np.unravel_index(int(heat.argmax()), heat.shape)
+    assert 20 <= r < 30 and 30 <= c < 40  # the peak cell (row 2, column 3 of a 3 x 5 grid over 50 x 30 pixels)

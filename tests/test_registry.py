@@ -40,7 +40,8 @@ def test_method_declares_paper_and_config(name):
     assert module_doc and len(module_doc.strip()) > 40
     assert dataclasses.is_dataclass(cls.Config)
     cls.Config()  # defaults alone are valid
-    assert isinstance(cls.streaming, bool)
+    assert isinstance(cls.streaming, bool) and isinstance(cls.explains_images, bool)
+    assert "display_name" in vars(cls) and cls.display_name.strip()  # each built-in names itself for people
     method = get_method(name)
     assert method.name == name and isinstance(method.options(), dict)
 

@@ -187,10 +187,10 @@ def test_text_only_bundle_is_refused_for_images(tokenizer):
 def test_post_hoc_method_without_image_support_is_refused(bundle, vl_model):
     from explainer.methods import METHODS, AttributionMethod, RandomConfig
 
-    assert METHODS["atman"].accepts_extra_inputs and METHODS["random"].accepts_extra_inputs
+    assert METHODS["atman"].explains_images and METHODS["random"].explains_images
 
     class TextOnly(AttributionMethod):
-        name, streaming = "text_only", False  # accepts_extra_inputs stays False
+        name, streaming = "text_only", False  # explains_images stays False
         Config = RandomConfig
 
         def explain(self, run):
@@ -344,7 +344,7 @@ def test_post_hoc_methods_get_inputs_that_reproduce_the_generation(bundle, vl_mo
     seen = {}
 
     class Probe(AttributionMethod):
-        name, streaming, accepts_extra_inputs = "probe", False, True
+        name, streaming, explains_images = "probe", False, True
         Config = RandomConfig
 
         def explain(self, run: GenerationRun) -> np.ndarray:

@@ -16,8 +16,6 @@ from visuals import (
     bin_class,
     bin_color,
     side_by_side_html,
-    token_heatmap_figure,
-    token_heatmap_html,
     top_tokens_rows,
     visible_whitespace,
 )
@@ -72,6 +70,11 @@ def make_attr(
     )
 
 
+def heatmap(attr: Attribution, method: str, step: int | None = None, user_only: bool = True, zmax=None) -> str:
+    """One method's panel, as the app shows a single selected method."""
+    return side_by_side_html(attr, [method], step, user_only, zmax)
+
+
 def positions(fragment: str) -> list[int]:
     """The prompt positions of a panel's tokens, from its data-pos ranges ("3-5,9")."""
     (ranges,) = re.findall(r'class="xai-flow" data-pos="([^"]*)"', fragment)
@@ -119,11 +122,12 @@ def legend_zmax(fragment: str) -> list[float]:
 def test_highest_z_gets_reddest_colour_and_lowest_the_bluest():
     attr = make_attr()
     for step in range(3):
-        got = spans(token_heatmap_html(attr, "macs", step))
+        got = spans(heatmap(attr, "macs", step))
         by_z = sorted(got.values(), key=lambda v: v[0])
         colors = [rgb(bg) for _, bg, _, _ in by_z]
         zs = [z for z, _, _, _ in by_z]
-        zmax = max(abs(z) for z in zs)  # within [1, Z_CLIP] for these rows
+        zmax = max(abs(z) for z in zs)
+        assert 1.0 <= zmax <= Z_CLIP  # so the auto colour range is this largest |z|, neither floored nor clipped
         for z, (r, g, b) in zip(zs, colors, strict=True):
             if abs(z) / zmax < 0.5 / 8:  # less than half a colour bin: white
                 assert (r, g, b) == (255, 255, 255), z
@@ -140,7 +144,7 @@ def test_highest_z_gets_reddest_colour_and_lowest_the_bluest():
         assert colors[0] != colors[-1] and len(set(colors)) >= 3
         extreme = max(by_z, key=lambda v: abs(v[0]))
         assert extreme[1] == bin_color("r8" if extreme[0] > 0 else "b8")  # the largest |z| gets the darkest bin
-    got = spans(token_heatmap_html(attr, "macs", 2))
+    got = spans(heatmap(attr, "macs", 2))
     top_pos = max(got, key=lambda p: got[p][0])
     assert top_pos == 6 and got[6][1] == bin_color("r8")  # raw 9.0 at position 6 is the largest user score at step 2
     assert rgb(bin_color("r8")) == (178, 24, 43) and rgb(bin_color("b8")) == (33, 102, 172)  # RdBu's ends
@@ -149,7 +153,7 @@ def test_highest_z_gets_reddest_colour_and_lowest_the_bluest():
 def test_html_is_escaped_everywhere():
     attr = make_attr()
     fragments = [
-        token_heatmap_html(attr, "macs", 0, user_only=False),
+        heatmap(attr, "macs", 0, user_only=False),
         side_by_side_html(attr, ["macs", "<img src=x>"], 0, user_only=False),
         answer_html(attr, 2),
     ]
@@ -168,7 +172,7 @@ def test_html_is_escaped_everywhere():
 def test_user_only_shows_user_tokens_and_renormalises():
     attr = make_attr()
     for step in range(3):
-        got = spans(token_heatmap_html(attr, "macs", step, user_only=True))
+        got = spans(heatmap(attr, "macs", step, user_only=True))
         assert sorted(got) == USER
         want = expected_z(RAW[step], USER)
         np.testing.assert_allclose([got[p][0] for p in USER], want, atol=0.005)  # titles have 2 decimals
@@ -178,7 +182,7 @@ def test_user_only_shows_user_tokens_and_renormalises():
 
 def test_show_all_uses_stored_z_over_all_tokens():
     attr = make_attr()
-    got = spans(token_heatmap_html(attr, "macs", 1, user_only=False))
+    got = spans(heatmap(attr, "macs", 1, user_only=False))
     assert sorted(got) == list(range(len(PROMPT)))
     want = expected_z(RAW[1], list(range(len(PROMPT))))
     np.testing.assert_allclose([got[p][0] for p in sorted(got)], want, atol=0.005)
@@ -186,13 +190,13 @@ def test_show_all_uses_stored_z_over_all_tokens():
 
 def test_empty_user_positions_fall_back_to_all_tokens():
     attr = make_attr(user_positions=[])
-    assert token_heatmap_html(attr, "macs", 0, user_only=True) == token_heatmap_html(attr, "macs", 0, user_only=False)
-    assert len(spans(token_heatmap_html(attr, "macs", 0))) == len(PROMPT)
+    assert heatmap(attr, "macs", 0, user_only=True) == heatmap(attr, "macs", 0, user_only=False)
+    assert len(spans(heatmap(attr, "macs", 0))) == len(PROMPT)
 
 
 def test_hover_shows_the_score_and_the_legend_explains_it():
     attr = make_attr()
-    fragment = token_heatmap_html(attr, "macs", 0)
+    fragment = heatmap(attr, "macs", 0)
     got = spans(fragment)
     want = expected_z(RAW[0], USER)
     for p, z in zip(USER, want, strict=True):
@@ -206,7 +210,7 @@ def test_hover_shows_the_score_and_the_legend_explains_it():
 
 def test_positions_with_gaps_are_marked_and_kept():
     attr = make_attr(user_positions=[1, 2, 5, 6, 7])
-    fragment = token_heatmap_html(attr, "macs", 0)
+    fragment = heatmap(attr, "macs", 0)
     assert positions(fragment) == [1, 2, 5, 6, 7] and 'data-pos="1-2,5-7"' in fragment
     assert fragment.count('title="tokens hidden"') == 1
     np.testing.assert_allclose(
@@ -216,7 +220,7 @@ def test_positions_with_gaps_are_marked_and_kept():
 
 def test_newlines_become_line_breaks():
     attr = make_attr(generated=[" a", "\n", "b"])
-    fragment = token_heatmap_html(attr, "macs", 0, user_only=False)
+    fragment = heatmap(attr, "macs", 0, user_only=False)
     assert "⏎<br>" in fragment
     assert "⏎<br>" in answer_html(attr, 1)
     assert visible_whitespace(" a\n\tb") == "␣a⏎⇥b"
@@ -233,9 +237,9 @@ def test_side_by_side_shares_one_colour_scale():
     assert legend_zmax(fragment) == [pytest.approx(shared, rel=1e-4)]  # one legend for all panels
     got = {m: spans(p) for m, p in panels(fragment).items()}
     assert set(got) == {"a", "b"}
-    alone_b = spans(token_heatmap_html(attr, "b", 0))
-    scaled_b = spans(token_heatmap_html(attr, "b", 0, zmax=shared))
-    alone_a = spans(token_heatmap_html(attr, "a", 0))
+    alone_b = spans(heatmap(attr, "b", 0))
+    scaled_b = spans(heatmap(attr, "b", 0, zmax=shared))
+    alone_a = spans(heatmap(attr, "a", 0))
     # b on its own saturates at |z| = 1; next to a it uses a's range, so its z = 1 is lighter than a's peak
     assert got["b"][2][1] == scaled_b[2][1] != alone_b[2][1]
     assert got["a"][3][1] == alone_a[3][1]
@@ -264,10 +268,10 @@ def test_side_by_side_pending_method_and_no_methods():
 
 def test_steps_are_clamped():
     attr = make_attr()
-    last = token_heatmap_html(attr, "macs", 2)
-    assert token_heatmap_html(attr, "macs", 99) == last
-    assert token_heatmap_html(attr, "macs", None) == last
-    assert token_heatmap_html(attr, "macs", -4) == token_heatmap_html(attr, "macs", 0)
+    last = heatmap(attr, "macs", 2)
+    assert heatmap(attr, "macs", 99) == last
+    assert heatmap(attr, "macs", None) == last
+    assert heatmap(attr, "macs", -4) == heatmap(attr, "macs", 0)
     assert side_by_side_html(attr, ["macs"], 50) == side_by_side_html(attr, ["macs"], 2)
     assert top_tokens_rows(attr, "macs", 7) == top_tokens_rows(attr, "macs", 2)
     assert re.findall(r'data-step="(\d+)" data-selected', answer_html(attr, 42)) == ["2"]
@@ -278,7 +282,7 @@ def test_steps_are_clamped():
 def test_no_steps_yet_renders_prompt_neutral():
     empty = np.zeros((0, len(PROMPT)), dtype=np.float32)
     for attr in (make_attr({"macs": empty}, generated=[]), make_attr({}, generated=[])):
-        fragment = token_heatmap_html(attr, "macs")
+        fragment = heatmap(attr, "macs")
         got = spans(fragment)
         assert sorted(got) == USER
         assert {bg for _, bg, _, _ in got.values()} == {"rgb(255, 255, 255)"}
@@ -287,16 +291,13 @@ def test_no_steps_yet_renders_prompt_neutral():
         assert "No answer yet" in answer_html(attr)
         assert top_tokens_rows(attr, "macs") == []
         assert "no scores yet" in side_by_side_html(attr, ["macs"], None)
-        fig = token_heatmap_figure(attr, "macs")
-        assert sum(t != "" for row in fig.data[0].text for t in row) == len(USER)
-        assert np.nansum(np.abs(np.asarray(fig.data[0].z, dtype=float))) == 0
 
 
 def test_nan_scores_are_shown_as_missing_and_skipped():
     raw = RAW.copy()
     raw[0, 5] = np.nan
     attr = make_attr({"macs": raw})
-    got = spans(token_heatmap_html(attr, "macs", 0))
+    got = spans(heatmap(attr, "macs", 0))
     assert math.isnan(got[5][0]) and "no score" in got[5][2]
     finite = [3, 4, 6, 7]
     np.testing.assert_allclose([got[p][0] for p in finite], expected_z(RAW[0], finite), atol=0.005)
@@ -317,31 +318,6 @@ def test_top_tokens_rows_order_and_renormalisation():
     # over all tokens the ranking agrees with the library's own `top_tokens`
     rows_all = top_tokens_rows(attr, "macs", step, k=4, user_only=False)
     assert [r[2] for r in rows_all] == [p for p, _, _ in attr.top_tokens("macs", step, 4)]
-
-
-def test_figure_has_one_cell_text_per_token_and_hover_with_score():
-    prompt = [f" t{i}" for i in range(20)]
-    raw = np.arange(40, dtype=np.float32).reshape(2, 20) % 7
-    attr = make_attr({"macs": raw}, prompt=prompt, generated=[" a", " b"], user_positions=list(range(2, 20)))
-    fig = token_heatmap_figure(attr, "macs", 1, user_only=True)
-    trace = fig.data[0]
-    z = np.asarray(trace.z, dtype=float)
-    assert z.shape == (2, 16)  # 18 user tokens wrap onto two rows of 16
-    texts = [t for row in trace.text for t in row if t != ""]
-    assert texts == [visible_whitespace(prompt[p]) for p in range(2, 20)]
-    want = expected_z(raw[1], list(range(2, 20)))
-    np.testing.assert_allclose(z.ravel()[:18], want, rtol=1e-4, atol=1e-5)
-    assert np.isnan(z.ravel()[18:]).all()
-    hovers = [h for row in trace.hovertext for h in row if h != ""]
-    assert len(hovers) == 18
-    for i, p in enumerate(range(2, 20)):
-        assert visible_whitespace(prompt[p]) in hovers[i]
-        assert f"position {p}" in hovers[i]
-        assert f"z = {want[i]:+.2f}" in hovers[i]
-    assert trace.zmid == 0 and trace.zmax == -trace.zmin <= Z_CLIP
-    assert trace.reversescale is True
-    full = token_heatmap_figure(attr, "macs", 1, user_only=False)
-    assert sum(t != "" for row in full.data[0].text for t in row) == 20
 
 
 _WORDS = "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and Berlin of Germany.".split()

@@ -9,12 +9,10 @@ from visuals.heatmap import (
     bin_color,
     diverging_color,
     side_by_side_html,
-    token_heatmap_figure,
-    token_heatmap_html,
     top_tokens_rows,
     visible_whitespace,
 )
-from visuals.overlay import colormap, image_overlay, overlay_frames, overlay_grid
+from visuals.overlay import colormap, gif_bytes, image_overlay, overlay_grid
 
 __all__ = [
     "FAITHFULNESS_HEADERS",
@@ -27,12 +25,10 @@ __all__ = [
     "bin_color",
     "colormap",
     "image_overlay",
-    "overlay_frames",
+    "gif_bytes",
     "overlay_grid",
     "diverging_color",
     "side_by_side_html",
-    "token_heatmap_figure",
-    "token_heatmap_html",
     "top_tokens_rows",
     "visible_whitespace",
 ]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -158,38 +159,23 @@ def span_side_by_side_html(
         caption = "No generated tokens yet: scores appear as the answer streams."
     else:
         first, last = span_range(attr.num_steps, first, last)
-        caption = _span_caption(attr, first, last, attr.num_steps)
-        caption += f" · {_UNIT_NAMES[granularity]}"
+        caption = _span_caption(attr, first, last, attr.num_steps) + f" · {_UNIT_NAMES[granularity]}"
         if granularity != "token":
             caption += " (mean z-score of their tokens)"
         caption += f" · {_scope_caption(pos.size, subset)}"
-    per_method: list[np.ndarray | None] = []
-    for m in methods:
-        s = attr.methods.get(m)
-        if first is None or s is None or s.raw.shape[0] <= last:
-            per_method.append(None)
-            continue
-        z = span_scores(attr, m, first, last, pos if subset else None)  # (N,)
-        per_method.append(group_scores(z, units))  # (G,)
+    per_method = [_unit_scores(attr, m, first, last, units, pos if subset else None) for m in methods]
     scored = [s for s in per_method if s is not None]
     if zmax is None or zmax <= 0:
         finite = [np.abs(s[np.isfinite(s)]) for s in scored]
-        peak = max((float(f.max()) for f in finite if f.size), default=1.0)
-        zmax = float(np.clip(peak, ZMIN_AUTO, Z_CLIP))
+        zmax = float(np.clip(max((float(f.max()) for f in finite if f.size), default=1.0), ZMIN_AUTO, Z_CLIP))
     zmax = float(zmax)
     panels = []
     for m, scores in zip(methods, per_method, strict=True):
-        s = attr.methods.get(m)
         if scores is not None:
-            detail = f"{s.seconds:.2f} s"
+            detail = f"{attr.methods[m].seconds:.2f} s"
         else:
             detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
-        panels.append(
-            f'<div class="xai-panel" data-method="{html.escape(m, quote=True)}" style="{_PANEL}">'
-            f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(safe_text(m))} '
-            f'<span style="font-weight:400;color:{_MUTED};">· {html.escape(detail)}</span></div>'
-            f"{_units_html(units, scores, zmax, granularity != 'token')}</div>"
-        )
+        panels.append(_panel(m, detail, _units_html(units, scores, zmax, granularity != "token")))
     label = "z-score" if granularity == "token" and first == last else "mean z-score"
     legend = _legend_html(zmax, granularity, label) if scored else ""
     return (
@@ -199,44 +185,59 @@ def span_side_by_side_html(
     )
 
 
+def _unit_scores(
+    attr: Attribution, method: str, first: int | None, last: int | None, units: list[Group], positions: Any
+) -> np.ndarray | None:
+    """(G,) each unit's mean z over the span, z re-standardised over `positions` when given; None without scores."""
+    s = attr.methods.get(method)
+    if first is None or s is None or s.raw.shape[0] <= last:
+        return None
+    return group_scores(span_scores(attr, method, first, last, positions), units)
+
+
+def _panel(method: str, detail: str | None, body: str) -> str:
+    """One method's panel: its name (and a detail such as its seconds) over `body`."""
+    title = html.escape(safe_text(method))
+    if detail is not None:
+        title += f' <span style="font-weight:400;color:{_MUTED};">· {html.escape(detail)}</span>'
+    return (
+        f'<div class="xai-panel" data-method="{html.escape(method, quote=True)}" style="{_PANEL}">'
+        f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{title}</div>{body}</div>'
+    )
+
+
+_CELL = "padding:2px 6px;vertical-align:top;text-align:left;"
+
+
+def _top_table(method: str, top: list[ScoredGroup] | None, zmax: float) -> str:
+    """A method's top sentences as a table: rank, a score badge coloured like the heatmap, the sentence."""
+    if top is None:
+        body = f'<tr><td colspan="3" style="{_CELL}color:{_MUTED};">pending / not computed</td></tr>'
+    elif not top:
+        body = f'<tr><td colspan="3" style="{_CELL}color:{_MUTED};">no sentence with a score</td></tr>'
+    else:
+        rows = []
+        for t in top:
+            css = bin_class(t.score, zmax)
+            badge = f"<i{' class=' + css if css else ''}>{t.score:+.2f}</i>"
+            rows.append(
+                f'<tr data-pos="{t.group.start}-{t.group.stop - 1}"><td style="{_CELL}">{t.rank}</td>'
+                f'<td style="{_CELL}">{badge}</td><td style="{_CELL}">{_text_html(t.text.strip())}</td></tr>'
+            )
+        body = "".join(rows)
+    head = "".join(f'<th scope="col" style="{_CELL}">{h}</th>' for h in ("#", "mean z", "sentence"))
+    return (
+        f'<div class="xai-flow"><table style="border-collapse:collapse;width:100%;">'
+        f'<caption style="position:absolute;left:-9999px;">Top sentences for {html.escape(safe_text(method))}</caption>'
+        f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>"
+    )
+
+
 def _top(attr: Attribution, method: str, first: int, last: int, k: int, user_only: bool) -> list[ScoredGroup] | None:
     s = attr.methods.get(method)
     if s is None or s.raw.shape[0] <= last:
         return None
     return top_sentences(attr, method, first, last, k, user_only)
-
-
-def top_sentences_rows(
-    attr: Attribution,
-    method: str,
-    first: int | None = None,
-    last: int | None = None,
-    k: int = 3,
-    user_only: bool = True,
-) -> list[list]:
-    """The k sentences of the prompt with the highest mean z-score over a span, for a table.
-
-    Args:
-        attr: the generation and its scores, (K, N) per method.
-        method: which method's scores to rank.
-        first: first answer step, 0-based; None is the newest.
-        last: last answer step, inclusive; None means `first`.
-        k: number of rows at most.
-        user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
-
-    Returns:
-        Rows `[rank (1-based), sentence (ends stripped, control characters visible), mean z rounded to 3 decimals,
-        prompt positions as "first-last"]`, best first; empty when the method has no scores up to `last` or there
-        are no steps yet.
-
-    Raises:
-        InputError: a span outside the answer (see `explainer.spans.span_range`).
-    """
-    if attr.num_steps == 0:
-        return []
-    first, last = span_range(attr.num_steps, first, last)
-    top = _top(attr, method, first, last, k, user_only) or []
-    return [[t.rank, safe_text(t.text.strip()), round(t.score, 3), f"{t.group.start}-{t.group.stop - 1}"] for t in top]
 
 
 def top_sentences_html(
@@ -282,31 +283,7 @@ def top_sentences_html(
     caption = (
         f"Top sentences of {scope} · {_span_caption(attr, first, last, attr.num_steps)} · mean z-score of their tokens"
     )
-    cell = "padding:2px 6px;vertical-align:top;text-align:left;"
-    panels = []
-    for m, top in zip(methods, tops, strict=True):
-        if top is None:
-            body = f'<tr><td colspan="3" style="{cell}color:{_MUTED};">pending / not computed</td></tr>'
-        elif not top:
-            body = f'<tr><td colspan="3" style="{cell}color:{_MUTED};">no sentence with a score</td></tr>'
-        else:
-            rows = []
-            for t in top:
-                css = bin_class(t.score, zmax)
-                badge = f"<i{' class=' + css if css else ''}>{t.score:+.2f}</i>"
-                rows.append(
-                    f'<tr data-pos="{t.group.start}-{t.group.stop - 1}"><td style="{cell}">{t.rank}</td>'
-                    f'<td style="{cell}">{badge}</td><td style="{cell}">{_text_html(t.text.strip())}</td></tr>'
-                )
-            body = "".join(rows)
-        head = "".join(f'<th scope="col" style="{cell}">{h}</th>' for h in ("#", "mean z", "sentence"))
-        panels.append(
-            f'<div class="xai-panel" data-method="{html.escape(m, quote=True)}" style="{_PANEL}">'
-            f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(safe_text(m))}</div>'
-            f'<div class="xai-flow"><table style="border-collapse:collapse;width:100%;">'
-            f'<caption style="position:absolute;left:-9999px;">Top sentences for {html.escape(safe_text(m))}</caption>'
-            f"<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div></div>"
-        )
+    panels = [_panel(m, None, _top_table(m, top, zmax)) for m, top in zip(methods, tops, strict=True)]
     return (
         f'<div class="xai-top" style="{_CARD}">{_STYLE}'
         f'<div style="font-size:13px;margin-bottom:8px;">{html.escape(caption)}</div>'

@@ -1,6 +1,6 @@
-"""Views of an `Attribution`: the prompt as a token heatmap (HTML or Plotly), the answer, a top-tokens table.
+"""Views of an `Attribution`: the prompt as token heatmaps side by side, the answer, a top-tokens table.
 
-Every function is pure: it reads an `Attribution` and returns HTML, a Plotly figure or table rows. Steps are 0-based
+Every function is pure: it reads an `Attribution` and returns HTML or table rows. Steps are 0-based
 indices into the generated tokens (`None` means the newest); out-of-range steps are clamped. The HTML is
 self-contained (its own light background and text colour) so it reads the same on light and dark Gradio themes.
 
@@ -18,13 +18,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import plotly.graph_objects as go
 
 from explainer.result import Attribution, zscore
-from explainer.spans import shown_positions
+from explainer.spans import clamp_step, shown_positions
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
-TOKENS_PER_ROW = 16  # grid width of the Plotly view
 
 # ColorBrewer RdBu, from white (z = 0) outwards; Plotly's reversed 'RdBu' uses the same colours.
 _RED_STOPS = ((255, 255, 255), (253, 219, 199), (244, 165, 130), (214, 96, 77), (178, 24, 43))
@@ -117,18 +115,10 @@ def _stylesheet() -> str:
 _STYLE = _stylesheet()
 
 
-def _clamp_step(step: int | None, num_steps: int) -> int | None:
-    if num_steps <= 0:
-        return None
-    if step is None:
-        return num_steps - 1
-    return min(max(int(step), 0), num_steps - 1)
-
-
 def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> _View:
     pos, subset = shown_positions(attr, user_only)
     scores = attr.methods.get(method)
-    s = _clamp_step(step, 0 if scores is None else scores.raw.shape[0])
+    s = clamp_step(step, 0 if scores is None else scores.raw.shape[0])
     if s is None:
         empty = np.full(pos.shape, np.nan, dtype=np.float32)
         return _View(step=None, positions=pos, z=empty, raw=empty, renormalised=False)
@@ -159,13 +149,6 @@ def _token_text_html(token: str) -> str:
         return '<span class="xe">∅</span>'
     text = html.escape(token.replace("\r", ""), quote=False)
     return text.replace("\n", "⏎<br>")
-
-
-def _score_text(z: float, raw: float) -> str:
-    if not math.isfinite(z):
-        return "no score"
-    raw_text = f"{raw:.4g}" if math.isfinite(raw) else "n/a"
-    return f"z = {z:+.2f} (raw {raw_text})"
 
 
 def _ranges(positions: list[int]) -> str:
@@ -242,39 +225,6 @@ def _scope_caption(view: _View) -> str:
     return f"z-scores over all {view.positions.size} prompt tokens"
 
 
-def token_heatmap_html(
-    attr: Attribution, method: str, step: int | None = None, user_only: bool = True, zmax: float | None = None
-) -> str:
-    """The prompt as flowing text, each token coloured by its z-score at one generation step.
-
-    Args:
-        attr: the generation and its scores; `attr.methods[method].raw` is (K, N).
-        method: which method's scores to show.
-        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
-        user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
-            when there are none); False shows all N tokens with the stored `z`.
-        zmax: half-width of the colour range; None uses the largest |z| shown, capped at `Z_CLIP`.
-
-    Returns:
-        An HTML fragment: caption, tokens (coloured by bin; hover shows the z-score; `data-pos` holds their prompt
-        positions) and a colour legend.
-    """
-    view = _view(attr, method, step, user_only)
-    num_steps = 0 if method not in attr.methods else attr.methods[method].raw.shape[0]
-    if view.step is None:
-        note = _step_caption(attr, None, 0) if attr.num_steps == 0 else f"No scores for '{method}' yet."
-        return (
-            f'<div class="xai-heatmap" style="{_CARD}">{_STYLE}{_note_html(note)}{_tokens_html(attr, view, 1.0)}</div>'
-        )
-    zmax = _auto_zmax([view]) if zmax is None or zmax <= 0 else float(zmax)
-    caption = f"<b>{html.escape(method)}</b> · {html.escape(_step_caption(attr, view.step, num_steps))}"
-    return (
-        f'<div class="xai-heatmap" style="{_CARD}">{_STYLE}'
-        f'<div style="font-size:13px;margin-bottom:6px;">{caption}</div>'
-        f"{_tokens_html(attr, view, zmax)}{_note_html(_scope_caption(view))}{_legend_html(zmax)}</div>"
-    )
-
-
 def side_by_side_html(
     attr: Attribution,
     methods: Sequence[str],
@@ -288,7 +238,8 @@ def side_by_side_html(
         attr: the generation and its scores, each method (K, N).
         methods: method names, one panel each (a method without scores yet gets a neutral "pending" panel).
         step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
-        user_only: as in `token_heatmap_html`.
+        user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
+            when there are none); False shows all N tokens with the stored `z`.
         zmax: shared half-width of the colour range; None uses the largest |z| over all panels, capped at `Z_CLIP`.
 
     Returns:
@@ -300,7 +251,7 @@ def side_by_side_html(
     views = [_view(attr, m, step, user_only) for m in methods]
     scored = [v for v in views if v.step is not None]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
-    header_step = _clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps) if scored else None
     caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
     if scored:
         caption += f" · {html.escape(_scope_caption(scored[0]))}"
@@ -357,10 +308,10 @@ def answer_html(attr: Attribution, step: int | None = None, last: int | None = N
         An HTML fragment; highlighted tokens carry `data-selected`, underlined ones `data-low`.
     """
     num_steps = len(attr.generated_tokens)
-    s = _clamp_step(step, num_steps)
+    s = clamp_step(step, num_steps)
     if s is None:
         return f'<div class="xai-answer" style="{_CARD}">{_note_html("No answer yet.")}</div>'
-    e = s if last is None else _clamp_step(last, num_steps)
+    e = s if last is None else clamp_step(last, num_steps)
     first, e = min(s, e), max(s, e)
     scored = False
     parts = []
@@ -403,7 +354,7 @@ def top_tokens_rows(
         method: which method's scores to rank.
         step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
         k: number of rows at most.
-        user_only: rank only the user's tokens, with z re-standardised over them (as in `token_heatmap_html`).
+        user_only: rank only the user's tokens, with z re-standardised over them (as in `side_by_side_html`).
 
     Returns:
         Rows `[rank (1-based), token (visible whitespace), prompt position, z rounded to 3 decimals]`, best first;
@@ -423,78 +374,3 @@ def top_tokens_rows(
         ]
         for rank, i in enumerate(order, start=1)
     ]
-
-
-def _cell_label(token: str, width: int = 10) -> str:
-    text = visible_whitespace(token) or "∅"
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def token_heatmap_figure(
-    attr: Attribution,
-    method: str,
-    step: int | None = None,
-    user_only: bool = True,
-    zmax: float | None = None,
-    tokens_per_row: int = TOKENS_PER_ROW,
-) -> go.Figure:
-    """The prompt tokens as a grid of coloured cells (a Plotly alternative to `token_heatmap_html`).
-
-    Args:
-        attr: the generation and its scores, (K, N) per method.
-        method: which method's scores to show.
-        step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
-        user_only: as in `token_heatmap_html`.
-        zmax: half-width of the colour range; None uses the largest |z| shown, capped at `Z_CLIP`.
-        tokens_per_row: grid width; tokens wrap in reading order.
-
-    Returns:
-        A figure with one heatmap trace: z is (rows, tokens_per_row) with NaN padding, each shown token's cell has
-        its text and a hover with token, position and score; red is high, blue low, white 0.
-    """
-    view = _view(attr, method, step, user_only)
-    zmax = _auto_zmax([view]) if zmax is None or zmax <= 0 else float(zmax)
-    width = max(int(tokens_per_row), 1)
-    n = int(view.positions.size)
-    rows = max(1, math.ceil(n / width))
-    grid = np.full((rows, width), np.nan)  # (rows, width)
-    text = [[""] * width for _ in range(rows)]
-    hover = [[""] * width for _ in range(rows)]
-    for i, (p, z, raw) in enumerate(zip(view.positions.tolist(), view.z.tolist(), view.raw.tolist(), strict=True)):
-        r, c = divmod(i, width)
-        token = attr.prompt_tokens[p]
-        grid[r, c] = 0.0 if view.step is None else z  # no scores yet: neutral cells that still show text
-        text[r][c] = html.escape(_cell_label(token))  # plotly reads cell text as pseudo-HTML
-        score = "no score yet" if view.step is None else _score_text(z, raw)
-        hover[r][c] = f"{html.escape(_quoted(token))}<br>position {p}<br>{score}"
-    trace = go.Heatmap(
-        z=grid,
-        text=text,
-        texttemplate="%{text}",
-        textfont={"size": 11},
-        hovertext=hover,
-        hoverinfo="text",
-        hoverongaps=False,
-        colorscale="RdBu",
-        reversescale=True,  # red = high
-        zmid=0,
-        zmin=-zmax,
-        zmax=zmax,
-        xgap=2,
-        ygap=2,
-        colorbar={"title": {"text": "z"}, "thickness": 12},
-    )
-    num_steps = 0 if method not in attr.methods else attr.methods[method].raw.shape[0]
-    title = f"{method} · {_step_caption(attr, view.step, num_steps)}"
-    fig = go.Figure(trace)
-    fig.update_layout(
-        title={"text": html.escape(title), "font": {"size": 13}},
-        height=90 + 34 * rows,
-        margin={"l": 10, "r": 10, "t": 40, "b": 10},
-        paper_bgcolor="#ffffff",
-        plot_bgcolor="#ffffff",
-        font={"color": _TEXT},
-    )
-    fig.update_xaxes(visible=False)
-    fig.update_yaxes(visible=False, autorange="reversed")
-    return fig

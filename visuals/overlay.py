@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from explainer.image_maps import image_map, upsample_map
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 
 # Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
 _INFERNO = np.array(
@@ -48,10 +49,10 @@ def colormap(t: np.ndarray) -> np.ndarray:
 
 
 def _step(attr: Attribution, method: str, step: int | None) -> int:
-    k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
-    if k == 0:
+    shown = clamp_step(step, attr.methods[method].raw.shape[0] if method in attr.methods else 0)
+    if shown is None:
         raise ValueError(f"No scores for method {method!r} yet.")
-    return k - 1 if step is None else min(max(int(step), 0), k - 1)
+    return shown
 
 
 def heat_map(attr: Attribution, method: str, step: int | None, size: tuple[int, int]) -> np.ndarray:
@@ -141,40 +142,6 @@ def overlay_grid(
         canvas.paste(panel, (x, _LABEL_HEIGHT))
         draw.text((x + 2, 3), label[:60], fill=(31, 35, 40))
     return canvas
-
-
-def overlay_frames(
-    image: Image.Image, attr: Attribution, method: str, alpha: float = 0.5, contour_top_percent: float | None = None
-) -> list[Image.Image]:
-    """One overlay per generation step (for an animated GIF or a scrubber): K RGB images of the image's size."""
-    k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
-    return [image_overlay(image, attr, method, s, alpha, contour_top_percent) for s in range(k)]
-
-
-def overlay_animation(
-    image: Image.Image,
-    attr: Attribution,
-    methods: Sequence[str],
-    alpha: float = 0.5,
-    contour_top_percent: float | None = None,
-    max_side: int = 320,
-    frame_ms: int = 600,
-) -> bytes:
-    """An animated GIF over the generation steps: frame k is `overlay_grid` of step k (one overlay per method).
-
-    Returns:
-        The GIF file's bytes (looping; the last frame is held three times as long).
-
-    Raises:
-        ValueError: the result has no steps or none of `methods` has scores.
-    """
-    methods = [m for m in methods if m in attr.methods]
-    if not methods or attr.num_steps == 0:
-        raise ValueError("nothing to animate: the result has no steps for these methods")
-    frames = [
-        overlay_grid(image, attr, methods, k, alpha, contour_top_percent, max_side) for k in range(attr.num_steps)
-    ]
-    return _gif(frames, frame_ms)
 
 
 def _gif(frames: list[Image.Image], frame_ms: int) -> bytes:

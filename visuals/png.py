@@ -21,13 +21,13 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 from visuals.efficiency import _font
 from visuals.heatmap import (
     _BOLD_BIN,
     _STRONG_BIN,
     BINS,
     _auto_zmax,
-    _clamp_step,
     _scope_caption,
     _step_caption,
     _view,
@@ -168,16 +168,7 @@ def _draw_view(
     views = [_view(attr, m, step, user_only) for m in methods]
     scored = [v for v in views if v.step is not None]
     zmax = _auto_zmax(scored)
-    header_step = _clamp_step(step, attr.num_steps) if scored else None
-    if header_step is None:
-        caption = _step_caption(attr, None, attr.num_steps)
-    else:  # as the HTML caption, with the token in the font's ASCII
-        token = attr.generated_tokens[header_step] if header_step < len(attr.generated_tokens) else ""
-        caption = f"Step {header_step + 1} of {attr.num_steps} explains the token '{_label(token)[0]}'"
-    if scored:
-        caption += f" · {_scope_caption(scored[0])}"
-    if not methods:
-        caption = "Select at least one attribution method."
+    caption = _caption(attr, step, scored) if methods else "Select at least one attribution method."
     inner = width - 2 * _PAD
     cols = max(1, min(len(methods), (inner + _GAP) // (MIN_PANEL_WIDTH + _GAP)))
     panel_w = (inner - (cols - 1) * _GAP) // cols
@@ -213,30 +204,48 @@ def _draw_view(
     for i, line in enumerate(caption_lines):
         draw.text((_PAD, y_caption + i * (_FONT_SIZE + 6)), line, fill=_TEXT_RGB, font=font)
     boxes_by_method = {}
-    for i, (method, view, (boxes, _, more)) in enumerate(zip(methods, views, layouts)):
+    for i, (method, view, layout) in enumerate(zip(methods, views, layouts)):
         r, c = divmod(i, cols)
-        x0, y0 = _PAD + c * (panel_w + _GAP), panel_tops[r]
-        draw.rounded_rectangle((x0, y0, x0 + panel_w - 1, y0 + row_heights[r] - 1), radius=6, outline=_BORDER_RGB)
-        scores = attr.methods.get(method)
-        detail = f"{scores.seconds:.2f} s" if scores is not None and view.step is not None else (
-            "no scores yet" if attr.num_steps == 0 else "pending / not computed"
-        )  # fmt: skip
-        name = _fit(draw, _label(method)[0], title_font, content_w * 0.7)
-        draw.text((x0 + _PAD, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)
-        draw.text((x0 + _PAD + 1, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)
-        name_w = math.ceil(draw.textlength(name, font=title_font)) + 1
-        draw.text((x0 + _PAD + name_w, y0 + _PAD), f" · {detail}", fill=_MUTED_RGB, font=title_font)
-        origin = (x0 + _PAD, y0 + _PAD + title_h)
-        for box in boxes:
-            _draw_box(draw, origin, box, font)
-        if more:
-            last = max((b[3][3] for b in boxes), default=0)
-            draw.text((origin[0], origin[1] + last + 6), f"… {more} more tokens", fill=_MUTED_RGB, font=font)
-        boxes_by_method[method] = [(p, t, css, (bx0 + origin[0], by0 + origin[1], bx1 + origin[0], by1 + origin[1]))
-                                   for p, t, css, (bx0, by0, bx1, by1) in boxes]  # fmt: skip
+        frame = (_PAD + c * (panel_w + _GAP), panel_tops[r], panel_w, row_heights[r])
+        boxes_by_method[method] = _draw_panel(draw, attr, method, view, layout, frame, (font, title_font))
     if scored:
         _legend(draw, _PAD, legend_y, zmax, font)
     return img, boxes_by_method
+
+
+def _caption(attr: Attribution, step: int | None, scored: list) -> str:
+    """The step caption of the HTML view, with the token in the font's ASCII."""
+    header_step = clamp_step(step, attr.num_steps) if scored else None
+    if header_step is None:
+        caption = _step_caption(attr, None, attr.num_steps)
+    else:
+        token = attr.generated_tokens[header_step] if header_step < len(attr.generated_tokens) else ""
+        caption = f"Step {header_step + 1} of {attr.num_steps} explains the token '{_label(token)[0]}'"
+    return caption + (f" · {_scope_caption(scored[0])}" if scored else "")
+
+
+def _draw_panel(draw: ImageDraw.ImageDraw, attr: Attribution, method: str, view: Any, layout: tuple,
+                frame: tuple[int, int, int, int], fonts: tuple[Any, Any]) -> list:  # fmt: skip
+    """Draw one method's panel in `frame` = (x0, y0, width, height); returns its token boxes in image coordinates."""
+    (boxes, _, more), (x0, y0, panel_w, panel_h), (font, title_font) = layout, frame, fonts
+    draw.rounded_rectangle((x0, y0, x0 + panel_w - 1, y0 + panel_h - 1), radius=6, outline=_BORDER_RGB)
+    scores = attr.methods.get(method)
+    detail = f"{scores.seconds:.2f} s" if scores is not None and view.step is not None else (
+        "no scores yet" if attr.num_steps == 0 else "pending / not computed"
+    )  # fmt: skip
+    name = _fit(draw, _label(method)[0], title_font, (panel_w - 2 * _PAD) * 0.7)
+    draw.text((x0 + _PAD, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)
+    draw.text((x0 + _PAD + 1, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)  # bold by a 1-pixel offset
+    name_w = math.ceil(draw.textlength(name, font=title_font)) + 1
+    draw.text((x0 + _PAD + name_w, y0 + _PAD), f" · {detail}", fill=_MUTED_RGB, font=title_font)
+    origin = (x0 + _PAD, y0 + _PAD + _FONT_SIZE + 12)  # below the title
+    for box in boxes:
+        _draw_box(draw, origin, box, font)
+    if more:
+        last = max((b[3][3] for b in boxes), default=0)
+        draw.text((origin[0], origin[1] + last + 6), f"… {more} more tokens", fill=_MUTED_RGB, font=font)
+    return [(p, t, css, (bx0 + origin[0], by0 + origin[1], bx1 + origin[0], by1 + origin[1]))
+            for p, t, css, (bx0, by0, bx1, by1) in boxes]  # fmt: skip
 
 
 def _wrap(draw: ImageDraw.ImageDraw, text: str, font: Any, width: int) -> list[str]:

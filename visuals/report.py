@@ -3,7 +3,8 @@
 The page holds the side-by-side prompt heatmaps of `visuals.heatmap.side_by_side_html` (same stylesheet, colour
 bins and legend), the answer strip, a header with the model, date and each method's time and options, and, for
 image results given their image, the image overlays. No CDN, no web font, no network: the styles and a small inline
-script are in the file, and images are `data:` URIs.
+script are in the file (written in `static/report.css` and `static/report.js`, package data), and images are `data:`
+URIs.
 
 The scores are embedded once, as JSON in `<script type="application/json" id="xai-data">`, per method and step
 exactly as the panels show them (the user's tokens re-normalised, or all tokens): `z` rounded to 2 decimals (the
@@ -19,17 +20,22 @@ own frame shows the nearest stored one and says so.
 from __future__ import annotations
 
 import base64
+import functools
 import html
 import json
 import math
+import re
+import string
 import unicodedata
 import warnings
 from collections.abc import Sequence
+from importlib import resources
 from typing import Any
 
 import numpy as np
 
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 from visuals.export import png_bytes
 from visuals.heatmap import (
     _CARD,
@@ -39,7 +45,6 @@ from visuals.heatmap import (
     _TEXT,
     _TOKEN,
     _auto_zmax,
-    _clamp_step,
     _legend_html,
     _quoted,
     _scope_caption,
@@ -59,82 +64,21 @@ _BIN_CHARS = (
     {"": "0", "xg": "."} | {f"r{b}": str(b) for b in range(1, 9)} | {f"b{b}": "abcdefgh"[b - 1] for b in range(1, 9)}
 )
 
-_PAGE_STYLE = (
-    f"body{{margin:0;background:#f6f8fa;color:{_TEXT};"
-    "font-family:ui-sans-serif,system-ui,-apple-system,'Segoe UI',sans-serif}"
-    ".xai-report{max-width:1280px;margin:0 auto;padding:16px;display:flex;flex-direction:column;gap:12px}"
-    ".xai-report h1{font-size:20px;margin:0 0 8px}.xai-report h2{font-size:15px;margin:0 0 6px}"
-    ".xai-report dl{display:grid;grid-template-columns:max-content 1fr;gap:2px 12px;margin:0;font-size:13px}"
-    f".xai-report dt{{color:{_MUTED}}}.xai-report dd{{margin:0;word-break:break-word}}"
-    ".xai-methods{border-collapse:collapse;font-size:13px;margin-top:10px}"
-    ".xai-methods th,.xai-methods td{text-align:left;padding:2px 14px 2px 0;border-bottom:1px solid #d0d7de;"
-    "vertical-align:top;word-break:break-word}"
-    ".xai-controls{display:flex;align-items:center;gap:12px;flex-wrap:wrap;font-size:14px}"
-    "#xai-step{flex:1;min-width:200px}"
-    # a right-to-left override inside one token must not reorder its neighbours
-    ".xai-flow i,.xai-step{unicode-bidi:isolate}"
-    ".xai-step{cursor:pointer}"
-    f'.xai-step[data-selected="true"]{{{_SELECTED}}}'
-    ".xai-figure{margin:0}.xai-figure img{max-width:100%;height:auto}"
-    f".xai-figure figcaption{{font-size:13px;color:{_MUTED};margin-top:4px}}"
-)
+@functools.cache
+def _static(name: str) -> str:
+    """A file of the package's `static/` folder (shipped as package data)."""
+    return resources.files("visuals").joinpath("static", name).read_text(encoding="utf-8")
 
-# Copies the embedded classes and titles of one step into the panels; moves the answer highlight, legend, caption
-# and image. Plain ES2015, no library.
-_SCRIPT = """(function () {
-  "use strict";
-  var D = JSON.parse(document.getElementById("xai-data").textContent);
-  var slider = document.getElementById("xai-step");
-  if (!slider || !D.steps) return;
-  var mean = document.getElementById("xai-mean"), out = document.getElementById("xai-step-out");
-  var view = document.getElementById("xai-view"), img = document.getElementById("xai-image");
-  var answer = document.querySelectorAll(".xai-answer .xai-step"), panels = view.querySelectorAll(".xai-panel");
-  var CLS = {"0": "", ".": "xg"}, tokens = [], i;
-  for (i = 1; i <= 8; i++) { CLS[String(i)] = "r" + i; CLS["abcdefgh"[i - 1]] = "b" + i; }
-  for (i = 0; i < panels.length; i++) tokens.push(panels[i].querySelectorAll(".xai-flow i:not(.xh)"));
-  function title(v) {
-    return v === null ? "no score" : (v < 0 || Object.is(v, -0) ? "-" : "+") + Math.abs(v).toFixed(2);
-  }
-  function show() {
-    var step = Number(slider.value) - 1, v = mean.checked ? D.steps : step, m, j;
-    out.textContent = mean.checked ? "mean of " + D.steps : step + 1 + " / " + D.steps;
-    view.querySelector(".xai-heatmap > div").textContent = D.captions[v];
-    for (m = 0; m < D.z.length; m++) {
-      if (!D.z[m]) continue;
-      var z = D.z[m][v], bins = D.bins[m][v], els = tokens[m];
-      for (j = 0; j < els.length; j++) {
-        var c = CLS[bins.charAt(j)];
-        if (c) els[j].className = c; else els[j].removeAttribute("class");
-        els[j].title = title(z[j]);
-      }
-    }
-    var legend = view.querySelector(".xai-legend");
-    if (legend) legend.outerHTML = D.legends[D.legend[v]];
-    for (j = 0; j < answer.length; j++) {
-      if (j === step && !mean.checked) answer[j].setAttribute("data-selected", "true");
-      else answer[j].removeAttribute("data-selected");
-    }
-    if (img && D.frames.length) {
-      var best = D.frames[0];
-      for (j = 1; j < D.frames.length; j++) {
-        if (Math.abs(D.frames[j][0] - step) < Math.abs(best[0] - step)) best = D.frames[j];
-      }
-      img.src = best[1];
-      document.getElementById("xai-image-caption").textContent = D.frameCaption
-        .replace("{shown}", best[0] + 1).replace("{note}", best[0] === step ? "" : D.nearestNote);
-    }
-  }
-  slider.addEventListener("input", show);
-  mean.addEventListener("change", show);
-  for (i = 0; i < answer.length; i++) {
-    answer[i].addEventListener("click", function () {
-      slider.value = Number(this.getAttribute("data-step")) + 1;
-      mean.checked = false;
-      show();
-    });
-  }
-  show();
-})();"""
+
+def report_style() -> str:
+    """The page's stylesheet, `static/report.css`, comments dropped and the shared colours filled in."""
+    css = re.sub(r"/\*.*?\*/\s*", "", _static("report.css"), flags=re.S)
+    return string.Template(css).substitute(text=_TEXT, muted=_MUTED, selected=_SELECTED).replace("\n", "")
+
+
+def report_script() -> str:
+    """The slider's script, `static/report.js`, without its leading comment lines."""
+    return "\n".join(line for line in _static("report.js").splitlines() if not line.startswith("//")).strip()
 
 
 def _clean(text: str) -> str:
@@ -184,6 +128,20 @@ def _row(view_z: np.ndarray, zmax: float) -> tuple[list[float | None], str]:
     return [_z2(z) for z in zs], "".join(_BIN_CHARS[bin_class(z, zmax)] for z in zs)
 
 
+def _method_views(attr: Attribution, method: str, user_only: bool) -> tuple[list[_View], _View] | None:
+    """One method's view of every step and of the mean over all steps; None without scores."""
+    k, scores = attr.num_steps, attr.methods.get(method)
+    if scores is None or scores.raw.shape[0] == 0 or k == 0:
+        return None
+    views = [_view(attr, method, s, user_only) for s in range(k)]
+    own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN
+        mean_z = np.nanmean(own.astype(np.float64), axis=0).astype(np.float32)  # (n,)
+    first = views[0]
+    return views, _View(step=k, positions=first.positions, z=mean_z, raw=mean_z, renormalised=first.renormalised)
+
+
 def report_data(
     attr: Attribution,
     methods: Sequence[str],
@@ -202,20 +160,7 @@ def report_data(
         "frames": [[step, PNG data URI], ...], ...}` where n is the number of tokens shown per panel.
     """
     k = attr.num_steps
-    per_method = []  # (views per step, mean view) or None
-    for m in methods:
-        scores = attr.methods.get(m)
-        if scores is None or scores.raw.shape[0] == 0 or k == 0:
-            per_method.append(None)
-            continue
-        views = [_view(attr, m, s, user_only) for s in range(k)]
-        own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN
-            mean_z = np.nanmean(own.astype(np.float64), axis=0).astype(np.float32)  # (n,)
-        first = views[0]
-        mean_view = _View(step=k, positions=first.positions, z=mean_z, raw=mean_z, renormalised=first.renormalised)
-        per_method.append((views, mean_view))
+    per_method = [_method_views(attr, m, user_only) for m in methods]
     scored = [p for p in per_method if p is not None]
     zmaxes = [_auto_zmax([p[0][s] for p in scored]) for s in range(k)] + [_auto_zmax([p[1] for p in scored])]
     z_rows, bin_rows = [], []
@@ -384,7 +329,7 @@ def report_html(
     if date is None:
         found = attr.meta.get("created", attr.meta.get("date"))
         date = found if isinstance(found, str) else None
-    first = _clamp_step(step, attr.num_steps)
+    first = clamp_step(step, attr.num_steps)
     data = report_data(attr, methods, user_only, image, max_image_frames, image_max_side, alpha)
     has_scores = any(z is not None for z in data["z"])
     body = [
@@ -400,8 +345,8 @@ def report_html(
         '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         '<meta name="generator" content="explainer report 1">'
-        f"<title>{_text(page_title)}</title><style>{_PAGE_STYLE}</style></head>"
+        f"<title>{_text(page_title)}</title><style>{report_style()}</style></head>"
         f'<body><main class="xai-report">{"".join(body)}</main>'
         f'<script type="application/json" id="xai-data">{_script_json(data)}</script>'
-        f"<script>{_SCRIPT}</script></body></html>\n"
+        f"<script>{report_script()}</script></body></html>\n"
     )

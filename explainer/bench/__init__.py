@@ -18,8 +18,8 @@ longer): every run records the share of the CPUs others used (`other_cpu_frac_al
 and `--quiet-wait` holds each timed run until the machine is idle.
 
 Prompts are real text, tokenised without chat template and cut to exactly N tokens: the essays in
-`assets/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`, e.g.
-`squad_v2-dev`); the report names the source.
+`explainer/data/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`,
+e.g. `squad_v2-dev`); the report names the source.
 
 Modules, one job each: `prompts` (the prompt text), `probes` (peak memory and CPU contention), `worker` (the timing
 inside a worker process), `runner` (one fresh process per configuration, the report), `report` (rows, ratios,
@@ -27,7 +27,7 @@ tables, merging saved reports). The command line is `explainer/cli/bench.py`.
 """
 
 from .probes import BUSY_WARNING
-from .prompts import DEFAULT_TEXT, prompt_ids, prompt_text
+from .prompts import DEFAULT_TEXT, DEFAULT_TEXT_NAME, prompt_ids, prompt_text
 from .report import (
     BASELINE,
     BenchRow,
@@ -47,6 +47,7 @@ __all__ = [
     "BASELINE",
     "BUSY_WARNING",
     "DEFAULT_TEXT",
+    "DEFAULT_TEXT_NAME",
     "WARMUP_NEW_TOKENS",
     "WARMUP_POSTHOC_PROMPT_TOKENS",
     "BenchRow",

@@ -4,7 +4,8 @@ Three sources, in order of precedence:
 
 - `data_path`: the contexts of a SQuAD file (any layout `evaluate.load_squad` reads), joined with blank lines;
 - `prompt_file`: a plain UTF-8 text file;
-- otherwise `DEFAULT_TEXT`, English essays that ship in `assets/` (public domain, see its first line).
+- otherwise `DEFAULT_TEXT`, English essays that ship with the package in `explainer/data/` (public domain, see its
+  first line).
 
 The text is repeated when it is too short, tokenised without chat template or special tokens, and cut to N tokens.
 Leading lines of a text file that start with `# ` are a header (source and licence), not prompt text; the report
@@ -15,14 +16,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 from ..evaluate import load_squad
 
-_REPO_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_TEXT = _REPO_ROOT / "assets" / "bench_text.txt"
+DEFAULT_TEXT: Traversable = resources.files("explainer").joinpath("data", "bench_text.txt")  # package data
+DEFAULT_TEXT_NAME = "explainer/data/bench_text.txt"  # how reports name it
 
 
 def _squad_contexts(path: Path) -> list[str]:
@@ -34,14 +37,14 @@ def _squad_contexts(path: Path) -> list[str]:
     return contexts
 
 
-def read_text_file(path: Path) -> tuple[str, str]:
+def read_text_file(path: Path | Traversable) -> tuple[str, str]:
     """(body, header) of a text file: leading `# ` lines are the header (joined, without the `# `), the rest the body.
 
     Raises:
         InputError: unreadable file, or no text after the header.
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
+        lines = (Path(path) if isinstance(path, str) else path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as e:
         raise InputError(f"Cannot read benchmark text file {str(path)!r}: {e.__class__.__name__}: {e}") from e
     header = list(itertools.takewhile(lambda line: line.startswith("# "), lines))
@@ -61,7 +64,7 @@ def prompt_text(data_path: Path | None = None, prompt_file: Path | None = None) 
         return _squad_contexts(Path(data_path)), f"SQuAD contexts from {Path(data_path).name}"
     path = Path(prompt_file) if prompt_file is not None else DEFAULT_TEXT
     body, header = read_text_file(path)
-    name = f"assets/{path.name}" if prompt_file is None else f"text file {path.name}"
+    name = DEFAULT_TEXT_NAME if prompt_file is None else f"text file {path.name}"
     return [body], f"{name} ({header})" if header else name
 
 

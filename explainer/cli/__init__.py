@@ -65,6 +65,11 @@ def dtype_option(p: argparse.ArgumentParser) -> None:
         default="auto",
         help=f"weights' precision: {', '.join(DTYPE_CHOICES)} (auto: bfloat16 on a GPU, float32 on the CPU)",
     )
+def methods_help(what: str) -> str:
+    """`--methods` help naming every registered method (`methods.method_choices`), e.g. for a newly added one."""
+    from ..methods import method_choices
+
+    return f"{what}; registered: {', '.join(method_choices())}"
 
 
 def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
@@ -94,7 +99,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
     p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
     p.add_argument(
-        "--methods", default="macs", help="comma-separated methods, each with options if wanted: macs:alpha=0.5,atman"
+        "--methods",
+        default="macs",
+        help=methods_help("comma-separated methods, each with options if wanted: macs:alpha=0.5,atman"),
     )
     p.add_argument("--json", help="write the full result as JSON to this path")
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
@@ -107,7 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _prompt_and_model_options(p)
     _answer_options(p)
-    p.add_argument("--methods", default="macs,rollout", help="comma-separated methods (random baseline added)")
+    p.add_argument(
+        "--methods", default="macs,rollout", help=methods_help("comma-separated methods (random baseline added)")
+    )
     which = p.add_mutually_exclusive_group()
     which.add_argument("--step", type=int, help="pi-Soft at this answer token (1-based; default: the last)")
     which.add_argument("--all-steps", action="store_true", help="pi-Soft at every 5th answer token")

@@ -11,7 +11,7 @@ from typing import Any
 from .. import bench
 from ..bench import (
     BASELINE,
-    DEFAULT_TEXT,
+    DEFAULT_TEXT_NAME,
     BenchRow,
     format_efficiency,
     format_markdown,
@@ -25,7 +25,7 @@ from ..bench import (
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
 from ..precision import parse_dtype
-from . import dtype_option
+from . import dtype_option, methods_help
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -155,8 +155,10 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument(
         "--methods",
         default="none,macs",
-        help="comma-separated: none (plain generate) and registered method names, each optionally with options "
-        "as name:key=value:key=value (e.g. macs:alpha=0.5)",
+        help=methods_help(
+            "comma-separated: none (plain generate) and registered method names, each optionally with options "
+            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
+        ),
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -166,7 +168,7 @@ def add_bench_parser(sub: Any) -> None:
         "--prompt-file",
         default=None,
         help=f"plain text file whose tokens are repeated and cut to each prompt length (default: the essays in "
-        f"assets/{DEFAULT_TEXT.name})",
+        f"{DEFAULT_TEXT_NAME})",
     )
     text.add_argument(
         "--data",

@@ -13,7 +13,7 @@ from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError
 from ..evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
 from ..precision import precision_meta
-from . import dtype_option
+from . import dtype_option, methods_help
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -81,7 +81,9 @@ def add_eval_parser(sub) -> None:
         "--offset", type=int, default=0, help="skip the first N rows: split a long run into parts, joined with --report"
     )
     p.add_argument(
-        "--methods", default="macs,rollout,atman,random", help="comma-separated methods with options: macs:alpha=0.5"
+        "--methods",
+        default="macs,rollout,atman,random",
+        help=methods_help("comma-separated methods with options: macs:alpha=0.5"),
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")

@@ -28,10 +28,12 @@ def _print_summary(attr, top: int) -> None:
         for k, tok in enumerate(attr.generated_tokens):
             print(f"  step {k:3d} {tok!r:>14}: p {scores['probability'][k]:.4f}  H {scores['entropy'][k]:.3f} nats")
     user = attr.user_positions or None
+    from ..methods import METHODS
     from ..result import zscore
 
     for name, scores in attr.methods.items():
-        print(f"\n[{name}]  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
+        label = f" {METHODS[name].display_name}" if name in METHODS else ""
+        print(f"\n[{name}]{label}  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
         z = zscore(scores.raw, user) if user else scores.z  # (K, N)
         for k, tok in enumerate(attr.generated_tokens):
             row = z[k]
@@ -74,23 +76,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
     bundle = load_model(
-        args.model,
-        device=args.device,
-        dtype=dtype,
-        max_prompt_tokens=args.max_prompt_tokens,
+        args.model, device=args.device, dtype=dtype, max_prompt_tokens=args.max_prompt_tokens,
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
-    )
+    )  # fmt: skip
     attr = explain(
-        bundle,
-        prompt,
-        methods=methods,
-        max_new_tokens=args.max_new_tokens,
-        chat_template=not args.no_chat_template,
-        image=image,
-        method_options=method_options,
-        answer=answer,
-    )
+        bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
+        image=image, method_options=method_options, answer=answer,
+    )  # fmt: skip
     if args.json:
         try:
             attr.save_json(args.json)
@@ -100,14 +93,19 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_summary(attr, args.top)
     if args.gif:
-        from visuals.overlay import overlay_animation
-
-        try:
-            Path(args.gif).write_bytes(overlay_animation(image, attr, methods, contour_top_percent=10))
-        except (OSError, ValueError) as e:
-            raise InputError(f"Cannot write {args.gif!r}: {e}") from e
-        print(f"wrote {args.gif} ({attr.num_steps} frames, one overlay per method)")
+        _write_gif(args.gif, image, attr, methods)
     return 0
+
+
+def _write_gif(path: str, image, attr, methods: list[str]) -> None:
+    from visuals.overlay import gif_bytes
+
+    frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
+    try:
+        Path(path).write_bytes(gif_bytes(image, attr, methods, contour_top_percent=10, max_side=320, max_frames=frames))
+    except (OSError, ValueError) as e:
+        raise InputError(f"Cannot write {path!r}: {e}") from e
+    print(f"wrote {path} ({attr.num_steps} frames, one overlay per method)")
 
 
 def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:

@@ -55,7 +55,7 @@ class SoftConfig:
 
 
 PAPER_SOFT = SoftConfig()
-# The app's and the CLI's default: a coarser estimate that fits a live demo (see README, "Faithfulness").
+# The app's and the CLI's default: a coarser estimate that fits a live demo (docs/benchmarks.md, "Faithfulness").
 QUICK_SOFT = SoftConfig(samples=4, pis=(0.1, 0.3, 0.5, 0.7, 0.9))
 
 

@@ -17,6 +17,7 @@ from ..errors import InputError, UnknownMethodError
 from .atman import AtMan, AtManConfig
 from .attnlrp import AttnLRP, AttnLRPConfig
 from .base import AttributionMethod, GenerationRun, ProgressFn
+from .cost import Cost, CostRequest
 from .grad_ellm import GradELLM, GradELLMConfig
 from .input_x_gradient import InputXGradient, InputXGradientConfig
 from .macs import MACS, MACSConfig
@@ -38,6 +39,12 @@ def available_methods() -> list[str]:
     return list(METHODS)
 
 
+def method_choices(image: bool = False) -> list[str]:
+    """The methods a front end offers (the CLI's help, the app's checkboxes), in registry order: all of them, or with
+    `image` only those that explain image prompts (`AttributionMethod.explains_images`)."""
+    return [name for name, cls in METHODS.items() if cls.explains_images or not image]
+
+
 @dataclass(frozen=True)
 class MethodOption:
     """One option of a method: a field of its config dataclass.
@@ -55,7 +62,12 @@ class MethodOption:
     choices: tuple[str, ...] | None = None
 
 
-def _method_class(name: str) -> type[AttributionMethod]:
+def method_class(name: str) -> type[AttributionMethod]:
+    """The registered class of `name` (case and surrounding spaces ignored).
+
+    Raises:
+        UnknownMethodError: the name is not registered; the message lists the valid ones.
+    """
     key = name.strip().lower()
     if key not in METHODS:
         raise UnknownMethodError(f"Unknown method {name!r}. Available methods: {', '.join(METHODS)}.")
@@ -64,7 +76,7 @@ def _method_class(name: str) -> type[AttributionMethod]:
 
 def method_options(name: str) -> list[MethodOption]:
     """The options of a registered method, in the order of its config's fields."""
-    config = _method_class(name).Config
+    config = method_class(name).Config
     hints = typing.get_type_hints(config)
     return [
         MethodOption(
@@ -107,7 +119,7 @@ def method_config(name: str, **options: Any) -> Any:
     Raises:
         UnknownMethodError: unknown method. InputError: unknown option, wrong type or value out of range.
     """
-    cls = _method_class(name)
+    cls = method_class(name)
     known = {o.name: o for o in method_options(name)}
     values = {}
     for key, value in options.items():
@@ -127,7 +139,7 @@ def get_method(name: str, config: Any = None, **options: Any) -> AttributionMeth
         UnknownMethodError: the name is not registered; the message lists the valid ones.
         InputError: an option is unknown, of the wrong type or out of range.
     """
-    cls = _method_class(name)
+    cls = method_class(name)
     if config is not None and options:
         raise TypeError("pass either a config object or keyword options, not both")
     return cls(config if config is not None else method_config(name, **options))
@@ -142,7 +154,7 @@ def parse_method_spec(spec: str) -> tuple[str, dict[str, str]]:
         if not sep or not key.strip():
             raise InputError(f"Method option {pair!r} in {spec!r} must look like key=value.")
         options[key.strip()] = value.strip()
-    return _method_class(name).name, options
+    return method_class(name).name, options
 
 
 def method_from_spec(spec: str) -> AttributionMethod:
@@ -190,10 +202,14 @@ __all__ = [
     "Rollout",
     "RolloutConfig",
     "AttributionMethod",
+    "Cost",
+    "CostRequest",
     "GenerationRun",
     "ProgressFn",
     "MethodOption",
     "available_methods",
+    "method_choices",
+    "method_class",
     "get_method",
     "method_config",
     "method_from_spec",

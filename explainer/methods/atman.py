@@ -49,6 +49,7 @@ from ..errors import UnsupportedModelError
 from ..kv import batches_by_first, prefix_cache, reusable
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
+from .cost import Cost, CostRequest
 
 _NAME_PREFIX = "explainer_atman_"
 
@@ -402,9 +403,17 @@ def _fast_scores(
 
 class AtMan(AttributionMethod):
     name = "atman"
+    display_name = "AtMan"
     streaming = False
-    accepts_extra_inputs = True
+    explains_images = True
+    needs_prompt_embeddings = True  # correlated suppression: which tokens suppress each other sets the cost
     Config = AtManConfig
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: AtManConfig) -> Cost:
+        from .atman_cost import atman_cost  # it reads this module's suppression rows
+
+        return atman_cost(request, config)
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         return atman_scores(

@@ -45,6 +45,7 @@ from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
+from .cost import Cost, CostRequest, gradient_cost
 from .gradients import gradients_enabled, refuse_extra_inputs
 from .input_x_gradient import gradient_x_input
 
@@ -260,8 +261,13 @@ class AttnLRPConfig:
 
 class AttnLRP(AttributionMethod):
     name = "attnlrp"
+    display_name = "AttnLRP"
     streaming = False
     Config = AttnLRPConfig
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: AttnLRPConfig) -> Cost:
+        return gradient_cost(request)
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "AttnLRP")

@@ -14,6 +14,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from .cost import UNKNOWN, Cost, CostRequest
+
 # progress(fraction in [0, 1], message)
 ProgressFn = Callable[[float, str], None]
 
@@ -28,8 +30,8 @@ class GenerationRun:
         num_prompt_tokens: N.
         progress: optional callback for long computations.
         extra_inputs: further keyword inputs of a forward over `input_ids` (a vision-language model's
-            `pixel_values`, `image_grid_thw` and (3, 1, N + K) `position_ids`); None for text prompts. Methods that
-            pass them on set `accepts_extra_inputs = True`; the others are refused for image prompts.
+            `pixel_values`, `image_grid_thw` and (3, 1, N + K) `position_ids`); None for text prompts. Post-hoc
+            methods that pass them on set `explains_images = True`; the others are refused for image prompts.
     """
 
     model: torch.nn.Module
@@ -45,12 +47,31 @@ class GenerationRun:
 
 class AttributionMethod:
     """Base class. Subclasses set `name`, `streaming`, `Config`, and implement either the streaming pair
-    `begin`/`step` or `explain`."""
+    `begin`/`step` or `explain`; the other facts below have defaults. Registering the class in `methods.METHODS` is
+    all the rest of the code needs: the CLI, the app, the time estimates and `eval` read these facts from it."""
 
-    name: ClassVar[str]
-    streaming: ClassVar[bool]
-    Config: ClassVar[type]
-    accepts_extra_inputs: ClassVar[bool] = False  # post-hoc only: uses `GenerationRun.extra_inputs` (image prompts)
+    name: ClassVar[str]  # registry key, used on the command line and in saved results
+    streaming: ClassVar[bool]  # True: scores each step from the generation's attention rows; False: post-hoc
+    Config: ClassVar[type]  # dataclass of the options (`methods.method_options` lists its fields)
+    display_name: ClassVar[str]  # shown to people, e.g. "Attention Rollout"; defaults to `name`
+    # Image prompts: streaming methods see their attention rows like any other; a post-hoc method explains them only
+    # if it passes `GenerationRun.extra_inputs` on (or never runs the model).
+    explains_images: ClassVar[bool] = False
+    needs_prompt_embeddings: ClassVar[bool] = False  # its `cost` reads `CostRequest.embeddings`
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "display_name" not in cls.__dict__ and "name" in cls.__dict__:
+            cls.display_name = cls.name
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: Any) -> Cost:
+        """Work this method adds to a request beyond the generation (`explainer/estimate.py` times it).
+
+        The default: nothing for a streaming method (it reads the generation's own attention rows); unknown for a
+        post-hoc one, whose time is then not estimated (the other methods' still are).
+        """
+        return Cost() if cls.streaming else UNKNOWN
 
     def __init__(self, config: Any = None, **options: Any) -> None:
         if config is None:

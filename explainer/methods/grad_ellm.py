@@ -38,6 +38,7 @@ from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
+from .cost import Cost, CostRequest, gradient_cost
 from .gradients import gradients_enabled, per_target_gradients, refuse_extra_inputs, target_logits, teacher_forced_ids
 
 _NAME_PREFIX = "explainer_grad_ellm_"
@@ -46,7 +47,7 @@ _NAME_PREFIX = "explainer_grad_ellm_"
 @dataclass
 class GradELLMConfig:
     layers: int = 8  # L, the last decoder layers aggregated; Appendix I's search over {1, 4, 8, 16, 32} on our SQuAD
-    # data picked 8 for the embedded model (README, "Methods"); 1 is Appendix B's single-layer definition
+    # data picked 8 for the embedded model (docs/results.md, "Method notes"); 1 is Appendix B's single-layer definition
 
     def __post_init__(self) -> None:
         if self.layers < 1:
@@ -189,8 +190,14 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, i
 
 class GradELLM(AttributionMethod):
     name = "grad_ellm"
+    display_name = "Grad-ELLM"
     streaming = False
     Config = GradELLMConfig
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: GradELLMConfig) -> Cost:
+        layers = config.layers if request.num_layers is None else min(config.layers, request.num_layers)
+        return gradient_cost(request, backward_layers=layers)  # the last `layers` decoder layers only
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "Grad-ELLM")

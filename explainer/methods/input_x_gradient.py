@@ -22,6 +22,7 @@ import torch
 
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
+from .cost import Cost, CostRequest, gradient_cost
 from .gradients import gradients_enabled, per_target_gradients, refuse_extra_inputs, target_logits, teacher_forced_ids
 
 _REDUCTIONS = ("sum", "l2")
@@ -68,8 +69,13 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
 
 class InputXGradient(AttributionMethod):
     name = "input_x_gradient"
+    display_name = "Input × Gradient"
     streaming = False
     Config = InputXGradientConfig
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: InputXGradientConfig) -> Cost:
+        return gradient_cost(request)
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "Input x Gradient")

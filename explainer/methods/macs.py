@@ -45,7 +45,9 @@ class MACSConfig:
 
 class MACS(AttributionMethod):
     name = "macs"
+    display_name = "MACS"
     streaming = True
+    explains_images = True
     Config = MACSConfig
 
     def begin(self, num_prompt_tokens: int) -> None:

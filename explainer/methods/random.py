@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import AttributionMethod, GenerationRun
+from .cost import Cost, CostRequest
 
 
 @dataclass
@@ -20,9 +21,14 @@ class RandomConfig:
 
 class RandomBaseline(AttributionMethod):
     name = "random"
+    display_name = "Random"
     streaming = False
     Config = RandomConfig
-    accepts_extra_inputs = True  # never runs the model
+    explains_images = True  # never runs the model
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: RandomConfig) -> Cost:
+        return Cost()  # no model call
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         rng = np.random.default_rng(self.config.seed)

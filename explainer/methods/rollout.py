@@ -44,7 +44,9 @@ class RolloutConfig:
 
 class Rollout(AttributionMethod):
     name = "rollout"
+    display_name = "Attention Rollout"
     streaming = True
+    explains_images = True
     needs_full_rows = True
     Config = RolloutConfig
 
