@@ -118,10 +118,11 @@ def _first_suppressed(request: _Request, config: Any) -> list[int]:
     factor, inverse = distinct_suppression_factors(
         request.embeddings, config.suppression_factor, config.cosine_threshold
     )  # (U, U): row u suppresses column v where the factor is not 1
-    own = torch.full((factor.shape[0],), n, dtype=torch.long).scatter_reduce(
-        0, inverse.cpu(), torch.arange(n), reduce="amin"
+    dev = inverse.device
+    own = torch.full((factor.shape[0],), n, dtype=torch.long, device=dev).scatter_reduce(
+        0, inverse, torch.arange(n, device=dev), reduce="amin"
     )  # (U,) first occurrence of each distinct embedding
-    return torch.where(factor.cpu() != 1.0, own[None, :], n).amin(dim=1).tolist()
+    return torch.where(factor != 1.0, own[None, :], n).amin(dim=1).tolist()
 
 
 def _atman(request: _Request, config: Any) -> Cost:
