@@ -1,12 +1,14 @@
 """Attention-row capture through transformers' `AttentionInterface`, without eager attention.
 
 A uniquely named attention function is registered for the duration of a `capture_attention` block and selected on
-the language model's config only. It returns the same layer output as SDPA and, in addition, records the softmax
-probability row of the *last* query position of every layer and head:
+the language model's config only. Its layer output is SDPA's own, computed by the very call the model makes without
+capture, so capture never changes the generated tokens; in addition it records the softmax probability row of the
+*last* query position of every layer and head:
 
-- single-token decode steps: the row is the attention, so the output is computed from it (`probs @ V`) with the
-  query viewed as (B, kv_heads, group, D) against the unexpanded cache; nothing is computed twice.
-- prefill (several queries): SDPA computes the output; only the last query row is computed on top.
+- the row's scores are computed in float32 from the model's q and k (upcast before the product, never rounded to a
+  bfloat16 or float16 model's dtype: scores of 20-40 rounded to bfloat16 move single probabilities by up to ~13%),
+  with the query viewed as (B, kv_heads, group, D) against the unexpanded keys; one query row costs as much as the
+  output of a decode step.
 - optionally (for methods such as Attention Rollout) every query row of a prefill is handed to a consumer in chunks
   of rows, one layer at a time, so no layer's full N x N matrix is held at once.
 
@@ -76,12 +78,6 @@ class AttentionRecorder:
         return torch.stack([torch.nn.functional.pad(r, (total - r.shape[-1], 0)) for r in rows])
 
 
-def _group_query(query: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """(B, H, Tq, D) -> (B, KVH, G*Tq, D) with head h = kv*G + g, matching `repeat_kv`'s ordering."""
-    b, h, tq, d = query.shape
-    return query.reshape(b, num_kv_heads, (h // num_kv_heads) * tq, d)
-
-
 def _additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Bool (True = attend) or additive float mask -> additive float mask; None stays None."""
     if attention_mask is None:
@@ -100,7 +96,7 @@ def _probs(
     scaling: float,
     causal_offset: int | None,
 ) -> torch.Tensor:
-    """Softmax attention probabilities for the given queries.
+    """Softmax attention probabilities for the given queries, computed in float32 whatever the model's dtype.
 
     Args:
         query: (B, H, Tq, D).
@@ -115,8 +111,8 @@ def _probs(
     b, h, tq, _ = query.shape
     kvh, tk = key.shape[1], key.shape[2]
     g = h // kvh
-    q = (query * scaling).reshape(b, kvh, g * tq, -1)  # (B, KVH, G*Tq, D); scaling the few queries, not the scores
-    scores = torch.matmul(q, key.transpose(-1, -2)).float()  # (B, KVH, G*Tq, Tk)
+    q = (query.float() * scaling).reshape(b, kvh, g * tq, -1)  # (B, KVH, G*Tq, D); scaling the few queries
+    scores = torch.matmul(q, key.float().transpose(-1, -2))  # (B, KVH, G*Tq, Tk) float32
     scores = scores.view(b, kvh, g, tq, tk)
     if mask is not None:
         scores += mask.float().unsqueeze(1)  # mask (B|1, 1, Tq, Tk) -> (B|1, 1, 1, Tq, Tk)
@@ -173,31 +169,32 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
         **kwargs,
     ) -> tuple[torch.Tensor, None]:
         check_attention_kwargs(module, kwargs, "attention capture")
-        b, h, tq, d = query.shape
-        kvh, tk = key.shape[1], key.shape[2]
+        tq, d = query.shape[2], query.shape[3]
+        tk = key.shape[2]
         scale = scaling if scaling is not None else d**-0.5
-        mask = _additive_mask(attention_mask, torch.float32)
+
+        def mask_rows(start: int, stop: int) -> torch.Tensor | None:
+            """The additive float32 mask of query rows start..stop - 1, (B|1, 1, rows|1, Tk), or None."""
+            if attention_mask is None:
+                return None
+            rows = attention_mask if attention_mask.shape[-2] == 1 else attention_mask[..., start:stop, :]
+            return _additive_mask(rows, torch.float32)  # converted per chunk: never a full (Tq, Tk) float copy
+
         # Without a mask the model relies on causality; the last query then sees every key (it is the newest).
         offset = tk - tq
-
-        if tq == 1 and dropout == 0.0:
-            probs = _probs(query, key, mask, scale, None)  # (B, H, 1, Tk)
-            grouped = probs.view(b, kvh, h // kvh, tk).to(value.dtype)  # (B, KVH, G, Tk)
-            out = torch.matmul(grouped, value)  # (B, KVH, G, D)
-            out = out.reshape(b, h, 1, d).transpose(1, 2).contiguous()  # (B, 1, H, D)
-            recorder.rows[module.layer_idx] = probs[:, :, 0, :]
-            return out, None
-
+        # The output is exactly the model's own SDPA call (same mask function, same arguments), so greedy decoding
+        # with capture on gives the tokens of plain generation; the probabilities are computed beside it.
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-        last_mask = None if mask is None else mask[..., -1:, :]
-        recorder.rows[module.layer_idx] = _probs(query[:, :, -1:, :], key, last_mask, scale, tk - 1)[:, :, 0, :]
-        if recorder.full_row_consumer is not None:
+        key = key.float()  # once per layer, not per chunk (a no-op for a float32 model)
+        last = _probs(query[:, :, -1:, :], key, mask_rows(tq - 1, tq), scale, tk - 1)  # (B, H, 1, Tk)
+        recorder.rows[module.layer_idx] = last[:, :, 0, :]
+        if recorder.full_row_consumer is not None and tq > 1:  # prefill passes only
             step = max(1, recorder.full_row_chunk)
             for start in range(0, tq, step):
                 stop = min(tq, start + step)
-                chunk_mask = None if mask is None else mask[..., start:stop, :]
+                chunk_mask = mask_rows(start, stop)
                 # Keys no query of the chunk can see have probability 0: they are left out of the chunk's rows.
                 width = _visible_keys(chunk_mask, offset + start, stop - start, tk)
                 chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]

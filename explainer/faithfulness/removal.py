@@ -37,6 +37,7 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InputError
+from ..host import to_numpy
 from ..kv import TOKENS_PER_BATCH, prefix_cache, right_aligned, rows_per_batch
 from ..methods.base import ProgressFn
 from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
@@ -99,7 +100,7 @@ def _cross_entropy_stats(logits: torch.Tensor, gen: torch.Tensor) -> tuple[np.nd
     logits = logits.float()
     target = logits.gather(-1, gen.expand(logits.shape[0], -1)[..., None])[..., 0]  # (R, K)
     ce = torch.logsumexp(logits, dim=-1) - target
-    return target.mean(dim=1).cpu().numpy(), torch.exp(ce.mean(dim=1)).cpu().numpy()
+    return to_numpy(target.mean(dim=1)), to_numpy(torch.exp(ce.mean(dim=1)))
 
 
 @torch.inference_mode()

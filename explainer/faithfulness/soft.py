@@ -29,6 +29,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import _additive_mask, _probs, attention_function_selected
 from ..errors import InputError
+from ..host import to_numpy
 from ..kv import TOKENS_PER_BATCH, prefix_cache, rows_per_batch
 from ..methods.base import ProgressFn
 from ..metrics import PI_GRID, calibrate, hellinger, minmax
@@ -230,7 +231,7 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
         zero = emb.clone()
         zero[:, pos_t] = 0.0
         with routing():
-            d0 = float(hellinger(p_orig.numpy(), _next_token_probs(model, zero, prefix).numpy())[0])
+            d0 = float(hellinger(to_numpy(p_orig), to_numpy(_next_token_probs(model, zero, prefix)))[0])
         if not d0 > 0:
             continue  # the zero baseline does not move the prediction: the step carries no signal
         # masks for every method, pi, kind (NS keeps by s~, NC by 1 - s~) and sample: (M, n)
@@ -252,7 +253,7 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
             batch = emb.expand(sl.stop - sl.start, -1, -1).clone()  # (B, T, D)
             batch[:, pos_t] *= e[sl, :, None]
             with routing():
-                dist[sl] = hellinger(p_orig.numpy(), _next_token_probs(model, batch, prefix).numpy())
+                dist[sl] = hellinger(to_numpy(p_orig), to_numpy(_next_token_probs(model, batch, prefix)))
             if progress:
                 progress((si + sl.stop / e.shape[0]) / len(steps), f"pi-Soft: step {k + 1}, {sl.stop}/{e.shape[0]}")
         for j, (m, kind, pi_i) in enumerate(index):

@@ -46,6 +46,7 @@ from transformers.masking_utils import eager_mask
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
+from ..host import to_numpy
 from ..kv import batches_by_first, prefix_cache, reusable
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
@@ -347,7 +348,7 @@ def _naive_scores(
         for i in range(n):
             state.bias = log_bias[i : i + 1]  # (1, T)
             logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
-            scores[:, i] = (_cross_entropy(logits, targets) - base)[0].cpu().numpy()
+            scores[:, i] = to_numpy((_cross_entropy(logits, targets) - base)[0])
             _report(progress, i + 2, n + 1)
     return scores
 
@@ -375,7 +376,7 @@ def _fast_scores(
     # a few seconds per forward on a CPU, so a cancelled request stops soon.
     groups = batches_by_first(first.tolist(), t - 1, batch_size)
     total = len(groups) + 1
-    columns = torch.zeros(k, rows.shape[0])  # (K, R)
+    columns = torch.zeros(k, rows.shape[0], device=rows.device)  # (K, R)
     with attention_suppression(model) as state:
         cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
         out = model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=k)
@@ -394,9 +395,9 @@ def _fast_scores(
                     use_cache=True,
                     logits_to_keep=k,
                 )
-                columns[:, group] = (_cross_entropy(out.logits, targets) - base).T.cpu()  # (K, B)
+                columns[:, group] = (_cross_entropy(out.logits, targets) - base).T  # (K, B)
                 _report(progress, done, total)
-            return columns[:, column_of].numpy()  # (K, N)
+            return to_numpy(columns[:, column_of])  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
     return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs)
 

@@ -43,6 +43,7 @@ from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
+from ..host import to_numpy
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -275,4 +276,4 @@ class AttnLRP(AttributionMethod):
         if run.num_steps <= 0:
             return np.zeros((0, run.num_prompt_tokens), dtype=np.float32)
         relevance, _ = attnlrp_relevance(run)  # (K, T - 1)
-        return relevance[:, : run.num_prompt_tokens].numpy()  # (K, N)
+        return to_numpy(relevance[:, : run.num_prompt_tokens])  # (K, N)

@@ -36,6 +36,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
+from ..host import to_numpy
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -167,7 +168,8 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, i
         return np.zeros((0, n), dtype=np.float32), used
     with hold(model), gradients_enabled(model):
         # created here, not under the caller's inference mode: an inference tensor cannot take part in autograd
-        state = _State(first_layer=num_layers - used, positions=torch.arange(n - 1, n - 1 + k_total))
+        positions = torch.arange(n - 1, n - 1 + k_total, device=run.input_ids.device)  # (K,)
+        state = _State(first_layer=num_layers - used, positions=positions)
         ids = teacher_forced_ids(run)  # (1, T - 1)
         with attention_function_selected(model, _NAME_PREFIX, _make_attention_function(state)):
             out = model(input_ids=ids, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
@@ -179,13 +181,15 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, i
         logits = target_logits(out.logits, run)  # (K,)
         del out
         selected = [state.layers[i] for i in range(state.first_layer, num_layers)]
-        weights = [torch.zeros(k_total, s.query.shape[0], s.query.shape[2]) for s in selected]  # each (K, H, D)
+        weights = []  # each (K, H, D) float32, on its layer's device
+        for s in selected:
+            weights.append(s.query.new_zeros(k_total, s.query.shape[0], s.query.shape[2], dtype=torch.float32))
         for k, grads in per_target_gradients(logits, [s.output for s in selected], run.progress, "Grad-ELLM"):
             p = n - 1 + k
             for w, g in zip(weights, grads):
-                w[k] = g[0, p].float().cpu()  # (H, D)
-        scores = sum(layer_attribution(s, w.to(s.query.device)).cpu() for s, w in zip(selected, weights))
-    return scores[:, :n].numpy().astype(np.float32), used
+                w[k] = g[0, p].to(w)  # (H, D)
+        scores = sum(layer_attribution(s, w).to(run.input_ids.device) for s, w in zip(selected, weights))  # (K, T)
+    return to_numpy(scores[:, :n], np.float32), used
 
 
 class GradELLM(AttributionMethod):

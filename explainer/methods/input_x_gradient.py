@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..host import to_numpy
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -60,11 +61,11 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
     out = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
     logits = target_logits(out.logits, run)  # (K,)
     del out
-    scores = torch.zeros(k_total, embeds.shape[1], dtype=torch.float32)  # (K, T - 1)
+    scores = torch.zeros(k_total, embeds.shape[1], dtype=torch.float32, device=embeds.device)  # (K, T - 1)
     for k, (grad,) in per_target_gradients(logits, [embeds], run.progress, label):
-        product = (embeds[0].detach() * grad[0]).float()  # (T - 1, d)
-        scores[k] = (product.sum(-1) if reduction == "sum" else product.norm(dim=-1)).cpu()
-    return scores, logits.detach().float().cpu()
+        product = embeds[0].detach().float() * grad[0].float()  # (T - 1, d), in float32 whatever the model's dtype
+        scores[k] = product.sum(-1) if reduction == "sum" else product.norm(dim=-1)
+    return scores, logits.detach().float()
 
 
 class InputXGradient(AttributionMethod):
@@ -84,4 +85,4 @@ class InputXGradient(AttributionMethod):
             return np.zeros((0, n), dtype=np.float32)
         with hold(run.model), gradients_enabled(run.model):
             scores, _ = gradient_x_input(run, "Input x Gradient", self.config.reduction)  # (K, T - 1)
-        return scores[:, :n].numpy()  # (K, N)
+        return to_numpy(scores[:, :n])  # (K, N)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..host import to_numpy
 from .base import AttributionMethod
 
 _LOG_FLOAT32_TINY = float(np.log(np.finfo(np.float32).tiny))
@@ -72,4 +73,4 @@ class MACS(AttributionMethod):
         if finite.numel() and finite.min() < _LOG_FLOAT32_TINY:
             self.rescaled_steps.append(step)
             log_c = log_c - (finite.max() + finite.min()) / 2
-        return torch.exp(log_c).numpy().astype(np.float32)
+        return to_numpy(torch.exp(log_c), np.float32)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..host import to_numpy
 from .base import AttributionMethod
 
 _FUSION = {
@@ -70,7 +71,7 @@ class Rollout(AttributionMethod):
         hat = _FUSION[self.config.head_fusion](probs.float())  # (q, T), a new tensor: changed in place below
         hat.mul_(1.0 - r)
         q = hat.shape[0]
-        idx = torch.arange(q)
+        idx = torch.arange(q, device=hat.device)
         hat[idx, first_row + idx] += r
         return hat.div_(hat.sum(dim=-1, keepdim=True))
 
@@ -89,7 +90,7 @@ class Rollout(AttributionMethod):
         buf = self.gen_rows.get(layer)
         if buf is None or j >= buf.shape[0]:
             cap = max(16, 2 * (0 if buf is None else buf.shape[0]), j + 1)
-            grown = torch.zeros(cap, self.n + cap)
+            grown = row.new_zeros(cap, self.n + cap)  # on the rows' device
             if buf is not None:
                 grown[: buf.shape[0], : buf.shape[1]] = buf
             buf = self.gen_rows[layer] = grown
@@ -111,21 +112,21 @@ class Rollout(AttributionMethod):
         k = t - n + 1  # generated positions that have rows: n .. t
         v = self._row(layers[-1], t, total)  # (T,) = e_t · Â_L
         for layer in reversed(layers[:-1]):
-            nxt = torch.zeros(total)
+            nxt = v.new_zeros(total)
             for first, block in self.prompt_blocks[layer]:  # v[:N] · (Â_l's prompt rows), block by block
                 nxt[: block.shape[1]] += v[first : first + block.shape[0]] @ block  # (q,) @ (q, W)
             if k > 0:
                 nxt += v[n : n + k] @ self.gen_rows[layer][:k, :total]  # (k,) @ (k, T)
             v = nxt
-        return v[:n].numpy().astype(np.float32)
+        return to_numpy(v[:n], np.float32)
 
     def _row(self, layer: int, t: int, total: int) -> torch.Tensor:
-        out = torch.zeros(total)
-        if t < self.n:
-            first, block = next((f, b) for f, b in self.prompt_blocks[layer] if f <= t < f + b.shape[0])
-            out[: block.shape[1]] = block[t - first]
-        else:
-            out[:] = self.gen_rows[layer][t - self.n, :total]
+        """(T,) row t of layer's Â, on the device of the stored rows."""
+        if t >= self.n:
+            return self.gen_rows[layer][t - self.n, :total]
+        first, block = next((f, b) for f, b in self.prompt_blocks[layer] if f <= t < f + b.shape[0])
+        out = block.new_zeros(total)
+        out[: block.shape[1]] = block[t - first]
         return out
 
     def stored_elements(self) -> int:
