@@ -21,7 +21,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from explainer.result import Attribution, zscore
-from explainer.spans import shown_positions
+from explainer.spans import clamp_step, shown_positions
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
 TOKENS_PER_ROW = 16  # grid width of the Plotly view
@@ -117,18 +117,10 @@ def _stylesheet() -> str:
 _STYLE = _stylesheet()
 
 
-def _clamp_step(step: int | None, num_steps: int) -> int | None:
-    if num_steps <= 0:
-        return None
-    if step is None:
-        return num_steps - 1
-    return min(max(int(step), 0), num_steps - 1)
-
-
 def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> _View:
     pos, subset = shown_positions(attr, user_only)
     scores = attr.methods.get(method)
-    s = _clamp_step(step, 0 if scores is None else scores.raw.shape[0])
+    s = clamp_step(step, 0 if scores is None else scores.raw.shape[0])
     if s is None:
         empty = np.full(pos.shape, np.nan, dtype=np.float32)
         return _View(step=None, positions=pos, z=empty, raw=empty, renormalised=False)
@@ -300,7 +292,7 @@ def side_by_side_html(
     views = [_view(attr, m, step, user_only) for m in methods]
     scored = [v for v in views if v.step is not None]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
-    header_step = _clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps) if scored else None
     caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
     if scored:
         caption += f" · {html.escape(_scope_caption(scored[0]))}"
@@ -357,10 +349,10 @@ def answer_html(attr: Attribution, step: int | None = None, last: int | None = N
         An HTML fragment; highlighted tokens carry `data-selected`, underlined ones `data-low`.
     """
     num_steps = len(attr.generated_tokens)
-    s = _clamp_step(step, num_steps)
+    s = clamp_step(step, num_steps)
     if s is None:
         return f'<div class="xai-answer" style="{_CARD}">{_note_html("No answer yet.")}</div>'
-    e = s if last is None else _clamp_step(last, num_steps)
+    e = s if last is None else clamp_step(last, num_steps)
     first, e = min(s, e), max(s, e)
     scored = False
     parts = []

@@ -17,6 +17,7 @@ from PIL import Image, ImageDraw
 
 from explainer.image_maps import image_map, upsample_map
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 
 # Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
 _INFERNO = np.array(
@@ -49,9 +50,10 @@ def colormap(t: np.ndarray) -> np.ndarray:
 
 def _step(attr: Attribution, method: str, step: int | None) -> int:
     k = attr.methods[method].raw.shape[0] if method in attr.methods else 0
-    if k == 0:
+    s = clamp_step(step, k)
+    if s is None:
         raise ValueError(f"No scores for method {method!r} yet.")
-    return k - 1 if step is None else min(max(int(step), 0), k - 1)
+    return s
 
 
 def heat_map(attr: Attribution, method: str, step: int | None, size: tuple[int, int]) -> np.ndarray:

@@ -21,13 +21,13 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 from visuals.efficiency import _font
 from visuals.heatmap import (
     _BOLD_BIN,
     _STRONG_BIN,
     BINS,
     _auto_zmax,
-    _clamp_step,
     _scope_caption,
     _step_caption,
     _view,
@@ -168,7 +168,7 @@ def _draw_view(
     views = [_view(attr, m, step, user_only) for m in methods]
     scored = [v for v in views if v.step is not None]
     zmax = _auto_zmax(scored)
-    header_step = _clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps) if scored else None
     if header_step is None:
         caption = _step_caption(attr, None, attr.num_steps)
     else:  # as the HTML caption, with the token in the font's ASCII

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from explainer.result import Attribution
+from explainer.spans import clamp_step
 from visuals.export import png_bytes
 from visuals.heatmap import (
     _CARD,
@@ -39,7 +40,6 @@ from visuals.heatmap import (
     _TEXT,
     _TOKEN,
     _auto_zmax,
-    _clamp_step,
     _legend_html,
     _quoted,
     _scope_caption,
@@ -384,7 +384,7 @@ def report_html(
     if date is None:
         found = attr.meta.get("created", attr.meta.get("date"))
         date = found if isinstance(found, str) else None
-    first = _clamp_step(step, attr.num_steps)
+    first = clamp_step(step, attr.num_steps)
     data = report_data(attr, methods, user_only, image, max_image_frames, image_max_side, alpha)
     has_scores = any(z is not None for z in data["z"])
     body = [
