@@ -3,7 +3,7 @@
 A tab keeps its components in a `Components` dict by name. Its handlers return a view dataclass whose field names are
 component names; `Components.bind(handler, outputs)` gives an event listener its `fn` and `outputs`: the handler
 (on the GPU where `hardware.on_gpu` provides one) with each returned or yielded view turned into a dict over the
-named output components. A field left at `KEEP` is left out of the dict, so its component stays as it is.
+named output components. A field left at `KEEP` becomes `gr.skip()`: its component stays as it is.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ import dataclasses
 import enum
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import gradio as gr
 
 from explainer.hardware import on_gpu
 
@@ -26,12 +28,13 @@ KEEP = _Keep.KEEP  # a view field's default: leave that component as it is
 
 
 def view_updates(view: Any, components: dict[str, Any], outputs: Sequence[str]) -> dict[Any, Any]:
-    """{component: value} for the fields of `view` that are not `KEEP`.
+    """{component: value} over the event's `outputs`: the view's value, or `gr.skip()` for a field left at `KEEP`
+    (Gradio reads an empty dict as one value, so every output is named).
 
     Raises:
         RuntimeError: a field is set that the event does not list in its outputs (a wiring mistake, named).
     """
-    out = {}
+    out = {components[name]: gr.skip() for name in outputs}
     for f in dataclasses.fields(view):
         value = getattr(view, f.name)
         if value is KEEP:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
@@ -138,16 +140,17 @@ async def faithfulness(
             progress=lambda f, message: progress(f, desc=message), cancel=cancel,
         )  # fmt: skip
 
-    async for update in run_stream(bundle, start, "Faithfulness produced no result."):
-        report = update.item
-        if report is None:  # the note before the first report (the waiting note, if any), or a failure recorded
-            note = update.note and (update.note if update.request.phase is Phase.WAITING else MEASURING)
-            yield FaithfulnessView(status=note or KEEP, request=update.request)
-            continue
-        done = update.request.phase is Phase.DONE or report.status == "done" or steps is False
-        view = render_faithfulness(report, metric)
-        view.status, view.report, view.request = _measured(result, chosen, report, steps, done), report, update.request
-        yield view
+    async with aclosing(run_stream(bundle, start, "Faithfulness produced no result.")) as updates:
+        async for update in updates:
+            report = update.item
+            if report is None:  # the note before the first report (the waiting note, if any), or a failure recorded
+                note = update.note and (update.note if update.request.phase is Phase.WAITING else MEASURING)
+                yield FaithfulnessView(status=note or KEEP, request=update.request)
+                continue
+            done = update.request.phase is Phase.DONE or report.status == "done" or steps is False
+            status = _measured(result, chosen, report, steps, done)
+            view = render_faithfulness(report, metric)
+            yield dataclasses.replace(view, status=status, report=report, request=update.request)
 
 
 @user_errors

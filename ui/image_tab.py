@@ -4,6 +4,7 @@ image regions each method credits, as overlays, with the question's tokens as a 
 from __future__ import annotations
 
 import dataclasses
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -161,12 +162,14 @@ async def explain_image(
         bundle, question, methods, max_new_tokens, answer, options, progress, image=image,
         max_image_tokens=max_image_tokens,
     )  # fmt: skip
-    async for update in updates:
-        if update.item is None:
-            yield ImageView(status=update.note or KEEP, request=update.request)
-        else:
-            live = update.request.phase is not Phase.DONE and not finished(update.item)
-            yield _shown(ImageResult(update.item, image), methods, opacity, contour, live, request=update.request)
+    async with aclosing(updates):  # as in text_tab.explain
+        async for update in updates:
+            if update.item is None:
+                yield ImageView(status=update.note or KEEP, request=update.request)
+            else:
+                live = update.request.phase is not Phase.DONE and not finished(update.item)
+                result = ImageResult(update.item, image)
+                yield _shown(result, methods, opacity, contour, live, request=update.request)
 
 
 @user_errors

@@ -13,6 +13,7 @@ import dataclasses
 import enum
 import time
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
@@ -140,9 +141,10 @@ async def run_stream(
     yield Update(None, request, note or STARTING)
     item = None
     try:
-        async for item in follow(start(CancelToken())):
-            request = RequestState(Phase.RUNNING)
-            yield Update(item, request)
+        async with aclosing(follow(start(CancelToken()))) as items:  # a visitor who leaves closes it at once
+            async for item in items:
+                request = RequestState(Phase.RUNNING)
+                yield Update(item, request)
         if item is None:
             raise InputError(empty)
     except Exception as e:
@@ -181,8 +183,9 @@ async def explain_updates(
             cancel=cancel, answer=answer, **request,
         )  # fmt: skip
 
-    async for update in run_stream(bundle, start, NO_TOKENS):
-        yield update
+    async with aclosing(run_stream(bundle, start, NO_TOKENS)) as updates:
+        async for update in updates:
+            yield update
 
 
 def finished(attr: Any) -> bool:

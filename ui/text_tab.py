@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -151,13 +152,14 @@ async def explain(
     updates = explain_updates(
         bundle, prompt, methods, max_new_tokens, answer, options, progress, chat_template=bool(chat_template)
     )
-    async for update in updates:
-        if update.item is None:
-            yield TextView(status=update.note or KEEP, request=update.request)
-        else:
-            live = update.request.phase is not Phase.DONE and not finished(update.item)
-            view = _shown(update.item, methods, show_all, live, span, granularity)
-            yield dataclasses.replace(view, request=update.request)
+    async with aclosing(updates):  # a visitor who leaves closes the handler, and with it the work, at once
+        async for update in updates:
+            if update.item is None:
+                yield TextView(status=update.note or KEEP, request=update.request)
+            else:
+                live = update.request.phase is not Phase.DONE and not finished(update.item)
+                view = _shown(update.item, methods, show_all, live, span, granularity)
+                yield dataclasses.replace(view, request=update.request)
 
 
 @user_errors

@@ -9,10 +9,13 @@ import types
 from dataclasses import dataclass
 from typing import Any
 
+import gradio as gr
 import pytest
 
 from ui.errors import user_errors
 from ui.events import KEEP, Components, view_updates
+
+SKIP = gr.skip()
 
 
 @dataclass
@@ -24,8 +27,8 @@ class View:
 
 def test_kept_fields_are_left_out_and_unlisted_ones_refused():
     components = Components(a="A", b="B", c="C", extra="X")
-    assert view_updates(View(a=1, c=None), components, ("a", "b", "c")) == {"A": 1, "C": None}
-    assert view_updates(View(), components, ("a",)) == {}
+    assert view_updates(View(a=1, c=None), components, ("a", "b", "c")) == {"A": 1, "B": SKIP, "C": None}
+    assert view_updates(View(), components, ("a",)) == {"A": SKIP}  # an empty dict would read as one value
     with pytest.raises(RuntimeError, match=r"View\.b is set, but it is not among this event's outputs"):
         view_updates(View(b=2), components, ("a",))
     assert components("c", "a") == ["C", "A"]
@@ -45,7 +48,7 @@ async def streaming(n, progress=None):
 def test_bind_gives_the_outputs_and_converts_every_kind():
     components = Components(a="A", b="B", c="C")
     bound = components.bind(plain, ("a", "c"))
-    assert bound["outputs"] == ["A", "C"] and bound["fn"](3) == {"A": 3}
+    assert bound["outputs"] == ["A", "C"] and bound["fn"](3) == {"A": 3, "C": SKIP}
     assert inspect.unwrap(bound["fn"]) is inspect.unwrap(plain)
     agen = components.bind(streaming, ("b",))["fn"]
     assert inspect.isasyncgenfunction(agen) and inspect.signature(agen) == inspect.signature(streaming)
