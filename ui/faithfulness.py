@@ -13,7 +13,7 @@ from explainer.errors import InputError
 from explainer.estimate import seconds_at
 from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
 from explainer.result import Attribution
-from explainer.spans import clamp_step
+from explainer.steps import clamp_step
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
 
 from . import inputs, models

@@ -26,7 +26,7 @@ from explainer.explain import answer_budget
 from explainer.models import ModelBundle
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
-from explainer.spans import last_content_step
+from explainer.steps import last_content_step
 
 from .options import chosen_options
 
@@ -195,7 +195,7 @@ def finished(attr: Any) -> bool:
 
 def step_slider(attr: Attribution, live: bool, value: int | None = None) -> dict:
     """A step slider's update for a result: locked to the newest step while live; a finished answer opens on its
-    last content token (`spans.last_content_step`), or on `value` (1-based) when given. With one step it stays
+    last content token (`steps.last_content_step`), or on `value` (1-based) when given. With one step it stays
     locked (Gradio needs maximum > minimum; the views clamp step 2 to 1 anyway)."""
     steps = max(attr.num_steps, 1)
     if value is None:

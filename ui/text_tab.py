@@ -16,7 +16,8 @@ from typing import Any
 import gradio as gr
 
 from explainer.result import Attribution
-from explainer.spans import GRANULARITIES, clamp_step
+from explainer.spans import GRANULARITIES
+from explainer.steps import clamp_step
 from visuals import answer_html, side_by_side_html, top_tokens_rows
 from visuals.export import export_filename, load_result, png_bytes, result_json
 from visuals.granularity import span_side_by_side_html, top_sentences_html

@@ -21,7 +21,8 @@ import numpy as np
 import plotly.graph_objects as go
 
 from explainer.result import Attribution, zscore
-from explainer.spans import clamp_step, shown_positions
+from explainer.spans import shown_positions
+from explainer.steps import clamp_step
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
 TOKENS_PER_ROW = 16  # grid width of the Plotly view

@@ -153,7 +153,7 @@ class AppPage:
 
     def last_content_step(self) -> int:
         """0-based step of the answer's last content token, where a finished answer opens: trailing special tokens
-        (`<|im_end|>`) and whitespace (a newline shows as ⏎) are skipped (`explainer.spans.last_content_step`)."""
+        (`<|im_end|>`) and whitespace (a newline shows as ⏎) are skipped (`explainer.steps.last_content_step`)."""
         from explainer.spans import is_special
 
         tokens = [t.replace("⏎", "").strip() for t in self.answer_tokens()]
