@@ -173,15 +173,21 @@ async def explain_image(
 
 
 @user_errors
-def after_image(result: ImageResult | None, request: RequestState | None) -> ImageView:
+def after_image(
+    result: ImageResult | None,
+    request: RequestState | None,
+    methods: list[str] | None = None,
+    opacity: float = 0.5,
+    contour: bool = True,
+) -> ImageView:
     """As `text_tab.after_explain`, for the image tab: the `SHOWN` fields it changes."""
-    attr = _result_attr(result)
-    stop = stopped(request, attr)
+    stop = stopped(request, _result_attr(result))
     if stop is None:
         return ImageView()
-    return ImageView(
-        status=stop.status or KEEP, request=stop.request, step=step_slider(attr, live=False) if stop.partial else KEEP
-    )
+    if not stop.partial:
+        return ImageView(status=stop.status or KEEP, request=stop.request)
+    view = _shown(result, list(methods or []), opacity, contour, live=False)
+    return dataclasses.replace(view, status=stop.status, request=stop.request)
 
 
 @user_errors
@@ -304,7 +310,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
     event.then(
-        **c.bind(after_image, SHOWN), inputs=c("result", "request"), api_name="after_image", **hidden
+        **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
+        api_name="after_image", **hidden,
     ).then(
         **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
         api_name="export_image_files", **hidden,

@@ -164,17 +164,26 @@ async def explain(
 
 
 @user_errors
-def after_explain(result: Attribution | None, request: RequestState | None) -> TextView:
+def after_explain(
+    result: Attribution | None,
+    request: RequestState | None,
+    methods: list[str] | None = None,
+    show_all: bool = False,
+    span: bool = False,
+    granularity: str = "token",
+) -> TextView:
     """Run after every explain request, finished, failed or cancelled (Gradio runs it once a cancelled request has
     stopped, so no late update overwrites it). A request still in flight in `request` stopped early: the status
-    says where and why, a partial answer gets free sliders. Returns the `SHOWN` fields it changes."""
+    says where and why, and a partial answer is shown as a finished one (free sliders, opened on its last content
+    token; `methods`, `show_all`, `span` and `granularity` choose the view as in `render`). Returns the `SHOWN`
+    fields it changes."""
     stop = stopped(request, result)
     if stop is None:
         return TextView()
-    view = TextView(status=stop.status or KEEP, request=stop.request)
-    if stop.partial:
-        view.step, view.span_end = _sliders(result, live=False, span=False)
-    return view
+    if not stop.partial:
+        return TextView(status=stop.status or KEEP, request=stop.request)
+    view = _shown(result, list(methods or []), show_all, False, bool(span), inputs.granularity(granularity))
+    return dataclasses.replace(view, status=stop.status, request=stop.request)
 
 
 @user_errors
@@ -368,7 +377,10 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
     c["cancel"].click(None, cancels=[explain_event])
     settled = explain_event.then(
-        **c.bind(after_explain, SHOWN), inputs=c("result", "request"), api_name="after_explain", **hidden
+        **c.bind(after_explain, SHOWN),
+        inputs=c("result", "request", "methods", "show_all", "span", "granularity"),
+        api_name="after_explain",
+        **hidden,
     )
     _then_export(c, settled, "export_files", "export_view_after_explain")
     opened = c["open_file"].upload(

@@ -85,6 +85,7 @@ def test_cancel_stops_a_running_request_frees_the_model_and_the_slider(app, app_
         assert len(app.answer_tokens()) == shown < 256
         assert status == app.status() and status.startswith(f"Stopped after {shown} tokens"), (attempt, status)
         assert app.step_slider_enabled() and app.step_slider_value() == app.last_content_step() + 1
+        assert app.selected_step() == app.step_slider_value() - 1  # the views show the step on the slider
     app.shot("cancelled")
     app.generate("Name a colour.", max_new_tokens=3, methods=["macs"])  # the next request gets the model
     assert app.heatmap_methods() == ["macs"]

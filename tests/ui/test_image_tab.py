@@ -160,8 +160,9 @@ def test_steps_and_opacity_that_are_not_numbers_are_clear_errors(vl_fake, tmp_pa
 def test_a_stopped_question_gets_its_status_after_it_stops(vl_fake, tmp_path):
     path = upload_files.write(tmp_path, "bilevel.png")
     views = first_then_close(image_tab.explain_image(str(path), "What?", ["macs"], 3, 0.5, True, 64), 3)
-    after = image_tab.after_image(views[-1].result, views[-1].request)
+    after = image_tab.after_image(views[-1].result, views[-1].request, ["macs"], 0.5, True)
     assert after.status.startswith("Stopped after 2 tokens (cancelled)") and after.step["value"] == 2
+    assert selected_steps(after.answer) == ["1"] and after.overlay is not None  # the views follow the slider
     assert after.request.phase is Phase.CANCELLED
     waited = image_tab.after_image(None, RequestState(Phase.WAITING))
     assert waited.status.startswith("Stopped before it started") and waited.step is KEEP

@@ -124,7 +124,7 @@ def test_error_mid_stream_becomes_gr_error_is_recorded_and_cancels_the_work(fake
     failed = seen[-1]  # the request state records the failure before it is raised
     assert failed.request == RequestState(Phase.RUNNING, error="Out of memory on the fake device.")
     assert failed.status is KEEP and failed.result is KEEP
-    after = text_tab.after_explain(seen[-2].result, failed.request)
+    after = text_tab.after_explain(seen[-2].result, failed.request, ["macs"])
     assert after.status.startswith("Stopped after 2 tokens (failed with the message shown)")
     assert after.request.phase is Phase.FAILED and after.step["interactive"]
     assert text_tab.after_explain(seen[-2].result, after.request) == text_tab.TextView()  # said once
@@ -310,10 +310,15 @@ def partial(n: int) -> tuple[Attribution, RequestState]:
 def test_a_stopped_request_gets_its_status_and_free_sliders_after_it_stops(fake):
     state, request = partial(3)
     assert state.meta["status"] == "fake step 3" and request == RequestState(Phase.RUNNING)
-    after = text_tab.after_explain(state, request)
+    after = text_tab.after_explain(state, request, ["macs"])
     assert after.status.startswith("Stopped after 3 tokens (cancelled)") and "model is free" in after.status
     assert after.step["interactive"] and after.step["value"] == after.step["maximum"] == 3
     assert after.span_end["maximum"] == 3 and after.request == RequestState(Phase.CANCELLED)
+    assert after.result is state and selected_steps(after.answer) == ["2"]  # the views follow the slider
+    assert after.heatmap == side_by_side_html(state, ["macs"], 2, user_only=True)
+    ended, ended_request = partial(4)  # stopped after its <|im_end|>, before the methods finished
+    stopped_view = text_tab.after_explain(ended, ended_request, ["macs"])
+    assert stopped_view.step["value"] == 3 and selected_steps(stopped_view.answer) == ["2"]  # " Paris"
     assert text_tab.after_explain(state, after.request) == text_tab.TextView()  # said once
     done = answered()
     assert text_tab.after_explain(done, RequestState(Phase.DONE)) == text_tab.TextView()  # left as shown
