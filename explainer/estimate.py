@@ -343,6 +343,12 @@ def estimate(
     return out
 
 
+def seconds_at(positions: int, positions_per_second: float | None) -> float | None:
+    """The time of work over `positions` token positions at a measured speed (e.g. pi-Soft's cost at the speed the
+    removal curves ran at); None while no speed is known."""
+    return positions / positions_per_second if positions_per_second else None
+
+
 def format_seconds(seconds: float) -> str:
     """A rough duration with no false precision: "under a second", "about 4 s", "about 40 s", "about 3 min"."""
     if not math.isfinite(seconds):

@@ -32,6 +32,7 @@ from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
 from .tokens import check_encodable
 
 MAX_NEW_TOKENS_LIMIT = 1024
+ANSWER_BOUNDARY_TOKENS = 4  # an answer's tokens in context may differ from its own at the prompt boundary
 
 
 @dataclass
@@ -356,6 +357,21 @@ def answer_token_ids(
     if len(joint) > n and joint[:n] == list(prompt_ids):
         return joint[n:], "in context"
     return list(tok(answer, add_special_tokens=False)["input_ids"]), "on its own"
+
+
+def answer_budget(bundle: ModelBundle, answer: str | None, max_new_tokens: int) -> int:
+    """`max_new_tokens` raised to hold every token of a given `answer`, up to `MAX_NEW_TOKENS_LIMIT` (never lowered).
+
+    Byte-level BPE makes at most one token per UTF-8 byte, plus a prefix-space token; any other tokenizer is asked:
+    the answer's own tokens plus `ANSWER_BOUNDARY_TOKENS`. An answer that still does not fit gets the InputError.
+    """
+    if not isinstance(answer, str) or not answer.strip():
+        return max_new_tokens
+    if bundle.byte_level:
+        need = len(answer.encode("utf-8")) + 1
+    else:
+        need = len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]) + ANSWER_BOUNDARY_TOKENS
+    return min(max(max_new_tokens, need), MAX_NEW_TOKENS_LIMIT)
 
 
 def _generate(

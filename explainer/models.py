@@ -195,16 +195,20 @@ class ModelBundle:
                 ids.update(int(v) for v in value)
         return ids
 
+    @property
+    def byte_level(self) -> bool:
+        """Whether the tokenizer is GPT-2 style byte-level BPE (`Ġ` for a space); looked up once."""
+        if "byte_level" not in self._vocab:
+            self._vocab["byte_level"] = is_byte_level(self.tokenizer.get_vocab())
+        return self._vocab["byte_level"]
+
     def readable(self, ids: list[int]) -> list[str]:
         """Display strings for token ids (see `tokens.readable_tokens`)."""
-        if not self._vocab:
+        if "special" not in self._vocab:
             special = set(getattr(self.tokenizer, "all_special_tokens", []) or [])
             added = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
             self._vocab["special"] = special | {str(t) for t in added.values()}
-            self._vocab["byte_level"] = is_byte_level(self.tokenizer.get_vocab())
-        return readable_tokens(
-            self.tokenizer.convert_ids_to_tokens(ids), self._vocab["special"], self._vocab["byte_level"]
-        )
+        return readable_tokens(self.tokenizer.convert_ids_to_tokens(ids), self._vocab["special"], self.byte_level)
 
     def check_length(self, n: int, max_new_tokens: int, what: str, fix: str) -> None:
         """Refuse a prompt of `n` tokens over the configured limit, or one that with `max_new_tokens` overflows the

@@ -60,16 +60,6 @@ def shown_positions(attr: Attribution, user_only: bool = True) -> tuple[np.ndarr
     return np.arange(n, dtype=np.int64), False
 
 
-def clamp_step(step: int | None, num_steps: int) -> int | None:
-    """The step a view shows for a requested one: None is the newest, out-of-range steps are clamped into
-    0..num_steps - 1; None when there are no steps. The views all show steps this way."""
-    if num_steps <= 0:
-        return None
-    if step is None:
-        return num_steps - 1
-    return min(max(int(step), 0), num_steps - 1)
-
-
 def _whole_step(value, name: str) -> int:
     if isinstance(value, bool):
         raise InputError(f"The span's {name} step must be a whole number, got {value!r}.")
@@ -253,7 +243,6 @@ __all__ = [
     "Group",
     "ScoredGroup",
     "check_span",
-    "clamp_step",
     "group_scores",
     "groups",
     "is_special",

@@ -17,6 +17,8 @@ from the model's config and the image processor.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import os
 import warnings
@@ -155,6 +157,21 @@ def load_image(image: str | Path | bytes | Image.Image, name: str | None = None)
         raise InputError(f"{label} cannot be read: {_one_line(e)}") from e
     except Exception as e:  # Pillow's parsers raise OSError, ValueError, SyntaxError, struct.error... on bad data
         raise InputError(f"{label} is damaged or truncated and cannot be decoded: {_one_line(e)}") from e
+
+
+def data_url_bytes(url: str) -> bytes:
+    """The bytes of a base64 `data:` URL (how an image sent inline through the app's API arrives).
+
+    Raises:
+        InputError: not a base64 data: URL.
+    """
+    head, sep, body = url.partition(",")
+    if not (head.startswith("data:") and head.endswith(";base64") and sep):
+        raise InputError("The image was sent as a data: URL that is not base64 (expected data:<type>;base64,<data>).")
+    try:
+        return base64.b64decode(body, validate=True)
+    except (binascii.Error, ValueError) as e:
+        raise InputError("The image was sent as a data: URL that is not valid base64.") from e
 
 
 def _one_line(e: BaseException) -> str:

@@ -13,16 +13,18 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
 
 from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
 from explainer.capture import registered_names
-from explainer.explain import answer_token_ids
+from explainer.explain import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids
 from explainer.faithfulness import QUICK_SOFT, measure_faithfulness
 from explainer.methods import METHODS, available_methods, get_method
 from explainer.result import Attribution
 from explainer.vision import encode_image_prompt, full_sequence_inputs
 
-from .conftest import BUILDERS, build_model, eager_attentions
+from .conftest import BUILDERS, CHAT_TEMPLATE, CORPUS, VOCAB, build_model, eager_attentions
 from .reference import reference_macs
 from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
@@ -279,3 +281,55 @@ def test_image_prompt_forced_text_and_its_step_scores(vl):
     np.testing.assert_allclose(attr.step_scores["probability"], probs, rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(attr.step_scores["entropy"], entropies, rtol=1e-4, atol=1e-5)
     assert registered_names() == [] and bundle.model.model.rope_deltas is None
+
+
+# --- the answer budget: max_new_tokens raised to hold a given answer ------------------------------------------------
+
+
+def _sentencepiece_tokenizer() -> PreTrainedTokenizerFast:
+    """A SentencePiece-style (Metaspace, `▁`) BPE tokenizer trained offline: not byte-level."""
+    special = ["<unk>", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    tok.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=300, special_tokens=special, show_progress=False))
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", eos_token="<|im_end|>", pad_token="<|endoftext|>"
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    assert len(fast) <= VOCAB
+    return fast
+
+
+@pytest.fixture(scope="module")
+def budget_bundles(tokenizer):
+    model = build_model("llama")
+    return {
+        "byte-level": bundle_from_objects(model, tokenizer, name="tiny-bpe"),
+        "sentencepiece": bundle_from_objects(model, _sentencepiece_tokenizer(), name="tiny-sp"),
+    }
+
+
+@pytest.mark.parametrize("kind", ["byte-level", "sentencepiece"])
+@pytest.mark.parametrize(
+    "answer", ["Paris.", " It is Paris, the capital of France!\n\nYes.", "🙂 Zürich — 東京 \t", "a\n\n\n\n"]
+)
+def test_the_answer_budget_holds_every_token_of_the_answer(budget_bundles, kind, answer):
+    bundle = budget_bundles[kind]
+    assert bundle.byte_level is (kind == "byte-level")
+    budget = answer_budget(bundle, answer, 1)
+    own = len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"])
+    want = len(answer.encode("utf-8")) + 1 if kind == "byte-level" else own + ANSWER_BOUNDARY_TOKENS
+    assert budget == want and budget >= own
+    for template in (True, False):  # the real request fits: no "more than max_new_tokens" error
+        attr = explain(
+            bundle, "Where is Paris?", methods=["macs"], max_new_tokens=budget, chat_template=template, answer=answer
+        )
+        assert attr.meta["answer"] == "given" and 1 <= attr.num_steps <= budget
+
+
+def test_the_answer_budget_is_never_lowered_and_stays_within_the_limit(budget_bundles):
+    for bundle in budget_bundles.values():
+        assert answer_budget(bundle, None, 7) == answer_budget(bundle, " \n", 7) == 7  # generate: the slider's length
+        assert answer_budget(bundle, "Paris", 200) == 200
+        assert answer_budget(bundle, "é " * 3000, 8) == MAX_NEW_TOKENS_LIMIT

@@ -346,3 +346,8 @@ def test_any_prompt_gets_an_estimate_or_an_input_error(llama, tokenizer, prompt,
         est.forget_speed(bundle)
     assert all(e.seconds is not None and e.seconds >= 0 and e.describe() for e in out)
     assert all(e.cost.free or e.cost.forward_passes >= 1 for e in out)
+
+
+def test_seconds_at_a_measured_speed():
+    assert est.seconds_at(1000, 250.0) == pytest.approx(4.0)
+    assert est.seconds_at(1000, None) is None and est.seconds_at(1000, 0.0) is None  # no speed measured yet

@@ -416,39 +416,46 @@ def collect(agen) -> list:
 
 @pytest.fixture(scope="module")
 def app(text, vl):
-    """The app on the tiny models and the real library, streaming at most every 10 ms instead of 250."""
-    import app as app_module
+    """The UI on the tiny models and the real library, streaming at most every 10 ms instead of 250."""
+    from ui import models, stream
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(app_module, "get_bundle", lambda: text[0])
-        mp.setattr(app_module, "get_vl_bundle", lambda: vl[0])
-        mp.setattr(app_module, "UPDATE_SECONDS", 0.01)
-        yield app_module
+        mp.setattr(models, "get_bundle", lambda: text[0])
+        mp.setattr(models, "get_vl_bundle", lambda: vl[0])
+        mp.setattr(stream, "UPDATE_SECONDS", 0.01)
+        yield
 
 
 STEPS = st.one_of(st.none(), st.integers(-3, 6), st.sampled_from([10**6, -(10**6), 1.5, *NOT_NUMBERS]))
 
 
 @st.composite
-def option_values(draw, app_module, odd_share: int) -> list:
+def option_values(draw, odd_share: int) -> list:
     """A value for every "Method options" widget: its default, or anything (1 in `odd_share`) for MACS and
     Rollout."""
+    from explainer import available_methods
+    from explainer.methods import method_options
+    from ui.options import option_keys
+
+    defaults = [o.default for m in available_methods() for o in method_options(m)]  # in option_keys() order
     out = []
-    for (method, _), widget in zip(app_module.OPTION_KEYS, app_module.OPTION_WIDGETS):
+    for (method, _), default in zip(option_keys(), defaults):
         odd = method in ("macs", "rollout") and draw(st.integers(1, odd_share)) == 1
-        out.append(draw(ANY_VALUE) if odd else widget.value)
+        out.append(draw(ANY_VALUE) if odd else default)
     return out
 
 
-def _app_result(app_module, state: Attribution, data) -> None:
+def _app_result(state: Attribution, data) -> None:
     """Re-render a streamed result with any step, methods and toggles; only a step that is not a number is refused."""
+    from ui import faithfulness, text_tab
+
     _result(state)
     step = data.draw(STEPS)
-    choice = data.draw(st.sampled_from([*app_module.SOFT_CHOICES, "nonsense"]))
+    choice = data.draw(st.sampled_from([*faithfulness.SOFT_CHOICES, "nonsense"]))
     try:
-        answer, heatmap, rows = app_module.render(state, data.draw(ANY_METHODS), step, data.draw(st.booleans()))
-        assert "xai-heatmap" in heatmap and isinstance(rows, list)
-        assert isinstance(app_module.soft_cost_note(state, list(state.methods), choice, step, None), str)
+        view = text_tab.render(state, data.draw(ANY_METHODS), step, data.draw(st.booleans()))
+        assert "xai-heatmap" in view.heatmap and isinstance(view.table, list)
+        assert isinstance(faithfulness.soft_cost_note(state, list(state.methods), choice, step, None).cost, str)
     except gr.Error as e:
         _refused(e.message)
         assert not isinstance(step, int | float) or not math.isfinite(step)
@@ -463,13 +470,15 @@ def _app_result(app_module, state: Attribution, data) -> None:
     flags=st.tuples(st.booleans(), st.booleans()),
 )
 def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
+    from ui import text_tab
+
     try:
-        options = data.draw(option_values(app, odd_share=8))
-        outs = collect(app.explain(prompt, methods, new, *flags, None, False, "token", *options))  # generate
+        options = data.draw(option_values(odd_share=8))
+        outs = collect(text_tab.explain(prompt, methods, new, *flags, None, False, "token", *options))  # generate
     except gr.Error as e:
         _refused(e.message)
     else:
-        _app_result(app, outs[-1][-1], data)
+        _app_result(outs[-1].result, data)
     finally:
         text[1].assert_unchanged()
 
@@ -477,13 +486,15 @@ def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
 @fuzz(30)
 @given(data=st.data(), methods=ANY_METHODS, new=st.one_of(st.sampled_from([257, 2.5, "2"]), ANY_NEW_TOKENS))
 def test_app_explain_any_settings(app, text, data, methods, new):
-    options = data.draw(option_values(app, odd_share=2))
+    from ui import text_tab
+
+    options = data.draw(option_values(odd_share=2))
     try:
-        outs = collect(app.explain("Where is Paris?", methods, new, True, False, None, False, "token", *options))
+        outs = collect(text_tab.explain("Where is Paris?", methods, new, True, False, None, False, "token", *options))
     except gr.Error as e:
         _refused(e.message)
     else:
-        _app_result(app, outs[-1][-1], data)
+        _app_result(outs[-1].result, data)
     finally:
         text[1].assert_unchanged()
 
@@ -508,17 +519,19 @@ def test_app_explain_any_image(app, vl, tmp_path_factory, data, as_payload, ques
     path = tmp_path_factory.mktemp("upload") / "photo.png"
     path.write_bytes(data)
     image = {"path": str(path), "orig_name": "photo.png", "url": None} if as_payload else str(path)
+    from ui import image_tab
+
     try:
-        outs = collect(app.explain_image(image, question, ["macs"], new, opacity, True, detail))
+        outs = collect(image_tab.explain_image(image, question, ["macs"], new, opacity, True, detail))
     except gr.Error as e:
         _refused(e.message)
         return
     finally:
         vl[1].assert_unchanged()
-    state = outs[-1][-1]
-    _result(state["attr"])
+    state = outs[-1].result
+    _result(state.attr)
     try:
-        overlay, _, _ = app.render_image(state, ["macs", "random", "nope"], step, opacity, True)
+        overlay = image_tab.render_image(state, ["macs", "random", "nope"], step, opacity, True).overlay
         assert overlay.mode == "RGB"
     except gr.Error as e:
         _refused(e.message)
@@ -541,18 +554,22 @@ def answer(text):
 def test_app_faithfulness_refuses_what_it_cannot_measure(app, text, answer, methods, metric, choice, step, no_answer):
     """Methods the answer was not explained with, or no answer: a clear refusal before the model is asked (measuring
     takes seconds, so the accepted inputs are checked once in test_app_faithfulness_clamps_the_step)."""
+    from ui import faithfulness
+
     with pytest.raises(gr.Error) as info:
-        collect(app.faithfulness(None if no_answer else answer, methods, metric, choice, step))
+        collect(faithfulness.faithfulness(None if no_answer else answer, methods, metric, choice, step))
     _refused(info.value.message)
-    assert app.render_faithfulness(None, metric) == (None, None, [])
+    assert faithfulness.render_faithfulness(None, metric).table == []
     text[1].assert_unchanged()
 
 
 def test_app_faithfulness_clamps_the_step(app, text, answer):
-    outs = collect(app.faithfulness(answer, ["macs", "nope"], "no such metric", app.SOFT_CHOICES[2], 10**6))
-    removal, soft, rows, status, report = outs[-1]
-    assert removal is not None and soft is None and [r[0] for r in rows] == ["macs", "random"]
+    from ui import faithfulness
+
+    choices = faithfulness.SOFT_CHOICES
+    last = collect(faithfulness.faithfulness(answer, ["macs", "nope"], "no such metric", choices[2], 10**6))[-1]
+    assert last.removal is not None and last.soft is None and [r[0] for r in last.table] == ["macs", "random"]
     for value in (math.nan, "x"):
         with pytest.raises(gr.Error, match="generation step must"):
-            collect(app.faithfulness(answer, ["macs"], "BLEU", app.SOFT_CHOICES[0], value))
+            collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", choices[0], value))
     text[1].assert_unchanged()

@@ -14,6 +14,7 @@ import urllib.error
 from pathlib import Path
 
 import anyio
+import gradio as gr
 import pytest
 
 from explainer import hardware, models
@@ -137,10 +138,17 @@ def _fake_spaces(monkeypatch) -> list:
 
     def GPU(fn, duration=None):  # noqa: N802 - the real name
         wrapped.append((fn, duration))
+        if inspect.isgeneratorfunction(fn):  # as spaces does: a generator function stays one
 
-        @functools.wraps(fn)
-        def marked(*args, **kwargs):
-            return fn(*args, **kwargs)
+            @functools.wraps(fn)
+            def marked(*args, **kwargs):
+                yield from fn(*args, **kwargs)
+
+        else:
+
+            @functools.wraps(fn)
+            def marked(*args, **kwargs):
+                return fn(*args, **kwargs)
 
         marked.zerogpu = fn
         return marked
@@ -209,16 +217,33 @@ def _registered(demo) -> dict:
     return {f.api_name: f.fn for f in demo.fns.values() if f.api_name in GPU_HANDLERS}
 
 
+def _handlers() -> dict:
+    from ui import faithfulness, image_tab, text_tab
+
+    return {
+        "explain": text_tab.explain,
+        "faithfulness": faithfulness.faithfulness,
+        "explain_image": image_tab.explain_image,
+    }
+
+
 def test_app_registers_its_handlers_unchanged_without_spaces():
     import app
+    from ui import models as ui_models
 
     if "spaces" in sys.modules:  # pragma: no cover - only where a real `spaces` is installed
         pytest.skip("the spaces package is installed here")
-    assert _registered(app.demo) == {name: getattr(app, name) for name in GPU_HANDLERS}
-    assert (app.MODEL_ID, app.VLM_ID) == (None, None)  # tests run offline: embedded model, no image tab
+    registered = _registered(app.demo)
+    assert set(registered) == set(GPU_HANDLERS)
+    for name, fn in registered.items():  # the handler, its views turned into dicts; no GPU wrapper between
+        assert fn.__wrapped__ is _handlers()[name] and inspect.isasyncgenfunction(fn) and not hasattr(fn, "zerogpu")
+    ui_models.model_ids.cache_clear()
+    assert ui_models.model_ids() == (None, None)  # tests run offline: embedded model, no image tab
 
 
-def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_picks_hub_models(hub, monkeypatch):
+def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_asks_the_hub_only_when_needed(hub, monkeypatch):
+    from ui import models as ui_models
+
     wrapped = _fake_spaces(monkeypatch)
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     spec = importlib.util.spec_from_file_location("app_on_zerogpu", REPO / "app.py")
@@ -227,8 +252,16 @@ def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_picks_hub_models(
 
     registered = _registered(fresh.demo)
     assert set(registered) == set(GPU_HANDLERS)
-    for name, fn in registered.items():
-        handler = getattr(fresh, name)
-        assert fn.zerogpu.__wrapped__ is handler and inspect.isgeneratorfunction(fn.zerogpu)
+    for name, fn in registered.items():  # what Gradio runs: a generator over the GPU-wrapped generator
+        assert fn.zerogpu.__wrapped__ is _handlers()[name] and inspect.isgeneratorfunction(fn.zerogpu)
+        assert inspect.isgeneratorfunction(fn)
     assert len(wrapped) == len(GPU_HANDLERS)
-    assert (fresh.MODEL_ID, fresh.VLM_ID) == (models.HUB_TEXT_MODEL_GPU, models.HUB_VISION_MODEL)
+    with pytest.raises(gr.Error, match="Select at least one"):  # runs through every wrapper, the error included
+        list(registered["explain"]("Where is Paris?", [], 8, True, False))
+    assert hub.requests == []  # importing the app asked nothing
+    ui_models.model_ids.cache_clear()
+    try:
+        assert ui_models.model_ids() == (models.HUB_TEXT_MODEL_GPU, models.HUB_VISION_MODEL)
+        assert len(hub.requests) == 1
+    finally:
+        ui_models.model_ids.cache_clear()

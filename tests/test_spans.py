@@ -350,10 +350,3 @@ def test_top_sentences_rank_by_mean_token_z_over_the_span():
     assert {t.group.kind for t in whole} == {"sentence"} and len(whole) == 11
     pos, subset = shown_positions(attr, False)
     assert not subset and pos.tolist() == list(range(n))
-
-
-def test_clamp_step_is_how_every_view_picks_its_step():
-    from explainer.spans import clamp_step
-
-    assert [clamp_step(s, 3) for s in (None, -5, 0, 2, 9)] == [2, 0, 0, 2, 2]
-    assert clamp_step(None, 0) is None and clamp_step(4, 0) is None

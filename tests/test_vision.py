@@ -3,6 +3,8 @@ reference, greedy tokens vs `generate`, a planted signal found by the overlay, b
 
 from __future__ import annotations
 
+import base64
+
 import numpy as np
 import pytest
 import torch
@@ -13,7 +15,7 @@ from explainer import InputError, UnsupportedModelError, bundle_from_objects, ex
 from explainer.capture import capture_attention, language_config, registered_names
 from explainer.cli import main as cli_main
 from explainer.image_maps import image_map
-from explainer.vision import encode_image_prompt, full_sequence_inputs, load_image
+from explainer.vision import data_url_bytes, encode_image_prompt, full_sequence_inputs, load_image
 from visuals.overlay import heat_map
 
 from .conftest import FailingMACS, build_model
@@ -402,3 +404,18 @@ def test_max_image_tokens_bounds_this_image_only(bundle, vl_model):
     with pytest.raises(InputError, match="max_image_tokens"):
         encode_image_prompt(bundle, img, QUESTION, max_image_tokens=0)
     _assert_clean(vl_model)
+
+
+def test_an_image_sent_inline_as_a_data_url_is_decoded(tmp_path):
+    png = write(tmp_path, "bilevel.png").read_bytes()
+    assert data_url_bytes("data:image/png;base64," + base64.b64encode(png).decode()) == png
+    assert load_image(data_url_bytes("data:;base64," + base64.b64encode(png).decode())).size == (20, 12)
+    for url, message in [
+        ("data:image/png;base64,&&&", "not valid base64"),
+        ("data:image/png;base64,abc", "not valid base64"),  # padding missing
+        ("data:image/png,rawtext", "not base64"),
+        ("http://example.com/x.png", "not base64"),
+        ("data:image/png;base64", "not base64"),  # no comma, no data
+    ]:
+        with pytest.raises(InputError, match=message):
+            data_url_bytes(url)

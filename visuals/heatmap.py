@@ -20,7 +20,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from explainer.result import Attribution, zscore
-from explainer.spans import clamp_step, shown_positions
+from explainer.spans import shown_positions
+from explainer.steps import clamp_step
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
 

@@ -17,7 +17,7 @@ from PIL import Image, ImageDraw
 
 from explainer.image_maps import image_map, upsample_map
 from explainer.result import Attribution
-from explainer.spans import clamp_step
+from explainer.steps import clamp_step
 
 # Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
 _INFERNO = np.array(

@@ -21,7 +21,7 @@ from typing import Any
 from PIL import Image, ImageDraw
 
 from explainer.result import Attribution
-from explainer.spans import clamp_step
+from explainer.steps import clamp_step
 from visuals.efficiency import _font
 from visuals.heatmap import (
     _BOLD_BIN,

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from explainer.result import Attribution
-from explainer.spans import clamp_step
+from explainer.steps import clamp_step
 from visuals.export import png_bytes
 from visuals.heatmap import (
     _CARD,

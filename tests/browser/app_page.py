@@ -151,6 +151,14 @@ class AppPage:
         selected = self.page.locator(".xai-answer:visible .xai-step[data-selected]")
         return int(selected.first.get_attribute("data-step")) if selected.count() else None
 
+    def last_content_step(self) -> int:
+        """0-based step of the answer's last content token, where a finished answer opens: trailing special tokens
+        (`<|im_end|>`) and whitespace (a newline shows as ⏎) are skipped (`explainer.steps.last_content_step`)."""
+        from explainer.spans import is_special
+
+        tokens = [t.replace("⏎", "").strip() for t in self.answer_tokens()]
+        return next((i for i in range(len(tokens) - 1, -1, -1) if tokens[i] and not is_special(tokens[i])), 0)
+
     def heatmap_methods(self) -> list[str]:
         """Methods with a heatmap panel, in display order."""
         panels = self.page.locator(".xai-heatmap:visible .xai-panel")

@@ -40,7 +40,7 @@ def test_generate_shows_the_answer_and_a_heatmap_per_default_method(app):
     assert 1 <= len(steps) <= 6 and "".join(steps).strip()
     assert app.heatmap_methods() == ["macs", "rollout"]
     assert app.scored_tokens("macs") > 0 and app.scored_tokens("rollout") > 0
-    assert app.selected_step() == len(steps) - 1  # the newest token is explained first
+    assert app.selected_step() == app.last_content_step()  # the answer's last word, not a trailing <|im_end|>
     assert app.status().startswith(f"Done: {len(steps)} tokens")
     app.shot("generated")
 
@@ -84,7 +84,8 @@ def test_cancel_stops_a_running_request_frees_the_model_and_the_slider(app, app_
         app.page.wait_for_timeout(1000)  # several update intervals: a request still streaming would add tokens
         assert len(app.answer_tokens()) == shown < 256
         assert status == app.status() and status.startswith(f"Stopped after {shown} tokens"), (attempt, status)
-        assert app.step_slider_enabled() and app.step_slider_value() == shown
+        assert app.step_slider_enabled() and app.step_slider_value() == app.last_content_step() + 1
+        assert app.selected_step() == app.step_slider_value() - 1  # the views show the step on the slider
     app.shot("cancelled")
     app.generate("Name a colour.", max_new_tokens=3, methods=["macs"])  # the next request gets the model
     assert app.heatmap_methods() == ["macs"]

@@ -1,0 +1,186 @@
+"""Fakes for the UI's handlers: no model is loaded, the library's streams are replaced by ones that hand out every
+update (the real streams, their merging and cancellation are tested in `test_session.py` and `test_stream.py`).
+The handlers are async generators, as Gradio runs them; `collect` drives one to the end."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from explainer.errors import InputError
+from explainer.result import Attribution, MethodScores
+from ui import models, stream
+
+ANSWER = [" It", " is", " Paris", "<|im_end|>"]
+
+
+class FakeModel:
+    """Stands for a loaded model: only its identity (the library's per-model lock) is used."""
+
+
+class FakeBundle:
+    name = "fake-tiny"
+    max_prompt_tokens = 32
+    byte_level = True  # the answer budget is the answer's UTF-8 bytes + 1
+    model = FakeModel()
+
+
+class FakeStream:
+    """The part of `explainer.session.WorkerStream` the UI uses, over a plain iterator, one item per call."""
+
+    def __init__(self, items, on_cancel=None):
+        self._items = iter(items)
+        self.cancelled = False
+        self._on_cancel = on_cancel
+
+    def latest(self, timeout):
+        return next(self._items)
+
+    def cancel(self, reason=None):
+        self.cancelled = True
+        if self._on_cancel:
+            self._on_cancel()
+
+
+def collect(agen) -> list:
+    """Run an async generator handler to its end (as Gradio would) and return what it yielded."""
+
+    async def run():
+        return [item async for item in agen]
+
+    return asyncio.run(run())
+
+
+def first_then_close(agen, n: int = 1) -> list:
+    """Take `n` updates, then close the handler as Gradio does when the visitor cancels or leaves."""
+
+    async def run():
+        out = [await agen.__anext__() for _ in range(n)]
+        await agen.aclose()
+        return out
+
+    return asyncio.run(run())
+
+
+class FakeLibrary:
+    """Records calls; streams one `Attribution` per answer token, like the real `stream_explain`."""
+
+    def __init__(self):
+        self.loads = 0
+        self.calls: list[dict] = []
+        self.closed = False
+        self.cancelled = False
+        self.fail_after: int | None = None
+
+    def load_model(self, name=None, **kwargs):
+        self.loads += 1
+        return FakeBundle()
+
+    def stream_explain(
+        self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None,
+        method_options=None, answer=None,
+    ):  # fmt: skip
+        if progress is not None:
+            progress(0.5, "fake post-hoc method halfway")
+        self.calls.append(
+            {
+                "bundle": bundle,
+                "prompt": prompt,
+                "methods": methods,
+                "max_new_tokens": max_new_tokens,
+                "chat_template": chat_template,
+                "method_options": method_options,
+                "answer": answer,
+            }
+        )
+        return FakeStream(self._stream(prompt, list(methods), max_new_tokens, answer), on_cancel=self._cancel)
+
+    def _cancel(self):
+        self.cancelled = True
+
+    def _stream(self, prompt, methods, max_new_tokens, given=None):
+        try:
+            if not prompt.strip():
+                raise InputError("The prompt is empty: type a question first.")
+            words = [" " + w for w in prompt.split()]
+            tokens = ["<|im_start|>", "user", "\n", *words, "<|im_end|>"]
+            n = len(tokens)
+            answer = ANSWER[:max_new_tokens] if given is None else [" " + w for w in given.split()]
+            if len(answer) > max_new_tokens:
+                raise InputError(f"The answer has {len(answer)} tokens, more than max_new_tokens ({max_new_tokens}).")
+            raw = np.random.default_rng(0).random((len(answer), n)).astype(np.float32)  # (K, N)
+            for k in range(1, len(answer) + 1):
+                if self.fail_after is not None and k > self.fail_after:
+                    raise InputError("Out of memory on the fake device.")
+                yield Attribution(
+                    model="fake-tiny",
+                    prompt_token_ids=list(range(n)),
+                    prompt_tokens=tokens,
+                    generated_token_ids=list(range(k)),
+                    generated_tokens=answer[:k],
+                    methods={m: MethodScores.from_raw(raw[:k], seconds=0.01 * k) for m in methods},
+                    user_positions=list(range(3, 3 + len(words))),
+                    meta={"status": f"fake step {k}", "answer": "generated" if given is None else "given"},
+                    step_scores={"probability": [0.5 ** (i + 1) for i in range(k)], "entropy": [1.0] * k},
+                )
+        finally:
+            self.closed = True
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    """The text tab's library replaced: `load_model` and `stream_explain` record; the embedded model is chosen."""
+    lib = FakeLibrary()
+    monkeypatch.setattr(models, "model_ids", lambda: (None, None))
+    monkeypatch.setattr(models, "load_model", lib.load_model)
+    monkeypatch.setattr(stream, "stream_explain", lib.stream_explain)
+    models.forget_models()
+    yield lib
+    models.forget_models()
+
+
+def image_attr(k: int, methods) -> Attribution:
+    """A fake image-prompt result: 2 x 3 image tokens after two template tokens, then the question."""
+    tokens = ["<|im_start|>", "<|vision_start|>", *["<|image_pad|>"] * 6, "<|vision_end|>", " What", "?"]
+    raw = np.random.default_rng(0).random((k, len(tokens))).astype(np.float32)  # (K, N)
+    return Attribution(
+        model="fake-vlm",
+        prompt_token_ids=list(range(len(tokens))),
+        prompt_tokens=tokens,
+        generated_token_ids=list(range(k)),
+        generated_tokens=ANSWER[:k],
+        methods={m: MethodScores.from_raw(raw) for m in methods},
+        user_positions=[9, 10],
+        meta={"status": f"fake step {k}"},
+        image={"token_positions": list(range(2, 8)), "grid": [2, 3], "size": [45, 31]},
+    )
+
+
+class VLFake:
+    """A vision-language bundle and stream: records what reaches the library, streams three fake image results."""
+
+    def __init__(self):
+        self.calls: list[dict] = []
+
+    def stream(self, bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
+        self.calls.append(
+            {"prompt": prompt, "image": image, "methods": list(methods), "max_new_tokens": max_new_tokens, **kw}
+        )
+        return FakeStream(image_attr(k, methods) for k in range(1, 4))
+
+
+@pytest.fixture
+def vl_fake(fake, monkeypatch):
+    """The image tab's library replaced: a fake vision-language model is configured and loads."""
+
+    class VLBundle(FakeBundle):
+        name = "fake-vlm"
+        image_processor = object()
+
+    lib = VLFake()
+    monkeypatch.setattr(models, "model_ids", lambda: (None, "fake-vlm"))
+    monkeypatch.setattr(models, "load_model", lambda name=None, **kwargs: VLBundle())
+    monkeypatch.setattr(stream, "stream_explain", lib.stream)
+    return lib

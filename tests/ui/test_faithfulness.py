@@ -1,0 +1,122 @@
+"""The faithfulness panel's handlers with a fake model and fake reports."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import gradio as gr
+import pytest
+
+from explainer.errors import InputError
+from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, RemovalReport, SoftReport
+from ui import faithfulness, text_tab
+from ui.events import KEEP
+from ui.faithfulness import SOFT_CHOICES, FaithfulnessView
+from ui.stream import Phase, RequestState
+
+from .conftest import FakeStream, collect
+
+
+def fake_report() -> FaithfulnessReport:
+    fractions = [0.0, 0.1, 0.2]
+    removal = RemovalReport(fractions=fractions)
+    for m, drop in (("macs", 0.5), ("random", 0.9)):
+        curve = {"mif": [1.0, drop, drop], "lif": [1.0, 1.0, 1.0]}
+        removal.curves[m] = {k: curve for k in ("logit", "ppl", "rougeL", "bleu")}
+        removal.auc[m] = {k: {"mif": drop, "lif": 1.0, "srg": 1.0 - drop} for k in ("logit", "ppl", "rougeL", "bleu")}
+    soft = SoftReport(pis=[0.1, 0.5], steps=[0], ns={"macs": [0.2, 0.6]}, nc={"macs": [0.5, 0.9]})
+    soft.auc_ns["macs"], soft.auc_nc["macs"] = 0.16, 0.28
+    return FaithfulnessReport(removal=removal, soft=soft)
+
+
+@pytest.fixture
+def answer(fake):
+    return collect(text_tab.explain("Where is Paris", ["macs"], 8.0, True, False))[-1].result
+
+
+def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
+    calls = []
+    full = fake_report()
+    full.seconds, full.status = {"removal": 1.0, "soft": 2.0}, "done"
+    first = replace(full, soft=None, seconds={"removal": 1.0}, status="removal curves done")
+
+    def fake_stream(bundle, result, methods, soft=None, steps=None, progress=None, cancel=None):
+        calls.append((result, methods, soft, steps))
+        progress(0.5, "halfway")
+        return FakeStream([first, full])
+
+    monkeypatch.setattr(faithfulness, "stream_faithfulness", fake_stream)
+    outs = collect(faithfulness.faithfulness(answer, ["macs", "rollout"], "perplexity", SOFT_CHOICES[0], 2))
+    assert calls[0][1] == ["macs"] and calls[0][2] is QUICK_SOFT  # only methods of this result
+    assert calls[0][3] == [1]  # the slider's step (1-based) as a 0-based step
+    start, removal_ready, *_, last = outs
+    assert start == FaithfulnessView(status=faithfulness.MEASURING, request=RequestState(Phase.STARTING))
+    assert removal_ready.removal is not None and removal_ready.soft is None  # removal curves come first
+    assert "π-Soft running" in removal_ready.status and removal_ready.request == RequestState(Phase.RUNNING)
+    assert last.soft is not None and "macs" in last.status and "soft 2.0 s" in last.status
+    assert last.status.startswith("Measured on 4 answer tokens") and last.request == RequestState(Phase.DONE)
+    assert [r[0] for r in last.table] == ["macs", "random"] and last.table[0][2] == pytest.approx(0.5)
+    again = faithfulness.render_faithfulness(last.report, "BLEU")
+    assert again.table == last.table and again.removal is not None and again.status is KEEP
+    assert faithfulness.render_faithfulness(None, "BLEU") == FaithfulnessView(removal=None, soft=None, table=[])
+    collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[1], 2))
+    assert calls[-1][3] is None  # every 5th step
+    collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[2], 2))
+    assert calls[-1][2] is None  # pi-Soft skipped
+
+
+def test_soft_cost_is_shown_before_it_starts(answer):
+    one = faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[0], 2, None).cost
+    every = faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[1], 2, None).cost
+    per_step = 2 + 2 * len(QUICK_SOFT.pis) * QUICK_SOFT.samples
+    assert f"1 step × {per_step} forward passes" in one and "forward passes" in every and "about" not in one
+    assert faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[2], 2, None).cost == "π-Soft: off."
+    assert faithfulness.soft_cost_note(None, ["macs"], SOFT_CHOICES[0], 2, None).cost == ""
+    measured = fake_report()
+    measured.removal.tokens_per_second = 10.0  # once the removal curves ran, their speed gives an ETA
+    timed = faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[0], 2, measured).cost
+    tokens = int(timed.split(" over ")[1].split(" positions")[0].replace(",", ""))
+    assert f"about {tokens / 10:.0f} s at the speed measured for the removal curves" in timed
+
+
+@pytest.mark.parametrize("step, steps", [(None, [3]), (1, [0]), (0, [0]), (10**6, [3]), (2.0, [1])])
+def test_soft_steps_follow_the_slider_clamped(answer, step, steps):
+    assert faithfulness.soft_steps(answer, SOFT_CHOICES[0], step) == steps
+    assert faithfulness.soft_steps(answer, SOFT_CHOICES[1], step) is None
+    assert faithfulness.soft_steps(answer, SOFT_CHOICES[2], step) is False
+
+
+def test_faithfulness_errors_become_gr_errors_and_are_recorded(answer, monkeypatch):
+    with pytest.raises(gr.Error, match="Generate an answer first"):
+        collect(faithfulness.faithfulness(None, ["macs"], "mean logit"))
+    with pytest.raises(gr.Error, match="Select at least one"):
+        collect(faithfulness.faithfulness(answer, ["atman"], "mean logit"))
+
+    def failing(*args, **kwargs):
+        def work():
+            raise InputError("No prompt positions to evaluate.")
+            yield
+
+        return FakeStream(work())
+
+    monkeypatch.setattr(faithfulness, "stream_faithfulness", failing)
+    seen = []
+
+    async def run():
+        async for view in faithfulness.faithfulness(answer, ["macs"], "mean logit"):
+            seen.append(view)
+
+    with pytest.raises(gr.Error, match="No prompt positions"):
+        asyncio.run(run())
+    assert seen[-1].request == RequestState(Phase.STARTING, error="No prompt positions to evaluate.")
+    after = faithfulness.after_faithfulness(seen[-1].request)
+    assert after.status.startswith("Stopped: the measurement failed") and after.request.phase is Phase.FAILED
+
+
+def test_a_measurement_that_did_not_finish_says_so_after_it_stops():
+    stopped = faithfulness.after_faithfulness(RequestState(Phase.RUNNING))
+    assert stopped.status.startswith("Stopped: the measurement was cancelled")
+    assert stopped.request == RequestState(Phase.CANCELLED)
+    assert faithfulness.after_faithfulness(RequestState(Phase.DONE)) == FaithfulnessView()
+    assert faithfulness.after_faithfulness(stopped.request) == FaithfulnessView()  # said once

@@ -1,0 +1,162 @@
+"""Following the library's streams: request states, merging, a visitor who leaves, the shared explain driver."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from explainer import bundle_from_objects, explain
+from explainer.errors import InputError
+from explainer.result import Attribution
+from explainer.session import model_lock, run_in_worker
+from ui import models, stream, text_tab
+from ui.events import Components
+from ui.stream import Phase, RequestState, Update
+
+from ..conftest import build_model
+from ..test_session import PROMPTS, SlowMACS
+from .conftest import FakeBundle, FakeStream, collect
+
+
+def drive(items, empty="nothing") -> list[Update]:
+    return collect(stream.run_stream(FakeBundle(), lambda cancel: FakeStream(items), empty))
+
+
+def test_a_stream_is_a_note_then_running_updates_then_done():
+    assert drive([1, 2]) == [
+        Update(None, RequestState(Phase.STARTING), stream.STARTING),
+        Update(1, RequestState(Phase.RUNNING)),
+        Update(2, RequestState(Phase.RUNNING)),
+        Update(2, RequestState(Phase.DONE)),
+    ]
+
+
+def test_a_failure_is_recorded_before_it_is_raised():
+    def failing():
+        yield 1
+        raise InputError("Out of memory.")
+
+    seen = []
+
+    async def run():
+        async for update in stream.run_stream(FakeBundle(), lambda cancel: FakeStream(failing()), "nothing"):
+            seen.append(update)
+
+    with pytest.raises(InputError, match="Out of memory"):
+        asyncio.run(run())
+    assert seen[-1] == Update(None, RequestState(Phase.RUNNING, error="Out of memory."))
+    assert seen[-1].request.settled() == RequestState(Phase.FAILED, error="Out of memory.")
+    with pytest.raises(InputError, match="nothing"):  # no update at all
+        drive([])
+
+
+def test_settled_states():
+    assert RequestState(Phase.RUNNING).settled() == RequestState(Phase.CANCELLED)
+    assert RequestState(Phase.WAITING, error="x").settled() == RequestState(Phase.FAILED, error="x")
+    for phase in (Phase.IDLE, Phase.DONE, Phase.CANCELLED, Phase.FAILED):
+        assert RequestState(phase).settled() == RequestState(phase) and not RequestState(phase).in_flight
+
+
+def test_a_request_behind_another_says_it_waits():
+    bundle = FakeBundle()
+    lock = model_lock(bundle.model)
+    assert stream.waiting_note(bundle) is None
+    lock.acquire(None)
+    try:
+        assert stream.waiting_note(bundle) == f"{stream.WAITING}: 1 request ahead (a cancelled one stops first)…"
+        first = drive([1])[0]
+        assert first.request == RequestState(Phase.WAITING) and first.note.startswith(stream.WAITING)
+    finally:
+        lock.release()
+
+
+def test_follow_merges_what_arrives_between_updates(monkeypatch):
+    monkeypatch.setattr(stream, "UPDATE_SECONDS", 0.05)
+    release = threading.Event()
+
+    def work():
+        yield from range(5)
+        release.wait(5)
+        yield 5
+
+    class Model:
+        pass
+
+    async def run():
+        seen = []
+        async for item in stream.follow(run_in_worker(work, Model())):
+            seen.append(item)
+            release.set()
+        return seen
+
+    seen = asyncio.run(run())
+    assert seen[-1] == 5 and len(seen) < 6 and seen == sorted(seen)  # some merged away; the end always arrives
+
+
+def _attr(tokens: list[str], **meta) -> Attribution:
+    ids = list(range(len(tokens)))
+    return Attribution(model="m", prompt_token_ids=[0], prompt_tokens=["a"], generated_token_ids=ids,
+                       generated_tokens=tokens, meta=meta)  # fmt: skip
+
+
+def test_the_step_slider_opens_on_the_last_content_token_once_finished():
+    attr = _attr([" Yes", ".", "<|im_end|>"])
+    assert stream.step_slider(attr, live=True) == {
+        "__type__": "update", "minimum": 1, "maximum": 3, "value": 3, "interactive": False
+    }  # fmt: skip
+    assert stream.step_slider(attr, live=False)["value"] == 2 and stream.step_slider(attr, False)["interactive"]
+    assert stream.step_slider(attr, live=False, value=1)["value"] == 1
+    one = stream.step_slider(_attr(["<|im_end|>"]), live=False)
+    assert one["value"] == 1 and one["maximum"] == 2 and not one["interactive"]  # gradio needs max > min
+
+
+def test_stopped_requests_say_where_and_why():
+    partial = _attr([" It", " is"], status="running")
+    assert stream.stopped(RequestState(Phase.DONE), partial) is None and stream.stopped(None, partial) is None
+    stop = stream.stopped(RequestState(Phase.RUNNING), partial)
+    assert stop.partial and stop.request.phase is Phase.CANCELLED and stop.status.startswith("Stopped after 2 tokens")
+    given = _attr([" It"], answer="given")
+    assert "1 given answer's tokens (failed" in stream.stopped(RequestState(Phase.RUNNING, error="x"), given).status
+    done = stream.stopped(RequestState(Phase.RUNNING), _attr([" It"], status="done"))
+    assert done == stream.Stopped(RequestState(Phase.DONE), None, False)
+
+
+def test_a_visitor_who_leaves_stops_the_work_and_the_next_request_starts_at_once(tokenizer, monkeypatch):
+    """What Gradio does when a visitor closes the tab: it closes the handler it registered; the work must stop."""
+    bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    real = stream.stream_explain
+
+    def slow_stream(b, prompt, methods, **kw):  # the app's own call, with a method slow enough to be caught running
+        return real(b, prompt, methods=[SlowMACS()], **{**kw, "max_new_tokens": 60})
+
+    monkeypatch.setattr(models, "get_bundle", lambda: bundle)
+    monkeypatch.setattr(stream, "stream_explain", slow_stream)
+    components = Components({name: name for name in text_tab.SHOWN})
+    registered = components.bind(text_tab.explain, text_tab.SHOWN, gpu=True)["fn"]  # as the event runs it
+
+    async def visit_then_leave():
+        handler = registered(PROMPTS[0], ["macs"], 60, True, False)
+        assert (await handler.__anext__())["status"] == stream.STARTING  # the status line first; no work yet
+        first = await handler.__anext__()  # the first token
+        assert model_lock(bundle.model).locked()  # the work is running
+        await handler.aclose()
+        return first
+
+    async def leave_before_the_work_starts():
+        handler = registered(PROMPTS[0], ["macs"], 60, True, False)
+        await handler.__anext__()  # the status line
+        await handler.aclose()
+
+    asyncio.run(leave_before_the_work_starts())
+    assert not model_lock(bundle.model).locked()  # nothing was started, so nothing holds the model
+    assert asyncio.run(visit_then_leave())["result"].num_steps >= 1
+    t0 = time.perf_counter()
+    while model_lock(bundle.model).locked() and time.perf_counter() - t0 < 5:
+        time.sleep(0.01)
+    assert not model_lock(bundle.model).locked() and time.perf_counter() - t0 < 2.0
+    t0 = time.perf_counter()
+    assert explain(bundle, PROMPTS[0], methods=["macs"], max_new_tokens=2).num_steps == 2
+    assert time.perf_counter() - t0 < 2.0

@@ -1,0 +1,22 @@
+"""The Gradio UI of the explainer; `app.py` assembles these modules into `demo`.
+
+One module per part of the page, each with `create_ui()` (builds its components, inside the caller's Blocks context)
+and `create_event_handlers()` (wires their events), the split text-generation-webui uses:
+
+- `text_tab`: prompt, optional answer, methods, the answer strip, step and span sliders, heatmaps, downloads,
+  opening a saved result; `estimates`: the time estimate line under its methods.
+- `faithfulness`: the faithfulness accordion of the text tab.
+- `image_tab`: image + question, overlays.
+
+Shared pieces: `models` (the process's model bundles, loaded on first use, and the lines naming them), `stream`
+(following a library stream, the request state kept in `gr.State`, the explain driver both tabs share), `events`
+(views turned into `{component: value}` and the one place handlers are put on the GPU), `errors` (the one decorator
+that turns the library's typed errors into `gr.Error`), `inputs` (widget values checked), `options` (the method
+option widgets and method choices) and `downloads` (files served by path).
+
+Handlers return a view dataclass (`TextView`, `ImageView`, `FaithfulnessView`) with one field per component; a field
+left at `events.KEEP` leaves its component as it is. Per-visitor data lives in `gr.State` as plain CPU objects: the
+result shown and the `RequestState` of the newest request.
+
+Imports run one way: `ui` imports gradio, `explainer` and `visuals`; nothing imports `ui` but `app.py` and the tests.
+"""

@@ -1,0 +1,68 @@
+"""Handlers' views turned into `{component: value}` for Gradio, and the one place a handler is put on the GPU.
+
+A tab keeps its components in a `Components` dict by name. Its handlers return a view dataclass whose field names are
+component names; `Components.bind(handler, outputs)` gives an event listener its `fn` and `outputs`: the handler
+(on the GPU where `hardware.on_gpu` provides one) with each returned or yielded view turned into a dict over the
+named output components. A field left at `KEEP` becomes `gr.skip()`: its component stays as it is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import gradio as gr
+
+from explainer.hardware import on_gpu
+
+from .errors import wrap_handler
+
+
+class _Keep(enum.Enum):
+    KEEP = "keep"  # an enum member: survives the pickling ZeroGPU's worker does, unlike object()
+
+
+KEEP = _Keep.KEEP  # a view field's default: leave that component as it is
+
+
+def view_updates(view: Any, components: dict[str, Any], outputs: Sequence[str]) -> dict[Any, Any]:
+    """{component: value} over the event's `outputs`: the view's value, or `gr.skip()` for a field left at `KEEP`
+    (Gradio reads an empty dict as one value, so every output is named).
+
+    Raises:
+        RuntimeError: a field is set that the event does not list in its outputs (a wiring mistake, named).
+    """
+    out = {components[name]: gr.skip() for name in outputs}
+    for f in dataclasses.fields(view):
+        value = getattr(view, f.name)
+        if value is KEEP:
+            continue
+        if f.name not in outputs:
+            raise RuntimeError(f"{type(view).__name__}.{f.name} is set, but it is not among this event's outputs.")
+        out[components[f.name]] = value
+    return out
+
+
+class Components(dict):
+    """A tab's components by name: the fields of its view dataclass and its input widgets."""
+
+    def __call__(self, *names: str) -> list[Any]:
+        """The named components, in order (an event's `inputs`)."""
+        return [self[name] for name in names]
+
+    def bind(self, fn: Callable[..., Any], outputs: Sequence[str], gpu: bool = False) -> dict[str, Any]:
+        """An event listener's `fn` and `outputs` for a handler returning (or yielding) views.
+
+        Args:
+            fn: the handler; its views' set fields must be among `outputs`.
+            outputs: names of the components the event may change.
+            gpu: the handler runs the model: on ZeroGPU a GPU is attached while it runs (`hardware.on_gpu`).
+        """
+        names = tuple(outputs)
+        handler = on_gpu(fn) if gpu else fn
+        return {
+            "fn": wrap_handler(handler, lambda view: view_updates(view, self, names)),
+            "outputs": self(*names),
+        }

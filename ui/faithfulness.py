@@ -1,0 +1,219 @@
+"""The text tab's faithfulness accordion: removal curves (MIF / LIF / SRG) and pi-Soft of the result shown."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+import gradio as gr
+
+from explainer.errors import InputError
+from explainer.estimate import seconds_at
+from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
+from explainer.result import Attribution
+from explainer.steps import clamp_step
+from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
+
+from . import inputs, models
+from .errors import user_errors
+from .events import KEEP, Components
+from .stream import Phase, RequestState, run_stream
+
+REMOVAL_METRIC_KEYS = {m.label: m.key for m in REMOVAL_METRICS}  # the metric menu's labels -> the library's keys
+MEASURING = "Measuring the removal curves…"  # the status note until the first report
+SOFT_CHOICES = ("the step on the slider", "every 5th step", "skip π-Soft")
+NOTE = (
+    "**Removal curves** (MACS paper, App. A.2): 0-20% of your text's tokens are hidden by attention masking, most "
+    "(MIF) or least (LIF) influential first by the method's step-averaged score, and the answer is re-generated; "
+    "SRG = AUC(LIF) - AUC(MIF), higher is better (for perplexity more negative). **π-Soft** (Grad-ELLM paper, "
+    "section 3.1): input embeddings kept with probability calibrated to π; higher is better. Quick setting here: "
+    f"{QUICK_SOFT.samples} samples per π, π = {', '.join(str(p) for p in QUICK_SOFT.pis)}, for the step on the "
+    "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
+    "`python -m explainer faithfulness --soft paper`). The random baseline is dashed. Removal curves appear first "
+    "(seconds), π-Soft after; **Cancel** stops the work."
+)
+
+
+@dataclass
+class FaithfulnessView:
+    """What a faithfulness handler changes, one field per component of `create_ui`; `KEEP` leaves it as it is."""
+
+    removal: Any = KEEP  # removal-curve figure
+    soft: Any = KEEP  # pi-Soft figure
+    table: Any = KEEP  # summary rows
+    status: Any = KEEP  # the panel's status line
+    report: Any = KEEP  # State: the FaithfulnessReport shown
+    request: Any = KEEP  # State: the RequestState of the newest measurement
+    cost: Any = KEEP  # what pi-Soft will cost, before it starts
+
+
+FIGURES = ("removal", "soft", "table")  # what `render_faithfulness` draws from a report
+SHOWN = FIGURES + ("status", "report", "request")
+
+
+@user_errors
+def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> FaithfulnessView:
+    """Removal curves of the chosen metric, pi-Soft curves and summary rows of a stored report; never runs the model."""
+    if report is None:
+        return FaithfulnessView(removal=None, soft=None, table=[])
+    key = REMOVAL_METRIC_KEYS.get(metric, "logit")
+    removal = removal_figure(report.removal, key) if report.removal else None
+    soft = soft_figure(report.soft) if report.soft else None
+    return FaithfulnessView(removal=removal, soft=soft, table=faithfulness_rows(report))
+
+
+def soft_steps(result: Attribution, choice: str, step: float | None) -> list[int] | None | bool:
+    """0-based steps for pi-Soft from the panel's choice: [the slider's step], None (every 5th) or False (skip)."""
+    if choice == SOFT_CHOICES[2]:
+        return False
+    if choice == SOFT_CHOICES[1]:
+        return None
+    return [clamp_step(inputs.step_index(step), result.num_steps)]
+
+
+def _soft_seconds(result: Attribution, methods: list[str], steps: Any, report: FaithfulnessReport | None) -> Any:
+    """pi-Soft's expected time at the speed the removal curves ran at (None before they ran)."""
+    speed = report.removal.tokens_per_second if report is not None and report.removal is not None else None
+    return seconds_at(soft_cost(result, methods, QUICK_SOFT, steps)["tokens"], speed)
+
+
+@user_errors
+def soft_cost_note(
+    result: Attribution | None, methods: list[str], choice: str, step: float | None, report: Any
+) -> FaithfulnessView:
+    """What pi-Soft will cost with the current choice, shown before it starts; never runs the model."""
+    if result is None or not result.num_steps:
+        return FaithfulnessView(cost="")
+    steps = soft_steps(result, choice, step)
+    chosen = [m for m in (methods or []) if m in result.methods]
+    if steps is False or not chosen:
+        return FaithfulnessView(cost="π-Soft: off." if steps is False else "")
+    cost = soft_cost(result, chosen, QUICK_SOFT, steps)
+    seconds = _soft_seconds(result, chosen, steps, report)
+    eta = f", about {seconds:.0f} s at the speed measured for the removal curves" if seconds else ""
+    passes = cost["forwards"] // cost["steps"]
+    plural = "s" if cost["steps"] > 1 else ""
+    return FaithfulnessView(
+        cost=f"π-Soft cost: {cost['steps']} step{plural} × {passes} forward passes over {cost['tokens']:,} "
+        f"positions{eta}."
+    )
+
+
+def _measured(result: Attribution, chosen: list[str], report: FaithfulnessReport, steps: Any, done: bool) -> str:
+    seconds = ", ".join(f"{part} {s:.1f} s" for part, s in report.seconds.items())
+    if done:
+        return (
+            f"Measured on {result.num_steps} answer tokens for {', '.join(chosen)} (random baseline added): {seconds}."
+        )
+    eta = _soft_seconds(result, chosen, steps, report)  # kept short: the progress text is drawn over this line
+    return f"Removal curves ready ({seconds}); π-Soft running" + (f", ~{eta:.0f} s" if eta else "") + "…"
+
+
+@user_errors
+async def faithfulness(
+    result: Attribution | None,
+    methods: list[str],
+    metric: str,
+    soft_choice: str = SOFT_CHOICES[0],
+    step: float | None = None,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
+) -> Any:
+    """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
+    as soon as they are ready.
+
+    Yields:
+        `FaithfulnessView`s with the `SHOWN` fields: the status note first, then the report as it grows.
+    """
+    if result is None or not result.num_steps:
+        raise InputError("Generate an answer first: faithfulness is measured on the current result.")
+    chosen = [m for m in (methods or []) if m in result.methods]
+    if not chosen:
+        raise InputError("Select at least one attribution method that was run for this answer, then measure again.")
+    steps = soft_steps(result, soft_choice, step)
+    bundle = models.get_bundle()
+
+    def start(cancel: Any) -> Any:
+        return stream_faithfulness(
+            bundle, result, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
+            progress=lambda f, message: progress(f, desc=message), cancel=cancel,
+        )  # fmt: skip
+
+    async with aclosing(run_stream(bundle, start, "Faithfulness produced no result.")) as updates:
+        async for update in updates:
+            report = update.item
+            if report is None:  # the note before the first report (the waiting note, if any), or a failure recorded
+                note = update.note and (update.note if update.request.phase is Phase.WAITING else MEASURING)
+                yield FaithfulnessView(status=note or KEEP, request=update.request)
+                continue
+            done = update.request.phase is Phase.DONE or report.status == "done" or steps is False
+            status = _measured(result, chosen, report, steps, done)
+            view = render_faithfulness(report, metric)
+            yield dataclasses.replace(view, status=status, report=report, request=update.request)
+
+
+@user_errors
+def after_faithfulness(request: RequestState | None) -> FaithfulnessView:
+    """Run after every faithfulness request (Gradio runs it once a cancelled request has stopped): a measurement
+    that did not finish says so instead of keeping its last progress line."""
+    if not isinstance(request, RequestState) or not request.in_flight:
+        return FaithfulnessView()
+    why = "failed with the message shown" if request.error else "was cancelled"
+    return FaithfulnessView(
+        status=f"Stopped: the measurement {why}; the model is free again.", request=request.settled()
+    )
+
+
+def create_ui() -> Components:
+    """The faithfulness accordion's components (call inside the text tab)."""
+    c = Components()
+    with gr.Accordion("Faithfulness", open=False):
+        gr.Markdown(NOTE)
+        c["report"] = gr.State(None)
+        c["request"] = gr.State(RequestState())
+        with gr.Row():
+            c["measure"] = gr.Button("Measure faithfulness")
+            c["cancel"] = gr.Button("Cancel", variant="stop")
+            c["metric"] = gr.Dropdown(list(REMOVAL_METRIC_KEYS), value="mean logit", label="Removal curve metric")
+            c["soft_choice"] = gr.Radio(list(SOFT_CHOICES), value=SOFT_CHOICES[0], label="π-Soft over")
+        c["cost"] = gr.Markdown()
+        c["status"] = gr.Markdown()
+        c["removal"] = gr.Plot(label="Token removal: MIF / LIF")
+        c["soft"] = gr.Plot(label="π-Soft-NS / π-Soft-NC")
+        c["table"] = gr.Dataframe(
+            headers=TABLE_HEADERS,
+            datatype=["str"] + ["number"] * (len(TABLE_HEADERS) - 1),
+            interactive=False,
+            label="Summary",
+        )
+    return c
+
+
+def create_event_handlers(c: Components, result: Any, methods: Any, step: Any) -> None:
+    """Wire the panel to the text tab's result State, methods checkboxes and step slider."""
+    event = c["measure"].click(
+        **c.bind(faithfulness, SHOWN, gpu=True),
+        inputs=[result, methods, c["metric"], c["soft_choice"], step],
+        api_name="faithfulness",
+        concurrency_limit=1,  # shares the model with the explain event
+        concurrency_id="model",
+        show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs
+    )
+    c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
+    event.then(
+        **c.bind(after_faithfulness, SHOWN), inputs=[c["request"]], api_name="after_faithfulness",
+        show_progress="hidden",
+    )  # fmt: skip
+    gr.on(
+        triggers=[c["soft_choice"].input, step.release, methods.input, result.change],
+        **c.bind(soft_cost_note, ("cost",)),
+        inputs=[result, methods, c["soft_choice"], step, c["report"]],
+        api_name="soft_cost_note",
+        show_progress="hidden",
+        queue=False,
+    )
+    c["metric"].input(
+        **c.bind(render_faithfulness, FIGURES), inputs=c("report", "metric"), api_name="render_faithfulness",
+        show_progress="hidden",
+    )  # fmt: skip

@@ -1,0 +1,320 @@
+"""The image tab: a question about an image (and optionally an answer to explain), and for each answer token the
+image regions each method credits, as overlays, with the question's tokens as a heatmap below; downloads."""
+
+from __future__ import annotations
+
+import dataclasses
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import anyio
+import gradio as gr
+from PIL import Image
+
+from explainer.errors import InputError
+from explainer.result import Attribution
+from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, data_url_bytes, load_image
+from visuals import answer_html, overlay_grid, side_by_side_html
+from visuals.export import export_filename, png_bytes, result_json
+from visuals.overlay import gif_bytes
+from visuals.png import view_png
+from visuals.report import report_html
+
+from . import inputs, models
+from .downloads import download, exported_methods, has_steps, no_file
+from .errors import user_errors
+from .events import KEEP, Components
+from .options import method_choices
+from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+
+IMAGES_DIR = Path(__file__).resolve().parents[1] / "assets" / "images"
+DEFAULT_QUESTION = "What is in the image?"
+CONTOUR_TOP_PERCENT = 10
+EMPTY_QUESTION = "<p>Upload an image, ask a question and press <b>Ask</b>: the question's tokens appear here.</p>"
+
+
+@dataclass(frozen=True)
+class ImageResult:
+    """An image tab result in the visitor's State: the attributions and the image they are about (loaded once)."""
+
+    attr: Attribution
+    image: Image.Image
+
+
+@dataclass
+class ImageView:
+    """What an image-tab handler changes, one field per component of `create_ui`; `KEEP` leaves it as it is."""
+
+    overlay: Any = KEEP  # the overlay grid image, one overlay per method
+    answer: Any = KEEP  # the answer strip (HTML)
+    question: Any = KEEP  # the question's tokens as a heatmap (HTML)
+    step: Any = KEEP  # step slider update
+    status: Any = KEEP  # the status line
+    result: Any = KEEP  # State: ImageResult
+    request: Any = KEEP  # State: the RequestState of the newest question
+    json_file: Any = KEEP
+    report_file: Any = KEEP
+    png_file: Any = KEEP
+    gif_file: Any = KEEP
+
+
+VIEWS = ("overlay", "answer", "question")  # what `render_image` draws for the step on the slider
+SHOWN = VIEWS + ("step", "status", "result", "request")
+FILES = ("json_file", "report_file", "png_file", "gif_file")
+
+
+def _result_attr(result: Any) -> Attribution | None:
+    return result.attr if isinstance(result, ImageResult) else None
+
+
+@user_errors
+def render_image(
+    result: ImageResult | None, methods: list[str], step: float | None, opacity: float, contour: bool
+) -> ImageView:
+    """Overlays (one per method), answer and question heatmap for one step of a stored image result.
+
+    Args:
+        result: the session's result, or None before the first question.
+        methods: methods to show, one overlay each.
+        step: 1-based step from the slider (None: the newest).
+        opacity: overlay alpha in [0, 1] (clamped).
+        contour: outline the top `CONTOUR_TOP_PERCENT`% of each map.
+
+    Returns:
+        The `VIEWS` fields.
+    """
+    if not isinstance(result, ImageResult):
+        return ImageView(overlay=None, answer="", question=EMPTY_QUESTION)
+    attr, methods, index = result.attr, list(methods or []), inputs.step_index(step)
+    alpha = inputs.fraction(opacity, "Overlay opacity")
+    top = CONTOUR_TOP_PERCENT if contour else None
+    grid = overlay_grid(result.image, attr, methods, index, alpha=alpha, contour_top_percent=top) if methods else None
+    return ImageView(
+        overlay=grid, answer=answer_html(attr, index), question=side_by_side_html(attr, methods, index, user_only=True)
+    )
+
+
+def open_image(image: Any) -> Image.Image:
+    """The upload as a checked RGB PIL image, named by its file name in messages.
+
+    Args:
+        image: Gradio's raw upload payload (a dict with the file's path, or an inline data: URL sent through the
+            API), or a path, bytes or PIL image when called directly.
+
+    Raises:
+        InputError: what is wrong with the upload (`vision.load_image` checks the image itself).
+    """
+    name = Path(image).name if isinstance(image, str | Path) else None
+    if isinstance(image, dict):  # gradio's payload: {"path": ..., "url": ..., "orig_name": ...}
+        url = image.get("url") or ""
+        name = image.get("orig_name") or (Path(image["path"]).name if image.get("path") else None)
+        if url.startswith("data:"):
+            image = data_url_bytes(url)
+        elif image.get("path"):
+            image = str(image["path"])
+        else:
+            raise InputError("The image upload carries no file: upload it again.")
+    return load_image(image, name=name)
+
+
+def _shown(result: ImageResult, methods: list[str], opacity: float, contour: bool, live: bool, **fields: Any):
+    step = step_slider(result.attr, live)
+    view = render_image(result, methods, step["value"], opacity, contour)
+    return dataclasses.replace(view, step=step, status=status_line(result.attr, live), result=result, **fields)
+
+
+@user_errors
+async def explain_image(
+    image: Any,
+    question: str,
+    methods: list[str],
+    max_new_tokens: float,
+    opacity: float,
+    contour: bool,
+    max_image_tokens: float | None = None,
+    answer: str | None = None,
+    *options: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
+) -> Any:
+    """Answer a question about an image (or explain the given `answer`, teacher-forced), yielding overlays as tokens
+    arrive. `max_image_tokens` bounds the image's resolution (merged image tokens; more means finer maps and a
+    slower answer).
+
+    The event runs with `preprocess=False`: `gr.Image` would open every upload with PIL before this handler runs
+    (even with `type="filepath"`), and a broken file would fail there with Gradio's generic error. So `image` is
+    the upload's raw payload, which `open_image` opens, saying what is wrong with a broken file.
+
+    Yields:
+        `ImageView`s with the `SHOWN` fields, as `text_tab.explain` does.
+    """
+    methods = inputs.chosen_methods(methods)
+    if image is None:
+        raise InputError("Upload an image (or pick an example) first.")
+    max_new_tokens = inputs.whole(max_new_tokens, "Max new tokens", inputs.IMAGE_NEW_TOKENS)
+    if max_image_tokens is not None:
+        max_image_tokens = inputs.whole(max_image_tokens, "Image detail", inputs.IMAGE_TOKENS)
+    opacity, answer = inputs.fraction(opacity, "Overlay opacity"), inputs.answer_text(answer)
+    image = await anyio.to_thread.run_sync(open_image, image)  # decoding a large photo takes a while
+    bundle = models.get_vl_bundle()
+    updates = explain_updates(
+        bundle, question, methods, max_new_tokens, answer, options, progress, image=image,
+        max_image_tokens=max_image_tokens,
+    )  # fmt: skip
+    async with aclosing(updates):  # as in text_tab.explain
+        async for update in updates:
+            if update.item is None:
+                yield ImageView(status=update.note or KEEP, request=update.request)
+            else:
+                live = update.request.phase is not Phase.DONE and not finished(update.item)
+                result = ImageResult(update.item, image)
+                yield _shown(result, methods, opacity, contour, live, request=update.request)
+
+
+@user_errors
+def after_image(
+    result: ImageResult | None,
+    request: RequestState | None,
+    methods: list[str] | None = None,
+    opacity: float = 0.5,
+    contour: bool = True,
+) -> ImageView:
+    """As `text_tab.after_explain`, for the image tab: the `SHOWN` fields it changes."""
+    stop = stopped(request, _result_attr(result))
+    if stop is None:
+        return ImageView()
+    if not stop.partial:
+        return ImageView(status=stop.status or KEEP, request=stop.request)
+    view = _shown(result, list(methods or []), opacity, contour, live=False)
+    return dataclasses.replace(view, status=stop.status, request=stop.request)
+
+
+@user_errors
+def export_image_files(result: ImageResult | None, methods: list[str], opacity: float, contour: bool) -> ImageView:
+    """The "JSON", "HTML report" (with the overlays) and "GIF" downloads of the session's result; off without one."""
+    attr = _result_attr(result)
+    if not has_steps(attr):
+        return ImageView(json_file=no_file(), report_file=no_file(), gif_file=no_file())
+    methods = exported_methods(attr, methods)
+    alpha, top = inputs.fraction(opacity, "Overlay opacity"), CONTOUR_TOP_PERCENT if contour else None
+    try:
+        gif = download(gif_bytes(result.image, attr, methods, alpha, top), export_filename(attr, "gif"))
+    except ValueError:  # no method has scores yet
+        gif = no_file()
+    report = report_html(attr, methods, image=result.image, alpha=alpha)
+    return ImageView(
+        json_file=download(result_json(attr), export_filename(attr, "json")),
+        report_file=download(report, export_filename(attr, "html", "report")),
+        gif_file=gif,
+    )
+
+
+@user_errors
+def export_image_view(result: ImageResult | None, methods: list[str], step: float | None, opacity: float) -> ImageView:
+    """The "PNG of this view": the overlays and question heatmaps of the step on the slider."""
+    attr = _result_attr(result)
+    if not has_steps(attr):
+        return ImageView(png_file=no_file())
+    alpha = inputs.fraction(opacity, "Overlay opacity")
+    image = view_png(attr, list(methods or []), inputs.step_index(step), image=result.image, alpha=alpha)
+    return ImageView(png_file=download(png_bytes(image), export_filename(attr, "png")))
+
+
+def clear_downloads() -> ImageView:
+    """Every download off while a new answer is generated."""
+    return ImageView(json_file=no_file(), report_file=no_file(), png_file=no_file(), gif_file=no_file())
+
+
+def example_images() -> list[Path]:
+    """The built-in example images."""
+    return sorted(IMAGES_DIR.glob("*.png")) if IMAGES_DIR.is_dir() else []
+
+
+def _question_column(c: Components) -> None:
+    c["image"] = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
+    c["question_box"] = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
+    c["given_answer"] = gr.Textbox(
+        label="Answer (optional)", lines=1, placeholder="Leave empty to generate, or give an answer to explain."
+    )
+    with gr.Row():
+        c["ask"] = gr.Button("Ask about the image", variant="primary")
+        c["cancel"] = gr.Button("Cancel", variant="stop")
+    gr.Examples(
+        examples=[[str(path), DEFAULT_QUESTION] for path in example_images()],
+        inputs=[c["image"], c["question_box"]],
+        label="Example images",
+    )
+
+
+def _settings_column(c: Components) -> None:
+    choices, default_methods = method_choices(image=True)
+    c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+    c["opacity"] = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
+    c["contour"] = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
+    c["max_new"] = gr.Slider(
+        *inputs.IMAGE_NEW_TOKENS, value=24, step=1, label="Max new tokens", info="A given answer raises it to fit."
+    )
+    c["image_tokens"] = gr.Slider(
+        *inputs.IMAGE_TOKENS,
+        value=DEFAULT_MAX_IMAGE_TOKENS,
+        step=16,
+        label="Image detail: at most this many image tokens (finer maps, slower answers)",
+    )
+
+
+def create_ui() -> Components:
+    """The image tab's components (call inside its `gr.Tab`); `model` is the vision-model line `demo.load` fills."""
+    c = Components()
+    c["model"] = gr.Markdown("**Vision-language model:** checking…")
+    c["result"] = gr.State(None)
+    c["request"] = gr.State(RequestState())
+    with gr.Row():
+        with gr.Column(scale=3):
+            _question_column(c)
+        with gr.Column(scale=2):
+            _settings_column(c)
+    c["status"] = gr.Markdown()
+    c["answer"] = gr.HTML()
+    c["step"] = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+    )
+    c["overlay"] = gr.Image(label="Image regions each method credits for this token", interactive=False)
+    c["question"] = gr.HTML(label="Question tokens")
+    with gr.Row():
+        for name, what in zip(FILES, ("JSON", "HTML report", "PNG of this view", "GIF")):
+            c[name] = gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
+    return c
+
+
+def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
+    """Wire the image tab's events; `option_widgets` are the "Method options" widgets."""
+    asked = c("image", "question_box", "methods", "max_new", "opacity", "contour", "image_tokens", "given_answer")
+    event = c["ask"].click(
+        **c.bind(explain_image, SHOWN, gpu=True),
+        inputs=asked + option_widgets,
+        api_name="explain_image",
+        preprocess=False,  # the handler opens the upload itself (see explain_image)
+        concurrency_limit=1,
+        concurrency_id="model",
+        show_progress_on=c["status"],  # one progress line (see the text tab)
+    )
+    hidden = {"show_progress": "hidden"}
+    view_png = c("result", "methods", "step", "opacity")
+    rendered = gr.on(
+        triggers=[c[name].input for name in ("step", "opacity", "contour", "methods")],
+        **c.bind(render_image, VIEWS), inputs=c("result", "methods", "step", "opacity", "contour"),
+        api_name="render_image", trigger_mode="always_last", **hidden,
+    )  # fmt: skip
+    rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **hidden)
+    c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
+    c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
+    event.then(
+        **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
+        api_name="after_image", **hidden,
+    ).then(
+        **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
+        api_name="export_image_files", **hidden,
+    ).then(
+        **c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view_after_explain", **hidden
+    )  # fmt: skip

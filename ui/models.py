@@ -1,0 +1,99 @@
+"""The models the app runs: chosen and loaded in this one place, once per process, and shared read-only.
+
+`EXPLAINER_MODEL` / `EXPLAINER_VLM` choose them, else Hub models when the Hub answers, else the embedded model and no
+image tab (`explainer.models.default_model_ids`). The Hub is asked when a model is first needed (or by `main()`),
+never at import. `get_bundle()` / `get_vl_bundle()` load on first use, serialised by a lock.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+
+from explainer import load_model
+from explainer.errors import ExplainerError, InputError
+from explainer.models import HUB_VISION_MODEL, ModelBundle, default_model_ids
+from explainer.precision import precision_label
+
+from .errors import user_errors
+
+NO_VLM = (
+    f"**Image questions are off:** they need a vision-language model. The default, {HUB_VISION_MODEL}, comes from the "
+    "Hugging Face Hub and is used only when `EXPLAINER_VLM` is unset and the Hub is reachable. Restart the app with "
+    "`EXPLAINER_VLM=<hub id or local folder>`, e.g. "
+    f"`EXPLAINER_VLM={HUB_VISION_MODEL} python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
+)
+_load_lock = threading.Lock()
+
+
+@functools.cache
+def model_ids() -> tuple[str | None, str | None]:
+    """(text model, vision-language model) ids; None: the embedded text model, or no image tab. Decided once."""
+    return default_model_ids()
+
+
+@functools.cache
+def _load(model_id: str | None) -> ModelBundle:
+    # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16
+    return load_model(model_id, dtype=os.environ.get("EXPLAINER_DTYPE") or None)
+
+
+def _precision(bundle: ModelBundle) -> str:
+    """The precision for the model lines, e.g. " · bfloat16 on cpu"; "" for a model without weights (tests' fakes)."""
+    label = precision_label(bundle.model)
+    return f" · {label}" if label else ""
+
+
+def get_bundle() -> ModelBundle:
+    """The process-wide text model bundle: loaded on first use, then shared read-only."""
+    with _load_lock:
+        return _load(model_ids()[0])
+
+
+def get_vl_bundle() -> ModelBundle:
+    """The process-wide vision-language bundle, loaded on first use like `get_bundle`.
+
+    Raises:
+        InputError: no vision-language model is configured (the message says how to set one).
+    """
+    vlm = model_ids()[1]
+    if vlm is None:
+        raise InputError(NO_VLM.replace("**", "").replace("`", ""))
+    with _load_lock:
+        return _load(vlm)
+
+
+def loaded_models() -> int:
+    """How many bundles this process has loaded."""
+    return _load.cache_info().currsize
+
+
+def forget_models() -> None:
+    """Drop the loaded bundles (the next request loads again); for tests and for a process that switches models."""
+    _load.cache_clear()
+
+
+@user_errors
+def model_info() -> str:
+    """Markdown line naming the text model; loads it on the first page visit."""
+    bundle = get_bundle()
+    return f"**Model:** `{bundle.name}`{_precision(bundle)} · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+@user_errors
+def vlm_info() -> str:
+    """Markdown line on the image tab: the vision-language model, or why there is none and how to set one."""
+    vlm = model_ids()[1]
+    if vlm is None:
+        return NO_VLM
+    try:
+        bundle = get_vl_bundle()
+    except ExplainerError as e:
+        return f"**Could not load the vision-language model `{vlm}`:** {e}"
+    if getattr(bundle, "image_processor", None) is None:
+        return f"**`{bundle.name}` reads text only.** {NO_VLM}"
+    return (
+        f"**Vision-language model:** `{bundle.name}`{_precision(bundle)} · the image is resized to a bounded number "
+        "of image tokens"
+    )

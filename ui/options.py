@@ -1,0 +1,65 @@
+"""The attribution methods a visitor can tick, and the "Method options" widgets generated from their configs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gradio as gr
+
+from explainer import METHODS, available_methods
+from explainer.methods import method_choices as registered_methods
+from explainer.methods import method_options
+
+DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates
+
+
+def explains_images(method: str) -> bool:
+    """Whether a method explains image prompts (the method's own `explains_images` fact)."""
+    return bool(METHODS[method].explains_images)
+
+
+def method_choices(image: bool = False) -> tuple[list[str], list[str]]:
+    """(every registered method, the ones ticked on first use); for the image tab only methods that explain images
+    are ticked, and never none."""
+    choices = registered_methods()
+    default = [m for m in DEFAULT_METHODS if m in choices and (not image or explains_images(m))]
+    return choices, default or choices[:1]
+
+
+def option_keys() -> list[tuple[str, str]]:
+    """(method, option) of every option of every registered method: the order of the option widgets."""
+    return [(method, opt.name) for method in available_methods() for opt in method_options(method)]
+
+
+def create_ui() -> tuple[Any, list[Any]]:
+    """The "Method options" accordion, not rendered (`app.py` renders it below the tabs, which both use it), and
+    its widgets in `option_keys()` order: one row per method, a checkbox for true/false, a number box for numbers,
+    a menu for a fixed set of words. Call inside a Blocks context."""
+    widgets = []
+    with gr.Accordion("Method options (both tabs)", open=False, render=False) as box:
+        gr.Markdown("Each method's settings, from its config; the defaults are the papers'. See the README, Methods.")
+        for method in available_methods():
+            with gr.Row(equal_height=True):
+                gr.Markdown(f"**{method}**", min_height=0)
+                for opt in method_options(method):
+                    label, kw = f"{method}: {opt.name}", {"min_width": 180}
+                    if opt.type is bool:
+                        widget = gr.Checkbox(opt.default, label=label, show_label=True, container=True, **kw)
+                    elif opt.type in (int, float):
+                        widget = gr.Number(opt.default, label=label, precision=0 if opt.type is int else None, **kw)
+                    elif opt.choices:
+                        widget = gr.Dropdown(list(opt.choices), value=opt.default, label=label, **kw)
+                    else:
+                        widget = gr.Textbox(str(opt.default), label=label, **kw)
+                    widgets.append(widget)
+    return box, widgets
+
+
+def chosen_options(methods: list[str], values: tuple | list) -> dict[str, dict[str, Any]]:
+    """{method: {option: value}} of the selected methods from the option widgets' values (in `option_keys()`
+    order); the library validates them and says what is wrong."""
+    out: dict[str, dict[str, Any]] = {}
+    for (method, name), value in zip(option_keys(), values):
+        if method in methods and value is not None:
+            out.setdefault(method, {})[name] = value
+    return out

@@ -1,0 +1,246 @@
+"""Following the library's streams in a handler: updates merged to a few a second, cancellation, the request state.
+
+The work runs in the library's worker thread, which holds the model (`explainer.session`). A handler drives it with
+`run_stream` (or `explain_updates`, the explain request both tabs send) and renders each `Update`. Every update
+carries the request's `RequestState`, which the handler keeps in a `gr.State`; the handler that Gradio runs after the
+request, however it ended, reads it to say what happened: a request still "in flight" there was
+cancelled, or failed if it recorded an error (`stopped`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import anyio
+import gradio as gr
+
+from explainer import stream_explain
+from explainer.errors import InputError
+from explainer.explain import answer_budget
+from explainer.models import ModelBundle
+from explainer.result import Attribution
+from explainer.session import CancelToken, WorkerStream, model_lock
+from explainer.steps import last_content_step
+
+from .options import chosen_options
+
+T = TypeVar("T")
+UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
+WAITING = "Waiting for the model"  # how the status note of a request queued behind another starts
+STARTING = "Reading the prompt…"  # the status note until the first update
+NO_TOKENS = "The model produced no tokens. Try another prompt or more new tokens."
+
+
+class Phase(enum.Enum):
+    IDLE = "idle"  # nothing asked yet (or a saved result opened)
+    WAITING = "waiting"  # queued behind another request on the model
+    STARTING = "starting"  # sent; no update yet
+    RUNNING = "running"  # updates arriving
+    DONE = "done"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+IN_FLIGHT = frozenset({Phase.WAITING, Phase.STARTING, Phase.RUNNING})
+
+
+@dataclass(frozen=True)
+class RequestState:
+    """Where a visitor's newest request stands (kept in a `gr.State`).
+
+    Attributes:
+        phase: see `Phase`; a handler only ever leaves it in flight or DONE, the after-handler settles the rest.
+        error: the message of a request that failed (the visitor saw it as an error).
+    """
+
+    phase: Phase = Phase.IDLE
+    error: str = ""
+
+    @property
+    def in_flight(self) -> bool:
+        return self.phase in IN_FLIGHT
+
+    def settled(self) -> RequestState:
+        """What an in-flight request became once it stopped: FAILED with its error, else CANCELLED."""
+        if not self.in_flight:
+            return self
+        return dataclasses.replace(self, phase=Phase.FAILED if self.error else Phase.CANCELLED)
+
+
+@dataclass(frozen=True)
+class Update(Generic[T]):
+    """One thing for a handler to show: the newest result (None for a note alone) and the request's state."""
+
+    item: T | None
+    request: RequestState
+    note: str = ""  # the status line before the first result (waiting for the model, reading the prompt)
+
+
+async def follow(stream: WorkerStream[T]) -> AsyncIterator[T]:
+    """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends.
+
+    When the visitor cancels or closes the tab, Gradio cancels this coroutine: the `finally` cancels the work, which
+    stops within one forward pass and only then releases the model, so the next visitor's request starts on a
+    quiet model. An error of the work is raised here.
+    """
+
+    def take() -> tuple[str, Any]:
+        try:
+            return "item", stream.latest(UPDATE_SECONDS)
+        except StopIteration:
+            return "end", None
+
+    try:
+        last = 0.0
+        while True:
+            kind, item = await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
+            if kind == "end":
+                return
+            if item is None:
+                continue
+            yield item
+            wait = UPDATE_SECONDS - (time.monotonic() - last)
+            last = time.monotonic()
+            if wait > 0:
+                await anyio.sleep(wait)  # updates arriving meanwhile are merged into the newest one
+    finally:
+        stream.cancel("The visitor cancelled the request or left the page.")
+
+
+def waiting_note(bundle: ModelBundle) -> str | None:
+    """The note "Waiting for the model: N requests ahead…" while another request holds the model, else None."""
+    lock = model_lock(bundle.model)
+    if not lock.locked():
+        return None
+    ahead = lock.waiting + 1
+    return f"{WAITING}: {ahead} request{'s' if ahead > 1 else ''} ahead (a cancelled one stops first)…"
+
+
+async def run_stream(
+    bundle: ModelBundle, start: Callable[[CancelToken], WorkerStream[T]], empty: str
+) -> AsyncIterator[Update[T]]:
+    """Drive one library stream on `bundle` for a handler.
+
+    Yields a note first (the status line carries Gradio's progress bar, so it says something at once), then each
+    update as RUNNING, then the last one again as DONE. A failure is recorded in the request state (one more update,
+    without a result) before it is raised.
+
+    Args:
+        bundle: the model the work holds (for the waiting note).
+        start: starts the work with the request's cancel token (e.g. `stream_explain(..., cancel=token)`).
+        empty: the message when the work ends without a single update.
+    """
+    note = waiting_note(bundle)
+    request = RequestState(Phase.WAITING if note else Phase.STARTING)
+    yield Update(None, request, note or STARTING)
+    item = None
+    try:
+        async with aclosing(follow(start(CancelToken()))) as items:  # a visitor who leaves closes it at once
+            async for item in items:
+                request = RequestState(Phase.RUNNING)
+                yield Update(item, request)
+        if item is None:
+            raise InputError(empty)
+    except Exception as e:
+        yield Update(None, dataclasses.replace(request, error=getattr(e, "message", None) or str(e)))
+        raise
+    yield Update(item, RequestState(Phase.DONE))
+
+
+async def explain_updates(
+    bundle: ModelBundle,
+    prompt: str,
+    methods: list[str],
+    max_new_tokens: int,
+    answer: str | None,
+    options: tuple | list,
+    progress: Callable[..., Any],
+    **request: Any,
+) -> AsyncIterator[Update[Attribution]]:
+    """The explain request of both tabs: `stream_explain` driven by `run_stream`.
+
+    Args:
+        bundle: the text or vision-language bundle.
+        prompt: the prompt or question.
+        methods: the ticked methods (at least one).
+        max_new_tokens: the slider's answer length; a given `answer` raises it to fit (`explain.answer_budget`).
+        answer: a given answer to explain (teacher-forced), or None to generate.
+        options: the "Method options" widgets' values.
+        progress: Gradio's progress tracker (post-hoc methods report through it).
+        request: more `stream_explain` arguments (`chat_template`, `image`, `max_image_tokens`).
+    """
+
+    def start(cancel: CancelToken) -> WorkerStream[Attribution]:
+        return stream_explain(
+            bundle, prompt, methods=methods, max_new_tokens=answer_budget(bundle, answer, max_new_tokens),
+            method_options=chosen_options(methods, options), progress=lambda f, message: progress(f, desc=message),
+            cancel=cancel, answer=answer, **request,
+        )  # fmt: skip
+
+    async with aclosing(run_stream(bundle, start, NO_TOKENS)) as updates:
+        async for update in updates:
+            yield update
+
+
+def finished(attr: Any) -> bool:
+    """Whether a streamed result is complete (its methods all ran)."""
+    return isinstance(attr, Attribution) and attr.meta.get("status") == "done"
+
+
+def step_slider(attr: Attribution, live: bool, value: int | None = None) -> dict:
+    """A step slider's update for a result: locked to the newest step while live; a finished answer opens on its
+    last content token (`steps.last_content_step`), or on `value` (1-based) when given. With one step it stays
+    locked (Gradio needs maximum > minimum; the views clamp step 2 to 1 anyway)."""
+    steps = max(attr.num_steps, 1)
+    if value is None:
+        value = steps if live else (last_content_step(attr) or 0) + 1
+    return gr.update(minimum=1, maximum=max(steps, 2), value=value, interactive=not live and steps > 1)
+
+
+def status_line(attr: Attribution, live: bool) -> str:
+    """The status line of a result: the library's progress while live, then what was done and how long it took."""
+    if live:
+        return str(attr.meta.get("status") or f"Generating… {attr.num_steps} tokens")
+    timings = ", ".join(f"{name} {scores.seconds:.2f} s" for name, scores in attr.methods.items())
+    given = " of the given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
+    done = f"Done: {attr.num_steps} tokens{given}. Time per method: {timings or 'n/a'}."
+    return done + " Move the slider to explain any token."
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """What the handler run after an explain request shows when the request stopped in flight."""
+
+    request: RequestState  # the settled state
+    status: str | None  # the status line; None when the request had in fact finished
+    partial: bool  # a partial answer is shown: its sliders are freed
+
+
+def stopped(request: Any, attr: Attribution | None) -> Stopped | None:
+    """For the handler Gradio runs after every explain request, however it ended: None when the request finished
+    (or the state is not a request's); else where it stopped, and whether it was cancelled or failed."""
+    if not isinstance(request, RequestState) or not request.in_flight:
+        return None
+    if request.phase is Phase.RUNNING and finished(attr):  # stopped between its last update and the end
+        return Stopped(RequestState(Phase.DONE), None, False)
+    why = "failed with the message shown" if request.error else "cancelled"
+    if request.phase is Phase.WAITING:
+        why = why if request.error else "cancelled while waiting for the model"
+        return Stopped(
+            request.settled(), f"Stopped before it started ({why}); the views show the previous result.", False
+        )
+    if request.phase is Phase.STARTING or attr is None or not attr.num_steps:
+        note = f"Stopped before the first token ({why}); the views show the previous result."
+        return Stopped(request.settled(), note, False)
+    what = "given answer's tokens" if attr.meta.get("answer") == "given" else "tokens"
+    note = (
+        f"Stopped after {attr.num_steps} {what} ({why}); the model is free again. Move the slider to explain any of "
+        "them."
+    )
+    return Stopped(request.settled(), note, True)

@@ -1,0 +1,391 @@
+"""The text tab: a prompt (and optionally an answer to explain), the answer streaming token by token, and for the
+answer token on the step slider (or a span of them) a heatmap per method over the prompt; downloads, and opening a
+saved result. The result lives in the visitor's `gr.State` as a plain-CPU `Attribution`: moving a slider or ticking
+a box re-renders it without running the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from contextlib import aclosing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+
+from explainer.result import Attribution
+from explainer.spans import GRANULARITIES
+from explainer.steps import clamp_step
+from visuals import answer_html, side_by_side_html, top_tokens_rows
+from visuals.export import export_filename, load_result, png_bytes, result_json
+from visuals.granularity import span_side_by_side_html, top_sentences_html
+from visuals.png import view_png
+from visuals.report import report_html
+
+from . import estimates, inputs, models
+from .downloads import download, exported_methods, has_steps, no_file
+from .errors import user_errors
+from .events import KEEP, Components
+from .options import method_choices
+from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+
+EXAMPLES_PATH = Path(__file__).resolve().parents[1] / "assets" / "examples.json"
+TOP_K = 5  # rows per method in the top-tokens table
+TOP_SENTENCES = 3  # sentences per method under a span or word/sentence view
+TABLE_HEADERS = ["method", "rank", "token", "position", "z"]
+EMPTY_HEATMAP = (
+    "<p>Type a prompt and press <b>Generate</b>: a heatmap over the prompt appears for every answer token.</p>"
+)
+
+
+@dataclass
+class TextView:
+    """What a text-tab handler changes, one field per component of `create_ui`; `KEEP` leaves a component as it is."""
+
+    answer: Any = KEEP  # the answer strip (HTML)
+    heatmap: Any = KEEP  # heatmap panels, and the top sentences under a span or word/sentence units (HTML)
+    table: Any = KEEP  # top-token rows (or a Dataframe update)
+    step: Any = KEEP  # step slider update
+    span_end: Any = KEEP  # span-end slider update
+    status: Any = KEEP  # the status line
+    result: Any = KEEP  # State: the Attribution shown
+    request: Any = KEEP  # State: the RequestState of the newest explain request
+    methods: Any = KEEP  # methods checkbox update (a reopened result ticks its own)
+    json_file: Any = KEEP
+    report_file: Any = KEEP
+    png_file: Any = KEEP
+
+
+VIEWS = ("answer", "heatmap", "table")  # what `render` draws for the step(s) on the sliders; a new view goes here
+SHOWN = VIEWS + ("step", "span_end", "status", "result", "request")  # a new or reopened result
+SPAN = ("step", "span_end", "table")
+FILES = ("json_file", "report_file", "png_file")
+
+
+def _top_rows(attr: Attribution, methods: list[str], step: int | None, user_only: bool) -> list[list]:
+    return [[m, *row] for m in methods for row in top_tokens_rows(attr, m, step, TOP_K, user_only)]
+
+
+@user_errors
+def render(
+    result: Attribution | None,
+    methods: list[str],
+    step: float | None,
+    show_all: bool,
+    span: bool = False,
+    span_end: float | None = None,
+    granularity: str = "token",
+) -> TextView:
+    """The views (answer, heatmaps, top-token rows) of one step, or a span of steps, of a stored result; never runs
+    the model.
+
+    Args:
+        result: the session's result, or None before the first generation.
+        methods: methods to show, one panel each.
+        step: 1-based step from the slider (None: the newest); with `span`, the span's first or last token.
+        show_all: show every prompt token with z over all of them, instead of only the user's text re-normalised.
+        span: explain the answer tokens from `step` to `span_end` (either order) with the mean of their z-scores.
+        span_end: 1-based other end of the span (None: `step`).
+        granularity: prompt units, "token", "word" or "sentence".
+
+    Returns:
+        The `VIEWS` fields. A single step at token units is `side_by_side_html`; a span or word/sentence units show
+        `span_side_by_side_html` with each method's top sentences below, and top-token rows only for a single step.
+    """
+    granularity = inputs.granularity(granularity)
+    if result is None:
+        return TextView(answer="", heatmap=EMPTY_HEATMAP, table=[])
+    methods, user_only, index = list(methods or []), not show_all, inputs.step_index(step)
+    if not span and granularity == "token":
+        heatmap = side_by_side_html(result, methods, index, user_only)
+        rows = _top_rows(result, methods, index, user_only)
+        return TextView(answer=answer_html(result, index), heatmap=heatmap, table=rows)
+    first = last = clamp_step(index, result.num_steps)
+    if span and span_end is not None and first is not None:
+        last = clamp_step(inputs.step_index(span_end), result.num_steps)
+        first, last = min(first, last), max(first, last)
+    heatmap = span_side_by_side_html(result, methods, first, last, granularity, user_only)
+    heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only)
+    rows = _top_rows(result, methods, first, user_only) if first == last else []
+    return TextView(answer=answer_html(result, first, last), heatmap=heatmap, table=rows)
+
+
+def _sliders(attr: Attribution, live: bool, span: bool) -> tuple[dict, dict]:
+    """Updates of the step and span-end sliders (see `stream.step_slider`); a finished span covers the whole answer."""
+    step = step_slider(attr, live, 1 if span and not live else None)
+    return step, step_slider(attr, live, max(attr.num_steps, 1))
+
+
+def _shown(attr: Attribution, methods: list[str], show_all: bool, live: bool, span: bool, granularity: str) -> TextView:
+    """Every view of a (possibly still growing) result, with its sliders and status."""
+    step, end = _sliders(attr, live, span)
+    view = render(attr, methods, step["value"], show_all, span, attr.num_steps, granularity)
+    return dataclasses.replace(view, step=step, span_end=end, status=status_line(attr, live), result=attr)
+
+
+@user_errors
+async def explain(
+    prompt: str,
+    methods: list[str],
+    max_new_tokens: float,
+    chat_template: bool,
+    show_all: bool,
+    answer: str | None = None,
+    span: bool = False,
+    granularity: str = "token",
+    *options: Any,
+    progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
+) -> Any:
+    """Generate an answer (or explain the given `answer`, teacher-forced) and its attributions, yielding the views
+    as tokens arrive. `span` and `granularity` choose the view as in `render`; `options` are the values of the
+    "Method options" widgets.
+
+    Yields:
+        `TextView`s with the `SHOWN` fields: first the status note alone, then every update, the sliders locked to
+        the newest step until the last one releases them.
+    """
+    methods = inputs.chosen_methods(methods)
+    max_new_tokens = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
+    answer, granularity, span = inputs.answer_text(answer), inputs.granularity(granularity), bool(span)
+    bundle = models.get_bundle()
+    updates = explain_updates(
+        bundle, prompt, methods, max_new_tokens, answer, options, progress, chat_template=bool(chat_template)
+    )
+    async with aclosing(updates):  # a visitor who leaves closes the handler, and with it the work, at once
+        async for update in updates:
+            if update.item is None:
+                yield TextView(status=update.note or KEEP, request=update.request)
+            else:
+                live = update.request.phase is not Phase.DONE and not finished(update.item)
+                view = _shown(update.item, methods, show_all, live, span, granularity)
+                yield dataclasses.replace(view, request=update.request)
+
+
+@user_errors
+def after_explain(
+    result: Attribution | None,
+    request: RequestState | None,
+    methods: list[str] | None = None,
+    show_all: bool = False,
+    span: bool = False,
+    granularity: str = "token",
+) -> TextView:
+    """Run after every explain request, finished, failed or cancelled (Gradio runs it once a cancelled request has
+    stopped, so no late update overwrites it). A request still in flight in `request` stopped early: the status
+    says where and why, and a partial answer is shown as a finished one (free sliders, opened on its last content
+    token; `methods`, `show_all`, `span` and `granularity` choose the view as in `render`). Returns the `SHOWN`
+    fields it changes."""
+    stop = stopped(request, result)
+    if stop is None:
+        return TextView()
+    if not stop.partial:
+        return TextView(status=stop.status or KEEP, request=stop.request)
+    view = _shown(result, list(methods or []), show_all, False, bool(span), inputs.granularity(granularity))
+    return dataclasses.replace(view, status=stop.status, request=stop.request)
+
+
+@user_errors
+def span_controls(result: Attribution | None, span: bool) -> TextView:
+    """Ticking "Explain a span" shows the span-end slider and sets the span to the whole answer; the top-token
+    table (one step's) makes way for the top sentences. Returns the `SPAN` fields."""
+    span = bool(span)
+    table = gr.update(visible=not span)
+    if not isinstance(result, Attribution) or result.num_steps < 2:
+        return TextView(span_end=gr.update(visible=span), table=table)
+    steps = result.num_steps
+    end = gr.update(visible=span, minimum=1, maximum=steps, value=steps, interactive=True)
+    return TextView(step=gr.update(value=1) if span else KEEP, span_end=end, table=table)
+
+
+@user_errors
+def open_saved(path: Any, show_all: bool, span: bool, granularity: str) -> TextView:
+    """Load a result saved as JSON ("Open a saved result") into the session and show it with its methods ticked;
+    never runs the model. Returns the `SHOWN` fields and `methods`."""
+    if not path:
+        return TextView()
+    attr = load_result(path)
+    choices, _ = method_choices()
+    methods = list(attr.methods)
+    box = gr.update(choices=choices + [m for m in methods if m not in choices], value=methods)
+    given = " of a given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
+    status = (
+        f"Opened {Path(path).name}: {attr.num_steps} answer tokens{given} by {attr.model}, methods "
+        f"{', '.join(methods) or 'none'}; no model was run. Move the slider to explain any token."
+    )
+    view = _shown(attr, methods, show_all, False, bool(span), inputs.granularity(granularity))
+    return dataclasses.replace(view, status=status, request=RequestState(), methods=box)
+
+
+@user_errors
+def export_report(result: Attribution | None, methods: list[str], show_all: bool) -> TextView:
+    """The "HTML report" download: one self-contained page of the ticked methods with its own step slider; off
+    without a result. Never runs the model."""
+    if not has_steps(result):
+        return TextView(report_file=no_file())
+    report = report_html(result, exported_methods(result, methods), user_only=not show_all)
+    return TextView(report_file=download(report, export_filename(result, "html", "report")))
+
+
+@user_errors
+def export_files(result: Attribution | None, methods: list[str], show_all: bool) -> TextView:
+    """The "JSON" (the CLI's format, every method) and "HTML report" downloads of a new result; off without one."""
+    if not has_steps(result):
+        return TextView(json_file=no_file(), report_file=no_file())
+    json_file = download(result_json(result), export_filename(result, "json"))
+    return dataclasses.replace(export_report(result, methods, show_all), json_file=json_file)
+
+
+@user_errors
+def export_view(
+    result: Attribution | None,
+    methods: list[str],
+    step: float | None,
+    show_all: bool,
+    span: bool = False,
+    granularity: str = "token",
+) -> TextView:
+    """The "PNG of this view" download: the side-by-side heatmaps of the step on the slider. It draws the token view
+    of one step, so it is off while a span or word/sentence units are shown."""
+    if not has_steps(result) or span or granularity != "token":
+        return TextView(png_file=no_file())
+    image = view_png(result, list(methods or []), inputs.step_index(step), user_only=not show_all)
+    return TextView(png_file=download(png_bytes(image), export_filename(result, "png")))
+
+
+def clear_downloads() -> TextView:
+    """Every download off while a new answer is generated."""
+    return TextView(json_file=no_file(), report_file=no_file(), png_file=no_file())
+
+
+def examples() -> list[dict[str, str]]:
+    """The built-in example prompts: [{"label": ..., "prompt": ...}]."""
+    return json.loads(EXAMPLES_PATH.read_text(encoding="utf-8"))
+
+
+def _prompt_column(c: Components) -> None:
+    c["prompt"] = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
+    c["given_answer"] = gr.Textbox(
+        label="Answer (optional)",
+        lines=2,
+        placeholder="Leave empty to generate. Or paste an answer to explain it: it is teacher-forced, and every "
+        "method explains each of its tokens as if the model had written it.",
+    )
+    with gr.Row():
+        c["generate"] = gr.Button("Generate", variant="primary")
+        c["cancel"] = gr.Button("Cancel", variant="stop")
+    shown = examples()
+    gr.Examples(
+        examples=[[e["prompt"]] for e in shown],
+        inputs=[c["prompt"]],
+        example_labels=[e["label"] for e in shown],
+        label="Examples",
+    )
+    c["open_file"] = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
+
+
+def _settings_column(c: Components) -> None:
+    choices, default_methods = method_choices()
+    c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+    c["estimate"] = gr.Markdown(estimates.HINT)
+    c["show_all"] = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
+    c["chat_template"] = gr.Checkbox(True, label="Use the chat template")
+    c["max_new"] = gr.Slider(
+        *inputs.NEW_TOKENS, value=64, step=1, label="Max new tokens", info="A given answer raises it to fit."
+    )
+
+
+def _views(c: Components) -> None:
+    c["status"] = gr.Markdown()
+    c["answer"] = gr.HTML()
+    c["step"] = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
+    )
+    with gr.Row(equal_height=True):
+        c["span"] = gr.Checkbox(False, label="Explain a span of answer tokens (mean of their z-scores)")
+        c["granularity"] = gr.Radio(list(GRANULARITIES), value="token", label="Prompt units")
+    c["span_end"] = gr.Slider(
+        1, 2, value=1, step=1, interactive=False, visible=False, label="Span end (the span runs from the step above)"
+    )
+    c["heatmap"] = gr.HTML(EMPTY_HEATMAP)
+    c["table"] = gr.Dataframe(
+        headers=TABLE_HEADERS,
+        datatype=["str", "number", "str", "number", "number"],
+        interactive=False,
+        label="Top prompt tokens at this step",
+    )
+    with gr.Row():
+        c["json_file"] = gr.DownloadButton("Download JSON", interactive=False, size="sm")
+        c["report_file"] = gr.DownloadButton("Download HTML report", interactive=False, size="sm")
+        c["png_file"] = gr.DownloadButton("Download PNG of this view", interactive=False, size="sm")
+
+
+def create_ui() -> Components:
+    """The text tab's components (call inside its `gr.Tab`); `model` is the model line that `demo.load` fills."""
+    c = Components()
+    c["model"] = gr.Markdown("**Model:** loading…")
+    c["result"] = gr.State(None)
+    c["request"] = gr.State(RequestState())
+    with gr.Row():
+        with gr.Column(scale=3):
+            _prompt_column(c)
+        with gr.Column(scale=2):
+            _settings_column(c)
+    _views(c)
+    return c
+
+
+def _then_export(c: Components, event: Any, files_api: str | None, view_api: str) -> None:
+    """After `event`: the new result's JSON and report files (unless `files_api` is None), then this view's PNG."""
+    hidden = {"show_progress": "hidden"}
+    if files_api is not None:
+        files = c("result", "methods", "show_all")
+        event = event.then(**c.bind(export_files, FILES), inputs=files, api_name=files_api, **hidden)
+    png = c("result", "methods", "step", "show_all", "span", "granularity")
+    event.then(**c.bind(export_view, FILES), inputs=png, api_name=view_api, **hidden)
+
+
+def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
+    """Wire the text tab's events (and its time estimates); `option_widgets` are the "Method options" widgets."""
+    asked = c("prompt", "methods", "max_new", "chat_template", "show_all", "given_answer", "span", "granularity")
+    explain_event = c["generate"].click(
+        **c.bind(explain, SHOWN, gpu=True),
+        inputs=asked + option_widgets,
+        api_name="explain",
+        concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
+        concurrency_id="model",
+        show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
+    )
+    hidden = {"show_progress": "hidden"}
+    c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
+    view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity")
+    triggers = ["step", "show_all", "methods", "span_end", "granularity"]
+    rendered = gr.on(
+        triggers=[c[name].input for name in triggers], **c.bind(render, VIEWS), inputs=view, api_name="render",
+        trigger_mode="always_last", **hidden,
+    )  # fmt: skip
+    _then_export(c, rendered, None, "export_view")
+    spanned = c["span"].input(**c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden)
+    spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **hidden)
+    _then_export(c, spanned, None, "export_span_view")
+    gr.on(
+        triggers=[c["show_all"].input, c["methods"].input], **c.bind(export_report, FILES),
+        inputs=c("result", "methods", "show_all"), api_name="export_report", trigger_mode="always_last", **hidden,
+    )  # fmt: skip
+    # Cancel only cancels; what a stopped request shows is set by `after_explain`, which Gradio runs once the
+    # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
+    c["cancel"].click(None, cancels=[explain_event])
+    settled = explain_event.then(
+        **c.bind(after_explain, SHOWN),
+        inputs=c("result", "request", "methods", "show_all", "span", "granularity"),
+        api_name="after_explain",
+        **hidden,
+    )
+    _then_export(c, settled, "export_files", "export_view_after_explain")
+    opened = c["open_file"].upload(
+        **c.bind(open_saved, SHOWN + ("methods",)), inputs=c("open_file", "show_all", "span", "granularity"),
+        api_name="open_saved",
+    )  # fmt: skip
+    _then_export(c, opened, "export_files_after_open", "export_view_after_open")
+    estimates.create_event_handlers(c, option_widgets, explain_event)
