@@ -137,7 +137,7 @@ def test_cancelled_request_cancels_the_work(fake):
 
 
 def test_load_failure_becomes_gr_error(fake, monkeypatch):
-    def broken(name=None):
+    def broken(name=None, **kwargs):
         raise ModelLoadError("Model 'nope' not found: check the id or folder.")
 
     monkeypatch.setattr(models, "load_model", broken)
