@@ -87,6 +87,7 @@ def run_bench(
     methods: list[str],
     repeats: int,
     device: str | None = None,
+    device_map: str | dict[str, Any] | None = None,
     data_path: Path | None = None,
     prompt_file: Path | None = None,
     quiet_wait: float = 0.0,
@@ -107,6 +108,7 @@ def run_bench(
         spec = {
             "model": model,
             "device": device,
+            "device_map": device_map,
             "method": m,
             "prompt_tokens": n,
             "new_tokens": new_tokens,

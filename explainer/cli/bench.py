@@ -24,6 +24,7 @@ from ..bench import (
 )
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
+from . import add_device_map_option, placement
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -128,7 +129,7 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
         args.new_tokens,
         methods,
         args.repeats,
-        device=args.device,
+        **placement(args),
         data_path=data,
         prompt_file=prompt_file,
         quiet_wait=args.quiet_wait,
@@ -156,6 +157,7 @@ def add_bench_parser(sub: Any) -> None:
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    add_device_map_option(p)
     text = p.add_mutually_exclusive_group()
     text.add_argument(
         "--prompt-file",

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from . import _read_answer, _read_prompt
+from . import _read_answer, _read_prompt, placement
 
 
 def _answer_label(attr) -> str:
@@ -72,7 +72,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
     bundle = load_model(
         args.model,
-        device=args.device,
+        **placement(args),
         max_prompt_tokens=args.max_prompt_tokens,
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
@@ -151,7 +151,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and args.routing:
         soft = dataclasses.replace(soft, routing=args.routing)
-    bundle = load_model(args.model, device=args.device, max_prompt_tokens=args.max_prompt_tokens)
+    bundle = load_model(args.model, **placement(args), max_prompt_tokens=args.max_prompt_tokens)
     options = dict(
         max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
     )
