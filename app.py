@@ -38,7 +38,7 @@ from explainer.faithfulness import (
 )
 from explainer.hardware import on_gpu
 from explainer.methods import method_options
-from explainer.models import default_model_ids
+from explainer.models import default_model_ids, parse_device_map
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock
 from explainer.spans import GRANULARITIES
@@ -91,7 +91,8 @@ _CSS = (
 
 @functools.cache
 def _load(model_id: str | None) -> Any:
-    return load_model(model_id)
+    # EXPLAINER_DEVICE_MAP=auto spreads a model too big for one GPU over all of them (accelerate's dispatch)
+    return load_model(model_id, device_map=parse_device_map(os.environ.get("EXPLAINER_DEVICE_MAP")))
 
 
 def get_bundle() -> Any:

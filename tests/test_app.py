@@ -83,9 +83,11 @@ class FakeLibrary:
         self.closed = False
         self.cancelled = False
         self.fail_after: int | None = None
+        self.load_options: dict = {}
 
-    def load_model(self, name=None):
+    def load_model(self, name=None, **options):
         self.loads += 1
+        self.load_options = options
         return FakeBundle()
 
     def available_methods(self):
@@ -180,6 +182,16 @@ def _shown_tokens(fragment: str) -> int:
 def test_import_loads_no_model(app_module):
     assert app_module._load.cache_info().currsize == 0
     assert isinstance(app_module.demo, gr.Blocks)
+
+
+def test_device_map_from_the_environment(app_module, fake, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_DEVICE_MAP", "auto")
+    app_module.get_bundle()
+    assert fake.load_options["device_map"] == "auto"
+    app_module._load.cache_clear()
+    monkeypatch.delenv("EXPLAINER_DEVICE_MAP")
+    app_module.get_bundle()
+    assert fake.load_options["device_map"] is None
 
 
 def test_explain_streams_every_token_then_unlocks_the_slider(app_module, fake):

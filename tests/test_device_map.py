@@ -4,12 +4,15 @@ disk offload of the embedded model), rows of all layers are gathered on one devi
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
 
 from explainer import explain, load_model
 from explainer.capture import AttentionRecorder, registered_names
+from explainer.cli import EXIT_USER_ERROR, main
 from explainer.devices import input_device, parameter_value
 from explainer.errors import InputError, ModelLoadError
 from explainer.faithfulness import SoftConfig, removal_curves, soft_curves
@@ -121,3 +124,17 @@ def test_parse_device_map():
         load_model(None, offload_folder="x")
     with pytest.raises(ModelLoadError, match="Could not place .* device map"):
         load_model(None, device_map={"model.layers.1": "disk", "": "cpu"})  # the layer is placed twice
+
+
+def test_cli_device_map(tiny_model_dir, tmp_path, capsys):
+    base = ["explain", "--model", str(tiny_model_dir), "--prompt", "The quick brown fox", "--max-new-tokens", "2"]
+    out, plain = tmp_path / "mapped.json", tmp_path / "plain.json"
+    assert main([*base, "--device-map", "auto", "--json", str(out)]) == 0
+    assert main([*base, "--device", "cpu", "--json", str(plain)]) == 0
+    mapped, expected = json.loads(out.read_text()), json.loads(plain.read_text())
+    assert mapped["generated_token_ids"] == expected["generated_token_ids"]
+    capsys.readouterr()
+    assert main([*base, "--device", "cpu", "--device-map", "auto"]) == EXIT_USER_ERROR
+    assert "not both" in capsys.readouterr().err
+    assert main([*base, "--device-map", "{bad"]) == EXIT_USER_ERROR
+    assert "not valid JSON" in capsys.readouterr().err
