@@ -35,11 +35,13 @@ class Rank:
         rank: global rank, 0 .. world - 1 (`RANK`).
         world: number of processes (`WORLD_SIZE`).
         local_rank: rank on this machine (`LOCAL_RANK`), which picks its GPU.
+        local_world: processes on this machine (`LOCAL_WORLD_SIZE`).
     """
 
     rank: int = 0
     world: int = 1
     local_rank: int = 0
+    local_world: int = 1
 
 
 def rank_from_env(environ: Mapping[str, str] | None = None) -> Rank:
@@ -53,11 +55,15 @@ def rank_from_env(environ: Mapping[str, str] | None = None) -> Rank:
         world = int(env.get("WORLD_SIZE", "1"))
         rank = int(env.get("RANK", "0"))
         local_rank = int(env.get("LOCAL_RANK", str(rank)))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
     except ValueError as e:
-        raise InputError(f"RANK, WORLD_SIZE and LOCAL_RANK must be whole numbers: {e}.") from e
-    if world < 1 or not 0 <= rank < world or local_rank < 0:
-        raise InputError(f"RANK must lie in 0 .. WORLD_SIZE - 1, got RANK={rank}, WORLD_SIZE={world}.")
-    return Rank(rank, world, local_rank)
+        raise InputError(f"RANK, WORLD_SIZE, LOCAL_RANK and LOCAL_WORLD_SIZE must be whole numbers: {e}.") from e
+    if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(local_world, 1):
+        raise InputError(
+            f"RANK must lie in 0 .. WORLD_SIZE - 1 and LOCAL_RANK in 0 .. LOCAL_WORLD_SIZE - 1, got RANK={rank}, "
+            f"WORLD_SIZE={world}, LOCAL_RANK={local_rank}, LOCAL_WORLD_SIZE={local_world}."
+        )
+    return Rank(rank, world, local_rank, local_world)
 
 
 def shard(rows: Sequence[T], rank: int, world: int) -> list[T]:

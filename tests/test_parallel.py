@@ -88,9 +88,12 @@ def test_ranks_take_contiguous_blocks_that_cover_the_rows():
 
 
 def test_rank_from_env():
-    assert rank_from_env({}) == Rank(0, 1, 0)
-    assert rank_from_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"}) == Rank(3, 4, 1)
-    for bad in ({"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "0"}):
+    assert rank_from_env({}) == Rank(0, 1, 0, 1)
+    env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2"}
+    assert rank_from_env(env) == Rank(3, 4, 1, 2)
+    bad_envs = ({"RANK": "2", "WORLD_SIZE": "2"}, {"RANK": "x", "WORLD_SIZE": "2"}, {"WORLD_SIZE": "0"},
+                {**env, "LOCAL_RANK": "2"})  # fmt: skip
+    for bad in bad_envs:
         with pytest.raises(InputError):
             rank_from_env(bad)
 
@@ -120,3 +123,7 @@ def test_rank_without_results_file_is_refused(tiny_model_dir, tmp_path, capsys, 
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert main(["eval", "--data", str(data), "--model", str(tiny_model_dir)]) == EXIT_USER_ERROR
     assert "--results" in capsys.readouterr().err
+    results = tmp_path / "r.jsonl"
+    args = ["eval", "--data", str(data), "--model", str(tiny_model_dir), "--results", str(results)]
+    assert main([*args, "--device-map", "auto"]) == EXIT_USER_ERROR  # two ranks on this machine, each on all GPUs
+    assert "one process per machine" in capsys.readouterr().err

@@ -69,6 +69,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
 def _rank_share(rows: list, args: argparse.Namespace, rank: Rank) -> tuple[list, argparse.Namespace]:
     """Under torchrun / accelerate launch: this rank's block of rows, its own results and JSON files (created now,
     so a complete set of rank files tells that every rank ran) and, by default, the GPU of its local rank."""
+    if args.device_map is not None and rank.local_world > 1:
+        raise InputError(
+            f"{rank.local_world} processes on this machine would each spread the model over all its GPUs with "
+            "--device-map: launch one process per machine for that, or leave --device-map out (one GPU per rank)."
+        )
     share = shard(rows, rank.rank, rank.world)
     results = rank_path(args.results, rank.rank, rank.world)
     results.touch()
