@@ -65,17 +65,19 @@ def test_every_method_under_offload_equals_the_plain_cpu_run(runs, offloaded):
 
 def test_faithfulness_under_offload_equals_the_plain_cpu_run(runs, offloaded):
     plain_bundle, plain, off = runs
-    methods = ["macs", "atman"]
+    methods = ["macs"]  # and the random baseline's orderings
     expected = removal_curves(plain_bundle, plain, methods)
     got = removal_curves(offloaded, off, methods)
     assert got.generations == expected.generations
+    assert set(expected.auc) == {"macs", "random"}
     for m in expected.auc:
         for metric, values in expected.auc[m].items():
             for kind, value in values.items():
                 assert got.auc[m][metric][kind] == pytest.approx(value, rel=1e-5, abs=1e-6), (m, metric, kind)
-    soft = SoftConfig(samples=2, pis=(0.3, 0.7), routing="fixed")
+    soft = SoftConfig(samples=2, pis=(0.5,), routing="fixed")
     expected_soft = soft_curves(plain_bundle, plain, methods, config=soft, steps=[NEW_TOKENS - 1])
     got_soft = soft_curves(offloaded, off, methods, config=soft, steps=[NEW_TOKENS - 1])
+    assert np.isfinite(expected_soft.ns["macs"]).all() and np.isfinite(expected_soft.nc["macs"]).all()
     for m in methods:
         np.testing.assert_allclose(got_soft.ns[m], expected_soft.ns[m], rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(got_soft.nc[m], expected_soft.nc[m], rtol=1e-5, atol=1e-6)
