@@ -268,7 +268,7 @@ def test_cancelled_request_cancels_the_work(app_module, fake):
 
 
 def test_load_failure_becomes_gr_error(app_module, fake, monkeypatch):
-    def broken(name=None):
+    def broken(name=None, **options):
         raise ModelLoadError("Model 'nope' not found: check the id or folder.")
 
     monkeypatch.setattr(app_module, "load_model", broken)
@@ -371,7 +371,7 @@ def vl_fake(app_module, fake, monkeypatch):
 
     lib = VLFake()
     monkeypatch.setattr(app_module, "VLM_ID", "fake-vlm")
-    monkeypatch.setattr(app_module, "load_model", lambda name=None: VLBundle())
+    monkeypatch.setattr(app_module, "load_model", lambda name=None, **options: VLBundle())
     monkeypatch.setattr(app_module, "stream_explain", lib.stream)
     return lib
 
