@@ -30,6 +30,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .devices import input_device
 from .errors import UnsupportedModelError
 from .session import hold
 
@@ -47,20 +48,23 @@ class AttentionRecorder:
     """What one forward pass recorded.
 
     Attributes:
-        rows: layer index -> (B, H, T_k) float32 probabilities of the last query position.
+        rows: layer index -> (B, H, T_k) float32 probabilities of the last query position, on its layer's device.
         full_row_consumer: when set, receives every query row of multi-query (prefill) passes.
         full_row_chunk: number of query rows per chunk handed to the consumer.
+        device: where rows of all layers are gathered (`stacked`, the consumer's chunks): a model spread over devices
+            computes each layer's rows on that layer's device. None: the first recorded layer's device.
     """
 
     rows: dict[int, torch.Tensor] = field(default_factory=dict)
     full_row_consumer: FullRowConsumer | None = None
     full_row_chunk: int = 128  # rows per chunk: a chunk's (H, 128, T) probabilities stay in the L3 cache at 4k tokens
+    device: torch.device | None = None
 
     def clear(self) -> None:
         self.rows.clear()
 
     def stacked(self, total_len: int | None = None) -> torch.Tensor:
-        """Rows of all recorded layers in layer order: (L, B, H, T).
+        """Rows of all recorded layers in layer order, gathered on `device`: (L, B, H, T).
 
         Sliding-window layers whose cache keeps only the last keys give shorter rows; they cover the newest
         positions, so they are left-padded with zeros (no attention) to `total_len` (default: the longest row).
@@ -74,6 +78,8 @@ class AttentionRecorder:
                 "AttentionInterface, so attention-based methods cannot explain it."
             )
         rows = [self.rows[i] for i in sorted(self.rows)]  # each (B, H, T_l)
+        device = self.device if self.device is not None else rows[0].device
+        rows = [r.to(device) for r in rows]  # no-op on one device
         total = total_len if total_len is not None else max(r.shape[-1] for r in rows)
         return torch.stack([torch.nn.functional.pad(r, (total - r.shape[-1], 0)) for r in rows])
 
@@ -199,6 +205,8 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
                 width = _visible_keys(chunk_mask, offset + start, stop - start, tk)
                 chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]
                 chunk = _probs(query[:, :, start:stop, :], key[:, :, :width], chunk_mask, scale, offset + start)
+                if recorder.device is not None:
+                    chunk = chunk.to(recorder.device)  # every layer's chunks on one device
                 recorder.full_row_consumer(module.layer_idx, offset + start, chunk)
         return out, None
 
@@ -227,9 +235,11 @@ def capture_attention(
 
     Yields:
         The recorder; `recorder.rows` is overwritten by every forward pass (call `clear()` between passes to detect
-        layers that did not run).
+        layers that did not run). Rows are gathered on the device of the model's input embeddings.
     """
-    recorder = AttentionRecorder(full_row_consumer=full_row_consumer, full_row_chunk=full_row_chunk)
+    recorder = AttentionRecorder(
+        full_row_consumer=full_row_consumer, full_row_chunk=full_row_chunk, device=input_device(model)
+    )
     try:
         with attention_function_selected(model, _NAME_PREFIX, _make_attention_function(recorder)):
             yield recorder

@@ -208,7 +208,7 @@ def _embeddings(bundle: ModelBundle, ids: Sequence[int]) -> torch.Tensor:
     """(N, d) input embeddings of `ids`: a table lookup, no forward pass."""
     with torch.inference_mode():
         table = bundle.model.get_input_embeddings()
-        return table(torch.tensor(list(ids), dtype=torch.long, device=table.weight.device))
+        return table(torch.tensor(list(ids), dtype=torch.long, device=bundle.device))  # offloaded weight: on meta
 
 
 def _need_embeddings(methods: Sequence[str]) -> bool:

@@ -28,6 +28,7 @@ import numpy as np
 from .datasets import is_official_layout, rows_from_official
 from .errors import Cancelled, ExplainerError, InputError
 from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .parallel import results_files
 from .precision import precision_meta
 from .session import CancelToken, hold
 
@@ -221,16 +222,15 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Per-sample rows of several results files joined by id: methods evaluated in separate runs on the same samples
     (e.g. AtMan run later) become one row per sample. Samples missing from some files keep the methods they have.
     A method found in several files keeps the fields of all of them (an AUC-PR-only run and a run with removal curves
-    on the same sample add up to both; a field in both is taken from the later file).
+    on the same sample add up to both; a field in both is taken from the later file). A path also stands for the
+    rank files of a data-parallel run that wrote to it (`parallel.results_files`).
 
     Raises:
-        InputError: a file is missing, or two files disagree on a sample's precision or generated answer
-            (different model or settings, so their scores do not describe the same generation).
+        InputError: a file is missing (or a rank file of a run), or two files disagree on a sample's precision or
+            generated answer (different model or settings, so their scores do not describe the same generation).
     """
     merged: dict[str, dict[str, Any]] = {}
-    for path in paths:
-        if not Path(path).is_file():
-            raise InputError(f"Results file {str(path)!r} does not exist.")
+    for path in (file for p in paths for file in results_files(p)):
         for row in read_results(path):
             if "methods" not in row:
                 continue

@@ -85,6 +85,7 @@ class PreallocatedLayer(DynamicLayer):
         return self.keys, self.values
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
+        indices = indices.to(self._keys.device)  # under a device map each layer's cache is on its layer's device
         self._keys, self._values = self._keys[indices], self._values[indices]
         self._view()
 

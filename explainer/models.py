@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .devices import input_device
 from .errors import InputError, ModelLoadError
 from .precision import default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
@@ -172,7 +173,8 @@ class ModelBundle:
 
     @property
     def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+        """Where input ids go: the input embeddings' device (under a device map, the other layers may be elsewhere)."""
+        return input_device(self.model)
 
     @property
     def has_chat_template(self) -> bool:
@@ -265,6 +267,30 @@ def _resolve_device(device: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
+    """`--device-map` / `EXPLAINER_DEVICE_MAP` text -> a `device_map` for `load_model`: empty or "none" -> None,
+    a JSON object (module name -> device, e.g. '{"model.layers.29": "disk", "": "cpu"}') -> dict, else the text
+    itself ("auto", "balanced", "balanced_low_0", "sequential", or one device such as "cuda:1").
+
+    Raises:
+        InputError: malformed JSON, or JSON that is not an object.
+    """
+    text = (text or "").strip()
+    if not text or text.lower() == "none":
+        return None
+    if not text.startswith("{"):
+        return text
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InputError(f"The device map {text!r} is not valid JSON: {e}.") from e
+    if not isinstance(value, dict):
+        raise InputError(f"A JSON device map must map module names to devices, got {text!r}.")
+    return value
+
+
 def load_model(
     name_or_path: str | None = None,
     *,
@@ -273,8 +299,18 @@ def load_model(
     max_prompt_tokens: int = DEFAULT_MAX_PROMPT_TOKENS,
     min_pixels: int | None = None,
     max_pixels: int | None = None,
+    device_map: str | dict[str, Any] | None = None,
+    offload_folder: str | Path | None = None,
+    max_memory: dict[int | str, int | str] | None = None,
 ) -> ModelBundle:
     """Load a causal LM by hub id or local folder, or the embedded default when `name_or_path` is None.
+
+    With `device_map` ("auto", "balanced", "sequential", a dict of module name -> device, see `parse_device_map`)
+    the model is spread over the GPUs by accelerate's big-model dispatch instead of being moved to `device`, with
+    CPU memory and disk for what does not fit `max_memory` (device -> bytes or "10GiB"; disk offload reads
+    safetensors checkpoints in place, other weights are written to `offload_folder`). accelerate's hooks then move
+    weights and activations at run time, and `ModelBundle.device` is where input ids go (see `devices.py`). Without
+    a GPU, "auto" places everything on the CPU (and on disk, beyond `max_memory`).
 
     Vision-language models with an adapter in `vision.VISION_ADAPTERS` (Qwen2.5-VL, Qwen2-VL) load with their
     image-text-to-text class and a torchvision-free image processor whose resized image area is bounded by
@@ -283,15 +319,25 @@ def load_model(
     "auto" is `precision.default_dtype` of the device.
 
     Raises:
-        InputError: an unknown dtype name.
-        ModelLoadError: unknown id, unreachable hub, unreadable folder, or not a causal LM.
+        ModelLoadError: unknown id, unreachable hub, unreadable folder, not a causal LM, or a device map accelerate
+            cannot place.
+        InputError: an unknown dtype name, both `device` and `device_map` given, or offload options without a
+            device map.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     start = time.perf_counter()
     name = name_or_path or EMBEDDED_MODEL
-    dev = _resolve_device(device)
+    if device_map is not None and device:
+        raise InputError("Give either a device or a device map, not both.")
+    if device_map is None and (offload_folder is not None or max_memory is not None):
+        raise InputError("offload_folder and max_memory apply to a device map; give one, e.g. device_map='auto'.")
+    dev = _resolve_device(device)  # with a device map: only for the default dtype (bfloat16 when GPUs are used)
     dtype = (parse_dtype(dtype) if isinstance(dtype, str) else dtype) or default_dtype(dev)
+    placement: dict[str, Any] = {}
+    if device_map is not None:
+        placement = {"device_map": device_map, "offload_folder": offload_folder, "max_memory": max_memory}
+        placement = {k: v for k, v in placement.items() if v is not None}
     if name in (EMBEDDED_MODEL, "embedded", "default"):
         name = EMBEDDED_MODEL
         source = str(_converted_embedded_folder())
@@ -301,6 +347,7 @@ def load_model(
             if not Path(name).exists():
                 raise ModelLoadError(f"Model folder {name!r} does not exist.")
     image_processor = None
+    placing = False
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
         from transformers import AutoConfig
@@ -309,17 +356,26 @@ def load_model(
 
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
         model_cls = vision_model_class(config) or AutoModelForCausalLM
-        model = model_cls.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False)
+        placing = device_map is not None  # errors from here on are most likely the device map's
+        model = model_cls.from_pretrained(
+            source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False, **placement
+        )
         if model_cls is not AutoModelForCausalLM:
             check_vision_model(model)
             image_processor = load_image_processor(source, model.config, min_pixels, max_pixels)
     except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if placing:
+            raise ModelLoadError(
+                f"Could not place model {name!r} with the device map {device_map!r}: {first}. Use accelerate's "
+                "names ('auto', 'balanced', 'sequential') or the model's module names, each part placed once."
+            ) from e
         raise ModelLoadError(
             f"Could not load model {name!r}: {first}. Give a local folder with config.json, tokenizer and weights, "
             "or a Hugging Face Hub id of a causal language model (the Hub must be reachable)."
         ) from e
-    model.to(dev)
+    if device_map is None:
+        model.to(dev)
     model.eval()
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token

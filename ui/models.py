@@ -13,7 +13,7 @@ import threading
 
 from explainer import load_model
 from explainer.errors import ExplainerError, InputError
-from explainer.models import HUB_VISION_MODEL, ModelBundle, default_model_ids
+from explainer.models import HUB_VISION_MODEL, ModelBundle, default_model_ids, parse_device_map
 from explainer.precision import precision_label
 
 from .errors import user_errors
@@ -35,8 +35,13 @@ def model_ids() -> tuple[str | None, str | None]:
 
 @functools.cache
 def _load(model_id: str | None) -> ModelBundle:
-    # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16
-    return load_model(model_id, dtype=os.environ.get("EXPLAINER_DTYPE") or None)
+    # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16;
+    # EXPLAINER_DEVICE_MAP=auto spreads a model too big for one GPU over all of them (accelerate's dispatch)
+    return load_model(
+        model_id,
+        dtype=os.environ.get("EXPLAINER_DTYPE") or None,
+        device_map=parse_device_map(os.environ.get("EXPLAINER_DEVICE_MAP")),
+    )
 
 
 def _precision(bundle: ModelBundle) -> str:

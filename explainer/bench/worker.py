@@ -84,10 +84,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """Load the model, warm up, time `repeats` runs of one configuration; runs inside a fresh worker process.
 
     Args:
-        spec: model, device, dtype (a name, see `precision.parse_dtype`; None or "auto": the device's default),
-            method, prompt_tokens, new_tokens, repeats, data and prompt_file (paths or None, see
-            `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to wait, before each
-            timed run, for other processes to leave the CPUs alone), live_mem (also measure
+        spec: model, device, device_map (see `models.load_model`), dtype (a name, see `precision.parse_dtype`; None
+            or "auto": the device's default), method, prompt_tokens, new_tokens, repeats, data and prompt_file
+            (paths or None, see `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to
+            wait, before each timed run, for other processes to leave the CPUs alone), live_mem (also measure
             `BenchRow.live_peak_mem_mb`).
 
     Returns:
@@ -101,7 +101,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
-    bundle = load_model(spec["model"], device=spec["device"], dtype=spec.get("dtype"), max_prompt_tokens=n)
+    bundle = load_model(
+        spec["model"], device=spec["device"], device_map=spec.get("device_map"), dtype=spec.get("dtype"),
+        max_prompt_tokens=n,
+    )  # fmt: skip
     context = bundle.context_length
     if context is not None and n + k > context:
         raise InputError(

@@ -81,6 +81,24 @@ def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     dtype_option(p)
+    add_device_map_option(p)
+
+
+DEVICE_MAP_HELP = (
+    "instead of --device, spread the model over the GPUs (and CPU memory, disk) with accelerate: auto, balanced, "
+    'sequential, or a JSON map of module names to devices, e.g. \'{"model.embed_tokens": 0, "model.layers": 1, ...}\''
+)
+
+
+def add_device_map_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-map", default=None, help=DEVICE_MAP_HELP)
+
+
+def placement(args: argparse.Namespace) -> dict:
+    """`load_model` keywords for `--device` / `--device-map`."""
+    from ..models import parse_device_map
+
+    return {"device": args.device, "device_map": parse_device_map(getattr(args, "device_map", None))}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -25,7 +25,7 @@ from ..bench import (
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
 from ..precision import parse_dtype
-from . import dtype_option, methods_help
+from . import add_device_map_option, dtype_option, methods_help, placement
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -131,7 +131,7 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
         args.new_tokens,
         methods,
         args.repeats,
-        device=args.device,
+        **placement(args),
         dtype=args.dtype,
         data_path=data,
         prompt_file=prompt_file,
@@ -163,6 +163,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     dtype_option(p)
+    add_device_map_option(p)
     text = p.add_mutually_exclusive_group()
     text.add_argument(
         "--prompt-file",

@@ -12,8 +12,9 @@ from typing import Any
 from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError
 from ..evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
+from ..parallel import Rank, rank_from_env, rank_path, shard
 from ..precision import precision_meta
-from . import dtype_option, methods_help
+from . import add_device_map_option, dtype_option, methods_help, placement
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -27,7 +28,15 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for path in (args.json, args.results):
         if path and not Path(path).resolve().parent.is_dir():
             raise InputError(f"Cannot write {path!r}: its folder does not exist.")
+    rank = rank_from_env()
+    if rank.world > 1 and not args.report and not args.results:
+        raise InputError(
+            f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
+            "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
+        )
     if args.report:
+        if rank.rank > 0:
+            return 0  # launched data-parallel: one report is enough
         samples = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
         summary = {**summarise(samples), "samples": samples}
         summary["seconds"] = sum(s.get("seconds", 0.0) for s in samples)
@@ -40,6 +49,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
     # squad_v2-dev: downloaded once, then the cached copy
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    if rank.world > 1:
+        rows, args = _rank_share(rows, args, rank)
     cfg = EvalConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -48,7 +59,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         seed=args.seed,
         method_options=method_options,
     )
-    bundle = load_model(args.model, device=args.device, dtype=dtype)
+    bundle = load_model(args.model, **placement(args), dtype=dtype)
     start = time.perf_counter()
     summary = run_evaluation(bundle, rows, cfg, args.results, log=lambda msg: print(msg, file=sys.stderr))
     summary["seconds"] = time.perf_counter() - start
@@ -56,6 +67,27 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(format_tables(summary))
     print(f"\nelapsed: {summary['seconds']:.1f} s")
     return _write_summary(summary, args.json)
+
+
+def _rank_share(rows: list, args: argparse.Namespace, rank: Rank) -> tuple[list, argparse.Namespace]:
+    """Under torchrun / accelerate launch: this rank's block of rows, its own results and JSON files (created now,
+    so a complete set of rank files tells that every rank ran) and, by default, the GPU of its local rank."""
+    if args.device_map is not None and rank.local_world > 1:
+        raise InputError(
+            f"{rank.local_world} processes on this machine would each spread the model over all its GPUs with "
+            "--device-map: launch one process per machine for that, or leave --device-map out (one GPU per rank)."
+        )
+    share = shard(rows, rank.rank, rank.world)
+    results = rank_path(args.results, rank.rank, rank.world)
+    results.touch()
+    json_path = str(rank_path(args.json, rank.rank, rank.world)) if args.json else None
+    device = args.device
+    if device is None and args.device_map is None:
+        import torch
+
+        device = f"cuda:{rank.local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else None
+    print(f"rank {rank.rank} of {rank.world}: {len(share)} of {len(rows)} rows -> {results}", file=sys.stderr)
+    return share, argparse.Namespace(**{**vars(args), "results": str(results), "json": json_path, "device": device})
 
 
 def _write_summary(summary: dict[str, Any], path: str | None) -> int:
@@ -89,6 +121,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
     dtype_option(p)
+    add_device_map_option(p)
     p.add_argument("--json", help="write the summary and per-sample rows as JSON to this path")
     p.add_argument("--results", help="JSON-lines file of per-sample results; a rerun skips the ids already in it")
     p.add_argument("--skip-faithfulness", action="store_true", help="AUC-PR only (no removal runs)")
@@ -97,6 +130,7 @@ def add_eval_parser(sub) -> None:
     p.add_argument(
         "--report",
         help="comma-separated --results files of earlier runs (e.g. different methods on the same samples): join "
-        "them by sample id and print the tables without evaluating",
+        "them by sample id and print the tables without evaluating; a path also joins the rank files of a "
+        "data-parallel run that wrote to it",
     )
     p.set_defaults(func=cmd_eval)

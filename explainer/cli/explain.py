@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..errors import InputError
-from . import _read_answer, _read_prompt
+from . import _read_answer, _read_prompt, placement
 
 
 def _answer_label(attr) -> str:
@@ -76,7 +76,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
     bundle = load_model(
-        args.model, device=args.device, dtype=dtype, max_prompt_tokens=args.max_prompt_tokens,
+        args.model, **placement(args), dtype=dtype, max_prompt_tokens=args.max_prompt_tokens,
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
     )  # fmt: skip
@@ -155,7 +155,7 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and args.routing:
         soft = dataclasses.replace(soft, routing=args.routing)
-    bundle = load_model(args.model, device=args.device, dtype=dtype, max_prompt_tokens=args.max_prompt_tokens)
+    bundle = load_model(args.model, **placement(args), dtype=dtype, max_prompt_tokens=args.max_prompt_tokens)
     options = dict(
         max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
     )

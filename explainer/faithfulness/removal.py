@@ -98,6 +98,7 @@ class _Departure:
 def _cross_entropy_stats(logits: torch.Tensor, gen: torch.Tensor) -> tuple[np.ndarray, np.ndarray]:
     """(R, K, V) logits predicting `gen` (K,) -> mean target logit (R,), perplexity (R,)."""
     logits = logits.float()
+    gen = gen.to(logits.device)  # the logits come from the last layer's device under a device map
     target = logits.gather(-1, gen.expand(logits.shape[0], -1)[..., None])[..., 0]  # (R, K)
     ce = torch.logsumexp(logits, dim=-1) - target
     return to_numpy(target.mean(dim=1)), to_numpy(torch.exp(ce.mean(dim=1)))
@@ -143,7 +144,7 @@ def removal_runs(
     def settle(runs: list[int], logits: torch.Tensor, cache: DynamicCache | None) -> None:
         """Metrics and regeneration state of `runs` from their teacher-forced logits (B, K, V)."""
         logit[runs], ppl[runs] = _cross_entropy_stats(logits, gen)
-        follows = logits.argmax(dim=-1) == gen  # (B, K)
+        follows = logits.argmax(dim=-1) == gen.to(logits.device)  # (B, K)
         for i, run in enumerate(runs):
             stop = min(k, limit)
             departs = (~follows[i, :stop]).nonzero()

@@ -119,7 +119,7 @@ def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Ite
         b, h, tq, d = query.shape
         kvh = key.shape[1]
         tk = key.shape[2]
-        p = probs[module.layer_idx][:, :, tk - tq : tk, :tk].to(value.dtype)  # (1, H, Tq, Tk); queries are the newest
+        p = probs[module.layer_idx][:, :, tk - tq : tk, :tk].to(value.device, value.dtype)  # (1, H, Tq, Tk): newest
         p = p.expand(b, h, tq, tk).reshape(b, kvh, (h // kvh) * tq, tk)  # (B, KVH, G*Tq, Tk)
         out = torch.matmul(p, value).reshape(b, h, tq, d)  # (B, H, Tq, D)
         return out.transpose(1, 2).contiguous(), None

@@ -139,7 +139,7 @@ def _make_mask_function(state: _Suppression) -> Callable:
         mask = eager_mask(kv_length=kv_length, kv_offset=kv_offset, **kwargs)  # (B, 1, Tq, Tk) additive float
         if state.bias is None:
             return mask
-        bias = state.bias[:, kv_offset : kv_offset + kv_length].to(mask.dtype)  # (B, Tk)
+        bias = state.bias[:, kv_offset : kv_offset + kv_length].to(mask.device, mask.dtype)  # (B, Tk)
         if bias.shape[0] != mask.shape[0] or bias.shape[1] != kv_length:
             raise UnsupportedModelError(
                 f"This model builds attention masks of shape {tuple(mask.shape)} that AtMan's per-token bias "
@@ -196,6 +196,7 @@ def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
 def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """(B, K, V) logits and (K,) targets -> (B, K) float32 cross-entropy."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
+    targets = targets.to(logp.device)  # the logits come from the last layer's device under a device map
     return -logp.gather(-1, targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)).squeeze(-1)
 
 

@@ -42,6 +42,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
 
 from ..capture import attention_function_selected, check_attention_kwargs
+from ..devices import parameter_value
 from ..errors import UnsupportedModelError
 from ..host import to_numpy
 from ..session import hold
@@ -203,7 +204,11 @@ def lrp_rules(model: torch.nn.Module) -> Iterator[_Calls]:
         return _active_rules.get() is owner
 
     def norm_hook(module, args, output):
-        return rms_norm_identity(args[0], module.weight, getattr(module, arch.norm_eps)) if mine() else None
+        if not mine():
+            return None
+        # Forward hooks run after accelerate's offload hook has put an offloaded weight back on `meta`.
+        weight = parameter_value(module, "weight").to(output.device)
+        return rms_norm_identity(args[0].to(output.device), weight, getattr(module, arch.norm_eps))
 
     def activation_hook(module, args, output):
         return identity_rule(args[0], output) if mine() else None

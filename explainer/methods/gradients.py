@@ -26,16 +26,22 @@ def gradients_enabled(model: torch.nn.Module) -> Iterator[None]:
     Frozen parameters keep the graph small: no layer saves its input for a weight gradient, and layers below the
     first tensor that requires grad record nothing. Every parameter's `requires_grad` is restored on exit, also
     after an exception.
+
+    Parameters are found again by name on exit: accelerate's offload hooks (a model loaded with a device map)
+    replace an offloaded module's parameters at every forward, copying `requires_grad`, and those made under
+    inference mode are inference tensors, whose flag can only be set back inside inference mode.
     """
-    trainable = [p for p in model.parameters() if p.requires_grad]
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
     try:
-        for p in trainable:
+        for p in model.parameters():
             p.requires_grad_(False)
         with torch.inference_mode(False), torch.enable_grad():
             yield
     finally:
-        for p in trainable:
-            p.requires_grad_(True)
+        with torch.inference_mode():
+            for name, p in model.named_parameters():
+                if name in trainable:
+                    p.requires_grad_(True)
 
 
 def refuse_extra_inputs(run: GenerationRun, method: str) -> None:

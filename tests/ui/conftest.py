@@ -76,6 +76,7 @@ class FakeLibrary:
 
     def load_model(self, name=None, **kwargs):
         self.loads += 1
+        self.load_options = kwargs
         return FakeBundle()
 
     def stream_explain(

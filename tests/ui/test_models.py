@@ -82,3 +82,13 @@ def test_model_line_names_the_precision_set_by_explainer_dtype(fake, monkeypatch
     monkeypatch.setenv("EXPLAINER_DTYPE", "bf15")
     with pytest.raises(gr.Error, match="Unknown dtype 'bf15': use one of auto, float32, bfloat16, float16"):
         models.model_info()
+
+
+def test_device_map_from_the_environment(fake, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_DEVICE_MAP", "auto")
+    models.get_bundle()
+    assert fake.load_options["device_map"] == "auto"
+    models.forget_models()
+    monkeypatch.delenv("EXPLAINER_DEVICE_MAP")
+    models.get_bundle()
+    assert fake.load_options["device_map"] is None
