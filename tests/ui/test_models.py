@@ -65,7 +65,7 @@ def test_model_line_names_the_precision_set_by_explainer_dtype(fake, monkeypatch
     tokenizer = make_tokenizer()
     asked = []
 
-    def load(name=None, dtype=None):
+    def load(name=None, dtype=None, **options):
         asked.append(dtype)
         model = build_model("llama").to(parse_dtype(dtype) or torch.float32)
         return bundle_from_objects(model, tokenizer, name="tiny-llama")
