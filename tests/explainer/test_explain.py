@@ -11,7 +11,7 @@ from explainer import InputError, UnsupportedModelError, bundle_from_objects, ex
 from explainer.capture import registered_names
 from explainer.session import model_lock
 
-from .conftest import FailingMACS, build_model
+from ..conftest import FailingMACS, build_model
 
 PROMPT = "What is the capital of France?"
 

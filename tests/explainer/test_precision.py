@@ -22,7 +22,7 @@ from explainer.precision import (
     precision_meta,
 )
 
-from .conftest import build_model
+from ..conftest import build_model
 
 COMMANDS = ("explain", "faithfulness", "eval", "bench")
 

@@ -19,8 +19,8 @@ from explainer import explain, load_model
 from explainer.models import bundle_from_objects
 from explainer.vision import encode_image_prompt
 
-from .conftest import build_model
-from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ..conftest import build_model
+from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 DTYPES = [torch.float32, torch.bfloat16]
 K = 12

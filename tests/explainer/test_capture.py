@@ -9,7 +9,7 @@ from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 from explainer.capture import capture_attention, registered_names
 from explainer.errors import UnsupportedModelError
 
-from .conftest import eager_attentions
+from ..conftest import eager_attentions
 
 TOL = 1e-5
 

@@ -24,9 +24,9 @@ from explainer.methods import METHODS, available_methods, get_method
 from explainer.result import Attribution
 from explainer.vision import encode_image_prompt, full_sequence_inputs
 
-from .conftest import BUILDERS, CHAT_TEMPLATE, CORPUS, VOCAB, build_model, eager_attentions
-from .reference import reference_macs
-from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ..conftest import BUILDERS, CHAT_TEMPLATE, CORPUS, VOCAB, build_model, eager_attentions
+from ..reference import reference_macs
+from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 PROMPT = "What is the capital of France?"
 ANSWER = "Paris is the capital of France."  # not what the random tiny models generate

@@ -20,7 +20,7 @@ from explainer.methods import METHODS, GenerationRun, get_method, method_config
 from explainer.result import Attribution
 from explainer.session import hold
 
-from .conftest import build_model, make_tokenizer
+from ..conftest import build_model, make_tokenizer
 
 
 @contextlib.contextmanager

@@ -24,9 +24,9 @@ from explainer.faithfulness.soft import SoftConfig
 from explainer.methods import METHODS
 from explainer.models import bundle_from_objects
 
-from .conftest import build_model
-from .device_guard import FACTORIES, factory_guard, in_library, library_numpy_calls, numpy_calls
-from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ..conftest import build_model
+from ..device_guard import FACTORIES, factory_guard, in_library, library_numpy_calls, numpy_calls
+from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 PROMPT = "Paris is the capital of France, and Berlin is the capital of Germany. What is the capital of France?"
 

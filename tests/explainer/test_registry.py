@@ -10,7 +10,7 @@ import pytest
 from explainer import METHODS, UnknownMethodError, bundle_from_objects, explain, get_method
 from explainer.capture import registered_names
 
-from .conftest import build_model
+from ..conftest import build_model
 
 PROMPT = "What is the capital of France?"
 

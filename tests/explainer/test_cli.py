@@ -11,7 +11,7 @@ import pytest
 
 from explainer.cli import EXIT_USER_ERROR, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_json_output_layout(tiny_model_dir, tmp_path):
