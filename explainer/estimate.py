@@ -9,8 +9,9 @@ so teacher-forced passes cover T - 1 positions):
 - AtMan, fast path (`methods/atman_cost.py`): one unperturbed forward over T - 1 positions, then one
   forward per group of distinct suppression rows, each row recomputing the suffix from its first suppressed position
   to T - 1; rows are grouped as AtMan groups them (sorted by first position, about `kv.TOKENS_PER_BATCH` positions
-  and at most `batch_size` rows a pass). A row is one distinct input embedding (all occurrences of a token share
-  one); its first suppressed position is the earliest occurrence of that token or, with correlated suppression, of
+  and at most `batch_size` rows a pass, each pass with one more, unperturbed row: the baseline); rows that suppress
+  nothing (`suppression_factor=1`) are not run. A row is one distinct input embedding (all occurrences of a token
+  share one); its first suppressed position is the earliest occurrence of that token or, with correlated suppression, of
   any token whose embedding is at least `cosine_threshold` similar. Given the prompt's input embeddings (methods with
   `needs_prompt_embeddings` get them) this is AtMan's own count; from token ids alone similar tokens are not seen, so
   the count is a lower bound (on the embedded model's example prompts about a third of the rows start ~12 positions

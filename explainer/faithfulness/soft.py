@@ -10,15 +10,21 @@ Monte-Carlo samples, then over evaluated steps.
 Routing: "dynamic" (section 4.3: attention recomputed on the perturbed input) or "fixed" (Appendix K: the attention
 weights of the unperturbed pass, so only the values change).
 
-Cost: per evaluated step, 2 + 2 * len(pis) * samples forwards per method over the positions from the first
-evaluated one to the step (the positions before it are computed once). `soft_cost` tells it before running.
+The unperturbed distribution is computed as one extra row of every forward (the all-zero baseline's and each batch of
+masked inputs'), so it comes from exactly the layout (shared prefix, batch, length) of the rows it is compared with:
+a mask of ones gives a distance of exactly 0, and on a GPU, where a pass's rounding depends on its shape, bfloat16
+leaves no layout noise floor.
+
+Cost: per evaluated step, 2 * len(pis) * samples perturbed inputs per method, plus the all-zero baseline and one
+unperturbed row per forward, over the positions from the first evaluated one to the step (the positions before it
+are computed once). `soft_cost` tells it before running.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,13 +104,19 @@ def soft_cost(
     steps: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
 ) -> dict[str, int]:
-    """What `soft_curves` will compute: {"forwards": perturbed sequences, "tokens": positions they recompute}."""
+    """What `soft_curves` will compute: {"forwards": sequences run, "tokens": positions they recompute, "steps"}, at
+    most (masks that keep every position are not run)."""
     cfg = config or QUICK_SOFT
     pos = evaluated_positions(attr, positions)
-    per_step = 2 + 2 * len(cfg.pis) * cfg.samples * len(methods)
+    masks = 2 * len(cfg.pis) * cfg.samples * len(methods)
     chosen = soft_steps(attr, cfg, steps)
-    tokens = sum(per_step * (attr.num_prompt_tokens + k - int(pos.min())) for k in chosen)
-    return {"forwards": per_step * len(chosen), "tokens": tokens, "steps": len(chosen)}
+    forwards = tokens = 0
+    for k in chosen:
+        length = attr.num_prompt_tokens + k - int(pos.min())
+        size = rows_per_batch(length, TOKENS_PER_BATCH, cfg.batch_size)
+        sequences = 2 + masks + -(-masks // size)  # unperturbed and all-zero, the masks, one unperturbed per batch
+        forwards, tokens = forwards + sequences, tokens + sequences * length
+    return {"forwards": forwards, "tokens": tokens, "steps": len(chosen)}
 
 
 @contextlib.contextmanager
@@ -119,10 +131,10 @@ def fixed_routing(model: torch.nn.Module, probs: dict[int, torch.Tensor]) -> Ite
         b, h, tq, d = query.shape
         kvh = key.shape[1]
         tk = key.shape[2]
-        p = probs[module.layer_idx][:, :, tk - tq : tk, :tk].to(value.device, value.dtype)  # (1, H, Tq, Tk): newest
+        p = probs[module.layer_idx][:, :, tk - tq : tk, :tk].to(value.device)  # (1, H, Tq, Tk) float32: newest
         p = p.expand(b, h, tq, tk).reshape(b, kvh, (h // kvh) * tq, tk)  # (B, KVH, G*Tq, Tk)
-        out = torch.matmul(p, value).reshape(b, h, tq, d)  # (B, H, Tq, D)
-        return out.transpose(1, 2).contiguous(), None
+        out = torch.matmul(p, value.float()).reshape(b, h, tq, d)  # (B, H, Tq, D), in float32 like the weights
+        return out.transpose(1, 2).to(value.dtype).contiguous(), None
 
     with attention_function_selected(model, "explainer_fixed_routing_", fixed_forward):
         yield
@@ -219,8 +231,9 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
         ids = torch.tensor([all_ids[: n + k]], dtype=torch.long, device=dev)  # (1, T), T = N + k
         emb = embed(ids)  # (1, T, D)
         probs: dict[int, torch.Tensor] = {}
-        with _recording(model, probs) if cfg.routing == "fixed" else contextlib.nullcontext():
-            p_orig = _next_token_probs(model, emb)  # (1, V)
+        if cfg.routing == "fixed":
+            with _recording(model, probs):
+                _next_token_probs(model, emb)  # the unperturbed pass's attention weights, layer -> (1, H, T, T)
         # positions before the first evaluated one never change: their cache is computed once per step
         prefix = DynamicCache()
         if pos.min() > 0:
@@ -228,34 +241,20 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
             model(inputs_embeds=emb[:, head[0]], position_ids=head, past_key_values=prefix, use_cache=True,
                   logits_to_keep=1)  # fmt: skip
         routing = functools.partial(fixed_routing, model, probs) if cfg.routing == "fixed" else contextlib.nullcontext
-        zero = emb.clone()
-        zero[:, pos_t] = 0.0
+        zero = np.zeros((1, pos.size), dtype=bool)  # the all-zero baseline: every evaluated position dropped
         with routing():
-            d0 = float(hellinger(to_numpy(p_orig), to_numpy(_next_token_probs(model, zero, prefix)))[0])
+            d0 = float(_distances(model, emb, pos_t, zero, prefix, 1)[0])
         if not d0 > 0:
             continue  # the zero baseline does not move the prediction: the step carries no signal
-        # masks for every method, pi, kind (NS keeps by s~, NC by 1 - s~) and sample: (M, n)
-        masks, index = [], []
-        for m in methods:
-            s = minmax(attr.methods[m].raw[k, pos])
-            rng = np.random.default_rng([cfg.seed, k, methods.index(m)])
-            for pi_i, pi in enumerate(pis):
-                st = calibrate(s, pi)
-                for kind, p_keep in (("ns", st), ("nc", 1.0 - st)):
-                    masks.append(rng.random((cfg.samples, pos.size)) < p_keep)
-                    index.append((m, kind, pi_i))
-        e = torch.as_tensor(np.concatenate(masks), dtype=emb.dtype, device=dev)  # (M, n)
-        dist = np.empty(e.shape[0])
-        size = rows_per_batch(emb.shape[1] - int(pos.min()), TOKENS_PER_BATCH, cfg.batch_size)
-        for start in range(0, e.shape[0], size):
-            check_cancelled()
-            sl = slice(start, min(e.shape[0], start + size))
-            batch = emb.expand(sl.stop - sl.start, -1, -1).clone()  # (B, T, D)
-            batch[:, pos_t] *= e[sl, :, None]
-            with routing():
-                dist[sl] = hellinger(to_numpy(p_orig), to_numpy(_next_token_probs(model, batch, prefix)))
+        masks, index = _masks(attr, methods, k, pos, cfg)  # (M, n)
+
+        def report(done: int, total: int, si=si, k=k) -> None:
             if progress:
-                progress((si + sl.stop / e.shape[0]) / len(steps), f"pi-Soft: step {k + 1}, {sl.stop}/{e.shape[0]}")
+                progress((si + done / total) / len(steps), f"pi-Soft: step {k + 1}, {done}/{total}")
+
+        size = rows_per_batch(emb.shape[1] - int(pos.min()), TOKENS_PER_BATCH, cfg.batch_size)
+        with routing():
+            dist = _distances(model, emb, pos_t, masks, prefix, size, report)  # (M,)
         for j, (m, kind, pi_i) in enumerate(index):
             d = dist[j * cfg.samples : (j + 1) * cfg.samples]
             if kind == "ns":
@@ -263,3 +262,54 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
             else:
                 nc[m][si, pi_i] = float(np.mean(d / d0))
     return ns, nc
+
+
+def _masks(attr: Attribution, methods: list[str], k: int, pos: np.ndarray, cfg: SoftConfig) -> tuple[np.ndarray, list]:
+    """Bernoulli keep-masks (M, n) for every method, pi, kind (NS keeps by s~, NC by 1 - s~) and sample, and
+    (method, kind, pi index) per block of `cfg.samples` rows."""
+    masks, index = [], []
+    for m in methods:
+        s = minmax(attr.methods[m].raw[k, pos])
+        rng = np.random.default_rng([cfg.seed, k, methods.index(m)])
+        for pi_i, pi in enumerate(cfg.pis):
+            st = calibrate(s, float(pi))
+            for kind, p_keep in (("ns", st), ("nc", 1.0 - st)):
+                masks.append(rng.random((cfg.samples, pos.size)) < p_keep)
+                index.append((m, kind, pi_i))
+    return np.concatenate(masks), index
+
+
+def _distances(
+    model: torch.nn.Module,
+    emb: torch.Tensor,
+    pos_t: torch.Tensor,
+    keep: np.ndarray,
+    prefix: DynamicCache,
+    size: int,
+    report: Callable[[int, int], None] | None = None,
+) -> np.ndarray:
+    """Hellinger distances of the next-token distribution under each keep-mask to the unperturbed one.
+
+    Every forward holds one unperturbed row beside its `size` (at most) masked rows, so each distance compares two
+    rows of one pass; a mask that keeps every position is the unperturbed input itself, distance exactly 0, not run.
+
+    Args:
+        emb: (1, T, D) input embeddings. pos_t: (n,) the evaluated positions. keep: (M, n) bool masks.
+        prefix: cache of the positions before the first evaluated one (batch 1, left unchanged).
+
+    Returns:
+        (M,) float64 distances.
+    """
+    dist = np.zeros(keep.shape[0])
+    todo = np.flatnonzero(~keep.all(axis=1))  # masks that drop something
+    e = torch.as_tensor(keep[todo], dtype=emb.dtype, device=emb.device)  # (M', n)
+    for start in range(0, todo.size, size):
+        check_cancelled()
+        rows = slice(start, min(todo.size, start + size))
+        batch = emb.expand(rows.stop - rows.start + 1, -1, -1).clone()  # (B + 1, T, D): row 0 stays unperturbed
+        batch[1:, pos_t] *= e[rows, :, None]
+        p = to_numpy(_next_token_probs(model, batch, prefix))  # (B + 1, V)
+        dist[todo[rows]] = hellinger(p[:1], p[1:])
+        if report is not None:
+            report(rows.stop, todo.size)
+    return dist

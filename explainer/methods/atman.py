@@ -16,10 +16,14 @@ like any other; their "input embedding" for correlated suppression is the merged
 One teacher-forced pass per suppressed token gives a whole column of the (K, N) map.
 
 Fast path (`fast=True`), exact up to float rounding:
-- one unperturbed pass gives CE_original and the KV cache of every position;
+- one unperturbed pass gives the KV cache of every position;
 - queries before the first suppressed position cannot attend to it, so their hidden states, keys and values are
   unchanged: the perturbed passes reuse that cached prefix and recompute only the suffix, several suppressed tokens
   per batch, sorted by their first suppressed position so a batch shares a long prefix;
+- CE_original comes from one unperturbed row in every batch, so it is computed in exactly the layout (prefix, batch,
+  length) of the rows it is subtracted from: on a GPU, where a pass's rounding depends on its shape, bfloat16 leaves
+  no layout noise floor; a row that suppresses nothing (`suppression_factor=1`) is the baseline itself, scores
+  exactly 0 and is not run;
 - equal suppression rows are run once: with correlated suppression every occurrence of a token id suppresses all
   occurrences (cosine 1) with the same factors, so their columns are identical (512 tokens of English text have
   ~220 distinct ids);
@@ -57,10 +61,12 @@ _NAME_PREFIX = "explainer_atman_"
 
 @dataclass
 class AtManConfig:
-    suppression_factor: float = 0.1  # attention weight to a suppressed token is scaled by this before renormalising
+    suppression_factor: float = 0.1  # attention weight to a suppressed token is scaled by this before renormalising;
+    # 1 suppresses nothing (every score is exactly 0)
     correlated: bool = True  # section 3.3: also suppress prompt tokens with similar input embeddings
     cosine_threshold: float = 0.6  # kappa: embedding cosine similarity from which a prompt token counts as correlated
-    batch_size: int = 8  # most perturbed sequences per forward pass (fewer when they are long: ~1,024 tokens a pass)
+    batch_size: int = 8  # most perturbed sequences per forward pass (fewer when they are long: ~1,024 tokens a
+    # pass), besides the pass's one unperturbed row
     fast: bool = True  # reuse the unperturbed prefix cache and batch; False: one full forward per token (reference)
 
     def __post_init__(self) -> None:
@@ -342,6 +348,7 @@ def _naive_scores(
     targets = input_ids[0, n:]  # (K,)
     scores = np.zeros((t - n, n), dtype=np.float32)  # (K, N)
     with attention_suppression(model) as state:
+        state.bias = torch.zeros_like(log_bias[:1])  # (1, T): the same computation as the perturbed passes
         logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
         base = _cross_entropy(logits, targets)
         _check_manipulated(state)
@@ -371,32 +378,35 @@ def _fast_scores(
     # Equal suppression rows (other occurrences of a token under correlated suppression) give equal columns.
     rows, column_of = torch.unique(log_bias[:, : t - 1], dim=0, return_inverse=True)  # (R, T - 1), (N,)
     suppressed = rows[:, :n] != 0  # (R, N)
-    # First suppressed position of each row (a row that suppresses nothing, factor 1, starts at the last prompt token).
-    first = torch.where(suppressed.any(dim=1), suppressed.float().argmax(dim=1), n - 1)  # (R,)
+    first = suppressed.float().argmax(dim=1)  # (R,) first suppressed position of each row
+    # A row that suppresses nothing (factor 1) is the baseline itself: its column stays exactly 0 and is not run.
+    run = suppressed.any(dim=1).nonzero()[:, 0]  # (R',)
     # A group starts at its smallest first position, so its longest suffix sets how many rows fit the token budget:
     # a few seconds per forward on a CPU, so a cancelled request stops soon.
-    groups = batches_by_first(first.tolist(), t - 1, batch_size)
-    total = len(groups) + 1
+    groups = [run[g] for g in batches_by_first(first[run].tolist(), t - 1, batch_size)]  # row indices per batch
     columns = torch.zeros(k, rows.shape[0], device=rows.device)  # (K, R)
+    if not groups:
+        return to_numpy(columns[:, column_of])  # (K, N) zeros
+    total = len(groups) + 1
+    unperturbed = torch.zeros_like(rows[:1])  # (1, T - 1): row 0 of every batch, the baseline of the others
     with attention_suppression(model) as state:
         cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
-        out = model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=k)
+        model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
         _check_manipulated(state)
-        base = _cross_entropy(out.logits, targets)  # (1, K)
-        del out
         if reusable(cache, t - 1):
             _report(progress, 1, total)
             for done, group in enumerate(groups, start=2):
                 start = int(first[group].min())  # positions before it are identical in every sequence of the group
-                b = len(group)
-                state.bias = rows[group]  # (B, T - 1)
+                b = len(group) + 1
+                state.bias = torch.cat([unperturbed, rows[group]])  # (B, T - 1)
                 out = model(
                     **seq.inputs(start, t - 1, b),  # (B, T - 1 - start)
                     past_key_values=prefix_cache(cache, start, b),
                     use_cache=True,
                     logits_to_keep=k,
                 )
-                columns[:, group] = (_cross_entropy(out.logits, targets) - base).T  # (K, B)
+                ce = _cross_entropy(out.logits, targets)  # (B, K)
+                columns[:, group] = (ce[1:] - ce[:1]).T  # (K, B - 1)
                 _report(progress, done, total)
             return to_numpy(columns[:, column_of])  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.

@@ -15,8 +15,8 @@ def first_suppressed(request: CostRequest, config: AtManConfig) -> list[int]:
     correlated suppression, of any token whose embedding is at least `cosine_threshold` similar. Exact with
     `request.embeddings`; from token ids alone similar tokens are not seen, so positions may come out later."""
     n = request.n
-    if config.suppression_factor == 1.0:  # every factor is 1: one row that suppresses nothing, started at n - 1
-        return [n - 1]
+    if config.suppression_factor == 1.0:  # every factor is 1: rows that suppress nothing are not run
+        return []
     if not config.correlated:
         return list(range(n))  # one row per position, each suppressing only itself
     if request.embeddings is None:
@@ -36,14 +36,17 @@ def first_suppressed(request: CostRequest, config: AtManConfig) -> list[int]:
 
 def atman_cost(request: CostRequest, config: AtManConfig) -> Cost:
     """The passes AtMan makes: fast path, one unperturbed forward over T - 1 positions, then one forward per group
-    of distinct suppression rows (grouped as `_fast_scores` groups them), each row recomputing the suffix from its
-    first suppressed position to T - 1; naive path, N + 1 forwards over T positions."""
+    of distinct suppression rows (grouped as `_fast_scores` groups them, plus one unperturbed row each), each row
+    recomputing the suffix from its first suppressed position to T - 1; naive path, N + 1 forwards over T positions."""
     n, t, k = request.n, request.t, request.num_new_tokens
     if k <= 0:
         return Cost()
     if not config.fast:
         return Cost(forward_passes=n + 1, forward_tokens=(n + 1) * t)
     first = first_suppressed(request, config)
+    if not first:
+        return Cost()
     groups = batches_by_first(first, t - 1, config.batch_size)  # as AtMan batches its passes
-    tokens = sum(len(g) * (t - 1 - first[g[0]]) for g in groups)  # a group's first row has its smallest position
+    # a group's first row has its smallest position; each pass also runs one unperturbed row (the baseline)
+    tokens = sum((len(g) + 1) * (t - 1 - first[g[0]]) for g in groups)
     return Cost(forward_passes=1 + len(groups), forward_tokens=t - 1 + tokens)  # + the unperturbed pass
