@@ -27,7 +27,7 @@ from .errors import InputError
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
 from .precision import precision_meta
-from .result import STEP_SCORES, Attribution, MethodScores
+from .result import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
 from .tokens import check_encodable
 
@@ -47,12 +47,14 @@ class Step:
     entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
 
 
-def _token_scores(logits: torch.Tensor, token: int) -> tuple[float, float]:
-    """(V,) next-token logits -> (probability of `token`, entropy in nats), in float32 whatever the model's dtype."""
+def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float]:
+    """(V,) next-token logits -> (token: the argmax or `forced`, its probability, the entropy in nats), in float32
+    whatever the model's dtype, with one device sync for all three."""
     probs = torch.softmax(logits.float(), dim=-1)  # (V,)
-    stats = torch.stack([probs[token], torch.special.entr(probs).sum()])  # entr(0) = 0: masked logits are fine
-    p, h = stats.tolist()  # one device sync for both
-    return min(max(p, 0.0), 1.0), max(h, 0.0)
+    token = logits.argmax() if forced is None else torch.tensor(forced, device=logits.device)  # ()
+    stats = torch.stack([token.double(), probs[token].double(), torch.special.entr(probs).sum().double()])  # (3,)
+    t, p, h = stats.tolist()  # entr(0) = 0: masked logits are fine; float64 holds any token id exactly
+    return int(t), min(max(p, 0.0), 1.0), max(h, 0.0)
 
 
 def _full_row_consumer(methods: Sequence[AttributionMethod]):
@@ -125,8 +127,7 @@ def generate_steps(
         else:
             out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         logits = out.logits[0, -1]  # (V,)
-        token = int(logits.argmax()) if forced_ids is None else forced_ids[k]
-        probability, entropy = _token_scores(logits, token)  # also the device sync a forced step lacks
+        token, probability, entropy = _next_token(logits, None if forced_ids is None else forced_ids[k])
         forward_seconds = time.perf_counter() - t0
         scores = {}
         for m in streaming:
@@ -387,7 +388,8 @@ def _generate(
     step scores: a snapshot after every token."""
     streaming = [m for m in instances if m.streaming]
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
-    rows: dict[str, list[np.ndarray]] = {m.name: [] for m in streaming}
+    capacity = min(max_new_tokens, 64) if forced_ids is None else len(forced_ids)
+    rows = {m.name: ScoreRows(attr.num_prompt_tokens, capacity) for m in streaming}  # O(N) host work per token
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
@@ -401,9 +403,8 @@ def _generate(
         for key in STEP_SCORES:
             attr.step_scores[key].append(getattr(step, key))
         for m in streaming:
-            rows[m.name].append(step.scores[m.name])
-            attr.methods[m.name] = MethodScores.from_raw(
-                np.stack(rows[m.name]), seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
+            attr.methods[m.name] = rows[m.name].append(
+                step.scores[m.name], seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
             )
         done = len(attr.generated_token_ids)
         forcing = f"teacher-forcing the answer: {done} of {len(forced_ids)} tokens" if forced_ids else ""

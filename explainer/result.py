@@ -79,6 +79,30 @@ class MethodScores:
         return cls(raw=raw, z=zscore(raw), seconds=float(seconds), meta=dict(meta or {}))
 
 
+class ScoreRows:
+    """A method's (K, N) scores built one row per generated token with O(N) host work per row.
+
+    Rows go into preallocated arrays that double when full, and only the new row is z-scored (z-scores are per row,
+    so this equals `zscore` of the whole matrix). `append` returns `MethodScores` whose arrays are views of the first
+    k rows; later rows are written below them, so earlier results never change.
+    """
+
+    def __init__(self, n: int, capacity: int = 64) -> None:
+        self._raw = np.zeros((max(1, capacity), n), dtype=np.float32)  # (capacity, N)
+        self._z = np.zeros_like(self._raw)  # (capacity, N)
+        self.k = 0
+
+    def append(self, row: np.ndarray, seconds: float = 0.0, meta: dict[str, Any] | None = None) -> MethodScores:
+        """Add row k (N,) and return the scores of rows 0..k."""
+        if self.k == self._raw.shape[0]:  # full: double (amortised O(N) per row)
+            self._raw = np.concatenate([self._raw, np.zeros_like(self._raw)])
+            self._z = np.concatenate([self._z, np.zeros_like(self._z)])
+        self._raw[self.k] = row
+        self._z[self.k] = zscore(self._raw[self.k : self.k + 1])[0]
+        self.k += 1
+        return MethodScores(raw=self._raw[: self.k], z=self._z[: self.k], seconds=float(seconds), meta=dict(meta or {}))
+
+
 @dataclass
 class Attribution:
     """Tokens of one generation and the attribution maps of every method run on it.

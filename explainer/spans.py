@@ -28,6 +28,7 @@ from .segments import Group, is_special, sentence_groups, sentence_starts, token
 
 GRANULARITIES = ("token", "word", "sentence")
 
+
 @dataclass(frozen=True)
 class ScoredGroup:
     """A group with its score and 1-based rank (see `top_sentences`)."""

@@ -65,6 +65,8 @@ def dtype_option(p: argparse.ArgumentParser) -> None:
         default="auto",
         help=f"weights' precision: {', '.join(DTYPE_CHOICES)} (auto: bfloat16 on a GPU, float32 on the CPU)",
     )
+
+
 def methods_help(what: str) -> str:
     """`--methods` help naming every registered method (`methods.method_choices`), e.g. for a newly added one."""
     from ..methods import method_choices

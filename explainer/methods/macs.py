@@ -67,10 +67,10 @@ class MACS(AttributionMethod):
             a_in = a_in + a[..., n:].sum(dim=-1, keepdim=True) / n  # Eq. 4
         pooled = _POOLING[cfg.pooling](a_in)  # (L, N), Eq. 5
         floored = cfg.alpha * pooled + (1.0 - cfg.alpha)  # Eq. 6
-        log_c = torch.log(floored).sum(dim=0)  # (N,), log of Eq. 7
+        log_c = to_numpy(torch.log(floored).sum(dim=0))  # (N,) float64, log of Eq. 7: the step's one device sync
         step, self.steps_done = self.steps_done, self.steps_done + 1
-        finite = log_c[torch.isfinite(log_c)]
-        if finite.numel() and finite.min() < _LOG_FLOAT32_TINY:
+        finite = log_c[np.isfinite(log_c)]
+        if finite.size and finite.min() < _LOG_FLOAT32_TINY:
             self.rescaled_steps.append(step)
             log_c = log_c - (finite.max() + finite.min()) / 2
-        return to_numpy(torch.exp(log_c), np.float32)
+        return np.exp(log_c).astype(np.float32)

@@ -1,0 +1,76 @@
+"""The generation loop reads from the device a fixed, small number of times per token.
+
+On a GPU every read of a device value on the host (`.item()`, `.tolist()`, `int(t)`, `bool(t)`, a conversion to
+numpy, a `nonzero`) waits for all queued work: a loop that syncs per layer or per row runs at the speed of its
+launches. A torch function mode sees every such call on a CPU as well, so the count is checked here: per decode step
+it is one read for the token, its probability and entropy, plus one per streaming method, whatever the prompt length
+and the step. The guard is shown to catch a planted per-layer sync.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from explainer.explain import generate_steps
+from explainer.methods import get_method
+from explainer.methods.macs import MACS
+
+from ..conftest import build_model
+
+HOST_READS = frozenset(
+    {"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "numpy", "nonzero", "__array__"}
+)
+
+
+class CountHostReads(TorchFunctionMode):
+    """Counts the torch calls that make the host wait for the device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in HOST_READS:
+            self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def reads_per_step(model, n: int, methods: list[str], steps: int = 6) -> list[int]:
+    """Host reads counted in each step of greedy generation from an n-token prompt."""
+    ids = torch.arange(3, 3 + n)[None] % model.config.vocab_size  # (1, n)
+    instances = [get_method(m) for m in methods]
+    counts = []
+    gen = generate_steps(model, ids, instances, steps)
+    while True:
+        with CountHostReads() as mode:
+            try:
+                next(gen)
+            except StopIteration:
+                break
+        counts.append(mode.count)
+    return counts
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])
+def test_decode_steps_read_the_device_once_per_method_plus_one(kind):
+    model = build_model(kind)
+    for n in (5, 23):
+        for methods in ([], ["macs"], ["macs", "rollout"]):
+            counts = reads_per_step(model, n, methods)
+            assert counts[1:] == [1 + len(methods)] * (len(counts) - 1), (n, methods, counts)
+
+
+def test_the_count_catches_a_sync_per_layer(monkeypatch):
+    model = build_model("llama")
+    step = MACS.step
+
+    def syncing_step(self, rows):
+        for layer in rows:  # a planted per-layer check
+            bool(layer.sum() > 0)
+        return step(self, rows)
+
+    monkeypatch.setattr(MACS, "step", syncing_step)
+    counts = reads_per_step(model, 7, ["macs"])
+    assert counts[1] == 2 + model.config.num_hidden_layers
