@@ -51,7 +51,7 @@ import torch
 
 from .capture import language_config
 from .errors import Cancelled, InputError
-from .kv import TOKENS_PER_BATCH
+from .kv import TOKENS_PER_BATCH, batch_budget
 from .methods import METHODS, method_class, method_config, method_options
 from .methods.cost import Cost, CostRequest
 from .methods.gradients import gradients_enabled
@@ -72,6 +72,7 @@ def method_cost(
     *,
     num_layers: int | None = None,
     embeddings: torch.Tensor | None = None,
+    batch: tuple[int, int] | None = None,
 ) -> Cost:
     """The work a registered method does on a finished generation.
 
@@ -83,6 +84,8 @@ def method_cost(
         num_layers: the model's decoder depth (caps Grad-ELLM's `layers`).
         embeddings: (N, d) the prompt's input embeddings, for methods with `needs_prompt_embeddings` (AtMan's count
             is exact with them, a lower bound without).
+        batch: (positions, rows) per batched pass on the model's device (`kv.batch_budget` with no row cap);
+            None: a CPU's.
 
     Returns:
         The method's own `cost`; `Cost.known` is False for a method without a cost model.
@@ -91,7 +94,8 @@ def method_cost(
         UnknownMethodError: not a registered method. InputError: bad options.
     """
     config = method_config(method, **(options or {}))  # checks the name too
-    request = CostRequest(list(prompt_ids), int(num_new_tokens), num_layers, embeddings)
+    tokens, rows = batch or (TOKENS_PER_BATCH, 0)
+    request = CostRequest(list(prompt_ids), int(num_new_tokens), num_layers, embeddings, tokens, rows)
     return method_class(method).cost(request, config)
 
 
@@ -329,10 +333,12 @@ def estimate(
     options = method_options or {}
     num_layers = _num_layers(bundle.model)
     embeddings = _embeddings(bundle, ids) if _need_embeddings(names) else None
+    batch = batch_budget(bundle.model, len(ids) + max_new_tokens, max_new_tokens, 0, 0)  # rows 0 on a CPU
     costs = {
-        m: method_cost(m, ids, max_new_tokens, options.get(m), num_layers=num_layers, embeddings=embeddings)
+        m: method_cost(m, ids, max_new_tokens, options.get(m), num_layers=num_layers, embeddings=embeddings,
+                       batch=batch)
         for m in names
-    }
+    }  # fmt: skip
     known = speed(bundle, wait) if any(c.known and not c.free for c in costs.values()) else None
     out = []
     for m, cost in costs.items():

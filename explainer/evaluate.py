@@ -54,7 +54,7 @@ class EvalConfig:
     max_new_tokens: int = 64  # the paper uses 256; shorter answers keep CPU runs affordable
     faithfulness: bool = True  # False: AUC-PR only
     ablation: bool = False  # run the MACS variants of Table 4 instead of `methods`
-    removal_batch_size: int = 16
+    removal_batch_size: int = 0  # 0: from the device
     seed: int = 0
     method_options: dict[str, dict[str, Any]] = field(default_factory=dict)
 

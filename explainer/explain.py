@@ -22,17 +22,17 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from .answer import MAX_NEW_TOKENS_LIMIT, answer_token_ids
 from .capture import capture_attention
 from .errors import InputError
+from .kv import batch_budget
+from .memory import check_request
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
 from .precision import precision_meta
 from .result import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
 from .tokens import check_encodable
-
-MAX_NEW_TOKENS_LIMIT = 1024
-ANSWER_BOUNDARY_TOKENS = 4  # an answer's tokens in context may differ from its own at the prompt boundary
 
 
 @dataclass
@@ -273,6 +273,10 @@ def _stream_explain(
                 "shorten the answer."
             )
         attr.meta.update(answer="given", answer_tokenization=how)
+    k = max_new_tokens if forced is None else len(forced)
+    check_request(
+        bundle.model, instances, input_ids.shape[1], k, batch_budget(bundle.model, input_ids.shape[1] + k, k, 0, 0)[0]
+    )
     yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
     yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs)
     attr.meta["status"] = "done"
@@ -328,51 +332,6 @@ def _encode_request(
         image=image_record,
     )
     return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)
-
-
-def answer_token_ids(
-    bundle: ModelBundle, answer: str, prompt_ids: list[int], prompt_text: str, add_special_tokens: bool = False
-) -> tuple[list[int], str]:
-    """Token ids of `answer` as the continuation of a prompt, and how they were found.
-
-    The prompt text (chat template and assistant prefix included) and the answer are tokenised together, the way a
-    conversation is tokenised for training; when the first N ids are exactly the prompt's, the rest are the answer's
-    ("in context"). A tokenizer may merge characters across the boundary (a prompt ending mid-word, or a newline
-    followed by one); the prompt's ids then differ, and the answer is tokenised on its own, without special tokens
-    ("on its own"): the model, which produced the prompt's last token already, could only continue from a token
-    boundary too.
-
-    Args:
-        bundle: the model's bundle (its tokenizer is used).
-        answer: the answer text, exactly as given (no whitespace is stripped).
-        prompt_ids: the prompt's N ids.
-        prompt_text: the text they were tokenised from.
-        add_special_tokens: whether the prompt's tokenisation added special tokens (a prompt without template).
-
-    Returns:
-        (the answer's ids, "in context" or "on its own").
-    """
-    tok = bundle.tokenizer
-    n = len(prompt_ids)
-    joint = list(tok(prompt_text + answer, add_special_tokens=add_special_tokens)["input_ids"])
-    if len(joint) > n and joint[:n] == list(prompt_ids):
-        return joint[n:], "in context"
-    return list(tok(answer, add_special_tokens=False)["input_ids"]), "on its own"
-
-
-def answer_budget(bundle: ModelBundle, answer: str | None, max_new_tokens: int) -> int:
-    """`max_new_tokens` raised to hold every token of a given `answer`, up to `MAX_NEW_TOKENS_LIMIT` (never lowered).
-
-    Byte-level BPE makes at most one token per UTF-8 byte, plus a prefix-space token; any other tokenizer is asked:
-    the answer's own tokens plus `ANSWER_BOUNDARY_TOKENS`. An answer that still does not fit gets the InputError.
-    """
-    if not isinstance(answer, str) or not answer.strip():
-        return max_new_tokens
-    if bundle.byte_level:
-        need = len(answer.encode("utf-8")) + 1
-    else:
-        need = len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]) + ANSWER_BOUNDARY_TOKENS
-    return min(max(max_new_tokens, need), MAX_NEW_TOKENS_LIMIT)
 
 
 def _generate(

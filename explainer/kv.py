@@ -10,8 +10,33 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-TOKENS_PER_BATCH = 1024  # perturbed positions per forward: CPU throughput peaks between ~500 and ~2,000, and a pass
-# of ~1,000 positions takes a couple of seconds on 2 cores, which bounds how long a cancelled request keeps running
+TOKENS_PER_BATCH = 1024  # perturbed positions per forward on a CPU: throughput peaks between ~500 and ~2,000, and a
+# pass of ~1,000 positions takes a couple of seconds on 2 cores, which bounds how long a cancelled request keeps running
+MAX_TOKENS_PER_BATCH = 1 << 16  # on an accelerator: a pass of at most this many positions (a few ms to a second)
+MAX_ROWS_PER_BATCH = 1024
+BATCH_SHARE = 0.25  # share of the device's free memory one batched pass may take
+
+
+def batch_budget(model: torch.nn.Module, t: int, k: int, rows: int, cpu_rows: int) -> tuple[int, int]:
+    """How big the perturbation methods' batched passes over a T-position sequence scoring K positions may be:
+    (positions per pass, most rows per pass).
+
+    On a CPU: `TOKENS_PER_BATCH` positions and `rows` (or `cpu_rows` when `rows` is 0) rows, sizes where throughput
+    is already at its peak. On an accelerator both come from its free memory: a pass may take `BATCH_SHARE` of it, at
+    `ModelShape.position_bytes` per position and, per row, a KV cache of T positions and K float32 logits rows (twice,
+    for the log-softmax); `rows` > 0 caps the rows.
+    """
+    from .devices import input_device
+    from .memory import ModelShape, available_bytes
+
+    device = input_device(model)
+    if device.type == "cpu":
+        return TOKENS_PER_BATCH, rows or cpu_rows
+    shape = ModelShape.of(model)
+    spend = BATCH_SHARE * (available_bytes(device) or 0)
+    tokens = int(min(MAX_TOKENS_PER_BATCH, max(TOKENS_PER_BATCH, spend // shape.position_bytes())))
+    most = int(min(MAX_ROWS_PER_BATCH, max(1, spend // (shape.kv_bytes(t) + 8 * max(1, k) * shape.vocab))))
+    return tokens, min(rows, most) if rows else most
 
 
 def rows_per_batch(length: int, tokens: int, most: int) -> int:
@@ -19,14 +44,14 @@ def rows_per_batch(length: int, tokens: int, most: int) -> int:
     return max(1, min(most, tokens // max(1, length)))
 
 
-def batches_by_first(first: list[int], end: int, most: int) -> list[list[int]]:
+def batches_by_first(first: list[int], end: int, most: int, tokens: int = TOKENS_PER_BATCH) -> list[list[int]]:
     """Perturbed rows in forward batches: indices of `first` ordered by their first perturbed position (stable),
     cut so that each batch's smallest first position, which sets the suffix `end - first` all its rows recompute,
-    fits about TOKENS_PER_BATCH positions (1..`most` rows per batch)."""
+    fits about `tokens` positions (1..`most` rows per batch)."""
     order = sorted(range(len(first)), key=first.__getitem__)
     groups, s = [], 0
     while s < len(order):
-        size = rows_per_batch(end - first[order[s]], TOKENS_PER_BATCH, most)
+        size = rows_per_batch(end - first[order[s]], tokens, most)
         groups.append(order[s : s + size])
         s += size
     return groups

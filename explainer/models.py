@@ -25,6 +25,7 @@ import torch
 
 from .devices import input_device
 from .errors import InputError, ModelLoadError
+from .fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults, cpu_has_native_bf16
 from .precision import default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
 
@@ -37,9 +38,10 @@ DEFAULT_MAX_PROMPT_TOKENS = 4096  # user-facing cap; the model's own context may
 
 # The app's models when EXPLAINER_MODEL / EXPLAINER_VLM are unset and the Hub answers (see `default_model_ids`).
 # All Qwen2 architecture, which every method supports (AttnLRP included), and the family of the vision model.
-HUB_TEXT_MODEL_CPU = "Qwen/Qwen2.5-0.5B-Instruct"  # ~1 GFLOP per token: a few tokens/s on 2 cores, still answers QA
-HUB_TEXT_MODEL_GPU = "Qwen/Qwen2.5-1.5B-Instruct"  # 3 GB in bf16: fits a 16 GB GPU beside the 3B vision model
-HUB_VISION_MODEL = "Qwen/Qwen2.5-VL-3B-Instruct"
+# The choice by memory and hardware is `fit.choose_defaults`.
+HUB_TEXT_MODEL_CPU = TEXT_CPU  # ~1 GFLOP per token: a few tokens/s on 2 cores, still answers QA
+HUB_TEXT_MODEL_GPU = TEXT_GPU  # 3 GB in bf16: fits a 16 GB GPU beside the 3B vision model
+HUB_VISION_MODEL = VISION_GPU
 HUB_CHECK_TIMEOUT = 3.0  # seconds for the one request that tells whether the Hub is reachable
 _open_url = urllib.request.urlopen  # tests replace it; the Hub check is the only network access here
 
@@ -81,18 +83,31 @@ def gpu_available() -> bool:
     return _env_flag("SPACES_ZERO_GPU") or torch.cuda.is_available()
 
 
+def hardware_defaults() -> Defaults:
+    """`fit.choose_defaults` for this machine: its GPU (ZeroGPU's is attached per call, large, and not asked) or its
+    CPU memory, the cgroup limit included."""
+    from .memory import available_bytes
+
+    if _env_flag("SPACES_ZERO_GPU"):
+        return choose_defaults(None, gpu=True)
+    if torch.cuda.is_available():
+        return choose_defaults(available_bytes(torch.device("cuda", 0)), gpu=True)
+    return choose_defaults(available_bytes("cpu"), gpu=False, native_bf16=cpu_has_native_bf16())
+
+
 def default_model_ids() -> tuple[str | None, str | None]:
     """(text model, vision-language model) for the app; None means the embedded model and no image tab.
 
     EXPLAINER_MODEL and EXPLAINER_VLM win when set (EXPLAINER_VLM=none turns the image tab off). Otherwise, when
-    the Hub is reachable (`hub_reachable`): `HUB_TEXT_MODEL_GPU` with a GPU, else `HUB_TEXT_MODEL_CPU`, and
-    `HUB_VISION_MODEL`; offline: the embedded model and no vision model. Nothing is loaded here.
+    the Hub is reachable (`hub_reachable`), the models `hardware_defaults` chooses by memory (the same id twice: one
+    vision-language model serves both tabs); offline: the embedded model and no vision model. Nothing is loaded.
     """
     text_env = os.environ.get("EXPLAINER_MODEL", "").strip()
     vision_env = os.environ.get("EXPLAINER_VLM", "").strip()
     online = (not text_env or not vision_env) and hub_reachable()  # both set: no network at all
-    text = text_env or ((HUB_TEXT_MODEL_GPU if gpu_available() else HUB_TEXT_MODEL_CPU) if online else None)
-    vision = vision_env or (HUB_VISION_MODEL if online else None)
+    chosen = hardware_defaults() if online else None
+    text = text_env or (chosen.text if chosen else None)
+    vision = vision_env or (chosen.vision if chosen else None)
     return text, None if vision is None or vision.lower() == "none" else vision
 
 
@@ -321,6 +336,7 @@ def load_model(
     Raises:
         ModelLoadError: unknown id, unreachable hub, unreadable folder, not a causal LM, or a device map accelerate
             cannot place.
+        MemoryLimitError: the model would not fit the device's free memory (`fit.check_model_fits`).
         InputError: an unknown dtype name, both `device` and `device_map` given, or offload options without a
             device map.
     """
@@ -355,6 +371,8 @@ def load_model(
         from .vision import check_vision_model, load_image_processor, vision_model_class
 
         config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        if device_map is None:  # a device map offloads what does not fit
+            check_model_fits(name, config, dtype, dev)  # before a single weight is read
         model_cls = vision_model_class(config) or AutoModelForCausalLM
         placing = device_map is not None  # errors from here on are most likely the device map's
         model = model_cls.from_pretrained(

@@ -61,9 +61,9 @@ def hub(monkeypatch):
     models.hub_reachable.cache_clear()
 
 
-def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hub):
-    assert models.default_model_ids() == ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct")
-    assert models.default_model_ids() == (models.HUB_TEXT_MODEL_CPU, models.HUB_VISION_MODEL)
+def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hub, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_MEMORY_BUDGET", "16GB")  # a free CPU Space
+    assert models.default_model_ids() == ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2-VL-2B-Instruct")
     # asked once per process, with a HEAD request and the short timeout
     assert hub.requests == [
         ("HEAD", "https://huggingface.co/api/models/Qwen/Qwen2.5-0.5B-Instruct", models.HUB_CHECK_TIMEOUT)
@@ -74,6 +74,7 @@ def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hu
 def test_online_gpu_defaults_to_the_larger_model(hub, monkeypatch, how):
     if how == "cuda":
         monkeypatch.setattr(models.torch.cuda, "is_available", lambda: True)
+        monkeypatch.setattr("explainer.memory.available_bytes", lambda device: 40 * 10**9)  # a 40 GB GPU, free
     else:  # ZeroGPU: no GPU is visible before a request, the variable says one will be
         monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert models.default_model_ids() == ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct")
@@ -121,7 +122,7 @@ def test_environment_variables_win(hub, monkeypatch):
     assert models.default_model_ids() == ("some/model", None)
 
     monkeypatch.delenv("EXPLAINER_VLM")
-    assert models.default_model_ids() == ("some/model", models.HUB_VISION_MODEL)
+    assert models.default_model_ids() == ("some/model", models.hardware_defaults().vision)
     hub.up = False
     models.hub_reachable.cache_clear()
     assert models.default_model_ids() == ("some/model", None)

@@ -21,8 +21,8 @@ import anyio
 import gradio as gr
 
 from explainer import stream_explain
+from explainer.answer import answer_budget
 from explainer.errors import InputError
-from explainer.explain import answer_budget
 from explainer.models import ModelBundle
 from explainer.result import Attribution
 from explainer.session import CancelToken, WorkerStream, model_lock

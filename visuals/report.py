@@ -64,6 +64,7 @@ _BIN_CHARS = (
     {"": "0", "xg": "."} | {f"r{b}": str(b) for b in range(1, 9)} | {f"b{b}": "abcdefgh"[b - 1] for b in range(1, 9)}
 )
 
+
 @functools.cache
 def _static(name: str) -> str:
     """A file of the package's `static/` folder (shipped as package data)."""

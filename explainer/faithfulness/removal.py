@@ -38,7 +38,7 @@ from transformers import DynamicCache
 
 from ..errors import InputError
 from ..host import to_numpy
-from ..kv import TOKENS_PER_BATCH, prefix_cache, right_aligned, rows_per_batch
+from ..kv import batch_budget, prefix_cache, right_aligned, rows_per_batch
 from ..methods.base import ProgressFn
 from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 from ..models import ModelBundle
@@ -52,12 +52,14 @@ from .common import (
     removal_orderings,
 )
 
+CPU_ROWS = 16  # perturbed runs per forward on a CPU
+
 
 @dataclass
 class RemovalConfig:
     fractions: tuple[float, ...] = REMOVAL_FRACTIONS  # MACS paper A.2.1; the first must be 0 (the baseline run)
     max_new_tokens: int | None = None  # regeneration length; None: the original run's limit (attr.meta)
-    batch_size: int = 16  # most perturbed runs per forward (fewer when their sequences are long)
+    batch_size: int = 0  # most perturbed runs per forward (fewer when long); 0: from the device (CPU: 16)
     decode_batch_size: int = 32  # most regenerations decoded together
     seed: int = 0  # the random baseline's two orderings
 
@@ -112,7 +114,7 @@ def removal_runs(
     keep: torch.Tensor,
     max_new_tokens: int,
     eos: set[int],
-    batch_size: int = 16,
+    batch_size: int = 0,
     decode_batch_size: int = 32,
     progress: ProgressFn | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[list[int]], float]:
@@ -167,7 +169,7 @@ def removal_runs(
     if unperturbed:
         settle(unperturbed, base_logits.expand(len(unperturbed), -1, -1), None)
     perturbed = sorted((i for i in range(r) if first[i] < n), key=lambda i: first[i])
-    size = rows_per_batch(t - (min(first) if perturbed else 0), TOKENS_PER_BATCH, batch_size)
+    size = rows_per_batch(t - (min(first) if perturbed else 0), *batch_budget(model, t, k, batch_size, CPU_ROWS))
     groups = [perturbed[s : s + size] for s in range(0, len(perturbed), size)]
     steps = len(groups) + 1
     pass_start, pass_tokens = time.perf_counter(), 0

@@ -34,15 +34,19 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import _additive_mask, _probs, attention_function_selected
+from ..devices import input_device
 from ..errors import InputError
 from ..host import to_numpy
-from ..kv import TOKENS_PER_BATCH, prefix_cache, rows_per_batch
+from ..kv import TOKENS_PER_BATCH, batch_budget, prefix_cache, rows_per_batch
+from ..memory import ModelShape, check_fits
 from ..methods.base import ProgressFn
 from ..metrics import PI_GRID, calibrate, hellinger, minmax
 from ..models import ModelBundle
 from ..result import Attribution
 from ..session import check_cancelled, hold
 from .common import check_result, evaluated_positions
+
+CPU_ROWS = 16  # perturbed inputs per forward on a CPU
 
 
 @dataclass
@@ -52,7 +56,7 @@ class SoftConfig:
     step_stride: int = 5  # evaluate steps 0, 5, 10, ... (section 4.3: every five generated tokens)
     routing: str = "dynamic"  # "dynamic" (section 4.3) or "fixed" (Appendix K: attention of the unperturbed pass)
     seed: int = 0
-    batch_size: int = 16  # most perturbed inputs per forward (fewer when they are long)
+    batch_size: int = 0  # most perturbed inputs per forward (fewer when long); 0: from the device (CPU: 16)
 
     def __post_init__(self) -> None:
         if self.routing not in ("dynamic", "fixed"):
@@ -113,7 +117,7 @@ def soft_cost(
     forwards = tokens = 0
     for k in chosen:
         length = attr.num_prompt_tokens + k - int(pos.min())
-        size = rows_per_batch(length, TOKENS_PER_BATCH, cfg.batch_size)
+        size = rows_per_batch(length, TOKENS_PER_BATCH, cfg.batch_size or CPU_ROWS)
         sequences = 2 + masks + -(-masks // size)  # unperturbed and all-zero, the masks, one unperturbed per batch
         forwards, tokens = forwards + sequences, tokens + sequences * length
     return {"forwards": forwards, "tokens": tokens, "steps": len(chosen)}
@@ -198,6 +202,7 @@ def soft_curves(
         raise InputError(f"pi-Soft needs a method with scores; available: {', '.join(attr.methods) or 'none'}.")
     pos = evaluated_positions(attr, positions)
     chosen = soft_steps(attr, cfg, steps)
+    check_soft_memory(bundle.model, attr, cfg, chosen)
     with hold(bundle.model):
         ns, nc = _soft_values(bundle, attr, methods, pos, cfg, chosen, progress)
     pis = [float(p) for p in cfg.pis]
@@ -211,6 +216,28 @@ def soft_curves(
                 target[m] = [float(x) for x in mean]
                 auc[m] = float(np.trapezoid(mean, pis)) if len(pis) > 1 else float(mean[0])
     return report
+
+
+def check_soft_memory(model: torch.nn.Module, attr: Attribution, cfg: SoftConfig, steps: Sequence[int]) -> None:
+    """Refuse before any work a pi-Soft run that will not fit: fixed routing keeps the unperturbed attention weights,
+    L x H x T^2 float32, of the longest evaluated step; both routings run batches with a prefix cache.
+
+    Raises:
+        MemoryLimitError: names the limit and the alternative.
+    """
+    if not steps:
+        return
+    t = attr.num_prompt_tokens + max(steps) + 1
+    shape = ModelShape.of(model)
+    parts = {"forward passes": shape.kv_bytes(t) * 2 + shape.activation_bytes(min(t, TOKENS_PER_BATCH))}
+    if cfg.routing == "fixed":
+        parts["fixed routing's attention weights"] = 4 * shape.layers * shape.heads * t * t
+    check_fits(
+        parts,
+        input_device(model),
+        f"pi-Soft with {cfg.routing} routing at {t} tokens",
+        "use dynamic routing (it keeps no attention weights), fewer answer tokens, or a shorter prompt.",
+    )
 
 
 def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict, dict]:
@@ -252,7 +279,7 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
             if progress:
                 progress((si + done / total) / len(steps), f"pi-Soft: step {k + 1}, {done}/{total}")
 
-        size = rows_per_batch(emb.shape[1] - int(pos.min()), TOKENS_PER_BATCH, cfg.batch_size)
+        size = rows_per_batch(emb.shape[1] - int(pos.min()), *batch_budget(model, n + k, 1, cfg.batch_size, CPU_ROWS))
         with routing():
             dist = _distances(model, emb, pos_t, masks, prefix, size, report)  # (M,)
         for j, (m, kind, pi_i) in enumerate(index):

@@ -51,12 +51,16 @@ from transformers.masking_utils import eager_mask
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
 from ..host import to_numpy
-from ..kv import batches_by_first, prefix_cache, reusable
+from ..kv import batch_budget, batches_by_first, prefix_cache, reusable
+from ..memory import MemoryRequest
 from ..session import check_cancelled, hold
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .cost import Cost, CostRequest
 
 _NAME_PREFIX = "explainer_atman_"
+
+
+CPU_BATCH_ROWS = 8  # perturbed rows per pass on a CPU, where throughput peaks well before
 
 
 @dataclass
@@ -65,8 +69,8 @@ class AtManConfig:
     # 1 suppresses nothing (every score is exactly 0)
     correlated: bool = True  # section 3.3: also suppress prompt tokens with similar input embeddings
     cosine_threshold: float = 0.6  # kappa: embedding cosine similarity from which a prompt token counts as correlated
-    batch_size: int = 8  # most perturbed sequences per forward pass (fewer when they are long: ~1,024 tokens a
-    # pass), besides the pass's one unperturbed row
+    batch_size: int = 0  # most perturbed sequences per forward pass, besides its one unperturbed row; 0: from the
+    # device (`kv.batch_budget`: 8 on a CPU, from the free memory on a GPU); fewer when they are long
     fast: bool = True  # reuse the unperturbed prefix cache and batch; False: one full forward per token (reference)
 
     def __post_init__(self) -> None:
@@ -74,8 +78,8 @@ class AtManConfig:
             raise ValueError(f"suppression_factor must be positive, got {self.suppression_factor}")
         if not -1.0 <= self.cosine_threshold <= 1.0:
             raise ValueError(f"cosine_threshold must lie in [-1, 1], got {self.cosine_threshold}")
-        if self.batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if self.batch_size < 0:
+            raise ValueError(f"batch_size must be 0 (from the device) or more, got {self.batch_size}")
 
 
 def suppression_factors(
@@ -383,7 +387,8 @@ def _fast_scores(
     run = suppressed.any(dim=1).nonzero()[:, 0]  # (R',)
     # A group starts at its smallest first position, so its longest suffix sets how many rows fit the token budget:
     # a few seconds per forward on a CPU, so a cancelled request stops soon.
-    groups = [run[g] for g in batches_by_first(first[run].tolist(), t - 1, batch_size)]  # row indices per batch
+    tokens, most = batch_budget(model, t, k, batch_size, CPU_BATCH_ROWS)
+    groups = [run[g] for g in batches_by_first(first[run].tolist(), t - 1, most, tokens)]  # row indices per batch
     columns = torch.zeros(k, rows.shape[0], device=rows.device)  # (K, R)
     if not groups:
         return to_numpy(columns[:, column_of])  # (K, N) zeros
@@ -426,6 +431,16 @@ class AtMan(AttributionMethod):
         from .atman_cost import atman_cost  # it reads this module's suppression rows
 
         return atman_cost(request, config)
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: AtManConfig) -> int:
+        """The unperturbed prefix cache over T positions and one batched pass: its positions' activations and, per
+        row, a copy of the cache and K logits rows (on an accelerator the pass is sized to fit, see
+        `kv.batch_budget`, so one row is counted)."""
+        s, t, k = request.shape, request.t, request.k
+        rows = (config.batch_size or CPU_BATCH_ROWS) + 1 if request.device_type == "cpu" else 2
+        per_row = s.kv_bytes(t) + 8 * k * s.vocab
+        return s.kv_bytes(t) + s.activation_bytes(min(t, request.batch_tokens)) + rows * per_row
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         return atman_scores(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from ..kv import batches_by_first
-from .atman import AtManConfig, distinct_suppression_factors
+from .atman import CPU_BATCH_ROWS, AtManConfig, distinct_suppression_factors
 from .cost import Cost, CostRequest
 
 
@@ -46,7 +46,8 @@ def atman_cost(request: CostRequest, config: AtManConfig) -> Cost:
     first = first_suppressed(request, config)
     if not first:
         return Cost()
-    groups = batches_by_first(first, t - 1, config.batch_size)  # as AtMan batches its passes
+    most = min([r for r in (config.batch_size, request.batch_rows) if r] or [CPU_BATCH_ROWS])
+    groups = batches_by_first(first, t - 1, most, request.batch_tokens)  # as AtMan batches its passes
     # a group's first row has its smallest position; each pass also runs one unperturbed row (the baseline)
     tokens = sum((len(g) + 1) * (t - 1 - first[g[0]]) for g in groups)
     return Cost(forward_passes=1 + len(groups), forward_tokens=t - 1 + tokens)  # + the unperturbed pass

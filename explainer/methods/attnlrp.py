@@ -46,6 +46,7 @@ from ..capture import attention_function_selected, check_attention_kwargs
 from ..devices import parameter_value
 from ..errors import UnsupportedModelError
 from ..host import to_numpy
+from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -275,6 +276,10 @@ class AttnLRP(AttributionMethod):
     @classmethod
     def cost(cls, request: CostRequest, config: AttnLRPConfig) -> Cost:
         return gradient_cost(request)
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: AttnLRPConfig) -> int:
+        return graph_bytes(request)  # one forward graph over T - 1 positions
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "AttnLRP")

@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
+from ..memory import MemoryRequest
 from .cost import UNKNOWN, Cost, CostRequest
 
 # progress(fraction in [0, 1], message)
@@ -72,6 +73,12 @@ class AttributionMethod:
         post-hoc one, whose time is then not estimated (the other methods' still are).
         """
         return Cost() if cls.streaming else UNKNOWN
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: Any) -> int:
+        """Bytes this method keeps beyond the generation's own memory at once (`explainer/memory.py` adds them up
+        and refuses a request that will not fit before it runs). The default: nothing."""
+        return 0
 
     def __init__(self, config: Any = None, **options: Any) -> None:
         if config is None:

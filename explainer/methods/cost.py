@@ -50,12 +50,16 @@ class CostRequest:
         num_new_tokens: K.
         num_layers: the model's decoder depth, if known.
         embeddings: (N, d) the prompt's input embeddings, given to methods with `needs_prompt_embeddings`; else None.
+        batch_tokens: positions per batched pass on the model's device (`kv.batch_budget`).
+        batch_rows: most rows per batched pass on the device; 0: each method's CPU figure.
     """
 
     prompt_ids: list[int]
     num_new_tokens: int
     num_layers: int | None = None
     embeddings: torch.Tensor | None = None  # (N, d)
+    batch_tokens: int = 1024  # kv.TOKENS_PER_BATCH
+    batch_rows: int = 0
 
     @property
     def n(self) -> int:

@@ -37,6 +37,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
 from ..host import to_numpy
+from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -202,6 +203,10 @@ class GradELLM(AttributionMethod):
     def cost(cls, request: CostRequest, config: GradELLMConfig) -> Cost:
         layers = config.layers if request.num_layers is None else min(config.layers, request.num_layers)
         return gradient_cost(request, backward_layers=layers)  # the last `layers` decoder layers only
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: GradELLMConfig) -> int:
+        return graph_bytes(request, config.layers)  # a forward graph over T - 1 positions from the last layers
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "Grad-ELLM")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from ..host import to_numpy
+from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
@@ -77,6 +78,10 @@ class InputXGradient(AttributionMethod):
     @classmethod
     def cost(cls, request: CostRequest, config: InputXGradientConfig) -> Cost:
         return gradient_cost(request)
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: InputXGradientConfig) -> int:
+        return graph_bytes(request)  # one forward graph over T - 1 positions
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         refuse_extra_inputs(run, "Input x Gradient")

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..host import to_numpy
+from ..memory import MemoryRequest
 from .base import AttributionMethod
 
 _FUSION = {
@@ -50,6 +51,13 @@ class Rollout(AttributionMethod):
     explains_images = True
     needs_full_rows = True
     Config = RolloutConfig
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: RolloutConfig) -> int:
+        """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2) and the
+        generated rows (L x K x T, in buffers that double)."""
+        s, n, k = request.shape, request.n, request.k
+        return 4 * s.layers * (n * (n + 1) // 2 + 2 * k * (n + 2 * k))
 
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens

@@ -233,7 +233,7 @@ def test_config_validation():
     with pytest.raises(ValueError, match="cosine_threshold"):
         AtManConfig(cosine_threshold=1.5)
     with pytest.raises(ValueError, match="batch_size"):
-        AtManConfig(batch_size=0)
+        AtManConfig(batch_size=-1)
 
 
 def test_public_api(tokenizer):

@@ -166,7 +166,7 @@ def test_bad_methods_and_options_are_clear_errors():
     with pytest.raises(UnknownMethodError, match="Available methods"):
         est.method_cost("nope", [1, 2], 2)
     with pytest.raises(InputError, match="batch_size"):
-        est.method_cost("atman", [1, 2], 2, {"batch_size": 0})
+        est.method_cost("atman", [1, 2], 2, {"batch_size": -1})
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def test_estimates_with_a_real_tiny_model(monkeypatch, llama, tokenizer):
         for method in ("atman", "attnlrp", "grad_ellm", "input_x_gradient"):
             assert f"**{method}** " in text
         assert "**macs**" not in text and "**rollout**" not in text
-        broken = [0 if k == ("atman", "batch_size") else v for k, v in zip(options.option_keys(), values)]
+        broken = [-1 if k == ("atman", "batch_size") else v for k, v in zip(options.option_keys(), values)]
         assert "batch_size" in estimates.method_estimates("Where is Paris?", 8, True, None, "", *broken)
     finally:
         est.forget_speed(bundle)

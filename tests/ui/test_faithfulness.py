@@ -69,7 +69,8 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
 def test_soft_cost_is_shown_before_it_starts(answer):
     one = faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[0], 2, None).cost
     every = faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[1], 2, None).cost
-    per_step = 2 + 2 * len(QUICK_SOFT.pis) * QUICK_SOFT.samples
+    masks = 2 * len(QUICK_SOFT.pis) * QUICK_SOFT.samples
+    per_step = 2 + masks + -(-masks // 16)  # unperturbed, all-zero, the masks, and an unperturbed row per batch of 16
     assert f"1 step × {per_step} forward passes" in one and "forward passes" in every and "about" not in one
     assert faithfulness.soft_cost_note(answer, ["macs"], SOFT_CHOICES[2], 2, None).cost == "π-Soft: off."
     assert faithfulness.soft_cost_note(None, ["macs"], SOFT_CHOICES[0], 2, None).cost == ""

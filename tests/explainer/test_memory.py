@@ -1,0 +1,182 @@
+"""Memory: free memory from the container, each method's need, and refusing a request before any work.
+
+The need is checked against what the methods really keep (Rollout's stored rows, measured), a small budget
+(`EXPLAINER_MEMORY_BUDGET`) refuses a long prompt with a message naming the limit and the alternative before any
+forward pass, and the batched passes of the perturbation methods take their size from the device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from explainer import explain, memory
+from explainer.faithfulness.soft import SoftConfig, soft_curves
+from explainer.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget
+from explainer.memory import MemoryLimitError, MemoryRequest, ModelShape, parse_bytes, request_bytes
+from explainer.methods import get_method
+from explainer.methods.atman import AtManConfig, atman_scores
+from explainer.methods.rollout import Rollout
+from explainer.models import bundle_from_objects
+
+from ..conftest import build_model
+
+LONG_PROMPT = " ".join(f"w{i % 9}" for i in range(100))
+
+
+@pytest.fixture(scope="module")
+def bundle(tokenizer):
+    return bundle_from_objects(build_model("qwen2"), tokenizer)
+
+
+def test_parse_bytes():
+    assert parse_bytes("6GB") == 6_000_000_000
+    assert parse_bytes("512MiB") == 512 * 2**20
+    assert parse_bytes(" 1.5e3 ") == 1500
+    assert parse_bytes(77) == 77
+    with pytest.raises(ValueError, match="not a memory size"):
+        parse_bytes("lots")
+
+
+def test_cgroup_v2_v1_and_no_limit(tmp_path):
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.max").write_text("16000000000\n")
+    (v2 / "memory.current").write_text("4000000000\n")
+    assert memory.cgroup_memory_left(v2) == 12_000_000_000
+    (v2 / "memory.max").write_text("max\n")
+    assert memory.cgroup_memory_left(v2) is None
+    v1 = tmp_path / "v1" / "memory"
+    v1.mkdir(parents=True)
+    (v1 / "memory.limit_in_bytes").write_text("8000000000")
+    (v1 / "memory.usage_in_bytes").write_text("1000000000")
+    assert memory.cgroup_memory_left(tmp_path / "v1") == 7_000_000_000
+    (v1 / "memory.limit_in_bytes").write_text(str(2**63 - 4096))  # v1's "no limit"
+    assert memory.cgroup_memory_left(tmp_path / "v1") is None
+    assert memory.cgroup_memory_left(tmp_path / "absent") is None
+
+
+def test_meminfo(tmp_path):
+    f = tmp_path / "meminfo"
+    f.write_text("MemTotal:       16000000 kB\nMemAvailable:    9000000 kB\n")
+    assert memory.host_memory_available(f) == 9_000_000 * 1024
+    assert memory.host_memory_available(tmp_path / "none") is None
+
+
+def test_budget_caps_what_is_free(monkeypatch):
+    monkeypatch.setenv(memory.BUDGET_ENV, "3MB")
+    assert memory.available_bytes("cpu") == 3_000_000
+    monkeypatch.setenv(memory.BUDGET_ENV, "three")
+    with pytest.raises(memory.InputError, match=memory.BUDGET_ENV):
+        memory.available_bytes("cpu")
+
+
+def test_rollout_need_matches_what_it_stores(bundle):
+    """Rollout's stated need is within a factor of 2 of the bytes its prompt blocks and generated rows hold."""
+    n_ids = bundle.encode(LONG_PROMPT, chat_template=False, max_new_tokens=8).input_ids
+    n = n_ids.shape[1]
+    stored = {}
+    step = Rollout.step
+
+    def spy(self, rows):
+        out = step(self, rows)
+        blocks = sum(b.numel() * b.element_size() for blocks in self.prompt_blocks.values() for _, b in blocks)
+        gen = sum(b.numel() * b.element_size() for b in self.gen_rows.values())
+        stored["bytes"] = blocks + gen
+        return out
+
+    Rollout.step = spy
+    try:
+        explain(bundle, LONG_PROMPT, methods=["rollout"], max_new_tokens=8, chat_template=False)
+    finally:
+        Rollout.step = step
+    request = MemoryRequest(ModelShape.of(bundle.model), n, 8)
+    need = Rollout.memory(request, get_method("rollout").config)
+    assert stored["bytes"] / 2 <= need <= stored["bytes"] * 2
+
+
+def test_a_small_budget_refuses_a_long_prompt_before_any_work(bundle, monkeypatch):
+    n = bundle.encode(LONG_PROMPT, chat_template=False, max_new_tokens=4).input_ids.shape[1]
+    request = MemoryRequest(ModelShape.of(bundle.model), n, 4)
+    macs = sum(request_bytes(request, [get_method("macs")]).values())
+    rollout = sum(request_bytes(request, [get_method("rollout")]).values())
+    assert rollout > 1.3 * macs
+    budget = int((macs + rollout) / 2 / memory.USABLE)  # room for MACS, not for Rollout
+    monkeypatch.setenv(memory.BUDGET_ENV, str(budget))
+    forwards = []
+    handle = bundle.model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(MemoryLimitError) as e:
+            explain(bundle, LONG_PROMPT, methods=["macs", "rollout"], max_new_tokens=4, chat_template=False)
+        assert forwards == []  # refused before the first forward pass
+        msg = str(e.value)
+        assert "rollout" in msg and memory.BUDGET_ENV in msg and "free on cpu" in msg
+        assert "shorten the prompt" in msg and "MACS needs the least" in msg
+        attr = explain(bundle, LONG_PROMPT, methods=["macs"], max_new_tokens=4, chat_template=False)
+        assert attr.num_steps == 4
+    finally:
+        handle.remove()
+
+
+def test_a_budget_too_small_for_generation_itself(bundle, monkeypatch):
+    monkeypatch.setenv(memory.BUDGET_ENV, "1kB")
+    with pytest.raises(MemoryLimitError, match="generation"):
+        explain(bundle, "Hello there", methods=["macs"], max_new_tokens=2)
+
+
+def test_gradient_methods_and_atman_state_a_need(bundle):
+    request = MemoryRequest(ModelShape.of(bundle.model), 100, 10)
+    for name in ("attnlrp", "grad_ellm", "input_x_gradient", "atman"):
+        assert request_bytes(request, [get_method(name)])[name] > 0
+    longer = MemoryRequest(ModelShape.of(bundle.model), 400, 10)
+    assert Rollout.memory(longer, None) > 10 * Rollout.memory(request, None)  # quadratic in N
+
+
+def test_fixed_routing_soft_is_refused_up_front(bundle, monkeypatch):
+    attr = explain(bundle, LONG_PROMPT, methods=["random"], max_new_tokens=3, chat_template=False)
+    shape = ModelShape.of(bundle.model)
+    t = attr.num_prompt_tokens + attr.num_steps
+    weights = 4 * shape.layers * shape.heads * t * t
+    monkeypatch.setenv(memory.BUDGET_ENV, str(int(weights / 2)))
+    forwards = []
+    handle = bundle.model.register_forward_hook(lambda *a: forwards.append(1))
+    try:
+        with pytest.raises(MemoryLimitError, match="dynamic routing"):
+            soft_curves(bundle, attr, ["random"], config=SoftConfig(routing="fixed", samples=1, pis=(0.5,)))
+        assert forwards == []
+    finally:
+        handle.remove()
+
+
+def test_batch_budget_on_a_cpu_is_the_cpu_figure(bundle):
+    assert batch_budget(bundle.model, 300, 20, 0, 8) == (TOKENS_PER_BATCH, 8)
+    assert batch_budget(bundle.model, 300, 20, 3, 8) == (TOKENS_PER_BATCH, 3)
+
+
+def test_batch_budget_on_an_accelerator_follows_its_free_memory(bundle, monkeypatch):
+    """With the model on a (pretended) GPU, positions and rows per pass grow with the free memory, within bounds,
+    and a row cap still applies."""
+    import explainer.devices as devices
+
+    monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
+    shape = ModelShape.of(bundle.model)
+    free = {"bytes": 0}
+    monkeypatch.setattr(memory, "available_bytes", lambda device: free["bytes"])
+    free["bytes"] = 10**6
+    small = batch_budget(bundle.model, 300, 20, 0, 8)
+    free["bytes"] = 10**9
+    big = batch_budget(bundle.model, 300, 20, 0, 8)
+    assert small[0] == TOKENS_PER_BATCH and big[0] > small[0] and big[0] <= MAX_TOKENS_PER_BATCH
+    assert big[1] > small[1] >= 1
+    per_row = shape.kv_bytes(300) + 8 * 20 * shape.vocab
+    assert big[1] == min(1024, int(0.25 * 10**9 // per_row))
+    assert batch_budget(bundle.model, 300, 20, 5, 8) == (big[0], 5)
+
+
+def test_atman_from_the_device_equals_the_cpu_figure(bundle):
+    attr = explain(bundle, "Paris is the capital of France. What is it?", methods=["macs"], max_new_tokens=4)
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    auto = atman_scores(bundle.model, ids, attr.num_prompt_tokens, AtManConfig())
+    eight = atman_scores(bundle.model, ids, attr.num_prompt_tokens, AtManConfig(batch_size=8))
+    np.testing.assert_array_equal(auto, eight)
