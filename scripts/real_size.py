@@ -1,0 +1,182 @@
+"""What a visitor waits for: the default models at their real size, with random weights, timed on this machine.
+
+The default models' weights cannot be downloaded everywhere (CI has no Hub), but their cost depends only on their
+shape. This script builds each from its real configuration (`explainer/data/configs`) with random weights, saves it
+with an offline tokenizer (same special tokens, tiny vocabulary: token ids only set the cost through the prompt
+length), and then, in a fresh process per model and precision, measures what the app does:
+
+- load: `load_model` of the saved folder, seconds, and the process's peak RSS after it;
+- text: a ~300-token prompt with MACS + Rollout, 32 answer tokens (teacher-forced token ids, the same forward passes
+  as greedy generation; random weights would stop at a random end-of-sequence): time to the first token and tokens/s
+  after it;
+- image (vision-language models): a 448 x 448 image at 256 image tokens (or `--image-tokens`) and a short question,
+  MACS + Rollout, 32 answer tokens: total seconds and peak RSS.
+
+Usage: python scripts/real_size.py --model Qwen/Qwen2-VL-2B-Instruct --dtype float32 --cache /tmp/real-size
+       [--layers 2 --vision-depth 1 --vocab 4096] (reduced sizes, as the tests use) [--results file.jsonl]
+Each run appends one JSON line to --results. Run nothing else meanwhile: the figures are wall-clock times.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
+
+SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
+           "<|video_pad|>"]  # fmt: skip
+TOKEN_IDS = (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
+             ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))  # fmt: skip
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
+    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
+    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+WORDS = "the lighthouse keeper wrote about storms ships harbours and the long winter nights on the island".split()
+
+
+def _tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
+    tok.train_from_iterator([" ".join(WORDS)] * 20, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
+    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def build(model_id: str, folder: Path, dtype: str, layers: int | None, vision_depth: int | None, vocab: int | None):
+    """Save the model of `model_id`'s real configuration (optionally reduced) with random weights into `folder`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+
+    from explainer.fit import bundled_config
+
+    config = bundled_config(model_id)
+    tok = _tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
+    text = config.get_text_config()
+    for c in {id(config): config, id(text): text}.values():
+        c.eos_token_id, c.pad_token_id, c.bos_token_id = ids["<|im_end|>"], ids["<|endoftext|>"], None
+        for key, token in TOKEN_IDS:
+            if hasattr(c, key):
+                setattr(c, key, ids[token])
+        if layers:
+            c.num_hidden_layers = layers
+            if hasattr(c, "layer_types"):
+                c.layer_types = c.layer_types[:layers]
+        if vocab:
+            c.vocab_size = vocab
+    vision = getattr(config, "vision_config", None)
+    if vision is not None and vision_depth:
+        vision.depth = vision_depth
+        if hasattr(vision, "fullatt_block_indexes"):
+            vision.fullatt_block_indexes = [vision_depth - 1]
+    cls = AutoModelForImageTextToText if vision is not None else AutoModelForCausalLM
+    torch.manual_seed(0)
+    model = cls.from_config(config, dtype=getattr(torch, dtype))
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+
+
+def _rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
+
+
+def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image_tokens: int) -> dict:
+    """Load and run the saved model as the app does (see the module docstring); returns the figures."""
+    import numpy as np
+    import torch
+    from PIL import Image
+
+    from explainer import load_model, stream_explain
+
+    torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
+    t0 = time.perf_counter()
+    bundle = load_model(str(folder), dtype=dtype)
+    row = {"load_s": time.perf_counter() - t0, "load_rss_gb": _rss_gb()}
+    words = (WORDS * (prompt_tokens // len(WORDS) + 2))[: prompt_tokens * 2]
+    n = len(bundle.encode(" ".join(words), chat_template=True, max_new_tokens=new_tokens).input_ids[0])
+    while n > prompt_tokens and words:
+        words = words[: max(1, len(words) - max(1, (n - prompt_tokens) // 2))]
+        n = len(bundle.encode(" ".join(words), chat_template=True, max_new_tokens=new_tokens).input_ids[0])
+    answer = [int(i) for i in np.random.default_rng(0).integers(5, len(bundle.tokenizer) - 1, new_tokens)]
+    row.update(_timed(stream_explain(bundle, " ".join(words), methods=["macs", "rollout"], max_new_tokens=new_tokens,
+                                     answer=answer), "text"))  # fmt: skip
+    row["text_prompt_tokens"] = n
+    if bundle.image_processor is not None:
+        rng = np.random.default_rng(0)
+        image = Image.fromarray(rng.integers(0, 255, (448, 448, 3), dtype=np.uint8))
+        stream = stream_explain(bundle, "What is in the image?", methods=["macs", "rollout"], image=image,
+                                max_image_tokens=image_tokens, max_new_tokens=new_tokens, answer=answer)  # fmt: skip
+        row.update(_timed(stream, "image"))
+    row["peak_rss_gb"] = _rss_gb()
+    return row
+
+
+def _timed(stream, key: str) -> dict:
+    t0 = time.perf_counter()
+    first = last = None
+    for attr in stream:
+        if first is None and attr.generated_token_ids:
+            first = time.perf_counter() - t0
+        last = attr
+    total = time.perf_counter() - t0
+    k = len(last.generated_token_ids)
+    out = {f"{key}_first_token_s": first, f"{key}_total_s": total, f"{key}_tokens": k}
+    out[f"{key}_tokens_per_s"] = (k - 1) / (total - first) if k > 1 and total > first else None
+    if last.image:
+        out[f"{key}_prompt_tokens"] = len(last.prompt_token_ids)
+        out[f"{key}_image_tokens"] = len(last.image["token_positions"])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", required=True, help="a default model's Hub id (its config ships with the package)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--cache", required=True, help="folder for the built random-weight models")
+    p.add_argument("--layers", type=int, help="reduce the decoder depth (tests)")
+    p.add_argument("--vision-depth", type=int, help="reduce the vision tower's depth (tests)")
+    p.add_argument("--vocab", type=int, help="reduce the vocabulary (tests)")
+    p.add_argument("--prompt-tokens", type=int, default=300)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--image-tokens", type=int, default=256)
+    p.add_argument("--results", help="append the row to this JSON-lines file")
+    p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the fresh measuring process
+    a = p.parse_args(argv)
+    reduced = "-".join(f"{k}{v}" for k, v in (("L", a.layers), ("V", a.vision_depth), ("vocab", a.vocab)) if v)
+    folder = Path(a.cache) / f"{a.model.rsplit('/', 1)[-1]}-{a.dtype}{'-' + reduced if reduced else ''}"
+    if a.measure_only:
+        row = measure(folder, a.dtype, a.prompt_tokens, a.new_tokens, a.image_tokens)
+        print(json.dumps(row))
+        return 0
+    if not (folder / "config.json").is_file():
+        build(a.model, folder, a.dtype, a.layers, a.vision_depth, a.vocab)
+    out = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--measure-only"],
+                         capture_output=True, text=True, check=True)  # fmt: skip
+    row = {"model": a.model, "dtype": a.dtype, "reduced": reduced or None, "date": time.strftime("%Y-%m-%d"),
+           **json.loads(out.stdout.strip().splitlines()[-1])}  # fmt: skip
+    print(json.dumps(row))
+    if a.results:
+        with open(a.results, "a") as f:
+            f.write(json.dumps(row) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
