@@ -7,11 +7,19 @@ exposes `demo`, the Hugging Face Space's entry point. Run with `python app.py`; 
 
 from __future__ import annotations
 
+try:  # first, before torch: on ZeroGPU `spaces` patches torch's CUDA entry points at import
+    import spaces  # noqa: F401
+except ImportError:  # not on a Space: nothing to patch
+    pass
+
 import logging
 import os
 
 import gradio as gr
 
+from explainer.hardware import zero_gpu
+from explainer.memory import available_bytes, format_bytes
+from explainer.threads import configure_threads
 from ui import faithfulness, image_tab, models, options, text_tab
 
 TITLE = "Why did the model write that?"
@@ -51,6 +59,9 @@ def build() -> gr.Blocks:
     return blocks.queue(default_concurrency_limit=1)
 
 
+THREADS = configure_threads()  # torch's CPU threads from the container's quota, not the host's cores
+if zero_gpu():  # `spaces` moves models to the GPU only from the thread that imported it: create them here, at import
+    models.preload()
 demo = build()
 
 
@@ -58,7 +69,13 @@ def main() -> None:
     """Serve on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860); EXPLAINER_LOG sets the log level."""
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
     logging.getLogger("explainer").setLevel(os.environ.get("EXPLAINER_LOG", "WARNING"))
-    models.model_ids()  # asks the Hub (when no model is set) before the first visitor waits for it
+    text, vision = models.model_ids()  # asks the Hub (when no model is set) before the first visitor waits for it
+    free = available_bytes("cpu")
+    logging.getLogger("explainer").warning(
+        "MACS Explorer: %d torch threads, dtype %s, %s memory free; text model %s, image model %s",
+        THREADS, os.environ.get("EXPLAINER_DTYPE") or "auto", format_bytes(free) if free else "unknown",
+        text or "embedded", vision or "none",
+    )  # fmt: skip
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

@@ -39,6 +39,7 @@ one-token decode steps, whose cost per position is many times that of a pass ove
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -123,6 +124,10 @@ class Speed:
         return raw * self.corrections.get(method, 1.0) if method else raw
 
 
+# Where the model must not run outside a request (ZeroGPU): a GPU's rough speed for a ~1.5B model in bf16, corrected
+# per method by its first measured run.
+ASSUMED_SPEED = Speed(forward_tokens_per_s=20_000.0, backward_tokens_per_s=4_000.0)
+
 _speeds: weakref.WeakKeyDictionary[Any, Speed] = weakref.WeakKeyDictionary()
 _speeds_guard = threading.Lock()
 
@@ -171,12 +176,14 @@ def probe_speed(bundle: ModelBundle, tokens: int = PROBE_TOKENS) -> Speed:
     return Speed(forward_tokens_per_s=batch * p / max(forward, 1e-6), backward_tokens_per_s=p / max(backward, 1e-6))
 
 
-def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT) -> Speed | None:
+def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT, probe: bool = True) -> Speed | None:
     """The model's cached speed, probing it on first use (`probe_speed`).
 
     Args:
         bundle: the loaded model.
         wait: seconds to wait for the model if another request holds it; None waits as long as it takes.
+        probe: False: never run the model here (ZeroGPU, where it runs only inside GPU calls): `ASSUMED_SPEED`
+            until a method's run has corrected it (`calibrate`).
 
     Returns:
         The speed, or None if the model stayed busy for `wait` seconds (nothing is cached then; ask again later).
@@ -185,6 +192,9 @@ def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT) -> Speed | None:
         known = _speeds.get(bundle.model)
     if known is not None:
         return known
+    if not probe:
+        with _speeds_guard:
+            return _speeds.setdefault(bundle.model, dataclasses.replace(ASSUMED_SPEED, corrections={}))
     token = CancelToken()
     timer = threading.Timer(wait, token.cancel, ("busy",)) if wait is not None else None
     if timer is not None:
@@ -307,6 +317,7 @@ def estimate(
     method_options: dict[str, dict[str, Any]] | None = None,
     wait: float | None = PROBE_WAIT,
     answer: str | None = None,
+    probe: bool = True,
 ) -> list[Estimate]:
     """Estimated extra time of each method on this prompt, taking K = `max_new_tokens` (an answer that ends earlier
     costs less), or, with a given `answer`, K = its number of tokens. Tokenises the prompt (and answer) and looks up
@@ -321,6 +332,7 @@ def estimate(
         method_options: per-method options, as `explain` takes them.
         wait: how long the first speed probe may wait for a busy model (see `speed`).
         answer: a given answer (teacher-forced by `explain`); empty or None: generation up to `max_new_tokens`.
+        probe: False: never run the model (see `speed`).
 
     Raises:
         InputError: empty or too long prompt, bad options. UnknownMethodError: unknown method.
@@ -339,7 +351,7 @@ def estimate(
                        batch=batch)
         for m in names
     }  # fmt: skip
-    known = speed(bundle, wait) if any(c.known and not c.free for c in costs.values()) else None
+    known = speed(bundle, wait, probe) if any(c.known and not c.free for c in costs.values()) else None
     out = []
     for m, cost in costs.items():
         if cost.free or not cost.known:

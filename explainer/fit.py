@@ -36,6 +36,11 @@ CPU_IMAGE_TOKENS = 64  # merged image tokens on a CPU (about 224 x 224 pixels): 
 GPU_IMAGE_TOKENS = 256
 
 
+def default_image_tokens(gpu: bool) -> int:
+    """The image budget a visitor starts with: `GPU_IMAGE_TOKENS` on a GPU, `CPU_IMAGE_TOKENS` on a CPU."""
+    return GPU_IMAGE_TOKENS if gpu else CPU_IMAGE_TOKENS
+
+
 def bundled_config(model_id: str) -> Any | None:
     """The shipped configuration of a default model (by its Hub id's last part), or None."""
     from transformers import AutoConfig

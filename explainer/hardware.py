@@ -23,7 +23,17 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
-ZERO_GPU_SECONDS = 120  # GPU time asked for per call; removal curves and AtMan on long prompts need more than 60 s
+ZERO_GPU_SECONDS = 120  # GPU time asked for per call when no estimate is given
+GPU_SECONDS_BOUNDS = (20, 300)  # a call asks for at least / at most this (ZeroGPU quotas are counted in asked time)
+
+
+def gpu_duration(estimated_seconds: float | None) -> int:
+    """Seconds to ask ZeroGPU for a call estimated at `estimated_seconds`: 1.5x plus 10 s of margin, within
+    `GPU_SECONDS_BOUNDS`; `ZERO_GPU_SECONDS` when there is no estimate."""
+    if estimated_seconds is None:
+        return ZERO_GPU_SECONDS
+    low, high = GPU_SECONDS_BOUNDS
+    return int(min(high, max(low, 1.5 * estimated_seconds + 10)))
 
 
 def zero_gpu() -> bool:
@@ -59,10 +69,12 @@ def sync_generator(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Itera
     return run
 
 
-def on_gpu(fn: Callable[..., Any], seconds: int = ZERO_GPU_SECONDS) -> Callable[..., Any]:
+def on_gpu(fn: Callable[..., Any], seconds: int | Callable[..., int] = ZERO_GPU_SECONDS) -> Callable[..., Any]:
     """`spaces.GPU(fn, duration=seconds)` when the `spaces` package is importable, else `fn` itself.
 
-    On ZeroGPU an async generator function is passed through `sync_generator` first (see the module docstring).
+    `seconds` is a number or, as `spaces` accepts, a function of the handler's arguments that returns one (the
+    app's come from the time estimates, `gpu_duration`). On ZeroGPU an async generator function is passed through
+    `sync_generator` first (see the module docstring).
     """
     try:
         import spaces

@@ -108,7 +108,13 @@ def budget_cap() -> int | None:
 def available_bytes(device: torch.device | str) -> int | None:
     """Memory free for new work on `device` (see the module docstring); None when it cannot be told."""
     device = torch.device(device)
-    if device.type == "cuda":
+    if (
+        device.type == "cuda"
+        and os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+        and (not torch.cuda.is_initialized())
+    ):
+        free = None  # ZeroGPU's main process: the GPU is attached per call, and asking would initialise CUDA
+    elif device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     elif device.type == "cpu":
         known = [b for b in (host_memory_available(), cgroup_memory_left()) if b is not None]

@@ -9,6 +9,7 @@ import gradio as gr
 from explainer import available_methods
 from explainer.errors import ExplainerError
 from explainer.estimate import calibrate, estimate
+from explainer.hardware import zero_gpu
 from explainer.result import Attribution
 
 from . import inputs, models
@@ -38,7 +39,7 @@ def method_estimates(
         calibrate(bundle, result if isinstance(result, Attribution) else None)
         figures = estimate(
             bundle, prompt, max_new_tokens=new, chat_template=bool(chat_template),
-            method_options=chosen_options(available_methods(), options), answer=given,
+            method_options=chosen_options(available_methods(), options), answer=given, probe=not zero_gpu(),
         )  # fmt: skip
     except ExplainerError as e:
         return f"No time estimate: {e}"
@@ -47,9 +48,10 @@ def method_estimates(
         return ""
     parts = " · ".join(f"**{e.method}** {e.describe()}{' ✓' if e.corrected else ''}" for e in slow)
     length = "the given answer" if given else f"up to {new} new"
+    source = "an assumed GPU speed (ZeroGPU runs the model only in requests)" if zero_gpu() else "a short speed probe"
     return (
         f"Extra time for this prompt ({slow[0].prompt_tokens} tokens, {length}): {parts}. "
-        "Rough figures from a short speed probe of this model; ✓: corrected by that method's own last run here."
+        f"Rough figures from {source} of this model; ✓: corrected by that method's own last run here."
     )
 
 

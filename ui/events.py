@@ -52,16 +52,23 @@ class Components(dict):
         """The named components, in order (an event's `inputs`)."""
         return [self[name] for name in names]
 
-    def bind(self, fn: Callable[..., Any], outputs: Sequence[str], gpu: bool = False) -> dict[str, Any]:
+    def bind(
+        self,
+        fn: Callable[..., Any],
+        outputs: Sequence[str],
+        gpu: bool = False,
+        duration: Callable[..., int] | None = None,
+    ) -> dict[str, Any]:
         """An event listener's `fn` and `outputs` for a handler returning (or yielding) views.
 
         Args:
             fn: the handler; its views' set fields must be among `outputs`.
             outputs: names of the components the event may change.
             gpu: the handler runs the model: on ZeroGPU a GPU is attached while it runs (`hardware.on_gpu`).
+            duration: with `gpu`, the seconds to ask for as a function of the handler's arguments (`ui.gpu_time`).
         """
         names = tuple(outputs)
-        handler = on_gpu(fn) if gpu else fn
+        handler = (on_gpu(fn, duration) if duration is not None else on_gpu(fn)) if gpu else fn
         return {
             "fn": wrap_handler(handler, lambda view: view_updates(view, self, names)),
             "outputs": self(*names),

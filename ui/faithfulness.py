@@ -16,7 +16,7 @@ from explainer.result import Attribution
 from explainer.steps import clamp_step
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
 
-from . import inputs, models
+from . import gpu_time, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components
 from .stream import Phase, RequestState, run_stream
@@ -193,7 +193,7 @@ def create_ui() -> Components:
 def create_event_handlers(c: Components, result: Any, methods: Any, step: Any) -> None:
     """Wire the panel to the text tab's result State, methods checkboxes and step slider."""
     event = c["measure"].click(
-        **c.bind(faithfulness, SHOWN, gpu=True),
+        **c.bind(faithfulness, SHOWN, gpu=True, duration=gpu_time.faithfulness_seconds),
         inputs=[result, methods, c["metric"], c["soft_choice"], step],
         api_name="faithfulness",
         concurrency_limit=1,  # shares the model with the explain event

@@ -14,15 +14,17 @@ import gradio as gr
 from PIL import Image
 
 from explainer.errors import InputError
+from explainer.fit import default_image_tokens
+from explainer.models import gpu_available
 from explainer.result import Attribution
-from explainer.vision import DEFAULT_MAX_IMAGE_TOKENS, data_url_bytes, load_image
+from explainer.vision import data_url_bytes, load_image
 from visuals import answer_html, overlay_grid, side_by_side_html
 from visuals.export import export_filename, png_bytes, result_json
 from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import inputs, models
+from . import gpu_time, inputs, models
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -257,7 +259,7 @@ def _settings_column(c: Components) -> None:
     )
     c["image_tokens"] = gr.Slider(
         *inputs.IMAGE_TOKENS,
-        value=DEFAULT_MAX_IMAGE_TOKENS,
+        value=default_image_tokens(gpu_available()),  # 64 on a CPU: an image question within ~30 s
         step=16,
         label="Image detail: at most this many image tokens (finer maps, slower answers)",
     )
@@ -291,7 +293,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     """Wire the image tab's events; `option_widgets` are the "Method options" widgets."""
     asked = c("image", "question_box", "methods", "max_new", "opacity", "contour", "image_tokens", "given_answer")
     event = c["ask"].click(
-        **c.bind(explain_image, SHOWN, gpu=True),
+        **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
         inputs=asked + option_widgets,
         api_name="explain_image",
         preprocess=False,  # the handler opens the upload itself (see explain_image)

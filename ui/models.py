@@ -1,19 +1,23 @@
 """The models the app runs: chosen and loaded in this one place, once per process, and shared read-only.
 
-`EXPLAINER_MODEL` / `EXPLAINER_VLM` choose them, else Hub models when the Hub answers, else the embedded model and no
-image tab (`explainer.models.default_model_ids`). The Hub is asked when a model is first needed (or by `main()`),
-never at import. `get_bundle()` / `get_vl_bundle()` load on first use, serialised by a lock.
+`EXPLAINER_MODEL` / `EXPLAINER_VLM` choose them, else Hub models chosen by the hardware's memory when the Hub answers,
+else the embedded model and no image tab (`explainer.models.default_model_ids`). The Hub is asked when a model is
+first needed (or by `main()`), never at import. `get_bundle()` / `get_vl_bundle()` load on a tab's first request,
+serialised by a lock; a page visit loads nothing, and one id is loaded once (one vision-language model may serve both
+tabs). On ZeroGPU, `preload` creates both at start-up in the main thread, as `spaces` requires.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import threading
 
 from explainer import load_model
 from explainer.errors import ExplainerError, InputError
-from explainer.models import HUB_VISION_MODEL, ModelBundle, default_model_ids, parse_device_map
+from explainer.hardware import zero_gpu
+from explainer.models import EMBEDDED_MODEL, HUB_VISION_MODEL, ModelBundle, default_model_ids, parse_device_map
 from explainer.precision import precision_label
 
 from .errors import user_errors
@@ -25,6 +29,7 @@ NO_VLM = (
     f"`EXPLAINER_VLM={HUB_VISION_MODEL} python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
 )
 _load_lock = threading.Lock()
+logger = logging.getLogger(__name__)
 
 
 @functools.cache
@@ -33,15 +38,35 @@ def model_ids() -> tuple[str | None, str | None]:
     return default_model_ids()
 
 
-@functools.cache
+_bundles: dict[str | None, ModelBundle] = {}  # model id -> its bundle, loaded once
+
+
 def _load(model_id: str | None) -> ModelBundle:
-    # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16;
-    # EXPLAINER_DEVICE_MAP=auto spreads a model too big for one GPU over all of them (accelerate's dispatch)
-    return load_model(
-        model_id,
-        dtype=os.environ.get("EXPLAINER_DTYPE") or None,
-        device_map=parse_device_map(os.environ.get("EXPLAINER_DEVICE_MAP")),
-    )
+    """The bundle of `model_id`, loaded on first use; the caller holds `_load_lock`."""
+    if model_id not in _bundles:
+        # EXPLAINER_DTYPE: auto (bfloat16 on a GPU, float32 on the CPU), float32, bfloat16 or float16;
+        # EXPLAINER_DEVICE_MAP=auto spreads a model too big for one GPU over all of them (accelerate's dispatch);
+        # on ZeroGPU the model goes to "cuda" in the main thread (`preload`), where `spaces` intercepts the move.
+        _bundles[model_id] = load_model(
+            model_id,
+            device="cuda" if zero_gpu() else None,
+            dtype=os.environ.get("EXPLAINER_DTYPE") or None,
+            device_map=parse_device_map(os.environ.get("EXPLAINER_DEVICE_MAP")),
+        )
+    return _bundles[model_id]
+
+
+def preload() -> None:
+    """Load both models now, in the calling thread: on ZeroGPU `spaces` intercepts `.to("cuda")` only in the thread
+    that imported it, so, as its examples do, the models are created at start-up in the main thread. A model that
+    fails to load is left for its tab to report (its first request tries again and shows the error)."""
+    text, vision = model_ids()
+    for model_id in dict.fromkeys([text] if vision is None else [text, vision]):
+        try:
+            with _load_lock:
+                _load(model_id)
+        except ExplainerError:
+            logger.warning("Could not preload %s", model_id or EMBEDDED_MODEL, exc_info=True)
 
 
 def _precision(bundle: ModelBundle) -> str:
@@ -71,18 +96,22 @@ def get_vl_bundle() -> ModelBundle:
 
 def loaded_models() -> int:
     """How many bundles this process has loaded."""
-    return _load.cache_info().currsize
+    return len(_bundles)
 
 
 def forget_models() -> None:
     """Drop the loaded bundles (the next request loads again); for tests and for a process that switches models."""
-    _load.cache_clear()
+    with _load_lock:
+        _bundles.clear()
 
 
 @user_errors
 def model_info() -> str:
-    """Markdown line naming the text model; loads it on the first page visit."""
-    bundle = get_bundle()
+    """Markdown line naming the text model; a page visit loads nothing (the model loads with the first request)."""
+    model_id = model_ids()[0]
+    bundle = _bundles.get(model_id)
+    if bundle is None:
+        return f"**Model:** `{model_id or EMBEDDED_MODEL}` · loads with the first request"
     return f"**Model:** `{bundle.name}`{_precision(bundle)} · prompts up to {bundle.max_prompt_tokens} tokens"
 
 
@@ -92,10 +121,9 @@ def vlm_info() -> str:
     vlm = model_ids()[1]
     if vlm is None:
         return NO_VLM
-    try:
-        bundle = get_vl_bundle()
-    except ExplainerError as e:
-        return f"**Could not load the vision-language model `{vlm}`:** {e}"
+    bundle = _bundles.get(vlm)
+    if bundle is None:
+        return f"**Vision-language model:** `{vlm}` · loads with the first image question"
     if getattr(bundle, "image_processor", None) is None:
         return f"**`{bundle.name}` reads text only.** {NO_VLM}"
     return (

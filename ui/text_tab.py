@@ -24,7 +24,7 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import estimates, inputs, models
+from . import estimates, gpu_time, inputs, models
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -350,7 +350,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     """Wire the text tab's events (and its time estimates); `option_widgets` are the "Method options" widgets."""
     asked = c("prompt", "methods", "max_new", "chat_template", "show_all", "given_answer", "span", "granularity")
     explain_event = c["generate"].click(
-        **c.bind(explain, SHOWN, gpu=True),
+        **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
         inputs=asked + option_widgets,
         api_name="explain",
         concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue

@@ -1,0 +1,73 @@
+"""How much GPU time each ZeroGPU call asks for: from the request's time estimate, not a constant.
+
+`spaces.GPU(duration=...)` takes a function of the handler's own arguments; these are those functions, one per
+handler that runs the model (`Components.bind(..., duration=...)`). They never run the model: the estimates use the
+speed measured inside an earlier GPU call, or `estimate.ASSUMED_SPEED` until one has run
+(`hardware.gpu_duration` adds the margin and the bounds). Asking too little stops a request midway; asking too much
+spends the visitor's ZeroGPU quota, which counts the time asked for.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from explainer.errors import ExplainerError
+from explainer.estimate import ASSUMED_SPEED, estimate
+from explainer.faithfulness import QUICK_SOFT
+from explainer.faithfulness.soft import soft_cost
+from explainer.hardware import gpu_duration
+from explainer.methods import METHODS
+
+from . import inputs, models
+from .options import chosen_options
+
+DECODE_TOKENS_PER_S = 10.0  # a GPU's greedy decoding with capture on, at worst (first request included)
+IMAGE_PREFILL_SECONDS = 10.0  # vision tower and prefill of an image prompt
+IMAGE_POST_HOC_SECONDS = 120.0  # AtMan on an image prompt: N suppression passes (no estimate for images yet)
+REMOVAL_SECONDS_PER_STEP = 1.0  # removal curves: regenerations per answer token and method, on a GPU
+
+
+def text_seconds(
+    prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool, show_all: bool = False,
+    answer: str | None = None, span: bool = False, granularity: str = "token", *options: Any, **_: Any,
+) -> int:  # fmt: skip
+    """GPU seconds for the text tab's `explain` with these arguments."""
+    try:
+        new = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
+        figures = estimate(
+            models.get_bundle(), prompt, list(methods or []), max_new_tokens=new, chat_template=bool(chat_template),
+            method_options=chosen_options(list(methods or []), options), probe=False,
+        )  # fmt: skip
+    except ExplainerError:
+        return gpu_duration(None)  # a request the estimate refuses fails fast in the call itself
+    extra = [e.seconds for e in figures if not e.cost.free]
+    if any(s is None for s in extra):
+        return gpu_duration(None)
+    return gpu_duration(new / DECODE_TOKENS_PER_S + sum(extra))
+
+
+def image_seconds(
+    image: Any, question: str, methods: list[str], max_new_tokens: float, *rest: Any, **_: Any
+) -> int:  # fmt: skip
+    """GPU seconds for the image tab's `explain_image`: prefill and decoding, and AtMan's passes when chosen."""
+    try:
+        new = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
+    except ExplainerError:
+        return gpu_duration(None)
+    post_hoc = [m for m in methods or [] if m in METHODS and not METHODS[m].streaming]
+    return gpu_duration(IMAGE_PREFILL_SECONDS + new / DECODE_TOKENS_PER_S + IMAGE_POST_HOC_SECONDS * len(post_hoc))
+
+
+def faithfulness_seconds(result: Any, methods: list[str], metric: str, soft_choice: str = "", *rest: Any, **_) -> int:
+    """GPU seconds for the faithfulness panel: removal curves per answer token and method, and pi-Soft's positions at
+    the assumed forward speed."""
+    steps = getattr(result, "num_steps", 0) or 0
+    chosen = [m for m in methods or [] if m in getattr(result, "methods", {})]
+    if not steps or not chosen:
+        return gpu_duration(0)
+    seconds = REMOVAL_SECONDS_PER_STEP * steps * (len(chosen) + 1)  # + the random baseline
+    try:
+        seconds += soft_cost(result, chosen, QUICK_SOFT, None)["tokens"] / ASSUMED_SPEED.forward_tokens_per_s
+    except (ExplainerError, ValueError):
+        pass
+    return gpu_duration(seconds)
