@@ -247,6 +247,8 @@ def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_asks_the_hub_only
 
     wrapped = _fake_spaces(monkeypatch)
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")
+    preloaded = []  # on ZeroGPU the app creates its models at import (tests/ui/test_zerogpu.py runs that for real)
+    monkeypatch.setattr(ui_models, "preload", lambda: preloaded.append(1))
     spec = importlib.util.spec_from_file_location("app_on_zerogpu", REPO / "app.py")
     fresh = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(fresh)  # a second app, built with the fake `spaces`
@@ -259,7 +261,7 @@ def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_asks_the_hub_only
     assert len(wrapped) == len(GPU_HANDLERS)
     with pytest.raises(gr.Error, match="Select at least one"):  # runs through every wrapper, the error included
         list(registered["explain"]("Where is Paris?", [], 8, True, False))
-    assert hub.requests == []  # importing the app asked nothing
+    assert preloaded == [1] and hub.requests == []  # the (stubbed) preload was the only start-up work
     ui_models.model_ids.cache_clear()
     try:
         assert ui_models.model_ids() == (models.HUB_TEXT_MODEL_GPU, models.HUB_VISION_MODEL)
