@@ -304,15 +304,8 @@ def removal_curves(
             bundle.model, prompt, gen, keep, max_new, bundle.eos_token_ids, cfg.batch_size, cfg.decode_batch_size,
             progress,
         )  # fmt: skip
-    reference = decode(bundle, attr.generated_token_ids)
     texts = [decode(bundle, tokens) for tokens in regenerated]
-    values = {
-        "logit": logit,
-        "ppl": ppl,
-        "rougeL": np.array([rouge_l_f1(text, reference) for text in texts]),
-        "bleu": np.array([bleu(text, reference) for text in texts]),
-    }
-    assert tuple(values) == REMOVAL_METRIC_KEYS
+    values = _metrics(logit, ppl, texts, decode(bundle, attr.generated_token_ids))
     if progress:
         progress(1.0, "removal runs done")
 
@@ -323,6 +316,19 @@ def removal_curves(
         for metric, v in values.items():
             report.curves[m][metric], report.auc[m][metric] = _curves(fractions, orders, v)
     return report
+
+
+def _metrics(logit: np.ndarray, ppl: np.ndarray, texts: list[str], reference: str) -> dict[str, np.ndarray]:
+    """Every run's value of each metric in `REMOVAL_METRIC_KEYS` order: mean logit, perplexity, and the ROUGE-L and
+    BLEU of its regeneration against the original answer."""
+    values = {
+        "logit": logit,
+        "ppl": ppl,
+        "rougeL": np.array([rouge_l_f1(text, reference) for text in texts]),
+        "bleu": np.array([bleu(text, reference) for text in texts]),
+    }
+    assert tuple(values) == REMOVAL_METRIC_KEYS
+    return values
 
 
 def _plan(
