@@ -98,13 +98,7 @@ def generate_steps(
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
-    if forced_ids is not None:
-        forced_ids = _check_token_ids(forced_ids, model.get_input_embeddings().num_embeddings)
-        if len(forced_ids) > max_new_tokens:
-            raise InputError(f"The answer has {len(forced_ids)} tokens, more than max_new_tokens ({max_new_tokens}).")
-        max_new_tokens = len(forced_ids)
+    forced_ids, max_new_tokens = _check_request(model, input_ids, forced_ids, max_new_tokens)
     n = input_ids.shape[1]
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
@@ -120,13 +114,7 @@ def generate_steps(
         t0 = time.perf_counter()
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
-        if streaming:
-            with capture_attention(model, full_row_consumer=consumer) as recorder:
-                out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
-                rows = recorder.stacked(n + k)[:, 0]  # (L, H, N + k)
-        else:
-            out = model(input_ids=next_input, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
-        logits = out.logits[0, -1]  # (V,)
+        logits, rows = _forward(model, next_input, cache, inputs, consumer if streaming else False, n + k)
         token, probability, entropy = _next_token(logits, None if forced_ids is None else forced_ids[k])
         forward_seconds = time.perf_counter() - t0
         scores = {}
@@ -141,6 +129,33 @@ def generate_steps(
         if forced_ids is None and token in eos:
             break
         next_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
+
+
+def _check_request(
+    model: torch.nn.Module, input_ids: torch.Tensor, forced_ids: Sequence[int] | None, max_new_tokens: int
+) -> tuple[list[int] | None, int]:
+    """(the forced ids checked, the number of steps): K = len(forced_ids) when an answer is given."""
+    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
+        raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
+    if forced_ids is None:
+        return None, max_new_tokens
+    forced = _check_token_ids(forced_ids, model.get_input_embeddings().num_embeddings)
+    if len(forced) > max_new_tokens:
+        raise InputError(f"The answer has {len(forced)} tokens, more than max_new_tokens ({max_new_tokens}).")
+    return forced, len(forced)
+
+
+def _forward(
+    model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, inputs: dict[str, Any], consumer: Any, total: int
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One generation pass: (V,) next-token logits and, unless `consumer` is False (no streaming method), the
+    (L, H, `total`) attention rows of its last query, captured for this pass only."""
+    if consumer is False:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
+        return out.logits[0, -1], None
+    with capture_attention(model, full_row_consumer=consumer) as recorder:
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
+        return out.logits[0, -1], recorder.stacked(total)[:, 0]
 
 
 def _check_token_ids(ids: Any, vocab_size: int) -> list[int]:
@@ -228,13 +243,14 @@ def stream_explain(
         answer=answer,
     )  # fmt: skip
     if holds(bundle.model):
-
-        def inline() -> Iterator[Attribution]:
-            with hold(bundle.model, cancel):
-                yield from _stream_explain(bundle, **kwargs)
-
-        return inline()
+        return _inline(bundle, cancel, kwargs)
     return run_in_worker(lambda: _stream_explain(bundle, **kwargs), bundle.model, cancel)
+
+
+def _inline(bundle: ModelBundle, cancel: CancelToken | None, kwargs: dict[str, Any]) -> Iterator[Attribution]:
+    """`_stream_explain` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
+    with hold(bundle.model, cancel):
+        yield from _stream_explain(bundle, **kwargs)
 
 
 def _stream_explain(

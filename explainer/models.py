@@ -340,58 +340,17 @@ def load_model(
         InputError: an unknown dtype name, both `device` and `device_map` given, or offload options without a
             device map.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     start = time.perf_counter()
-    name = name_or_path or EMBEDDED_MODEL
     if device_map is not None and device:
         raise InputError("Give either a device or a device map, not both.")
     if device_map is None and (offload_folder is not None or max_memory is not None):
         raise InputError("offload_folder and max_memory apply to a device map; give one, e.g. device_map='auto'.")
     dev = _resolve_device(device)  # with a device map: only for the default dtype (bfloat16 when GPUs are used)
     dtype = (parse_dtype(dtype) if isinstance(dtype, str) else dtype) or default_dtype(dev)
-    placement: dict[str, Any] = {}
-    if device_map is not None:
-        placement = {"device_map": device_map, "offload_folder": offload_folder, "max_memory": max_memory}
-        placement = {k: v for k, v in placement.items() if v is not None}
-    if name in (EMBEDDED_MODEL, "embedded", "default"):
-        name = EMBEDDED_MODEL
-        source = str(_converted_embedded_folder())
-    else:
-        source = name
-        if os.path.sep in name or name.startswith("."):
-            if not Path(name).exists():
-                raise ModelLoadError(f"Model folder {name!r} does not exist.")
-    image_processor = None
-    placing = False
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
-        from transformers import AutoConfig
-
-        from .vision import check_vision_model, load_image_processor, vision_model_class
-
-        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
-        if device_map is None:  # a device map offloads what does not fit
-            check_model_fits(name, config, dtype, dev)  # before a single weight is read
-        model_cls = vision_model_class(config) or AutoModelForCausalLM
-        placing = device_map is not None  # errors from here on are most likely the device map's
-        model = model_cls.from_pretrained(
-            source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False, **placement
-        )
-        if model_cls is not AutoModelForCausalLM:
-            check_vision_model(model)
-            image_processor = load_image_processor(source, model.config, min_pixels, max_pixels)
-    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        if placing:
-            raise ModelLoadError(
-                f"Could not place model {name!r} with the device map {device_map!r}: {first}. Use accelerate's "
-                "names ('auto', 'balanced', 'sequential') or the model's module names, each part placed once."
-            ) from e
-        raise ModelLoadError(
-            f"Could not load model {name!r}: {first}. Give a local folder with config.json, tokenizer and weights, "
-            "or a Hugging Face Hub id of a causal language model (the Hub must be reachable)."
-        ) from e
+    placement = {"device_map": device_map, "offload_folder": offload_folder, "max_memory": max_memory}
+    placement = {k: v for k, v in placement.items() if v is not None}
+    name, source = _source(name_or_path)
+    tokenizer, model, image_processor = _load_parts(name, source, dtype, dev, placement, (min_pixels, max_pixels))
     if device_map is None:
         model.to(dev)
     model.eval()
@@ -405,6 +364,61 @@ def load_model(
         max_prompt_tokens=max_prompt_tokens,
         image_processor=image_processor,
     )
+
+
+def _source(name_or_path: str | None) -> tuple[str, str]:
+    """(the model's name, where to load it from): the embedded model's converted folder, a local folder (which must
+    exist) or a Hub id."""
+    name = name_or_path or EMBEDDED_MODEL
+    if name in (EMBEDDED_MODEL, "embedded", "default"):
+        return EMBEDDED_MODEL, str(_converted_embedded_folder())
+    if (os.path.sep in name or name.startswith(".")) and not Path(name).exists():
+        raise ModelLoadError(f"Model folder {name!r} does not exist.")
+    return name, name
+
+
+def _load_parts(
+    name: str,
+    source: str,
+    dtype: torch.dtype,
+    dev: torch.device,
+    placement: dict[str, Any],
+    pixels: tuple[int | None, int | None],
+) -> tuple[Any, torch.nn.Module, Any]:
+    """(tokenizer, model, image processor or None) of `source`; the memory is checked from the configuration before
+    a weight is read (unless a device map places the model). Every loading failure becomes a `ModelLoadError`."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    from .vision import check_vision_model, load_image_processor, vision_model_class
+
+    placing = False
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        config = AutoConfig.from_pretrained(source, trust_remote_code=False)
+        if "device_map" not in placement:  # a device map offloads what does not fit
+            check_model_fits(name, config, dtype, dev)
+        model_cls = vision_model_class(config) or AutoModelForCausalLM
+        placing = "device_map" in placement  # errors from here on are most likely the device map's
+        model = model_cls.from_pretrained(
+            source, dtype=dtype, attn_implementation="sdpa", trust_remote_code=False, **placement
+        )
+        image_processor = None
+        if model_cls is not AutoModelForCausalLM:
+            check_vision_model(model)
+            image_processor = load_image_processor(source, model.config, *pixels)
+    except (OSError, ValueError, KeyError, ImportError, RuntimeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        if placing:
+            raise ModelLoadError(
+                f"Could not place model {name!r} with the device map {placement['device_map']!r}: {first}. Use "
+                "accelerate's names ('auto', 'balanced', 'sequential') or the model's module names, each part placed "
+                "once."
+            ) from e
+        raise ModelLoadError(
+            f"Could not load model {name!r}: {first}. Give a local folder with config.json, tokenizer and weights, "
+            "or a Hugging Face Hub id of a causal language model (the Hub must be reachable)."
+        ) from e
+    return tokenizer, model, image_processor
 
 
 def bundle_from_objects(model: Any, tokenizer: Any, name: str = "custom", **kwargs: Any) -> ModelBundle:

@@ -131,66 +131,76 @@ def word_groups(tokens: Sequence[str], positions: Sequence[int] | np.ndarray | N
         Groups covering `positions` exactly once, in order, each a contiguous run.
     """
     pos = _normalised(positions, len(tokens))
-    chosen = set(pos)
-    out: list[Group] = []
-    start, text, kind = -1, "", ""
-    open_ = False  # whether the next token may join the current group
-
-    def close() -> None:
-        nonlocal start
-        if start >= 0:
-            out.append(Group(start, prev + 1, text, kind))
-        start = -1
-
+    grouper = _WordGrouper(tokens, set(pos))
     prev = -2
     for p in pos:
-        tok = tokens[p]
         if p != prev + 1:
-            close()
-            open_ = False
+            grouper.close(prev)
+            grouper.open_ = False
+        grouper.add(p)
+        prev = p
+    grouper.close(prev)
+    return grouper.out
+
+
+class _WordGrouper:
+    """`word_groups`' state: the group being built (its start, text and kind) and whether the next token may join."""
+
+    def __init__(self, tokens: Sequence[str], chosen: set[int]) -> None:
+        self.tokens, self.chosen = tokens, chosen
+        self.out: list[Group] = []
+        self.start, self.text, self.kind = -1, "", ""
+        self.open_ = False  # whether the next token may join the current group
+
+    def close(self, last: int) -> None:
+        """End the current group at position `last` (inclusive), if there is one."""
+        if self.start >= 0:
+            self.out.append(Group(self.start, last + 1, self.text, self.kind))
+        self.start = -1
+
+    def begin(self, p: int, text: str, kind: str) -> None:
+        self.close(p - 1)
+        self.start, self.text, self.kind = p, text, kind
+
+    def add(self, p: int) -> None:
+        tok = self.tokens[p]
         tk = _word_kind(tok)
         if tk in ("special", "newline"):
-            close()
-            start, text, kind, open_ = p, tok, "special" if tk == "special" else "space", False
+            self.begin(p, tok, "special" if tk == "special" else "space")
+            self.open_ = False
         elif tk == "space":
-            if open_ and kind == "space":
-                text += tok
+            if self.open_ and self.kind == "space":
+                self.text += tok
             else:
-                close()
-                start, text, kind = p, tok, "space"
-            open_ = True
+                self.begin(p, tok, "space")
+            self.open_ = True
         elif tk == "punct":
-            nxt = tokens[p + 1] if p + 1 in chosen else ""
-            test = _CONNECTORS.get(tok)
-            if (
-                open_
-                and kind == "word"
-                and test
-                and nxt[:1]
-                and test(text[-1])
-                and test(nxt[0])
-                and not _is_cjk(nxt[0])
-            ):
-                text += tok  # "3.5", "don't": the next piece joins too
-            elif open_ and kind == "space":
-                text, kind, open_ = text + tok, "punct", False
-            else:
-                close()
-                start, text, kind, open_ = p, tok, "punct", False
+            self._punct(p, tok)
         else:
-            core = tok.lstrip()
-            joins = open_ and (kind == "space" or (kind == "word" and core == tok))
-            if joins and kind == "word" and (_is_cjk(text.rstrip()[-1]) or _is_cjk(core[0])):
-                joins = False
-            if joins:
-                text, kind = text + tok, "word"
-            else:
-                close()
-                start, text, kind = p, tok, "word"
-            open_ = not tok[-1].isspace()
-        prev = p
-    close()
-    return out
+            self._word(p, tok)
+
+    def _punct(self, p: int, tok: str) -> None:
+        nxt = self.tokens[p + 1] if p + 1 in self.chosen else ""
+        test = _CONNECTORS.get(tok)
+        joins = self.open_ and self.kind == "word" and test and nxt[:1]
+        if joins and test(self.text[-1]) and test(nxt[0]) and not _is_cjk(nxt[0]):
+            self.text += tok  # "3.5", "don't": the next piece joins too
+        elif self.open_ and self.kind == "space":
+            self.text, self.kind, self.open_ = self.text + tok, "punct", False
+        else:
+            self.begin(p, tok, "punct")
+            self.open_ = False
+
+    def _word(self, p: int, tok: str) -> None:
+        core = tok.lstrip()
+        joins = self.open_ and (self.kind == "space" or (self.kind == "word" and core == tok))
+        if joins and self.kind == "word" and (_is_cjk(self.text.rstrip()[-1]) or _is_cjk(core[0])):
+            joins = False
+        if joins:
+            self.text, self.kind = self.text + tok, "word"
+        else:
+            self.begin(p, tok, "word")
+        self.open_ = not tok[-1].isspace()
 
 
 def _is_abbreviation(text: str, dot: int) -> bool:

@@ -88,6 +88,21 @@ def _nice_max(value: float) -> tuple[float, float]:
     return step * math.ceil(value / step), step
 
 
+def _polyline(draw: ImageDraw.ImageDraw, xy: list[tuple[float, float]], color: str, dashed: bool) -> None:
+    """A series' line (dashed: short segments along each piece) and its points."""
+    if len(xy) > 1 and not dashed:
+        draw.line(xy, fill=color, width=2)
+    elif len(xy) > 1:
+        for (ax, ay), (bx, by) in zip(xy, xy[1:]):
+            pieces = max(int(math.hypot(bx - ax, by - ay) // 8), 1)
+            for s in range(0, pieces, 2):
+                t0, t1 = s / pieces, min((s + 1) / pieces, 1.0)
+                seg = [(ax + (bx - ax) * t0, ay + (by - ay) * t0), (ax + (bx - ax) * t1, ay + (by - ay) * t1)]
+                draw.line(seg, fill=color, width=2)
+    for x, y in xy:
+        draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=color)
+
+
 def efficiency_png(rows: Iterable[Mapping[str, Any]], title: str = "", width: int = 1100, height: int = 440):
     """The same two panels as `efficiency_figure`, drawn with Pillow (for a README; no browser needed).
 
@@ -131,21 +146,7 @@ def efficiency_png(rows: Iterable[Mapping[str, Any]], title: str = "", width: in
         draw.rectangle([x0, y0, x1, y1], outline="#888888")
         for m, points in data.items():
             xy = [(px(p[0]), py(p[1] if field == "tokens_per_s" else p[2])) for p in points]
-            if len(xy) > 1:
-                if m == BASELINE:  # dashed: short segments along each piece
-                    for (ax, ay), (bx, by) in zip(xy, xy[1:]):
-                        pieces = max(int(math.hypot(bx - ax, by - ay) // 8), 1)
-                        for s in range(0, pieces, 2):
-                            t0, t1 = s / pieces, min((s + 1) / pieces, 1.0)
-                            seg = [
-                                (ax + (bx - ax) * t0, ay + (by - ay) * t0),
-                                (ax + (bx - ax) * t1, ay + (by - ay) * t1),
-                            ]
-                            draw.line(seg, fill=colors[m], width=2)
-                else:
-                    draw.line(xy, fill=colors[m], width=2)
-            for x, y in xy:
-                draw.ellipse([x - 3, y - 3, x + 3, y + 3], fill=colors[m])
+            _polyline(draw, xy, colors[m], dashed=m == BASELINE)
     x = 80
     for m in data:
         name = "plain generation" if m == BASELINE else m

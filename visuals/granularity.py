@@ -154,15 +154,7 @@ def span_side_by_side_html(
         return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
     units = groups(attr, granularity, user_only)
     pos, subset = shown_positions(attr, user_only)
-    if attr.num_steps == 0:
-        first = last = None
-        caption = "No generated tokens yet: scores appear as the answer streams."
-    else:
-        first, last = span_range(attr.num_steps, first, last)
-        caption = _span_caption(attr, first, last, attr.num_steps) + f" · {_UNIT_NAMES[granularity]}"
-        if granularity != "token":
-            caption += " (mean z-score of their tokens)"
-        caption += f" · {_scope_caption(pos.size, subset)}"
+    first, last, caption = _span_and_caption(attr, first, last, granularity, pos.size, subset)
     per_method = [_unit_scores(attr, m, first, last, units, pos if subset else None) for m in methods]
     scored = [s for s in per_method if s is not None]
     if zmax is None or zmax <= 0:
@@ -183,6 +175,19 @@ def span_side_by_side_html(
         f'<div style="font-size:13px;margin-bottom:8px;">{html.escape(caption)}</div>'
         f'<div style="{_GRID}">{"".join(panels)}</div>{legend}</div>'
     )
+
+
+def _span_and_caption(
+    attr: Attribution, first: int | None, last: int | None, granularity: str, shown: int, subset: bool
+) -> tuple[int | None, int | None, str]:
+    """The span of steps shown (None, None before the first token) and the caption saying what is shown."""
+    if attr.num_steps == 0:
+        return None, None, "No generated tokens yet: scores appear as the answer streams."
+    first, last = span_range(attr.num_steps, first, last)
+    caption = _span_caption(attr, first, last, attr.num_steps) + f" · {_UNIT_NAMES[granularity]}"
+    if granularity != "token":
+        caption += " (mean z-score of their tokens)"
+    return first, last, caption + f" · {_scope_caption(shown, subset)}"
 
 
 def _unit_scores(

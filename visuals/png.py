@@ -175,15 +175,8 @@ def _draw_view(
     content_w = panel_w - 2 * _PAD
     layouts = [_layout(probe, attr, v, zmax, content_w, font, max(int(max_tokens), 1)) for v in views]
     caption_lines = _wrap(probe, caption, font, inner)
-    overlay = None
-    if image is not None and attr.image and scored:
-        from visuals.overlay import overlay_grid
-
-        overlay = overlay_grid(
-            image, attr, methods, step, alpha=alpha, max_side=max(120, inner // max(len(methods), 1))
-        )
-        if overlay.width > inner:
-            overlay = overlay.resize((inner, max(1, round(overlay.height * inner / overlay.width))), Image.BICUBIC)
+    shows_image = image is not None and attr.image and scored
+    overlay = _overlay(attr, methods, step, image, alpha, inner) if shows_image else None
     y = _PAD + (overlay.height + _GAP if overlay is not None else 0)
     y_caption = y
     y += len(caption_lines) * (_FONT_SIZE + 6) + 6
@@ -211,6 +204,18 @@ def _draw_view(
     if scored:
         _legend(draw, _PAD, legend_y, zmax, font)
     return img, boxes_by_method
+
+
+def _overlay(
+    attr: Attribution, methods: list[str], step: int | None, image: Any, alpha: float, inner: int
+) -> Image.Image:
+    """The image overlays of the methods in a row above the panels, at most `inner` pixels wide."""
+    from visuals.overlay import overlay_grid
+
+    overlay = overlay_grid(image, attr, methods, step, alpha=alpha, max_side=max(120, inner // max(len(methods), 1)))
+    if overlay.width > inner:
+        overlay = overlay.resize((inner, max(1, round(overlay.height * inner / overlay.width))), Image.BICUBIC)
+    return overlay
 
 
 def _caption(attr: Attribution, step: int | None, scored: list) -> str:

@@ -80,6 +80,20 @@ def machine_info(device: str, torch_threads: int | None) -> dict[str, Any]:
     }
 
 
+def _log_row(log: Callable[[str], None], counter: str, row: BenchRow, seconds: float) -> None:
+    """One line per measured configuration, and a warning when other processes took the CPUs meanwhile."""
+    log(
+        f"{counter} {row.method:>8} @ {row.prompt_tokens:>5} prompt tokens: {row.tokens_per_s:8.2f} tokens/s, "
+        f"peak {row.peak_mem_mb:8.1f} MiB ({seconds:.0f} s with loading)"
+    )
+    busy = max((f for f in row.other_cpu_frac_all if f is not None), default=0.0)
+    if busy > BUSY_WARNING:
+        log(
+            f"  warning: other processes used up to {busy:.0%} of the CPUs during the timed runs; "
+            "these timings are slowed by contention (see other_cpu_frac_all in --json)"
+        )
+
+
 def run_bench(
     model: str | None,
     prompt_lengths: list[int],
@@ -128,16 +142,7 @@ def run_bench(
         rows.append(row)
         info = result
         if log:
-            log(
-                f"[{i}/{len(configs)}] {m:>8} @ {n:>5} prompt tokens: {row.tokens_per_s:8.2f} tokens/s, "
-                f"peak {row.peak_mem_mb:8.1f} MiB ({time.perf_counter() - t0:.0f} s with loading)"
-            )
-            busy = max((f for f in row.other_cpu_frac_all if f is not None), default=0.0)
-            if busy > BUSY_WARNING:
-                log(
-                    f"  warning: other processes used up to {busy:.0%} of the CPUs during the timed runs; "
-                    "these timings are slowed by contention (see other_cpu_frac_all in --json)"
-                )
+            _log_row(log, f"[{i}/{len(configs)}]", row, time.perf_counter() - t0)
     return {
         "rows": [asdict(r) for r in with_ratios(rows)],
         "machine": machine_info(info.get("device", device or ""), info.get("torch_threads")),

@@ -119,42 +119,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, min(WARMUP_NEW_TOKENS, k))
     gc.collect()
 
-    probe = _MemoryProbe(bundle.device)
-    seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
-    contention = _ContentionProbe()
-    for i in range(int(spec["repeats"])):
-        if bundle.device.type == "cuda":
-            torch.cuda.synchronize(bundle.device)
-        contention.wait_quiet(float(spec.get("quiet_wait", 0.0)))
-        # Trimming only once: a trim before every run would make each run fault its pages in again, inside the timing.
-        bases.append(probe.reset(trim=i == 0))
-        with contention:
-            t0, c0 = time.perf_counter(), time.process_time()
-            produced = run(input_ids, k)
-            if bundle.device.type == "cuda":
-                torch.cuda.synchronize(bundle.device)
-            seconds.append(time.perf_counter() - t0)
-            cpu_seconds.append(time.process_time() - c0)
-        other_cpu.append(contention.fraction)
-        peaks.append(probe.peak_mb())
-        if produced != k:
-            raise RuntimeError(f"{spec['method']} generated {produced} tokens instead of {k}")
-    live_mb = _live_peak_mb(run, input_ids, k) if spec.get("live_mem") and bundle.device.type == "cpu" else None
-    row = BenchRow(
-        method=spec["method"],
-        prompt_tokens=n,
-        new_tokens=k,
-        tokens_per_s=statistics.median(k / s for s in seconds),
-        peak_mem_mb=max(peaks),
-        repeats=len(seconds),
-        seconds_all=seconds,
-        peak_mem_mb_all=peaks,
-        mem_method=probe.method,
-        base_mem_mb=bases[0],
-        cpu_seconds_all=cpu_seconds,
-        other_cpu_frac_all=other_cpu,
-        live_peak_mem_mb=live_mb,
-    )
+    row = _timed_runs(spec, bundle.device, run, input_ids, k)
+    if spec.get("live_mem") and bundle.device.type == "cpu":
+        row.live_peak_mem_mb = _live_peak_mb(run, input_ids, k)
     return {
         "row": asdict(row),
         "model": bundle.name,
@@ -163,6 +130,39 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "torch_threads": torch.get_num_threads(),
         "text_source": source,
     }
+
+
+def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: int) -> BenchRow:
+    """`spec["repeats"]` timed runs of `run` over `input_ids` (K new tokens each), with their memory peaks and the
+    CPU time other processes took meanwhile."""
+    import torch
+
+    probe = _MemoryProbe(device)
+    seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
+    contention = _ContentionProbe()
+    for i in range(int(spec["repeats"])):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        contention.wait_quiet(float(spec.get("quiet_wait", 0.0)))
+        # Trimming only once: a trim before every run would make each run fault its pages in again, inside the timing.
+        bases.append(probe.reset(trim=i == 0))
+        with contention:
+            t0, c0 = time.perf_counter(), time.process_time()
+            produced = run(input_ids, k)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            seconds.append(time.perf_counter() - t0)
+            cpu_seconds.append(time.process_time() - c0)
+        other_cpu.append(contention.fraction)
+        peaks.append(probe.peak_mb())
+        if produced != k:
+            raise RuntimeError(f"{spec['method']} generated {produced} tokens instead of {k}")
+    return BenchRow(
+        method=spec["method"], prompt_tokens=int(spec["prompt_tokens"]), new_tokens=k,
+        tokens_per_s=statistics.median(k / s for s in seconds), peak_mem_mb=max(peaks), repeats=len(seconds),
+        seconds_all=seconds, peak_mem_mb_all=peaks, mem_method=probe.method, base_mem_mb=bases[0],
+        cpu_seconds_all=cpu_seconds, other_cpu_frac_all=other_cpu, live_peak_mem_mb=None,
+    )  # fmt: skip
 
 
 def worker_main(argv: list[str]) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 from ..errors import InputError
 from . import _read_answer, _read_prompt, placement
@@ -178,23 +179,30 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         seconds["soft"] = time.perf_counter() - t0
     print(_format_faithfulness(report, attr, seconds))
     if args.json:
-        out = {
-            "model": bundle.name,
-            "dtype": attr.meta.get("dtype"),
-            "device": attr.meta.get("device"),
-            "prompt_tokens": attr.num_prompt_tokens,
-            "answer": attr.generated_text,
-            "answer_given": attr.meta.get("answer") == "given",
-            "generated_tokens": attr.num_steps,
-            "methods": methods,
-            "seconds": seconds,
-            "ratio_to_generation": {k: v / seconds["generation"] for k, v in seconds.items() if k != "generation"},
-            "removal": dataclasses.asdict(report.removal),
-            "soft": dataclasses.asdict(report.soft) if report.soft else None,
-        }
-        try:
-            Path(args.json).write_text(json.dumps(out, indent=2), encoding="utf-8")
-        except OSError as e:
-            raise InputError(f"Cannot write {args.json!r}: {e}") from e
-        print(f"wrote {args.json}")
+        _write_faithfulness_json(args.json, bundle.name, attr, methods, seconds, report)
     return 0
+
+
+def _write_faithfulness_json(path: str, model: str, attr: Any, methods: list[str], seconds: dict, report: Any) -> None:
+    """`faithfulness --json`: the request, the timings and both reports."""
+    import dataclasses
+
+    out = {
+        "model": model,
+        "dtype": attr.meta.get("dtype"),
+        "device": attr.meta.get("device"),
+        "prompt_tokens": attr.num_prompt_tokens,
+        "answer": attr.generated_text,
+        "answer_given": attr.meta.get("answer") == "given",
+        "generated_tokens": attr.num_steps,
+        "methods": methods,
+        "seconds": seconds,
+        "ratio_to_generation": {k: v / seconds["generation"] for k, v in seconds.items() if k != "generation"},
+        "removal": dataclasses.asdict(report.removal),
+        "soft": dataclasses.asdict(report.soft) if report.soft else None,
+    }
+    try:
+        Path(path).write_text(json.dumps(out, indent=2), encoding="utf-8")
+    except OSError as e:
+        raise InputError(f"Cannot write {path!r}: {e}") from e
+    print(f"wrote {path}")

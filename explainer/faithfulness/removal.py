@@ -128,24 +128,41 @@ def removal_runs(
         mean logits (R,), perplexities (R,), R token lists, and positions per second of the batched passes.
     """
     n, k, r = prompt.shape[0], gen.shape[0], keep.shape[0]
-    dev = keep.device
-    limit = max(1, max_new_tokens)
     seq = torch.cat([prompt, gen[:-1]])  # (T,) T = N + K - 1: every position whose logits predict an answer token
-    t = seq.shape[0]
     removed = ~keep
     first = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed position
-    logit, ppl = np.zeros(r), np.zeros(r)
-    regenerated: list[list[int]] = [[] for _ in range(r)]
-    departures: list[_Departure] = []
-
     base = DynamicCache()  # no config: every layer keeps all positions (sliding windows are applied by the mask)
     out = model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k)
-    base_logits = out.logits  # (1, K, V)
+    runs = _Runs(gen, n, max(1, max_new_tokens), eos, base, r)
+    unperturbed = [i for i in range(r) if first[i] >= n]
+    if unperturbed:
+        runs.settle(unperturbed, out.logits.expand(len(unperturbed), -1, -1), None)  # (1, K, V) for each
     del out
+    perturbed = sorted((i for i in range(r) if first[i] < n), key=lambda i: first[i])
+    size = rows_per_batch(seq.shape[0] - (min(first) if perturbed else 0),
+                          *batch_budget(model, seq.shape[0], k, batch_size, CPU_ROWS))  # fmt: skip
+    groups = [perturbed[s : s + size] for s in range(0, len(perturbed), size)]
+    speed = _perturbed_passes(model, runs, seq, keep, first, groups, progress)
+    if progress:
+        progress(1 - 1 / (len(groups) + 2), f"removal: {len(runs.departures)} regenerations depart from the answer")
+    _decode_departures(model, runs.departures, keep, n, runs.limit, eos, decode_batch_size, runs.regenerated)
+    return runs.logit, runs.ppl, runs.regenerated, speed
 
-    def settle(runs: list[int], logits: torch.Tensor, cache: DynamicCache | None) -> None:
+
+class _Runs:
+    """The removal runs' results as their teacher-forced logits arrive: mean logit and perplexity of the answer,
+    and either a finished regeneration or the point where it departs from the answer (decoded later)."""
+
+    def __init__(self, gen: torch.Tensor, n: int, limit: int, eos: set[int], base: DynamicCache, r: int) -> None:
+        self.gen, self.n, self.limit, self.eos, self.base = gen, n, limit, eos, base
+        self.logit, self.ppl = np.zeros(r), np.zeros(r)
+        self.regenerated: list[list[int]] = [[] for _ in range(r)]
+        self.departures: list[_Departure] = []
+
+    def settle(self, runs: list[int], logits: torch.Tensor, cache: DynamicCache | None) -> None:
         """Metrics and regeneration state of `runs` from their teacher-forced logits (B, K, V)."""
-        logit[runs], ppl[runs] = _cross_entropy_stats(logits, gen)
+        gen, k, limit = self.gen, self.gen.shape[0], self.limit
+        self.logit[runs], self.ppl[runs] = _cross_entropy_stats(logits, gen)
         follows = logits.argmax(dim=-1) == gen.to(logits.device)  # (B, K)
         for i, run in enumerate(runs):
             stop = min(k, limit)
@@ -154,45 +171,47 @@ def removal_runs(
             tokens = gen[:d].tolist()
             if d < stop:
                 tokens.append(int(logits[i, d].argmax()))
-            elif d == k and int(gen[-1]) not in eos and k < limit:
+            elif d == k and int(gen[-1]) not in self.eos and k < limit:
                 pass  # the whole answer, not ended by end-of-sequence: greedy decoding goes on after it
             else:
-                regenerated[run] = tokens
+                self.regenerated[run] = tokens
                 continue
-            if tokens[-1] in eos or len(tokens) >= limit:
-                regenerated[run] = tokens
+            if tokens[-1] in self.eos or len(tokens) >= limit:
+                self.regenerated[run] = tokens
                 continue
-            row_cache, row = (base, 0) if cache is None else (cache, i)
-            departures.append(_Departure(run, tokens, row_cache, row, n + len(tokens) - 1))
+            row_cache, row = (self.base, 0) if cache is None else (cache, i)
+            self.departures.append(_Departure(run, tokens, row_cache, row, self.n + len(tokens) - 1))
 
-    unperturbed = [i for i in range(r) if first[i] >= n]
-    if unperturbed:
-        settle(unperturbed, base_logits.expand(len(unperturbed), -1, -1), None)
-    perturbed = sorted((i for i in range(r) if first[i] < n), key=lambda i: first[i])
-    size = rows_per_batch(t - (min(first) if perturbed else 0), *batch_budget(model, t, k, batch_size, CPU_ROWS))
-    groups = [perturbed[s : s + size] for s in range(0, len(perturbed), size)]
-    steps = len(groups) + 1
+
+def _perturbed_passes(
+    model: torch.nn.Module,
+    runs: _Runs,
+    seq: torch.Tensor,
+    keep: torch.Tensor,
+    first: list[int],
+    groups: list[list[int]],
+    progress: ProgressFn | None,
+) -> float:
+    """Teacher-forced passes of the masked prompts, a group per batch over the unperturbed prefix cache; returns the
+    positions per second they ran at."""
+    t, k, dev = seq.shape[0], runs.gen.shape[0], keep.device
     pass_start, pass_tokens = time.perf_counter(), 0
     for done, group in enumerate(groups, start=1):
         check_cancelled()
         if progress:
-            progress(done / steps, f"removal: runs {done}/{len(groups)}")
+            progress(done / (len(groups) + 1), f"removal: runs {done}/{len(groups)}")
         start = min(first[i] for i in group)  # positions before it are those of the unperturbed pass
         b = len(group)
         mask = torch.cat([keep[group].long(), torch.ones(b, k - 1, dtype=torch.long, device=dev)], dim=1)  # (B, T)
-        cache = prefix_cache(base, start, b)
+        cache = prefix_cache(runs.base, start, b)
         out = model(
             input_ids=seq[start:].expand(b, -1), attention_mask=mask, position_ids=torch.arange(start, t, device=dev)
             .expand(b, -1), past_key_values=cache, use_cache=True, logits_to_keep=k,
         )  # fmt: skip
-        settle(group, out.logits, cache)
+        runs.settle(group, out.logits, cache)
         del out
         pass_tokens += b * (t - start)
-    speed = pass_tokens / max(time.perf_counter() - pass_start, 1e-9)
-    if progress:
-        progress(steps / (steps + 1), f"removal: {len(departures)} regenerations depart from the answer")
-    _decode_departures(model, departures, keep, n, limit, eos, decode_batch_size, regenerated)
-    return logit, ppl, regenerated, speed
+    return pass_tokens / max(time.perf_counter() - pass_start, 1e-9)
 
 
 def _decode_departures(
@@ -272,15 +291,7 @@ def removal_curves(
     fractions = [float(f) for f in cfg.fractions]
     if fractions[0] != 0.0 or len(fractions) < 2:
         raise InputError("fractions must start at 0 and have at least two entries")
-    counts = [int(round(f * pos.size)) for f in fractions]
-
-    # one run per distinct removed set; index 0 is the unperturbed baseline
-    runs: dict[frozenset, int] = {frozenset(): 0}
-    plan: dict[str, dict[str, list[int]]] = {}
-    for m in methods:
-        plan[m] = {}
-        for name, order in removal_orderings(attr, m, pos, cfg.seed).items():
-            plan[m][name] = [runs.setdefault(frozenset(order[:c].tolist()), len(runs)) for c in counts]
+    runs, plan = _plan(attr, methods, pos, [int(round(f * pos.size)) for f in fractions], cfg.seed)
     dev = bundle.device
     keep = torch.ones(len(runs), attr.num_prompt_tokens, dtype=torch.bool, device=dev)  # (R, N)
     for removed, row in runs.items():
@@ -293,15 +304,8 @@ def removal_curves(
             bundle.model, prompt, gen, keep, max_new, bundle.eos_token_ids, cfg.batch_size, cfg.decode_batch_size,
             progress,
         )  # fmt: skip
-    reference = decode(bundle, attr.generated_token_ids)
     texts = [decode(bundle, tokens) for tokens in regenerated]
-    values = {
-        "logit": logit,
-        "ppl": ppl,
-        "rougeL": np.array([rouge_l_f1(text, reference) for text in texts]),
-        "bleu": np.array([bleu(text, reference) for text in texts]),
-    }
-    assert tuple(values) == REMOVAL_METRIC_KEYS
+    values = _metrics(logit, ppl, texts, decode(bundle, attr.generated_token_ids))
     if progress:
         progress(1.0, "removal runs done")
 
@@ -310,12 +314,47 @@ def removal_curves(
         report.curves[m], report.auc[m] = {}, {}
         report.generations[m] = {name: [texts[i] for i in rows] for name, rows in orders.items()}
         for metric, v in values.items():
-            base = v[0]
-            curves = {
-                name: [float(v[i] / base) if base != 0 and np.isfinite(base) else float("nan") for i in rows]
-                for name, rows in orders.items()
-            }
-            auc = {name: normalised_auc(fractions, c) for name, c in curves.items()}
-            auc["srg"] = srg(auc["lif"], auc["mif"])
-            report.curves[m][metric], report.auc[m][metric] = curves, auc
+            report.curves[m][metric], report.auc[m][metric] = _curves(fractions, orders, v)
     return report
+
+
+def _metrics(logit: np.ndarray, ppl: np.ndarray, texts: list[str], reference: str) -> dict[str, np.ndarray]:
+    """Every run's value of each metric in `REMOVAL_METRIC_KEYS` order: mean logit, perplexity, and the ROUGE-L and
+    BLEU of its regeneration against the original answer."""
+    values = {
+        "logit": logit,
+        "ppl": ppl,
+        "rougeL": np.array([rouge_l_f1(text, reference) for text in texts]),
+        "bleu": np.array([bleu(text, reference) for text in texts]),
+    }
+    assert tuple(values) == REMOVAL_METRIC_KEYS
+    return values
+
+
+def _plan(
+    attr: Attribution, methods: list[str], pos: np.ndarray, counts: list[int], seed: int
+) -> tuple[dict[frozenset, int], dict[str, dict[str, list[int]]]]:
+    """One run per distinct removed set (index 0: the unperturbed baseline), and for each method and ordering
+    ("mif", "lif") the run of each removal fraction."""
+    runs: dict[frozenset, int] = {frozenset(): 0}
+    plan: dict[str, dict[str, list[int]]] = {}
+    for m in methods:
+        plan[m] = {}
+        for name, order in removal_orderings(attr, m, pos, seed).items():
+            plan[m][name] = [runs.setdefault(frozenset(order[:c].tolist()), len(runs)) for c in counts]
+    return runs, plan
+
+
+def _curves(
+    fractions: list[float], orders: dict[str, list[int]], v: np.ndarray
+) -> tuple[dict[str, list[float]], dict[str, float]]:
+    """One metric's curves (each run's value over the unperturbed one, per ordering) and their normalised AUCs and
+    SRG."""
+    base = v[0]
+    curves = {
+        name: [float(v[i] / base) if base != 0 and np.isfinite(base) else float("nan") for i in rows]
+        for name, rows in orders.items()
+    }
+    auc = {name: normalised_auc(fractions, c) for name, c in curves.items()}
+    auc["srg"] = srg(auc["lif"], auc["mif"])
+    return curves, auc
