@@ -228,7 +228,7 @@ def run_agreement(
     Raises:
         InputError: `results_path` holds rows of another model or precision pair.
     """
-    from .evaluate import read_results
+    from .resumable import ResultsLog, read_results
 
     expected = {"model": low.name, "reference_dtype": _dtype(reference), "dtype": _dtype(low)}
     done = {r["id"]: r for r in read_results(results_path) if "id" in r}
@@ -242,20 +242,14 @@ def run_agreement(
     todo = [p for p in prompts if p["id"] not in done]
     if log and len(todo) < len(prompts):
         log(f"resuming: {len(prompts) - len(todo)} of {len(prompts)} prompts already in {results_path}")
-    start = time.perf_counter()
-    for i, p in enumerate(todo):
+    results = ResultsLog(results_path, len(todo), log)
+    for p in todo:
         try:
             row = {"id": p["id"], "source": p["source"], **expected, **measure_prompt(reference, low, p["prompt"], cfg)}
         except ExplainerError as e:
             row = {"id": p["id"], "source": p["source"], **expected, "error": str(e)}
         done[p["id"]] = row
-        if results_path:
-            with open(results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(row) + "\n")
-        if log:
-            elapsed = time.perf_counter() - start
-            eta = elapsed / (i + 1) * (len(todo) - i - 1)
-            log(f"[{i + 1}/{len(todo)}] {p['id']}  {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+        results.add(row)
     return [done[p["id"]] for p in prompts if p["id"] in done]
 
 

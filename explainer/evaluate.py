@@ -30,6 +30,7 @@ from .errors import Cancelled, ExplainerError, InputError
 from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .parallel import results_files
 from .precision import precision_meta
+from .resumable import ResultsLog, read_results
 from .session import CancelToken, hold
 
 QA_PROMPT = (
@@ -205,19 +206,6 @@ def evaluate_sample(bundle, row: dict[str, Any], cfg: EvalConfig) -> dict[str, A
     return out
 
 
-def read_results(path: str | Path | None) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines results file (a torn last line from an interrupted run is ignored)."""
-    if not path or not Path(path).is_file():
-        return []
-    rows = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return rows
-
-
 def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Per-sample rows of several results files joined by id: methods evaluated in separate runs on the same samples
     (e.g. AtMan run later) become one row per sample. Samples missing from some files keep the methods they have.
@@ -348,8 +336,8 @@ def run_evaluation(
     todo = [r for r in rows if r["id"] not in done]
     if log and done:
         log(f"resuming: {sum(r['id'] in done for r in rows)} of {len(rows)} samples already in {results_path}")
-    start = time.perf_counter()
-    for i, row in enumerate(todo):
+    results = ResultsLog(results_path, len(todo), log)
+    for row in todo:
         try:
             with hold(bundle.model, cancel):  # one sample is one request: nothing else runs on the model meanwhile
                 result = evaluate_sample(bundle, row, cfg)
@@ -358,13 +346,7 @@ def run_evaluation(
         except ExplainerError as e:
             result = {"id": row["id"], "error": str(e)}
         done[row["id"]] = result
-        if results_path:
-            with open(results_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(result) + "\n")
-        if log:
-            elapsed = time.perf_counter() - start
-            eta = elapsed / (i + 1) * (len(todo) - i - 1)
-            log(f"[{i + 1}/{len(todo)}] {row['id']}  {elapsed:.0f} s elapsed, ETA {eta:.0f} s")
+        results.add(result)
     samples = [done[r["id"]] for r in rows if r["id"] in done]
     summary = summarise(samples)
     summary["samples"] = samples
