@@ -148,7 +148,9 @@ async def run_stream(
         if item is None:
             raise InputError(empty)
     except Exception as e:
-        yield Update(None, dataclasses.replace(request, error=getattr(e, "message", None) or str(e)))
+        message = getattr(e, "message", None) or str(e)
+        note = f"Stopped before the first token: {message}" if item is None else ""
+        yield Update(None, dataclasses.replace(request, error=message), note)
         raise
     yield Update(item, RequestState(Phase.DONE))
 

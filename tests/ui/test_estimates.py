@@ -27,7 +27,9 @@ class FakeEstimates:
         self.calibrated.append(attr)
         return []
 
-    def estimate(self, bundle, prompt, max_new_tokens=64, chat_template=True, method_options=None, answer=None):
+    def estimate(
+        self, bundle, prompt, max_new_tokens=64, chat_template=True, method_options=None, answer=None, probe=True
+    ):
         if not prompt.strip():
             raise InputError("The prompt is empty.")
         self.calls.append(

@@ -53,6 +53,30 @@ def test_a_failure_is_recorded_before_it_is_raised():
         drive([])
 
 
+def test_a_failure_before_the_first_token_replaces_the_starting_note():
+    """An empty prompt (or a request refused for memory) fails before any update: the status line must not keep
+    saying "Reading the prompt…" (seen in the browser; Gradio runs no follow-up handler after an error)."""
+
+    def failing():
+        raise InputError("The prompt is empty.")
+        yield  # a generator
+
+    seen = []
+
+    async def run():
+        async for update in stream.run_stream(FakeBundle(), lambda cancel: FakeStream(failing()), "nothing"):
+            seen.append(update)
+
+    with pytest.raises(InputError, match="empty"):
+        asyncio.run(run())
+    assert seen[0].note == stream.STARTING
+    assert seen[-1] == Update(
+        None,
+        RequestState(Phase.STARTING, error="The prompt is empty."),
+        "Stopped before the first token: The prompt is empty.",
+    )
+
+
 def test_settled_states():
     assert RequestState(Phase.RUNNING).settled() == RequestState(Phase.CANCELLED)
     assert RequestState(Phase.WAITING, error="x").settled() == RequestState(Phase.FAILED, error="x")

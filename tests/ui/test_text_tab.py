@@ -143,8 +143,7 @@ def test_load_failure_becomes_gr_error(fake, monkeypatch):
     monkeypatch.setattr(models, "load_model", broken)
     with pytest.raises(gr.Error, match="not found"):
         collect(text_tab.explain("hi", ["macs"], 8, True, False))
-    with pytest.raises(gr.Error, match="not found"):
-        models.model_info()
+    assert "loads with the first request" in models.model_info()  # a page visit tries no load
 
 
 def test_no_method_selected_is_a_gr_error(fake):
