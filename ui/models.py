@@ -99,6 +99,11 @@ def loaded_models() -> int:
     return len(_bundles)
 
 
+def loaded_bundles() -> list[ModelBundle]:
+    """The bundles this process has loaded, each once."""
+    return list({id(b): b for b in _bundles.values()}.values())
+
+
 def forget_models() -> None:
     """Drop the loaded bundles (the next request loads again); for tests and for a process that switches models."""
     with _load_lock:

@@ -28,7 +28,7 @@ from ui import models
 loaded = models.loaded_models()
 moved_at_import = dict(record.moved)
 outside = []
-for bundle in list(getattr(models, "_bundles", {}).values()):  # loaded at start-up
+for bundle in getattr(models, "loaded_bundles", list)():  # loaded at start-up (none before the change)
     bundle.model.register_forward_pre_hook(lambda *a: outside.append(1) if record.active == 0 else None)
 
 fns = {f.api_name: f for f in app.demo.fns.values()}
