@@ -70,6 +70,28 @@ def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hu
     ]
 
 
+def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub, monkeypatch):
+    """The Hub reachable (mocked) and 16 GB: the default models fit with room to spare, and a page visit loads
+    neither (each loads with its tab's first request). The 2 CPUs' thread count: tests/explainer/test_threads.py."""
+    import torch
+
+    from explainer import fit
+    from ui import models as ui_models
+
+    monkeypatch.setenv("EXPLAINER_MEMORY_BUDGET", "16GB")
+    monkeypatch.setattr(fit, "cpu_has_native_bf16", lambda *a: False)
+    text, vision = models.default_model_ids()
+    need = sum(fit.model_bytes(fit.bundled_config(m), torch.float32) for m in (text, vision))
+    assert 16e9 - need > 2.5e9
+    loads = []
+    monkeypatch.setattr(ui_models, "load_model", lambda *a, **k: loads.append(a))
+    monkeypatch.setattr(ui_models, "model_ids", lambda: (text, vision))
+    ui_models.forget_models()
+    assert "loads with the first request" in ui_models.model_info()
+    assert "loads with the first image question" in ui_models.vlm_info()
+    assert loads == [] and ui_models.loaded_models() == 0
+
+
 @pytest.mark.parametrize("how", ["cuda", "zerogpu"])
 def test_online_gpu_defaults_to_the_larger_model(hub, monkeypatch, how):
     if how == "cuda":

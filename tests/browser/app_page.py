@@ -32,8 +32,10 @@ class AppPage:
 
     # --- loading and screenshots -------------------------------------------------------------------------------
     def wait_loaded(self) -> None:
-        """Wait until the model line says which model is loaded (`demo.load` has run)."""
-        self.page.get_by_text(re.compile(r"prompts up to \d+ tokens")).wait_for(timeout=120_000)
+        """Wait until the model line names the model (`demo.load` has run; the model itself loads with the first
+        request, or is loaded already)."""
+        line = re.compile(r"prompts up to \d+ tokens|loads with the first request")
+        self.page.get_by_text(line).wait_for(timeout=120_000)
 
     def shot(self, name: str) -> Path:
         """A full-page screenshot `<name>.png` in the screenshot folder."""
