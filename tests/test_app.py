@@ -143,3 +143,12 @@ def test_the_upload_reaches_the_image_handler_unopened(fns, tmp_path):
         fns["explain_image"].inputs[0].preprocess(ImageData(path=str(broken), orig_name="notes.png"))
     with pytest.raises(Exception, match="Image 'notes.png' is not an image file"):
         image_tab.open_image(ImageData(path=str(broken), orig_name="notes.png").model_dump())
+
+
+def test_the_model_lines_are_refreshed_after_each_request(app, fns):
+    """A page visit loads no model, so the lines name it first and show its precision once a request loaded it."""
+    from ui import models as ui_models
+
+    assert fns["model_info_after_explain"].fn.__wrapped__ is ui_models.model_info.__wrapped__
+    assert fns["vlm_info_after_explain"].fn.__wrapped__ is ui_models.vlm_info.__wrapped__
+

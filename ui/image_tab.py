@@ -311,6 +311,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **hidden)
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
+    event.then(models.vlm_info, outputs=c["model"], api_name="vlm_info_after_explain", **hidden)  # loaded now
     event.then(
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
         api_name="after_image", **hidden,

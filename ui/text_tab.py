@@ -383,6 +383,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **hidden,
     )
     _then_export(c, settled, "export_files", "export_view_after_explain")
+    # the model loads with the first request: its line then names the precision and the prompt limit
+    explain_event.then(models.model_info, outputs=c["model"], api_name="model_info_after_explain", **hidden)
     opened = c["open_file"].upload(
         **c.bind(open_saved, SHOWN + ("methods",)), inputs=c("open_file", "show_all", "span", "granularity"),
         api_name="open_saved",

@@ -42,6 +42,7 @@ def test_generate_shows_the_answer_and_a_heatmap_per_default_method(app):
     assert app.scored_tokens("macs") > 0 and app.scored_tokens("rollout") > 0
     assert app.selected_step() == app.last_content_step()  # the answer's last word, not a trailing <|im_end|>
     assert app.status().startswith(f"Done: {len(steps)} tokens")
+    app.page.get_by_text(re.compile(r"float32 on cpu · prompts up to \d+ tokens")).wait_for()  # model line, loaded
     app.shot("generated")
 
 
