@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from transformers import DynamicCache
 
 from .answer import MAX_NEW_TOKENS_LIMIT, answer_token_ids
 from .capture import capture_attention
+from .contrast import TOP_ALTERNATIVES, alternatives_record, foil_vector, resolve_contrast
 from .errors import InputError
 from .kv import batch_budget
 from .memory import check_request
@@ -45,16 +46,22 @@ class Step:
     seconds: float  # wall time of this step's forward pass (and of its probability and entropy)
     probability: float = float("nan")  # softmax probability of `token_id` at this step
     entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
+    alternatives: list[tuple[int, float]] = field(default_factory=list)  # the most probable tokens: (id, probability)
 
 
-def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float]:
-    """(V,) next-token logits -> (token: the argmax or `forced`, its probability, the entropy in nats), in float32
-    whatever the model's dtype, with one device sync for all three."""
+def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float, list[tuple[int, float]]]:
+    """(V,) next-token logits -> (token: the argmax or `forced`, its probability, the entropy in nats, the
+    `TOP_ALTERNATIVES` most probable tokens as (id, probability)), in float32 whatever the model's dtype, with one
+    device sync for all."""
     probs = torch.softmax(logits.float(), dim=-1)  # (V,)
     token = logits.argmax() if forced is None else torch.tensor(forced, device=logits.device)  # ()
-    stats = torch.stack([token.double(), probs[token].double(), torch.special.entr(probs).sum().double()])  # (3,)
-    t, p, h = stats.tolist()  # entr(0) = 0: masked logits are fine; float64 holds any token id exactly
-    return int(t), min(max(p, 0.0), 1.0), max(h, 0.0)
+    top = probs.topk(min(TOP_ALTERNATIVES, probs.shape[0]))  # (A,) values and indices
+    head = torch.stack([token.double(), probs[token].double(), torch.special.entr(probs).sum().double()])  # (3,)
+    stats = torch.cat([head, top.indices.double(), top.values.double()]).tolist()  # (3 + 2A,)
+    t, p, h = stats[:3]  # entr(0) = 0: masked logits are fine; float64 holds any token id exactly
+    a = (len(stats) - 3) // 2
+    alternatives = [(int(i), float(q)) for i, q in zip(stats[3 : 3 + a], stats[3 + a :])]
+    return int(t), min(max(p, 0.0), 1.0), max(h, 0.0), alternatives
 
 
 def _full_row_consumer(methods: Sequence[AttributionMethod]):
@@ -115,7 +122,7 @@ def generate_steps(
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
         logits, rows = _forward(model, next_input, cache, inputs, consumer if streaming else False, n + k)
-        token, probability, entropy = _next_token(logits, None if forced_ids is None else forced_ids[k])
+        token, probability, entropy, alternatives = _next_token(logits, None if forced_ids is None else forced_ids[k])
         forward_seconds = time.perf_counter() - t0
         scores = {}
         for m in streaming:
@@ -124,8 +131,9 @@ def generate_steps(
             if method_seconds is not None:
                 method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
         yield Step(
-            index=k, token_id=token, scores=scores, seconds=forward_seconds, probability=probability, entropy=entropy
-        )
+            index=k, token_id=token, scores=scores, seconds=forward_seconds, probability=probability, entropy=entropy,
+            alternatives=alternatives,
+        )  # fmt: skip
         if forced_ids is None and token in eos:
             break
         next_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
@@ -200,6 +208,7 @@ def stream_explain(
     max_image_tokens: int | None = None,
     cancel: CancelToken | None = None,
     answer: str | Sequence[int] | None = None,
+    contrast: dict[int, str | int] | None = None,
 ) -> Iterator[Attribution]:
     """Generate (or take) an answer and yield a growing `Attribution` after every token, then after each post-hoc
     method.
@@ -224,6 +233,8 @@ def stream_explain(
             `max_new_tokens`; all K tokens are explained, an end-of-sequence token inside the answer included, and
             none is appended. None, "" or whitespace only: generate as usual. The result's `meta["answer"]` is
             "given" or "generated", `meta["answer_tokenization"]` says how a text answer was split.
+        contrast: {0-based step: foil (token id or one-token text)}: there the contrastive methods explain
+            l_A - l_B ("why A rather than B?"); `meta["contrast"]` records it (see `explainer/contrast.py`).
 
     Every result has `step_scores`: the probability the model gave each answer token and the entropy of that
     step's next-token distribution (nats).
@@ -240,7 +251,7 @@ def stream_explain(
     kwargs = dict(
         prompt=prompt, methods=methods, max_new_tokens=max_new_tokens, chat_template=chat_template,
         method_options=method_options, progress=progress, image=image, max_image_tokens=max_image_tokens,
-        answer=answer,
+        answer=answer, contrast=contrast,
     )  # fmt: skip
     if holds(bundle.model):
         return _inline(bundle, cancel, kwargs)
@@ -264,6 +275,7 @@ def _stream_explain(
     image: Any,
     max_image_tokens: int | None,
     answer: str | Sequence[int] | None,
+    contrast: dict[int, str | int] | None = None,
 ) -> Iterator[Attribution]:
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
@@ -294,7 +306,8 @@ def _stream_explain(
         bundle.model, instances, input_ids.shape[1], k, batch_budget(bundle.model, input_ids.shape[1] + k, k, 0, 0)[0]
     )
     yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
-    yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs)
+    foils = resolve_contrast(bundle, attr, contrast, instances)  # {step: foil id}; sets meta["contrast"]
+    yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs, foils)
     attr.meta["status"] = "done"
     yield attr.snapshot()
 
@@ -377,6 +390,8 @@ def _generate(
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:
             attr.step_scores[key].append(getattr(step, key))
+        alternatives = alternatives_record(bundle, step.alternatives)
+        attr.meta["alternatives"] = [*attr.meta.get("alternatives", []), alternatives]  # a new list per snapshot
         for m in streaming:
             attr.methods[m.name] = rows[m.name].append(
                 step.scores[m.name], seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
@@ -399,6 +414,7 @@ def _run_post_hoc(
     instances: list[AttributionMethod],
     progress: ProgressFn | None,
     extra_inputs: dict[str, Any] | None,
+    foils: dict[int, int] | None = None,
 ) -> Iterator[Attribution]:
     """Each post-hoc method on the finished sequence: a snapshot after each."""
     ids = attr.prompt_token_ids
@@ -409,8 +425,9 @@ def _run_post_hoc(
 
         run_inputs = full_sequence_inputs(extra_inputs, attr.num_steps)
     run = GenerationRun(
-        model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress, extra_inputs=run_inputs
-    )
+        model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress, extra_inputs=run_inputs,
+        foils=foil_vector(foils, attr.num_steps, full_ids.device),
+    )  # fmt: skip
     for m in instances:
         if m.streaming:
             continue

@@ -49,11 +49,13 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import eager_mask
 
 from ..capture import attention_function_selected, check_attention_kwargs
+from ..contrast import foil_values
 from ..errors import UnsupportedModelError
 from ..host import to_numpy
 from ..kv import batch_budget, batches_by_first, prefix_cache, reusable
 from ..memory import MemoryRequest
 from ..session import check_cancelled, hold
+from .atman_factors import distinct_suppression_factors, suppression_factors  # noqa: F401 (re-exported)
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .cost import Cost, CostRequest
 
@@ -80,54 +82,6 @@ class AtManConfig:
             raise ValueError(f"cosine_threshold must lie in [-1, 1], got {self.cosine_threshold}")
         if self.batch_size < 0:
             raise ValueError(f"batch_size must be 0 (from the device) or more, got {self.batch_size}")
-
-
-def suppression_factors(
-    embeddings: torch.Tensor,
-    factor: float = 0.1,
-    correlated: bool = True,
-    threshold: float = 0.6,
-) -> torch.Tensor:
-    """Attention factors applied when each prompt token is suppressed (section 3.3).
-
-    Args:
-        embeddings: (N, d) the prompt's input embeddings, as the first layer sees them: token embeddings for text,
-            the vision tower's merged patch features at image-token positions (the AtMan paper computes the cosine
-            neighbourhood "right after the embedding layer", which for image tokens is what makes neighbouring,
-            redundant patches correlated).
-        factor: the factor of the suppressed token itself.
-        correlated: also suppress tokens whose input-embedding cosine similarity to it is >= `threshold`, by
-            (1 - factor) * (1 - cos) + factor.
-        threshold: kappa.
-
-    Returns:
-        (N, N) float32: row i holds the factor on the attention to every prompt token j when token i is suppressed;
-        1 means untouched. The diagonal is `factor`; with `correlated`, so is every other token with the same
-        embedding (cosine 1, e.g. another occurrence of a text token), which makes their rows identical.
-    """
-    n = embeddings.shape[0]
-    if not correlated:
-        return torch.ones(n, n, dtype=torch.float32, device=embeddings.device).fill_diagonal_(factor)  # (N, N)
-    per_id, inverse = distinct_suppression_factors(embeddings, factor, threshold)
-    return per_id[inverse][:, inverse]  # (N, N)
-
-
-def distinct_suppression_factors(
-    embeddings: torch.Tensor, factor: float, threshold: float
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Correlated suppression factors per distinct embedding, so that equal embeddings give bit-identical rows (the
-    fast path computes such rows once, and the time estimate counts them without a model run).
-
-    Returns:
-        ((U, U) factors: row u on the attention to every distinct embedding v when u is suppressed, 1 for untouched;
-        (N,) index of each prompt token's distinct embedding).
-    """
-    distinct, inverse = torch.unique(embeddings.float(), dim=0, return_inverse=True)  # (U, d), (N,)
-    unit = torch.nn.functional.normalize(distinct, dim=-1)  # (U, d); zero rows stay zero
-    cos = (unit @ unit.T).clamp(max=1.0)  # (U, U)
-    per_id = torch.where(cos >= threshold, (1.0 - factor) * (1.0 - cos) + factor, torch.ones_like(cos))
-    per_id.fill_diagonal_(factor)
-    return per_id, inverse
 
 
 @dataclass
@@ -203,11 +157,14 @@ def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
         state.bias = None
 
 
-def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """(B, K, V) logits and (K,) targets -> (B, K) float32 cross-entropy."""
+def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, foils: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, K, V) logits and (K,) targets -> (B, K) float32 cross-entropy; at a contrasted step (`foils`, see
+    `explainer/contrast.py`) CE_A - CE_B = log p(B) - log p(A), AtMan's loss difference for A against B."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
     targets = targets.to(logp.device)  # the logits come from the last layer's device under a device map
-    return -logp.gather(-1, targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)).squeeze(-1)
+    ce = -logp.gather(-1, targets.view(1, -1, 1).expand(logp.shape[0], -1, 1)).squeeze(-1)  # (B, K)
+    foil = foil_values(logp, foils)  # (B, K) log p(B), 0 where no foil; or None
+    return ce if foil is None else ce + foil
 
 
 def _check_manipulated(state: _Suppression) -> None:
@@ -293,6 +250,7 @@ def atman_scores(
     config: AtManConfig | None = None,
     progress: ProgressFn | None = None,
     extra_inputs: dict | None = None,
+    foils: torch.Tensor | None = None,
 ) -> np.ndarray:
     """AtMan map of a finished generation.
 
@@ -306,6 +264,7 @@ def atman_scores(
             `image_grid_thw`, (3, 1, N + K) `position_ids`; see `GenerationRun.extra_inputs`). Image tokens are then
             suppressed like text tokens, and correlated suppression compares the decoder's input embeddings, i.e. the
             merged patch features.
+        foils: (K,) foil ids of contrasted steps, -1 elsewhere (`GenerationRun.foils`): there CE_k is CE_A - CE_B.
 
     Returns:
         (K, N) float32: score[k, i] = CE_k(suppress i) - CE_k(original).
@@ -314,10 +273,12 @@ def atman_scores(
         UnsupportedModelError: the model's attention cannot be manipulated.
     """
     with hold(model):
-        return _atman_scores(model, input_ids, num_prompt_tokens, config or AtManConfig(), progress, extra_inputs)
+        return _atman_scores(
+            model, input_ids, num_prompt_tokens, config or AtManConfig(), progress, extra_inputs, foils
+        )
 
 
-def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs) -> np.ndarray:
+def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs, foils=None) -> np.ndarray:
     n, t = num_prompt_tokens, input_ids.shape[1]
     k = t - n
     if k <= 0:
@@ -334,8 +295,8 @@ def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inpu
     log_bias = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T): generated keys untouched
     log_bias[:, :n] = torch.log(factors)
     if cfg.fast:
-        return _fast_scores(model, seq, n, log_bias, cfg.batch_size, progress, extra_inputs or {})
-    return _naive_scores(model, input_ids, n, log_bias, progress, extra_inputs or {})
+        return _fast_scores(model, seq, n, log_bias, cfg.batch_size, progress, extra_inputs or {}, foils)
+    return _naive_scores(model, input_ids, n, log_bias, progress, extra_inputs or {}, foils)
 
 
 def _naive_scores(
@@ -345,6 +306,7 @@ def _naive_scores(
     log_bias: torch.Tensor,
     progress: ProgressFn | None,
     extra_inputs: dict,
+    foils: torch.Tensor | None = None,
 ) -> np.ndarray:
     """One full forward per prompt token at batch size 1 from the original inputs (an image prompt runs its vision
     tower every time), every logit computed; the reference for `_fast_scores`."""
@@ -354,13 +316,13 @@ def _naive_scores(
     with attention_suppression(model) as state:
         state.bias = torch.zeros_like(log_bias[:1])  # (1, T): the same computation as the perturbed passes
         logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
-        base = _cross_entropy(logits, targets)
+        base = _cross_entropy(logits, targets, foils)
         _check_manipulated(state)
         _report(progress, 1, n + 1)
         for i in range(n):
             state.bias = log_bias[i : i + 1]  # (1, T)
             logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
-            scores[:, i] = to_numpy((_cross_entropy(logits, targets) - base)[0])
+            scores[:, i] = to_numpy((_cross_entropy(logits, targets, foils) - base)[0])
             _report(progress, i + 2, n + 1)
     return scores
 
@@ -373,6 +335,7 @@ def _fast_scores(
     batch_size: int,
     progress: ProgressFn | None,
     extra_inputs: dict,
+    foils: torch.Tensor | None = None,
 ) -> np.ndarray:
     """Batched perturbed passes over the suffix after a shared unperturbed prefix cache; equal rows run once."""
     t = seq.input_ids.shape[1]
@@ -410,18 +373,19 @@ def _fast_scores(
                     use_cache=True,
                     logits_to_keep=k,
                 )
-                ce = _cross_entropy(out.logits, targets)  # (B, K)
+                ce = _cross_entropy(out.logits, targets, foils)  # (B, K)
                 columns[:, group] = (ce[1:] - ce[:1]).T  # (K, B - 1)
                 _report(progress, done, total)
             return to_numpy(columns[:, column_of])  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
-    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs)
+    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils)
 
 
 class AtMan(AttributionMethod):
     name = "atman"
     display_name = "AtMan"
     streaming = False
+    contrastive = True  # CE_A - CE_B at contrasted steps (`_cross_entropy`)
     explains_images = True
     needs_prompt_embeddings = True  # correlated suppression: which tokens suppress each other sets the cost
     Config = AtManConfig
@@ -444,5 +408,5 @@ class AtMan(AttributionMethod):
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         return atman_scores(
-            run.model, run.input_ids, run.num_prompt_tokens, self.config, run.progress, run.extra_inputs
+            run.model, run.input_ids, run.num_prompt_tokens, self.config, run.progress, run.extra_inputs, run.foils
         )

@@ -271,6 +271,7 @@ class AttnLRP(AttributionMethod):
     name = "attnlrp"
     display_name = "AttnLRP"
     streaming = False
+    contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
     Config = AttnLRPConfig
 
     @classmethod

@@ -33,6 +33,8 @@ class GenerationRun:
         extra_inputs: further keyword inputs of a forward over `input_ids` (a vision-language model's
             `pixel_values`, `image_grid_thw` and (3, 1, N + K) `position_ids`); None for text prompts. Post-hoc
             methods that pass them on set `explains_images = True`; the others are refused for image prompts.
+        foils: contrastive steps, (K,) long with the foil's id at a contrasted step and -1 elsewhere, or None
+            (`explainer/contrast.py`). Methods with `contrastive = True` explain l_A - l_B there.
     """
 
     model: torch.nn.Module
@@ -40,6 +42,7 @@ class GenerationRun:
     num_prompt_tokens: int
     progress: ProgressFn | None = None
     extra_inputs: dict[str, Any] | None = None
+    foils: torch.Tensor | None = None
 
     @property
     def num_steps(self) -> int:
@@ -59,6 +62,9 @@ class AttributionMethod:
     # if it passes `GenerationRun.extra_inputs` on (or never runs the model).
     explains_images: ClassVar[bool] = False
     needs_prompt_embeddings: ClassVar[bool] = False  # its `cost` reads `CostRequest.embeddings`
+    # Contrastive steps (`GenerationRun.foils`): the method explains l_A - l_B there. Attention methods cannot: their
+    # maps do not depend on the target.
+    contrastive: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

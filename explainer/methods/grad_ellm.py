@@ -197,6 +197,7 @@ class GradELLM(AttributionMethod):
     name = "grad_ellm"
     display_name = "Grad-ELLM"
     streaming = False
+    contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
     Config = GradELLMConfig
 
     @classmethod

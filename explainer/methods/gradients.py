@@ -14,6 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from ..contrast import foil_values
 from ..errors import InputError
 from ..session import check_cancelled
 from .base import GenerationRun, ProgressFn
@@ -57,9 +58,12 @@ def teacher_forced_ids(run: GenerationRun) -> torch.Tensor:
 
 
 def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:
-    """(K,) the logit of every generated token at the position that predicts it, from (1, K, V) kept logits."""
+    """(K,) the logit of every generated token at the position that predicts it, from (1, K, V) kept logits; at a
+    contrasted step (`run.foils`) the logit difference l_A - l_B."""
     targets = run.input_ids[0, run.num_prompt_tokens :].clone()  # (K,)
-    return logits[0].gather(-1, targets[:, None].to(logits.device))[:, 0]
+    values = logits[0].gather(-1, targets[:, None].to(logits.device))[:, 0]  # (K,)
+    foil = foil_values(logits[0], run.foils)  # (K,) or None
+    return values if foil is None else values - foil
 
 
 def per_target_gradients(

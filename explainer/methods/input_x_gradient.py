@@ -73,6 +73,7 @@ class InputXGradient(AttributionMethod):
     name = "input_x_gradient"
     display_name = "Input × Gradient"
     streaming = False
+    contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
     Config = InputXGradientConfig
 
     @classmethod
