@@ -151,4 +151,3 @@ def test_the_model_lines_are_refreshed_after_each_request(app, fns):
 
     assert fns["model_info_after_explain"].fn.__wrapped__ is ui_models.model_info.__wrapped__
     assert fns["vlm_info_after_explain"].fn.__wrapped__ is ui_models.vlm_info.__wrapped__
-

@@ -103,6 +103,30 @@ def placement(args: argparse.Namespace) -> dict:
     return {"device": args.device, "device_map": parse_device_map(getattr(args, "device_map", None))}
 
 
+def _contrast_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--contrast-step",
+        type=int,
+        help="explain why answer token K (1-based) rather than --foil: the perturbation and gradient methods explain "
+        "logit(token) - logit(foil) there; the step's alternatives are printed with the step scores",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--foil", help="with --contrast-step: the foil token's text (one token, e.g. ' London')")
+    which.add_argument("--foil-id", type=int, help="with --contrast-step: the foil's token id")
+
+
+def contrast_of(args: argparse.Namespace) -> dict[int, str | int] | None:
+    """`explain(contrast=...)` from `--contrast-step` / `--foil` / `--foil-id` (0-based step), or None."""
+    foil = args.foil if args.foil is not None else args.foil_id
+    if args.contrast_step is None and foil is None:
+        return None
+    if args.contrast_step is None or foil is None:
+        raise InputError("--contrast-step and --foil (or --foil-id) go together: the step to explain and its foil.")
+    if args.contrast_step < 1:
+        raise InputError(f"--contrast-step counts answer tokens from 1, got {args.contrast_step}.")
+    return {args.contrast_step - 1: foil}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -126,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", help="write the full result as JSON to this path")
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
+    _contrast_options(p)
     p.set_defaults(func=cmd_explain)
 
     p = sub.add_parser(

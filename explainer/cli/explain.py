@@ -7,8 +7,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..contrast import contrasted_steps, is_blank
 from ..errors import InputError
-from . import _read_answer, _read_prompt, placement
+from . import _read_answer, _read_prompt, contrast_of, placement
 
 
 def _answer_label(attr) -> str:
@@ -23,11 +24,7 @@ def _print_summary(attr, top: int) -> None:
     if attr.image:
         h, w = attr.image["grid"]
         print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
-    scores = attr.step_scores
-    if scores.get("probability") and scores.get("entropy"):
-        print("\nstep scores: p = the model's probability of the token, H = entropy of its next-token distribution")
-        for k, tok in enumerate(attr.generated_tokens):
-            print(f"  step {k:3d} {tok!r:>14}: p {scores['probability'][k]:.4f}  H {scores['entropy'][k]:.3f} nats")
+    _print_step_scores(attr)
     user = attr.user_positions or None
     from ..methods import METHODS
     from ..result import zscore
@@ -37,6 +34,9 @@ def _print_summary(attr, top: int) -> None:
         print(f"\n[{name}]{label}  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
         z = zscore(scores.raw, user) if user else scores.z  # (K, N)
         for k, tok in enumerate(attr.generated_tokens):
+            if is_blank(attr, name, k):
+                print(f"  step {k + 1:3d} {tok!r:>14}: no contrastive map (attention does not depend on the target)")
+                continue
             row = z[k]
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
@@ -46,7 +46,24 @@ def _print_summary(attr, top: int) -> None:
                 cells = image_map(attr, name, k)  # (h, w)
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
                 tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
-            print(f"  step {k:3d} {tok!r:>14}: {tops}")
+            print(f"  step {k + 1:3d} {tok!r:>14}: {tops}")
+
+
+def _print_step_scores(attr) -> None:
+    """Per step (1-based, as `--step` and `--contrast-step` count): p, entropy, the alternatives, any contrast."""
+    scores, alternatives = attr.step_scores, attr.meta.get("alternatives") or []
+    if not (scores.get("probability") and scores.get("entropy")):
+        return
+    print("\nstep scores: p = the model's probability of the token, H = entropy of its next-token distribution;")
+    print("alternatives: the step's most probable tokens (foils for --contrast-step)")
+    contrast = contrasted_steps(attr)
+    for k, tok in enumerate(attr.generated_tokens):
+        line = f"  step {k + 1:3d} {tok!r:>14}: p {scores['probability'][k]:.4f}  H {scores['entropy'][k]:.3f} nats"
+        if k < len(alternatives):
+            line += "  | " + ", ".join(f"{a['token']!r} {a['p']:.3f}" for a in alternatives[k])
+        if k in contrast:
+            line += f"  | contrast: {contrast[k]['target']!r} rather than {contrast[k]['foil']!r}"
+        print(line)
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
@@ -61,6 +78,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    contrast = contrast_of(args)
     dtype = parse_dtype(args.dtype)
     if args.json:
         out_dir = Path(args.json).resolve().parent
@@ -83,7 +101,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )  # fmt: skip
     attr = explain(
         bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        image=image, method_options=method_options, answer=answer,
+        image=image, method_options=method_options, answer=answer, contrast=contrast,
     )  # fmt: skip
     if args.json:
         try:

@@ -54,12 +54,39 @@ def test_summary_without_json(tiny_model_dir, capsys):
     rc = main(["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "answer:" in out and "[macs]" in out and "step   0" in out
+    assert "answer:" in out and "[macs]" in out and "step   1" in out
+
+
+def test_contrast_step_with_a_foil_from_the_alternatives(tiny_model_dir, tmp_path, capsys):
+    base = ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3"]
+    plain = tmp_path / "plain.json"
+    assert main([*base, "--methods", "macs,input_x_gradient", "--json", str(plain)]) == 0
+    alternative = json.loads(plain.read_text())["meta"]["alternatives"][1][1]  # step 2's second most probable token
+    capsys.readouterr()
+    rc = main(
+        [*base, "--methods", "macs,input_x_gradient", "--contrast-step", "2", "--foil-id", str(alternative["id"])]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert f"rather than {alternative['token']!r}" in out
+    assert "no contrastive map" in out.split("[input_x_gradient]")[0]  # under MACS at step 2, not under the gradient
+    assert "no contrastive map" not in out.split("[input_x_gradient]")[1]
+    contrasted = tmp_path / "contrast.json"
+    rc = main([*base, "--methods", "input_x_gradient", "--contrast-step", "2", "--foil-id", str(alternative["id"]),
+               "--json", str(contrasted)])  # fmt: skip
+    saved = json.loads(contrasted.read_text())
+    assert rc == 0 and saved["meta"]["contrast"]["steps"]["2"]["foil_id"] == alternative["id"]
+    raw, before = saved["methods"]["input_x_gradient"]["raw"], json.loads(plain.read_text())["methods"]
+    assert raw[0] == before["input_x_gradient"]["raw"][0] and raw[1] != before["input_x_gradient"]["raw"][1]
 
 
 @pytest.mark.parametrize(
     "args, message",
     [
+        (["--prompt", "hi", "--contrast-step", "1"], "go together"),
+        (["--prompt", "hi", "--foil", "x"], "go together"),
+        (["--prompt", "hi", "--contrast-step", "0", "--foil-id", "5"], "counts answer tokens from 1"),
+        (["--prompt", "hi", "--max-new-tokens", "2", "--contrast-step", "9", "--foil-id", "5"], "not a step"),
         (["--prompt", "   "], "empty"),
         (["--prompt", "word " * 300, "--max-prompt-tokens", "50"], "limit is 50"),
         (["--prompt", "hi", "--max-new-tokens", "600"], "context"),
