@@ -20,7 +20,7 @@ import gradio as gr
 from explainer.hardware import zero_gpu
 from explainer.memory import available_bytes, format_bytes
 from explainer.threads import configure_threads
-from ui import faithfulness, image_tab, models, options, text_tab
+from ui import contrast, faithfulness, image_tab, models, options, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -47,11 +47,13 @@ def build() -> gr.Blocks:
         with gr.Tabs():
             with gr.Tab("Text prompt"):
                 text = text_tab.create_ui()
+                foil = contrast.create_ui()
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
         options_box.render()
         text_tab.create_event_handlers(text, option_widgets)
+        contrast.create_event_handlers(foil, text, option_widgets)
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         image_tab.create_event_handlers(image, option_widgets)
         blocks.load(models.model_info, outputs=text["model"], api_name="model_info")

@@ -69,7 +69,8 @@ def test_every_event_is_named_and_maps_the_library_errors(fns):
 
 
 def test_model_events_share_one_queue_and_draw_progress_on_their_status_line(fns):
-    for name, module in [("explain", text_tab), ("faithfulness", faithfulness), ("explain_image", image_tab)]:
+    for name, module in [("explain", text_tab), ("faithfulness", faithfulness), ("explain_image", image_tab),
+                         ("explain_contrast", text_tab)]:  # fmt: skip
         fn = fns[name]
         assert fn.concurrency_limit == 1 and fn.concurrency_id == fns["explain"].concurrency_id
         assert inspect.isasyncgenfunction(fn.fn)
@@ -82,11 +83,12 @@ def test_cancel_only_cancels_and_the_after_handlers_run_however_the_request_ende
         ("explain",),
         ("faithfulness",),
         ("explain_image",),
+        ("explain_contrast",),
     }
     # Cancel runs nothing that sets the status (it would race with the request's last update)
     assert all(fn.fn is None for fn in cancels)
     for after, request in [("after_explain", "explain"), ("after_faithfulness", "faithfulness"),
-                           ("after_image", "explain_image")]:  # fmt: skip
+                           ("after_image", "explain_image"), ("after_contrast", "explain_contrast")]:  # fmt: skip
         assert fns[after].trigger_after == fns[request]._id and not fns[after].trigger_only_on_success
 
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from explainer.contrast import contrasted_steps, is_blank
 from explainer.result import Attribution, zscore
 from explainer.spans import shown_positions
 from explainer.steps import clamp_step
@@ -217,7 +218,16 @@ def _step_caption(attr: Attribution, step: int | None, num_steps: int) -> str:
     if step is None:
         return "No generated tokens yet: scores appear as the answer streams."
     token = attr.generated_tokens[step] if step < len(attr.generated_tokens) else ""
+    contrast = contrasted_steps(attr).get(step)
+    if contrast is not None:
+        return (
+            f"Step {step + 1} of {num_steps} explains why {_quoted(token)} rather than {_quoted(contrast['foil'])} "
+            "(contrastive: the logit difference)"
+        )
     return f"Step {step + 1} of {num_steps} explains the token {_quoted(token)}"
+
+
+NOT_CONTRASTIVE = "No contrastive map: this method's attention does not depend on the target token."
 
 
 def _scope_caption(view: _View) -> str:
@@ -250,16 +260,19 @@ def side_by_side_html(
     if not methods:
         return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
     views = [_view(attr, m, step, user_only) for m in methods]
-    scored = [v for v in views if v.step is not None]
+    blank = [v.step is not None and is_blank(attr, m, v.step) for m, v in zip(methods, views)]  # see `contrast`
+    scored = [v for v, b in zip(views, blank) if v.step is not None and not b]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
     header_step = clamp_step(step, attr.num_steps) if scored else None
     caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
     if scored:
         caption += f" · {html.escape(_scope_caption(scored[0]))}"
     panels = []
-    for method, view in zip(methods, views, strict=True):
+    for method, view, no_map in zip(methods, views, blank, strict=True):
         scores = attr.methods.get(method)
-        if scores is not None and view.step is not None:
+        if no_map:
+            detail = "not contrastive"
+        elif scores is not None and view.step is not None:
             detail = f"{scores.seconds:.2f} s"
         else:
             detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
@@ -268,7 +281,7 @@ def side_by_side_html(
             'style="border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;min-width:0;">'
             f'<div style="font-weight:600;font-size:14px;margin-bottom:4px;">{html.escape(method)} '
             f'<span style="font-weight:400;color:{_MUTED};">· {html.escape(detail)}</span></div>'
-            f"{_tokens_html(attr, view, zmax)}</div>"
+            f"{_note_html(NOT_CONTRASTIVE) if no_map else _tokens_html(attr, view, zmax)}</div>"
         )
     grid = "display:grid;grid-template-columns:repeat(auto-fit,minmax(min(100%,300px),1fr));gap:10px;align-items:start;"
     legend = _legend_html(zmax) if scored else ""
@@ -359,10 +372,10 @@ def top_tokens_rows(
 
     Returns:
         Rows `[rank (1-based), token (visible whitespace), prompt position, z rounded to 3 decimals]`, best first;
-        empty when the method has no scores for any step. NaN scores are left out.
+        empty when the method has no scores for any step, or no map at a contrasted step. NaN scores are left out.
     """
     view = _view(attr, method, step, user_only)
-    if view.step is None:
+    if view.step is None or is_blank(attr, method, view.step):
         return []
     order = np.argsort(-np.nan_to_num(view.z, nan=-np.inf), kind="stable")  # ties keep prompt order
     order = [i for i in order.tolist() if math.isfinite(view.z[i])][: max(int(k), 0)]

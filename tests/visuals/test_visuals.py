@@ -400,3 +400,21 @@ def test_answer_strip_marks_a_given_answer_and_highlights_a_span():
     assert not any("outline:" in t["style"] for t in _answer_tokens(fragment))
     attr.meta["answer"] = "generated"
     assert "teacher-forced" not in answer_html(attr, 1)
+
+
+def test_a_contrasted_step_names_the_foil_and_leaves_out_methods_that_cannot_be_contrastive():
+    attr = make_attr({"macs": RAW, "atman": RAW[::-1].copy()})
+    attr.meta["contrast"] = {
+        "steps": {"2": {"target_id": 101, "target": " is", "foil_id": 7, "foil": " was"}},
+        "not_contrastive": ["macs"],
+    }
+    fragment = side_by_side_html(attr, ["macs", "atman"], 1)
+    assert "why &#x27;␣is&#x27; rather than &#x27;␣was&#x27;" in fragment  # spaces shown as ␣
+    got = panels(fragment)
+    assert "No contrastive map" in got["macs"] and "xai-flow" not in got["macs"]
+    assert "No contrastive map" not in got["atman"] and spans(got["atman"])
+    # the shared colour scale comes from the maps shown: atman's alone
+    assert legend_zmax(fragment) == legend_zmax(side_by_side_html(attr, ["atman"], 1))
+    assert top_tokens_rows(attr, "macs", 1) == [] and top_tokens_rows(attr, "atman", 1)
+    other = side_by_side_html(attr, ["macs", "atman"], 0)  # another step: both maps, the plain caption
+    assert "No contrastive map" not in other and "rather than" not in other and "explains the token" in other
