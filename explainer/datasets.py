@@ -134,3 +134,55 @@ def resolve_data(name_or_path: str | Path) -> Path:
             f"{SQUAD_V2_DEV} to download the SQuAD 2.0 dev set once."
         )
     return path
+
+
+HAYSTACK_PARAGRAPHS = 10  # the question's own paragraph among 9 from other articles: ~1,500-2,000 tokens
+HAYSTACK_SEPARATOR = "\n\n"
+
+
+def _sentence_span(text: str, start: int) -> tuple[int, int]:
+    """(start, end) characters of the sentence of `text` holding character `start` (`segments.sentence_starts`)."""
+    from .segments import sentence_starts
+
+    starts = [s for s in sentence_starts(text) if 0 < s < len(text)]
+    begin = max([0, *[s for s in starts if s <= start]])
+    end = min([len(text), *[s for s in starts if s > start]])
+    return begin, end
+
+
+def haystack_rows(rows: list[dict[str, Any]], paragraphs: int = HAYSTACK_PARAGRAPHS, seed: int = 0) -> list[dict]:
+    """Long-context "which passage supports the answer?" rows built from SQuAD rows.
+
+    Each row's own paragraph is placed at a random position among `paragraphs - 1` distinct paragraphs of *other*
+    articles (by title) from the same rows, joined by blank lines; the choice depends only on `seed` and the row's
+    index, so anyone can rebuild the same prompts. Answers are moved to their place in the new context.
+
+    Returns:
+        Rows `{id, title, question, context, answers, source_id, gold_paragraph: [start, end], gold_sentence:
+        [start, end]}` (character spans in `context`; the gold sentence holds the first answer).
+
+    Raises:
+        InputError: too few paragraphs of other articles.
+    """
+    import numpy as np
+
+    pool = list({(r["title"], r["context"]): None for r in rows})  # distinct paragraphs, in file order
+    out = []
+    for i, row in enumerate(rows):
+        others = [p for t, p in pool if t != row["title"] and p != row["context"]]
+        if len(others) < paragraphs - 1:
+            raise InputError(f"Row {row['id']!r}: {len(others)} paragraphs of other articles, {paragraphs - 1} needed.")
+        rng = np.random.default_rng([seed, i])
+        chosen = [others[j] for j in rng.choice(len(others), paragraphs - 1, replace=False)]
+        where = int(rng.integers(paragraphs))
+        parts = chosen[:where] + [row["context"]] + chosen[where:]
+        offset = sum(len(p) + len(HAYSTACK_SEPARATOR) for p in parts[:where])
+        answers = [{"text": a["text"], "answer_start": a["answer_start"] + offset} for a in row["answers"]]
+        sentence = _sentence_span(row["context"], row["answers"][0]["answer_start"])
+        out.append({
+            "id": f"haystack:{row['id']}", "title": row["title"], "question": row["question"],
+            "context": HAYSTACK_SEPARATOR.join(parts), "answers": answers, "source_id": row["id"],
+            "gold_paragraph": [offset, offset + len(row["context"])],
+            "gold_sentence": [offset + sentence[0], offset + sentence[1]],
+        })  # fmt: skip
+    return out

@@ -1,11 +1,11 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
-`agreement.py`); this one holds the parser, the helpers they share and `main`. Only this package imports `visuals`:
-the library returns data.
+`agreement.py`, `haystack.py`); this one holds the parser, the helpers they share and `main`. Only this package
+imports `visuals`: the library returns data.
 """
 
 from __future__ import annotations
@@ -135,6 +135,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .bench import add_bench_parser
     from .eval import add_eval_parser
     from .explain import cmd_explain, cmd_faithfulness
+    from .haystack import add_haystack_parser
 
     p = sub.add_parser("explain", help="generate an answer (or take --answer) and explain every token")
     _prompt_and_model_options(p)
@@ -177,6 +178,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parser(sub)
     add_eval_parser(sub)
     add_agreement_parser(sub)
+    add_haystack_parser(sub)
     return parser
 
 

@@ -1,0 +1,62 @@
+"""The `haystack` command: long-context source finding on SQuAD haystack prompts (`explainer/haystack.py`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..datasets import HAYSTACK_PARAGRAPHS, SQUAD_V2_DEV, haystack_rows, resolve_data
+from ..errors import InputError
+from . import dtype_option, methods_help, placement
+
+
+def cmd_haystack(args: argparse.Namespace) -> int:
+    from ..evaluate import load_squad
+    from ..haystack import HaystackConfig, format_table, run_haystack, summarise
+    from ..methods import parse_methods
+    from ..models import load_model
+    from ..precision import parse_dtype
+    from ..resumable import read_results
+
+    if args.report:
+        rows: dict[str, dict] = {}
+        for path in (p.strip() for p in args.report.split(",") if p.strip()):
+            if not Path(path).is_file():
+                raise InputError(f"Results file {path!r} does not exist.")
+            rows.update((r["id"], r) for r in read_results(path) if "id" in r)
+        print(format_table(summarise(list(rows.values()))))
+        return 0
+    if not args.data:
+        raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV}.")
+    names, method_options = parse_methods(args.methods)
+    if args.results and not Path(args.results).resolve().parent.is_dir():
+        raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
+    squad = load_squad(resolve_data(args.data))  # every row: distractors come from the whole file
+    rows = haystack_rows(squad, args.paragraphs, args.seed)[args.offset : args.offset + args.limit]
+    cfg = HaystackConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, method_options=method_options)
+    bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype), max_prompt_tokens=8192)
+    summary = run_haystack(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
+    print(format_table(summary))
+    return 0
+
+
+def add_haystack_parser(sub) -> None:
+    """Register `python -m explainer haystack` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "haystack",
+        help="long-context source finding: a SQuAD paragraph among 9 others; does the top sentence hold the answer?",
+    )
+    p.add_argument("--data", help=f"SQuAD JSON file (as for eval) or {SQUAD_V2_DEV}")
+    p.add_argument("--methods", default="macs,rollout,random", help=methods_help("comma-separated methods"))
+    p.add_argument("--limit", type=int, default=100, help="haystack prompts to evaluate (from --offset on)")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N prompts")
+    p.add_argument("--paragraphs", type=int, default=HAYSTACK_PARAGRAPHS, help="paragraphs per prompt, gold included")
+    p.add_argument("--seed", type=int, default=0, help="seed of the distractors and the gold paragraph's position")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    dtype_option(p)
+    p.add_argument("--results", help="JSON-lines file, one row per prompt; a rerun skips the prompts already in it")
+    p.add_argument("--report", help="comma-separated --results files: print their table without measuring")
+    p.set_defaults(func=cmd_haystack)
