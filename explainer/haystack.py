@@ -122,6 +122,30 @@ def evaluate_haystack_sample(bundle, row: dict[str, Any], cfg: HaystackConfig) -
     return out
 
 
+def merge_rows(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """Rows of several results files joined by prompt id: methods run separately on the same prompts (e.g. Sources
+    later) become one row per prompt; only prompts every file finished are kept, so the methods are compared on the
+    same prompts.
+
+    Raises:
+        InputError: two files disagree on a prompt's answer (another model or settings).
+    """
+    merged: dict[str, dict[str, Any]] = {}
+    for i, rows in enumerate(files):
+        for row in rows:
+            if "methods" not in row:
+                continue
+            seen = merged.get(row["id"])
+            if seen is None:
+                merged[row["id"]] = {**row, "methods": dict(row["methods"]), "files": {i}}
+            elif seen["answer"] != row["answer"]:
+                raise InputError(f"Prompt {row['id']!r} has different answers in the results files; not comparable.")
+            else:
+                seen["methods"].update(row["methods"])
+                seen["files"].add(i)
+    return [{k: v for k, v in r.items() if k != "files"} for r in merged.values() if len(r["files"]) == len(files)]
+
+
 def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float, float]:
     """(rate, low, high): the 95% Wilson score interval of a proportion (nan when n = 0)."""
     if n == 0:

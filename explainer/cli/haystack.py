@@ -13,19 +13,18 @@ from . import dtype_option, methods_help, placement
 
 def cmd_haystack(args: argparse.Namespace) -> int:
     from ..evaluate import load_squad
-    from ..haystack import HaystackConfig, format_table, run_haystack, summarise
+    from ..haystack import HaystackConfig, format_table, merge_rows, run_haystack, summarise
     from ..methods import parse_methods
     from ..models import load_model
     from ..precision import parse_dtype
     from ..resumable import read_results
 
     if args.report:
-        rows: dict[str, dict] = {}
-        for path in (p.strip() for p in args.report.split(",") if p.strip()):
-            if not Path(path).is_file():
-                raise InputError(f"Results file {path!r} does not exist.")
-            rows.update((r["id"], r) for r in read_results(path) if "id" in r)
-        print(format_table(summarise(list(rows.values()))))
+        paths = [p.strip() for p in args.report.split(",") if p.strip()]
+        missing = [p for p in paths if not Path(p).is_file()]
+        if missing:
+            raise InputError(f"Results file {missing[0]!r} does not exist.")
+        print(format_table(summarise(merge_rows([read_results(p) for p in paths]))))
         return 0
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV}.")

@@ -106,3 +106,15 @@ def test_haystack_command_runs_resumes_and_reports(tiny_model_dir, tmp_path, cap
     assert main(args) == 0 and len(results.read_text().splitlines()) == 2  # resumed: nothing new
     assert main(["haystack", "--report", str(results)]) == 0
     assert "N = 2 haystack prompts" in capsys.readouterr().out
+
+
+def test_merge_rows_joins_methods_of_the_prompts_every_file_finished():
+    from explainer.haystack import merge_rows
+
+    first = [{"id": "a", "answer": "x", "methods": {"macs": 1}}, {"id": "b", "answer": "y", "methods": {"macs": 2}},
+             {"id": "c", "error": "too long"}]  # fmt: skip
+    later = [{"id": "a", "answer": "x", "methods": {"sources": 3}}]
+    assert merge_rows([first, later]) == [{"id": "a", "answer": "x", "methods": {"macs": 1, "sources": 3}}]
+    assert [r["id"] for r in merge_rows([first])] == ["a", "b"]
+    with pytest.raises(InputError, match="different answers"):
+        merge_rows([first, [{"id": "a", "answer": "z", "methods": {}}]])
