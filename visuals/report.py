@@ -20,6 +20,7 @@ own frame shows the nearest stored one and says so.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import html
 import json
@@ -34,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from explainer.contrast import contrasted_steps, is_blank
 from explainer.result import Attribution
 from explainer.steps import clamp_step
 from visuals.export import png_bytes
@@ -135,6 +137,9 @@ def _method_views(attr: Attribution, method: str, user_only: bool) -> tuple[list
     if scores is None or scores.raw.shape[0] == 0 or k == 0:
         return None
     views = [_view(attr, method, s, user_only) for s in range(k)]
+    for s in contrasted_steps(attr):  # no map where the method cannot be contrastive: shown as "no score"
+        if is_blank(attr, method, s) and s < k:
+            views[s] = dataclasses.replace(views[s], z=np.full_like(views[s].z, np.nan))
     own = np.stack([v.z for v in views[: scores.raw.shape[0]]])  # (K_m, n) distinct rows
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a token never scored: mean of nothing is NaN

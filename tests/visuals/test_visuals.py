@@ -418,3 +418,18 @@ def test_a_contrasted_step_names_the_foil_and_leaves_out_methods_that_cannot_be_
     assert top_tokens_rows(attr, "macs", 1) == [] and top_tokens_rows(attr, "atman", 1)
     other = side_by_side_html(attr, ["macs", "atman"], 0)  # another step: both maps, the plain caption
     assert "No contrastive map" not in other and "rather than" not in other and "explains the token" in other
+
+
+def test_the_report_leaves_a_contrasted_step_blank_for_methods_that_cannot_be_contrastive():
+    from visuals.report import report_data
+
+    attr = make_attr({"macs": RAW, "atman": RAW[::-1].copy()})
+    attr.meta["contrast"] = {
+        "steps": {"2": {"target_id": 101, "target": " is", "foil_id": 7, "foil": " was"}},
+        "not_contrastive": ["macs"],
+    }
+    data = report_data(attr, ["macs", "atman"])
+    macs, atman = data["z"]
+    assert all(v is None for v in macs[1]) and any(v is not None for v in macs[0])
+    assert any(v is not None for v in atman[1])
+    assert "rather than" in data["captions"][1] and "rather than" not in data["captions"][0]
