@@ -26,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from .datasets import is_official_layout, rows_from_official
-from .errors import Cancelled, ExplainerError, InputError
+from .errors import InputError
 from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .parallel import results_files
 from .precision import precision_meta
-from .resumable import ResultsLog, read_results
-from .session import CancelToken, hold
+from .resumable import measure_rows, read_results
+from .session import CancelToken
 
 QA_PROMPT = (
     "Answer the question based on the following text. Keep your response short and simple. "
@@ -333,21 +333,10 @@ def run_evaluation(
     """
     done = {r["id"]: r for r in read_results(results_path)}
     check_precision(done.values(), precision_meta(bundle.model).get("dtype"), results_path)
-    todo = [r for r in rows if r["id"] not in done]
     if log and done:
         log(f"resuming: {sum(r['id'] in done for r in rows)} of {len(rows)} samples already in {results_path}")
-    results = ResultsLog(results_path, len(todo), log)
-    for row in todo:
-        try:
-            with hold(bundle.model, cancel):  # one sample is one request: nothing else runs on the model meanwhile
-                result = evaluate_sample(bundle, row, cfg)
-        except Cancelled:
-            raise
-        except ExplainerError as e:
-            result = {"id": row["id"], "error": str(e)}
-        done[row["id"]] = result
-        results.add(result)
-    samples = [done[r["id"]] for r in rows if r["id"] in done]
+    measure = lambda row: evaluate_sample(bundle, row, cfg)  # noqa: E731
+    samples = measure_rows(rows, measure, done, results_path, bundle.model, log, cancel)
     summary = summarise(samples)
     summary["samples"] = samples
     summary["skipped"] = [{"id": s["id"], "error": s["error"]} for s in samples if "error" in s]

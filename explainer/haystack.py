@@ -27,10 +27,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import Cancelled, ExplainerError, InputError
-from .resumable import ResultsLog, read_results
+from .errors import InputError
+from .resumable import measure_rows, read_results
 from .segments import Group, sentence_groups
-from .session import hold
 from .spans import group_scores, span_scores
 from .steps import last_content_step
 
@@ -199,17 +198,6 @@ def run_haystack(
 ) -> dict[str, Any]:
     """Evaluate every row not yet in `results_path` (appending each), and summarise all of them."""
     done = {r["id"]: r for r in read_results(results_path)}
-    todo = [r for r in rows if r["id"] not in done]
-    results = ResultsLog(results_path, len(todo), log)
-    for row in todo:
-        try:
-            with hold(bundle.model):
-                result = evaluate_haystack_sample(bundle, row, cfg)
-        except Cancelled:
-            raise
-        except ExplainerError as e:
-            result = {"id": row["id"], "error": str(e)}
-        done[row["id"]] = result
-        results.add(result)
-    samples = [done[r["id"]] for r in rows if r["id"] in done]
+    measure = lambda row: evaluate_haystack_sample(bundle, row, cfg)  # noqa: E731
+    samples = measure_rows(rows, measure, done, results_path, bundle.model, log)
     return {**summarise(samples), "samples": samples}

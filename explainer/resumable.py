@@ -23,6 +23,42 @@ def read_results(path: str | Path | None) -> list[dict[str, Any]]:
     return rows
 
 
+def measure_rows(
+    rows: list[dict[str, Any]],
+    measure: Callable[[dict[str, Any]], dict[str, Any]],
+    done: dict[str, dict[str, Any]],
+    path: str | Path | None,
+    model: Any,
+    log: Callable[[str], None] | None = None,
+    cancel: Any = None,
+) -> list[dict[str, Any]]:
+    """`measure` every row whose id is not in `done`, holding `model` for each (one row is one request) and appending
+    each result to `path` as it finishes; a row the library refuses (`ExplainerError`) is kept as `{id, error}`.
+
+    Returns:
+        The results of `rows` that are done, in row order (`done` is updated).
+
+    Raises:
+        Cancelled: `cancel` fired (finished rows are already in `path`, so a rerun resumes).
+    """
+    from .errors import Cancelled, ExplainerError
+    from .session import hold
+
+    todo = [r for r in rows if r["id"] not in done]
+    results = ResultsLog(path, len(todo), log)
+    for row in todo:
+        try:
+            with hold(model, cancel):
+                result = measure(row)
+        except Cancelled:
+            raise
+        except ExplainerError as e:
+            result = {"id": row["id"], "error": str(e)}
+        done[row["id"]] = result
+        results.add(result)
+    return [done[r["id"]] for r in rows if r["id"] in done]
+
+
 class ResultsLog:
     """Appends each finished row to `path` (None: keeps nothing) and logs progress with an ETA."""
 
