@@ -20,7 +20,7 @@ import gradio as gr
 from explainer.hardware import zero_gpu
 from explainer.memory import available_bytes, format_bytes
 from explainer.threads import configure_threads
-from ui import contrast, faithfulness, image_tab, models, options, text_tab
+from ui import contrast, faithfulness, image_tab, layers, models, options, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -48,14 +48,18 @@ def build() -> gr.Blocks:
             with gr.Tab("Text prompt"):
                 text = text_tab.create_ui()
                 foil = contrast.create_ui()
+                text_layers = layers.create_ui()
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
+                image_layers = layers.create_ui("image-macs-layers")
         options_box.render()
         text_tab.create_event_handlers(text, option_widgets)
         contrast.create_event_handlers(foil, text, option_widgets)
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         image_tab.create_event_handlers(image, option_widgets)
+        layers.create_event_handlers(text_layers, text)
+        layers.create_event_handlers(image_layers, image, api="render_image_layers")
         blocks.load(models.model_info, outputs=text["model"], api_name="model_info")
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
     return blocks.queue(default_concurrency_limit=1)

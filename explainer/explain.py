@@ -401,6 +401,8 @@ def _generate(
         attr.meta["status"] = forcing or f"generating: {done} tokens"
         yield attr.snapshot()
     generation_seconds = time.perf_counter() - gen_start
+    for m in streaming:  # per-layer scores a method kept on the device (MACS's factors): one read, at the end
+        attr.methods[m.name] = attr.methods[m.name].with_layers(m.layer_scores())
     attr.meta.update(
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,

@@ -66,12 +66,19 @@ class MethodScores:
         z: (K, N) float32, per-step z-scores of `raw` over all N prompt tokens.
         seconds: wall time the method added, including its share of generation when it streams.
         meta: method options and anything else worth keeping (plain JSON-able values).
+        layers: (K, L, N) float32 per-layer scores when the method kept them, else None: MACS's floored factors
+            (Eq. 6) with `keep_layers`, whose product over layers is `raw` (up to a rescaled step's constant).
     """
 
     raw: np.ndarray
     z: np.ndarray
     seconds: float = 0.0
     meta: dict[str, Any] = field(default_factory=dict)
+    layers: np.ndarray | None = None
+
+    def with_layers(self, layers: np.ndarray | None) -> MethodScores:
+        """These scores with `layers` (K, L, N) attached; itself when None."""
+        return self if layers is None else dataclasses.replace(self, layers=np.asarray(layers, dtype=np.float32))
 
     @classmethod
     def from_raw(cls, raw: np.ndarray, seconds: float = 0.0, meta: dict[str, Any] | None = None) -> MethodScores:
@@ -166,8 +173,9 @@ class Attribution:
         order = np.argsort(-np.nan_to_num(z, nan=-np.inf), kind="stable")[:k]
         return [(int(i), self.prompt_tokens[i], float(z[i])) for i in order]
 
-    def to_dict(self) -> dict[str, Any]:
-        """The saved-result layout (`result_schema`), scores as float64 numbers; `result_json` writes it compactly."""
+    def to_dict(self, layers: bool = False) -> dict[str, Any]:
+        """The saved-result layout (`result_schema`), scores as float64 numbers; `result_json` writes it compactly.
+        With `layers`, a method's per-layer scores too, where it kept them (L times the size of `raw`)."""
         return {
             "format_version": FORMAT_VERSION,
             "model": self.model,
@@ -182,6 +190,7 @@ class Attribution:
                     "z": s.z.astype(float).tolist(),
                     "seconds": float(s.seconds),
                     "meta": s.meta,
+                    **({"layers": s.layers.astype(float).tolist()} if layers and s.layers is not None else {}),
                 }
                 for name, s in self.methods.items()
             },
@@ -205,6 +214,8 @@ class Attribution:
             raw = _matrix(m.raw, k, n)
             z = _matrix(m.z, k, n) if m.z is not None else zscore(raw)
             methods[name] = MethodScores(raw=raw, z=z, seconds=float(m.seconds), meta=dict(m.meta))
+            if m.layers is not None:
+                methods[name] = methods[name].with_layers(_layers(m.layers, k, n))
         return cls(
             model=saved.model,
             prompt_token_ids=list(saved.prompt_token_ids),
@@ -218,9 +229,9 @@ class Attribution:
             step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
         )
 
-    def save_json(self, path: str | Path) -> None:
-        """Write `result_json(self)` to `path` (what `explain --json` and the app's download write)."""
-        Path(path).write_text(result_json(self), encoding="utf-8")
+    def save_json(self, path: str | Path, layers: bool = False) -> None:
+        """Write `result_json(self, layers)` to `path` (what `explain --json` and the app's download write)."""
+        Path(path).write_text(result_json(self, layers), encoding="utf-8")
 
     @classmethod
     def load_json(cls, path: str | Path) -> Attribution:
@@ -234,6 +245,12 @@ def _matrix(rows: list[list[float]], k: int, n: int) -> np.ndarray:
         return np.asarray(rows, dtype=np.float32).reshape(k, n)
 
 
+def _layers(blocks: list[list[list[float]]], k: int, n: int) -> np.ndarray:
+    """(K, L, N) float32 from checked per-layer tables (L = 0 when K = 0)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(blocks, dtype=np.float32).reshape(k, len(blocks[0]) if blocks else 0, n)
+
+
 def _compact_matrix(a: np.ndarray) -> list[list[float]]:
     """(K, N) float32 -> nested lists of floats printed with the shortest digits that read back to the same float32."""
     a = np.asarray(a, dtype=np.float32)  # (K, N)
@@ -242,17 +259,20 @@ def _compact_matrix(a: np.ndarray) -> list[list[float]]:
     return [row.astype(str).astype(np.float64).tolist() for row in a]
 
 
-def result_json(attr: Attribution) -> str:
+def result_json(attr: Attribution, layers: bool = False) -> str:
     """The result as one line of JSON in the saved-result format (`result_schema`), each score written as the
     shortest decimal that reads back to the same float32 (about half the size of float64 digits); NaN scores are
-    written as `NaN` (Python's reader accepts it; strict JSON readers do not).
+    written as `NaN` (Python's reader accepts it; strict JSON readers do not). With `layers`, the per-layer scores
+    a method kept (MACS with `keep_layers`) are written too: the file grows by L times their `raw`.
 
     `load_result` / `Attribution.load_json` read it back to a result with bit-identical scores, tokens and metadata.
     """
-    d = attr.to_dict()
+    d = attr.to_dict(layers)
     for name, m in d["methods"].items():
         m["raw"] = _compact_matrix(attr.methods[name].raw)
         m["z"] = _compact_matrix(attr.methods[name].z)
+        if "layers" in m:
+            m["layers"] = [_compact_matrix(block) for block in attr.methods[name].layers]
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
 
 

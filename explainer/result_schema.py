@@ -8,7 +8,9 @@ A file is one JSON object:
      "methods": {name: {"raw": K x N numbers, "z": K x N numbers, "seconds": s, "meta": {...}}},
      "meta": {...}, "step_scores": {"probability": [K], "entropy": [K]}, "image": {...} (image prompts only)}
 
-Scores may be NaN (no score) and are read as float32. Keys a reader does not know are ignored.
+Scores may be NaN (no score) and are read as float32. Keys a reader does not know are ignored. A method may also
+carry `"layers"`: K x L x N numbers, its per-layer scores (MACS's factors of Eq. 6 with `keep_layers`, written only
+on request: `--macs-layers`); a reader that does not know them ignores them.
 
 Format versions:
     0: no `format_version` field: files written before it existed, by `explain --json` (float64 digits) and by the
@@ -129,6 +131,19 @@ Scores = _described(
     "must be a {k} x {n} table of numbers (a row per answer token, a column per prompt token).",
     check=_table,
 )
+
+
+def _layer_tables(blocks: list[list[list[float]]], context: dict) -> Any:
+    layers = len(blocks[0]) if blocks else 0
+    same = all(len(b) == layers and all(len(row) == context["n"] for row in b) for b in blocks)
+    return None if len(blocks) == context["k"] and (layers or not blocks) and same else blocks
+
+
+LayerScores = _described(
+    list[list[list[float]]],
+    "must be {k} tables (one per answer token) of L rows (one per layer, the same L in each) of {n} numbers.",
+    check=_layer_tables,
+)
 Seconds = _described(Annotated[float, Field(ge=0, lt=1e15, allow_inf_nan=False)], "is a time in seconds, got {found}.")
 PositiveInts = _described(
     list[Annotated[int, Field(ge=1, lt=2**31)]], "must be a list, got {kind}.", "must hold positive whole numbers."
@@ -161,12 +176,13 @@ class _Record(BaseModel):
 
 
 class MethodRecord(_Record):
-    """One method's scores; `z` is recomputed from `raw` when absent."""
+    """One method's scores; `z` is recomputed from `raw` when absent; `layers` only where they were written."""
 
     raw: Scores
     z: Scores | None = None
     seconds: Seconds = 0.0
     meta: dict[str, Any] = {}
+    layers: LayerScores | None = None  # (K, L, N) per-layer scores, when written
 
 
 class ImageRecord(_Record):

@@ -11,6 +11,8 @@ from explainer.methods import method_choices as registered_methods
 from explainer.methods import method_options
 
 DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates
+# Options the app sets otherwise than the library: MACS keeps its layer factors for the "MACS by layer" view
+APP_DEFAULTS = {("macs", "keep_layers"): True}
 
 
 def explains_images(method: str) -> bool:
@@ -43,14 +45,15 @@ def create_ui() -> tuple[Any, list[Any]]:
                 gr.Markdown(f"**{method}**", min_height=0)
                 for opt in method_options(method):
                     label, kw = f"{method}: {opt.name}", {"min_width": 180}
+                    default = APP_DEFAULTS.get((method, opt.name), opt.default)
                     if opt.type is bool:
-                        widget = gr.Checkbox(opt.default, label=label, show_label=True, container=True, **kw)
+                        widget = gr.Checkbox(default, label=label, show_label=True, container=True, **kw)
                     elif opt.type in (int, float):
-                        widget = gr.Number(opt.default, label=label, precision=0 if opt.type is int else None, **kw)
+                        widget = gr.Number(default, label=label, precision=0 if opt.type is int else None, **kw)
                     elif opt.choices:
-                        widget = gr.Dropdown(list(opt.choices), value=opt.default, label=label, **kw)
+                        widget = gr.Dropdown(list(opt.choices), value=default, label=label, **kw)
                     else:
-                        widget = gr.Textbox(str(opt.default), label=label, **kw)
+                        widget = gr.Textbox(str(default), label=label, **kw)
                     widgets.append(widget)
     return box, widgets
 

@@ -149,6 +149,12 @@ def build_parser() -> argparse.ArgumentParser:
         help=methods_help("comma-separated methods, each with options if wanted: macs:alpha=0.5,atman"),
     )
     p.add_argument("--json", help="write the full result as JSON to this path")
+    p.add_argument(
+        "--macs-layers",
+        action="store_true",
+        help="with --json: also write MACS's per-layer factors (Eq. 6) of every step, K x L x N (the file grows by "
+        "about L times MACS's scores); the product over layers is MACS's raw score",
+    )
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
     _contrast_options(p)

@@ -78,6 +78,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    _macs_layers(args, methods, method_options)
     contrast = contrast_of(args)
     dtype = parse_dtype(args.dtype)
     if args.json:
@@ -105,7 +106,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )  # fmt: skip
     if args.json:
         try:
-            attr.save_json(args.json)
+            attr.save_json(args.json, layers=True)  # a method's per-layer scores, where kept (--macs-layers)
         except OSError as e:
             raise InputError(f"Cannot write {args.json!r}: {e}") from e
         print(f"wrote {args.json} ({attr.num_steps} steps x {attr.num_prompt_tokens} prompt tokens)")
@@ -114,6 +115,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.gif:
         _write_gif(args.gif, image, attr, methods)
     return 0
+
+
+def _macs_layers(args: argparse.Namespace, methods: list[str], options: dict) -> None:
+    """`--macs-layers`: MACS keeps its per-layer factors (`keep_layers`), which `--json` then writes."""
+    if not args.macs_layers:
+        return
+    if "macs" not in methods or not args.json:
+        raise InputError("--macs-layers writes MACS's per-layer factors into the --json file: give --json and macs.")
+    options.setdefault("macs", {})["keep_layers"] = True
 
 
 def _write_gif(path: str, image, attr, methods: list[str]) -> None:

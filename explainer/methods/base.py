@@ -109,6 +109,11 @@ class AttributionMethod:
         """
         raise NotImplementedError
 
+    def layer_scores(self) -> np.ndarray | None:
+        """Per-layer scores the method kept during generation, (K, L, N) float32, read from the device once when it
+        ends (MACS's factors with `keep_layers`); None, the default, when it keeps none."""
+        return None
+
     # Post-hoc methods ------------------------------------------------------------------------------------------
     def explain(self, run: GenerationRun) -> np.ndarray:
         """Scores for all steps of a finished generation: (K, N)."""

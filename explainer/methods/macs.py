@@ -5,6 +5,12 @@ attention row of the query that predicts token k (the last prompt token at k = 0
 after) is redistributed (Eq. 4), max-pooled over heads (Eq. 5), floored (Eq. 6), multiplied over layers (Eq. 7) and
 z-scored over the N prompt tokens (Eq. 8, done by the result type).
 
+With `keep_layers` the per-layer factors of Eq. 6, (L, N) per step over the input tokens after redistribution, are
+kept on the device in a float32 buffer of (steps, L, N) that doubles when full (one device-side copy per step, no
+host read) and read once when generation ends (`layer_scores`): the layer drill-down of the app and of the JSON
+(`--macs-layers`). Their product over layers is the step's raw score, except on a rescaled step (see below), whose
+raw row is that product divided by a constant.
+
 The layer product is computed as a sum of logs so deep models do not underflow. The stored raw score is c_L itself
 whenever it fits float32's normal range (with alpha = 0.8 that holds up to ~50 layers). Otherwise that step's row is
 divided by the geometric mean of its largest and smallest entry, which leaves z-scores and rankings exactly those of
@@ -19,9 +25,11 @@ import numpy as np
 import torch
 
 from ..host import to_numpy
+from ..memory import MemoryRequest
 from .base import AttributionMethod
 
 _LOG_FLOAT32_TINY = float(np.log(np.finfo(np.float32).tiny))
+_FIRST_CAPACITY = 64  # steps of the first layer-factor buffer; it doubles when full
 
 _POOLING = {
     "max": lambda a: a.amax(dim=1),
@@ -36,6 +44,8 @@ class MACSConfig:
     pooling: str = field(default="max", metadata={"choices": tuple(_POOLING)})  # head pooling of Eq. 5; "mean" and
     # "min" are the Table 4 ablations
     redistribute: bool = True  # Eq. 4; False is the "w/o Redistribution" ablation
+    keep_layers: bool = False  # keep every step's per-layer factors (Eq. 6), L x N x K x 4 bytes: the app's layer
+    # drill-down; the CLI's --macs-layers
 
     def __post_init__(self) -> None:
         if self.pooling not in _POOLING:
@@ -51,10 +61,22 @@ class MACS(AttributionMethod):
     explains_images = True
     Config = MACSConfig
 
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: MACSConfig) -> int:
+        """With `keep_layers`, the float32 layer factors: at most 1.5 x the last buffer while it doubles."""
+        if not config.keep_layers:
+            return 0
+        capacity = _FIRST_CAPACITY
+        while capacity < request.k:
+            capacity *= 2
+        grown = capacity if capacity == _FIRST_CAPACITY else capacity + capacity // 2
+        return 4 * request.shape.layers * request.n * grown
+
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens
         self.steps_done = 0
         self.rescaled_steps: list[int] = []
+        self.layers: torch.Tensor | None = None  # (capacity, L, N) float32 on the rows' device, with keep_layers
 
     def meta(self) -> dict:
         return {**self.options(), "rescaled_steps": list(self.rescaled_steps)}
@@ -66,7 +88,9 @@ class MACS(AttributionMethod):
         if cfg.redistribute and a.shape[-1] > n:
             a_in = a_in + a[..., n:].sum(dim=-1, keepdim=True) / n  # Eq. 4
         pooled = _POOLING[cfg.pooling](a_in)  # (L, N), Eq. 5
-        floored = cfg.alpha * pooled + (1.0 - cfg.alpha)  # Eq. 6
+        floored = cfg.alpha * pooled + (1.0 - cfg.alpha)  # (L, N), Eq. 6
+        if cfg.keep_layers:
+            self._keep(floored)
         log_c = to_numpy(torch.log(floored).sum(dim=0))  # (N,) float64, log of Eq. 7: the step's one device sync
         step, self.steps_done = self.steps_done, self.steps_done + 1
         finite = log_c[np.isfinite(log_c)]
@@ -74,3 +98,20 @@ class MACS(AttributionMethod):
             self.rescaled_steps.append(step)
             log_c = log_c - (finite.max() + finite.min()) / 2
         return np.exp(log_c).astype(np.float32)
+
+    def _keep(self, floored: torch.Tensor) -> None:
+        """Copy this step's (L, N) factors into the device buffer, doubling it when full; no host read."""
+        if self.layers is None:
+            self.layers = torch.empty(
+                (_FIRST_CAPACITY, *floored.shape), dtype=torch.float32, device=floored.device
+            )  # (capacity, L, N)
+        elif self.steps_done == self.layers.shape[0]:
+            self.layers = torch.cat([self.layers, torch.empty_like(self.layers)])
+        self.layers[self.steps_done].copy_(floored)
+
+    def layer_scores(self) -> np.ndarray | None:
+        """(K, L, N) float32 per-layer factors (Eq. 6) of the steps so far, read from the device at once; None
+        without `keep_layers`."""
+        if self.layers is None:
+            return None
+        return to_numpy(self.layers[: self.steps_done])

@@ -194,7 +194,9 @@ def test_method_options_reach_the_library(fake):
     keys = options.option_keys()
     values = [0.5 if k == ("macs", "alpha") else opt.default for k, opt in zip(keys, _options())]
     collect(text_tab.explain("Where is Paris", ["macs"], 2, True, False, "", False, "token", *values))
-    assert fake.calls[-1]["method_options"] == {"macs": {"alpha": 0.5, "pooling": "max", "redistribute": True}}
+    assert fake.calls[-1]["method_options"] == {
+        "macs": {"alpha": 0.5, "pooling": "max", "redistribute": True, "keep_layers": False}
+    }
 
 
 def _options():
