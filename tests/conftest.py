@@ -149,3 +149,22 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     build_model("llama").save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+CPU_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f"  # a CPU without native bf16 (no avx512_bf16, no amx_bf16)
+
+
+@pytest.fixture(autouse=True)
+def cpu_flags(monkeypatch, tmp_path_factory):
+    """The CPU flags `precision.default_dtype` reads, the same on every machine: no native bf16 (`auto` is float32 on
+    the CPU) unless a test writes others, e.g. `cpu_flags(" avx512_bf16")`. Returns that setter."""
+    from explainer import precision
+
+    path = tmp_path_factory.mktemp("cpuinfo") / "cpuinfo"
+
+    def write(extra: str = "") -> None:
+        path.write_text(f"processor\t: 0\n{CPU_FLAGS}{extra}\n")
+
+    write()
+    monkeypatch.setattr(precision, "CPUINFO", str(path))
+    return write

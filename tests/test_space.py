@@ -79,7 +79,7 @@ def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub
     from ui import models as ui_models
 
     monkeypatch.setenv("EXPLAINER_MEMORY_BUDGET", "16GB")
-    monkeypatch.setattr(fit, "cpu_has_native_bf16", lambda *a: False)
+    # the CPU has no native bf16: the autouse `cpu_flags` fixture (tests/conftest.py)
     text, vision = models.default_model_ids()
     need = sum(fit.model_bytes(fit.bundled_config(m), torch.float32) for m in (text, vision))
     assert 16e9 - need > 2.5e9
