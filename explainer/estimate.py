@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import time
 import weakref
@@ -130,6 +131,16 @@ ASSUMED_SPEED = Speed(forward_tokens_per_s=20_000.0, backward_tokens_per_s=4_000
 
 _speeds: weakref.WeakKeyDictionary[Any, Speed] = weakref.WeakKeyDictionary()
 _speeds_guard = threading.Lock()
+
+
+def _new_guard() -> None:
+    global _speeds_guard
+    _speeds_guard = threading.Lock()
+
+
+# ZeroGPU forks its GPU worker from the main process, whose other threads ask for estimates meanwhile: a guard held
+# by one of them at the fork would stay held in the worker for good.
+os.register_at_fork(after_in_child=_new_guard)
 
 
 def _num_layers(model: Any) -> int | None:
