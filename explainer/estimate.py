@@ -319,6 +319,14 @@ class Estimate:
         return "not measured yet" if self.seconds is None else format_seconds(self.seconds)
 
 
+def answer_steps(bundle: ModelBundle, answer: str | None, max_new_tokens: int) -> int:
+    """K, the answer tokens a request explains: a given `answer`'s number of tokens (tokenised on its own: within a
+    token or two of `explain`'s count), else `max_new_tokens` (an answer that ends earlier has fewer)."""
+    if isinstance(answer, str) and answer.strip():
+        return max(1, len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]))
+    return max_new_tokens
+
+
 def estimate(
     bundle: ModelBundle,
     prompt: str,
@@ -348,8 +356,7 @@ def estimate(
     Raises:
         InputError: empty or too long prompt, bad options. UnknownMethodError: unknown method.
     """
-    if isinstance(answer, str) and answer.strip():  # tokenised on its own: within a token or two of explain's count
-        max_new_tokens = max(1, len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]))
+    max_new_tokens = answer_steps(bundle, answer, max_new_tokens)
     encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
     ids = encoded.input_ids[0].tolist()
     names = list(METHODS) if methods is None else list(methods)
