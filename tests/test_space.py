@@ -20,7 +20,7 @@ import pytest
 from explainer import hardware, models
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_HANDLERS = ("explain", "faithfulness", "explain_image")  # api names of the events that run the model
+GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image")  # events that run the model
 
 
 class _Answer:
@@ -241,10 +241,11 @@ def _registered(demo) -> dict:
 
 
 def _handlers() -> dict:
-    from ui import faithfulness, image_tab, text_tab
+    from ui import contrast, faithfulness, image_tab, text_tab
 
     return {
         "explain": text_tab.explain,
+        "explain_contrast": contrast.explain_contrast,
         "faithfulness": faithfulness.faithfulness,
         "explain_image": image_tab.explain_image,
     }
