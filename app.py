@@ -17,7 +17,7 @@ import os
 
 import gradio as gr
 
-from explainer.hardware import zero_gpu
+from explainer.hardware import hardware_name, zero_gpu
 from explainer.memory import available_bytes, format_bytes
 from explainer.threads import configure_threads
 from ui import contrast, faithfulness, image_tab, layers, models, options, text_tab
@@ -71,17 +71,19 @@ if zero_gpu():  # `spaces` moves models to the GPU only from the thread that imp
 demo = build()
 
 
+def start_up_line() -> str:
+    """The start-up log line: the hardware, torch's threads, the memory free, each model with its dtype and whether
+    it is loaded. Asks the Hub for the default models (when none is set) before the first visitor waits for it."""
+    free = available_bytes("cpu")
+    memory = format_bytes(free) if free else "unknown"
+    return f"MACS Explorer on {hardware_name()}: {THREADS} torch threads, {memory} memory free; {models.summary()}"
+
+
 def main() -> None:
     """Serve on GRADIO_SERVER_NAME:GRADIO_SERVER_PORT (default 127.0.0.1:7860); EXPLAINER_LOG sets the log level."""
     logging.basicConfig(level=logging.WARNING, format="%(name)s %(message)s")
     logging.getLogger("explainer").setLevel(os.environ.get("EXPLAINER_LOG", "WARNING"))
-    text, vision = models.model_ids()  # asks the Hub (when no model is set) before the first visitor waits for it
-    free = available_bytes("cpu")
-    logging.getLogger("explainer").warning(
-        "MACS Explorer: %d torch threads, dtype %s, %s memory free; text model %s, image model %s",
-        THREADS, os.environ.get("EXPLAINER_DTYPE") or "auto", format_bytes(free) if free else "unknown",
-        text or "embedded", vision or "none",
-    )  # fmt: skip
+    logging.getLogger("explainer").warning("%s", start_up_line())
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),

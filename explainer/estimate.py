@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import threading
 import time
 import weakref
@@ -130,6 +131,16 @@ ASSUMED_SPEED = Speed(forward_tokens_per_s=20_000.0, backward_tokens_per_s=4_000
 
 _speeds: weakref.WeakKeyDictionary[Any, Speed] = weakref.WeakKeyDictionary()
 _speeds_guard = threading.Lock()
+
+
+def _new_guard() -> None:
+    global _speeds_guard
+    _speeds_guard = threading.Lock()
+
+
+# ZeroGPU forks its GPU worker from the main process, whose other threads ask for estimates meanwhile: a guard held
+# by one of them at the fork would stay held in the worker for good.
+os.register_at_fork(after_in_child=_new_guard)
 
 
 def _num_layers(model: Any) -> int | None:
@@ -308,6 +319,14 @@ class Estimate:
         return "not measured yet" if self.seconds is None else format_seconds(self.seconds)
 
 
+def answer_steps(bundle: ModelBundle, answer: str | None, max_new_tokens: int) -> int:
+    """K, the answer tokens a request explains: a given `answer`'s number of tokens (tokenised on its own: within a
+    token or two of `explain`'s count), else `max_new_tokens` (an answer that ends earlier has fewer)."""
+    if isinstance(answer, str) and answer.strip():
+        return max(1, len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]))
+    return max_new_tokens
+
+
 def estimate(
     bundle: ModelBundle,
     prompt: str,
@@ -337,8 +356,7 @@ def estimate(
     Raises:
         InputError: empty or too long prompt, bad options. UnknownMethodError: unknown method.
     """
-    if isinstance(answer, str) and answer.strip():  # tokenised on its own: within a token or two of explain's count
-        max_new_tokens = max(1, len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]))
+    max_new_tokens = answer_steps(bundle, answer, max_new_tokens)
     encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
     ids = encoded.input_ids[0].tolist()
     names = list(METHODS) if methods is None else list(methods)

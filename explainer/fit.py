@@ -15,7 +15,6 @@ since Qwen2.5-VL-3B takes over a minute per image question there and 15 GB in fl
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -92,17 +91,6 @@ def check_model_fits(name: str, config: Any, dtype: torch.dtype, device: torch.d
         f"{', or bfloat16 (EXPLAINER_DTYPE=bfloat16)' if dtype == torch.float32 else ''}, or hardware with more "
         "memory."
     )
-
-
-def cpu_has_native_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether the CPU computes bfloat16 natively (AVX512-BF16 or AMX); without, bf16 matmuls are emulated and a
-    prefill is several times slower than in float32."""
-    try:
-        with open(cpuinfo) as f:
-            text = f.read()
-    except OSError:
-        return False
-    return re.search(r"\b(avx512_bf16|amx_bf16)\b", text) is not None
 
 
 @dataclass(frozen=True)

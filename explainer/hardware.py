@@ -41,6 +41,20 @@ def zero_gpu() -> bool:
     return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
 
 
+def hardware_name() -> str:
+    """What runs the models, for the start-up log: "ZeroGPU", "GPU (<name>)", "CPU with native bf16" or "CPU
+    without native bf16". On ZeroGPU nothing is asked of CUDA (its main process must not initialise it)."""
+    if zero_gpu():
+        return "ZeroGPU"
+    import torch
+
+    from .precision import cpu_has_native_bf16
+
+    if torch.cuda.is_available():
+        return f"GPU ({torch.cuda.get_device_name(0)})"
+    return f"CPU {'with' if cpu_has_native_bf16() else 'without'} native bf16"
+
+
 def sync_generator(fn: Callable[..., AsyncIterator[Any]]) -> Callable[..., Iterator[Any]]:
     """A generator function that runs the async generator function `fn` on an event loop of its own.
 

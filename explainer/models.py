@@ -25,8 +25,8 @@ import torch
 
 from .devices import input_device
 from .errors import InputError, ModelLoadError
-from .fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults, cpu_has_native_bf16
-from .precision import default_dtype, parse_dtype
+from .fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults
+from .precision import cpu_has_native_bf16, default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
 
 logger = logging.getLogger(__name__)
@@ -282,6 +282,16 @@ def _resolve_device(device: str | None) -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def load_dtype(dtype: torch.dtype | str | None = None, device: str | None = None) -> torch.dtype:
+    """The dtype `load_model(device=device, dtype=dtype)` loads in: `dtype` itself, or for None / "auto"
+    `precision.default_dtype` of the device (`device`, else CUDA when available, else the CPU).
+
+    Raises:
+        InputError: an unknown dtype name.
+    """
+    return (parse_dtype(dtype) if isinstance(dtype, str) else dtype) or default_dtype(_resolve_device(device))
+
+
 def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
     """`--device-map` / `EXPLAINER_DEVICE_MAP` text -> a `device_map` for `load_model`: empty or "none" -> None,
     a JSON object (module name -> device, e.g. '{"model.layers.29": "disk", "": "cpu"}') -> dict, else the text
@@ -334,8 +344,8 @@ def load_model(
     "auto" is `precision.default_dtype` of the device.
 
     Raises:
-        ModelLoadError: unknown id, unreachable hub, unreadable folder, not a causal LM, or a device map accelerate
-            cannot place.
+        ModelLoadError: unknown id, unreachable hub, unreadable folder, not a causal LM, a device map accelerate
+            cannot place, or a device the model cannot be moved to.
         MemoryLimitError: the model would not fit the device's free memory (`fit.check_model_fits`).
         InputError: an unknown dtype name, both `device` and `device_map` given, or offload options without a
             device map.
@@ -346,13 +356,13 @@ def load_model(
     if device_map is None and (offload_folder is not None or max_memory is not None):
         raise InputError("offload_folder and max_memory apply to a device map; give one, e.g. device_map='auto'.")
     dev = _resolve_device(device)  # with a device map: only for the default dtype (bfloat16 when GPUs are used)
-    dtype = (parse_dtype(dtype) if isinstance(dtype, str) else dtype) or default_dtype(dev)
+    dtype = load_dtype(dtype, device)
     placement = {"device_map": device_map, "offload_folder": offload_folder, "max_memory": max_memory}
     placement = {k: v for k, v in placement.items() if v is not None}
     name, source = _source(name_or_path)
     tokenizer, model, image_processor = _load_parts(name, source, dtype, dev, placement, (min_pixels, max_pixels))
     if device_map is None:
-        model.to(dev)
+        _move(model, name, dev)
     model.eval()
     if getattr(tokenizer, "pad_token_id", None) is None and getattr(tokenizer, "eos_token", None) is not None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -364,6 +374,19 @@ def load_model(
         max_prompt_tokens=max_prompt_tokens,
         image_processor=image_processor,
     )
+
+
+def _move(model: torch.nn.Module, name: str, dev: torch.device) -> None:
+    """`model.to(dev)`, its failure (no such device, no CUDA in this build, out of memory, CUDA refused outside a
+    ZeroGPU call) as a `ModelLoadError` naming the model and the device."""
+    try:
+        model.to(dev)
+    except (RuntimeError, AssertionError, ValueError) as e:  # torch: AssertionError "not compiled with CUDA"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelLoadError(
+            f"Could not move model {name!r} to {dev}: {first}. Choose a device this machine has (e.g. cpu), or free "
+            "its memory."
+        ) from e
 
 
 def _source(name_or_path: str | None) -> tuple[str, str]:

@@ -1,11 +1,14 @@
 """The model's floating-point precision: parsing `--dtype` / `EXPLAINER_DTYPE`, the default per device, its name.
 
 One place for the rule that `auto` follows (`default_dtype`), so every entry point (CLI commands, bench workers, the
-app) loads a model in the same precision for the same device.
+app) loads a model in the same precision for the same device: bfloat16 on an accelerator and on a CPU that computes
+bfloat16 natively (`cpu_has_native_bf16`), float32 on other CPUs (their emulated bf16 makes a prefill several times
+slower, docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch
@@ -18,6 +21,7 @@ DTYPES: dict[str, torch.dtype] = {  # the values `--dtype` and EXPLAINER_DTYPE a
     "float16": torch.float16,
 }
 DTYPE_CHOICES = ("auto", *DTYPES)
+CPUINFO = "/proc/cpuinfo"  # where the CPU's flags are read (tests point it at a file of their own)
 
 
 def parse_dtype(text: str | None) -> torch.dtype | None:
@@ -38,9 +42,23 @@ def parse_dtype(text: str | None) -> torch.dtype | None:
     return DTYPES[key]
 
 
+def cpu_has_native_bf16(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU computes bfloat16 natively (the `avx512_bf16` or `amx_bf16` flag in `cpuinfo`, by default
+    `CPUINFO`); without, bf16 matmuls are emulated and a prefill is several times slower than in float32."""
+    try:
+        with open(cpuinfo or CPUINFO) as f:
+            text = f.read()
+    except OSError:
+        return False
+    return re.search(r"\b(avx512_bf16|amx_bf16)\b", text) is not None
+
+
 def default_dtype(device: torch.device | str) -> torch.dtype:
-    """The precision `auto` stands for on `device`: bfloat16 on an accelerator, float32 on a CPU."""
-    return torch.float32 if torch.device(device).type == "cpu" else torch.bfloat16
+    """The precision `auto` stands for on `device`: bfloat16 on an accelerator and on a CPU with native bf16
+    (`cpu_has_native_bf16`), float32 on other CPUs."""
+    if torch.device(device).type != "cpu":
+        return torch.bfloat16
+    return torch.bfloat16 if cpu_has_native_bf16() else torch.float32
 
 
 def dtype_name(dtype: torch.dtype) -> str:

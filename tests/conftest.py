@@ -149,3 +149,30 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     build_model("llama").save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+CPU_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f"  # a CPU without native bf16 (no avx512_bf16, no amx_bf16)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def plain_cpu(tmp_path_factory):
+    """The CPU flags `precision.default_dtype` reads, the same on every machine and for fixtures of every scope: no
+    native bf16, so `auto` is float32 on the CPU. Yields the file (`cpu_flags` rewrites it for one test)."""
+    from explainer import precision
+
+    path = tmp_path_factory.mktemp("cpuinfo") / "cpuinfo"
+    path.write_text(f"processor\t: 0\n{CPU_FLAGS}\n")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(precision, "CPUINFO", str(path))
+        yield path
+
+
+@pytest.fixture
+def cpu_flags(plain_cpu):
+    """Give this test's CPU more flags, e.g. `cpu_flags(" avx512_bf16")`; the plain flags come back after it."""
+
+    def write(extra: str = "") -> None:
+        plain_cpu.write_text(f"processor\t: 0\n{CPU_FLAGS}{extra}\n")
+
+    yield write
+    write()

@@ -153,3 +153,19 @@ def test_the_model_lines_are_refreshed_after_each_request(app, fns):
 
     assert fns["model_info_after_explain"].fn.__wrapped__ is ui_models.model_info.__wrapped__
     assert fns["vlm_info_after_explain"].fn.__wrapped__ is ui_models.vlm_info.__wrapped__
+
+
+def test_the_start_up_line_names_the_hardware_threads_and_each_models_dtype(app, monkeypatch, cpu_flags):
+    import re
+
+    monkeypatch.delenv("EXPLAINER_DTYPE", raising=False)
+    monkeypatch.setattr(models, "model_ids", lambda: ("org/text", None))
+    line = app.start_up_line()
+    head = rf"MACS Explorer on CPU without native bf16: {app.THREADS} torch threads, (\S+ \S+|unknown) memory free; "
+    assert re.fullmatch(head + r"text model org/text \(float32, loads with its tab's first request\); image model none",
+                        line), line  # fmt: skip
+    cpu_flags(" avx512_bf16")
+    line = app.start_up_line()
+    assert line.startswith("MACS Explorer on CPU with native bf16: ") and "org/text (bfloat16, loads" in line
+    monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # nothing loaded here: the line still tells what will be
+    assert app.start_up_line().startswith("MACS Explorer on ZeroGPU: ")

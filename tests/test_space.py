@@ -20,7 +20,7 @@ import pytest
 from explainer import hardware, models
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_HANDLERS = ("explain", "faithfulness", "explain_image")  # api names of the events that run the model
+GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image")  # events that run the model
 
 
 class _Answer:
@@ -79,7 +79,7 @@ def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub
     from ui import models as ui_models
 
     monkeypatch.setenv("EXPLAINER_MEMORY_BUDGET", "16GB")
-    monkeypatch.setattr(fit, "cpu_has_native_bf16", lambda *a: False)
+    # the CPU has no native bf16: the autouse `cpu_flags` fixture (tests/conftest.py)
     text, vision = models.default_model_ids()
     need = sum(fit.model_bytes(fit.bundled_config(m), torch.float32) for m in (text, vision))
     assert 16e9 - need > 2.5e9
@@ -241,10 +241,11 @@ def _registered(demo) -> dict:
 
 
 def _handlers() -> dict:
-    from ui import faithfulness, image_tab, text_tab
+    from ui import contrast, faithfulness, image_tab, text_tab
 
     return {
         "explain": text_tab.explain,
+        "explain_contrast": contrast.explain_contrast,
         "faithfulness": faithfulness.faithfulness,
         "explain_image": image_tab.explain_image,
     }

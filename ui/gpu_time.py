@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from explainer.errors import ExplainerError
-from explainer.estimate import ASSUMED_SPEED, estimate
+from explainer.estimate import ASSUMED_SPEED, answer_steps, estimate
 from explainer.faithfulness import QUICK_SOFT
 from explainer.faithfulness.soft import soft_cost
 from explainer.hardware import gpu_duration
@@ -31,43 +31,57 @@ def text_seconds(
     prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool, show_all: bool = False,
     answer: str | None = None, span: bool = False, granularity: str = "token", *options: Any, **_: Any,
 ) -> int:  # fmt: skip
-    """GPU seconds for the text tab's `explain` with these arguments."""
+    """GPU seconds for the text tab's `explain` with these arguments: decoding K answer tokens (a given answer's
+    tokens, else `max_new_tokens`) and each chosen method's extra time."""
     try:
         new = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
+        given = inputs.answer_text(answer)
+        bundle = models.get_bundle()
         figures = estimate(
-            models.get_bundle(), prompt, list(methods or []), max_new_tokens=new, chat_template=bool(chat_template),
-            method_options=chosen_options(list(methods or []), options), probe=False,
+            bundle, prompt, list(methods or []), max_new_tokens=new, chat_template=bool(chat_template),
+            method_options=chosen_options(list(methods or []), options), answer=given, probe=False,
         )  # fmt: skip
+        steps = answer_steps(bundle, given, new)
     except ExplainerError:
         return gpu_duration(None)  # a request the estimate refuses fails fast in the call itself
     extra = [e.seconds for e in figures if not e.cost.free]
     if any(s is None for s in extra):
         return gpu_duration(None)
-    return gpu_duration(new / DECODE_TOKENS_PER_S + sum(extra))
+    return gpu_duration(steps / DECODE_TOKENS_PER_S + sum(extra))
 
 
 def image_seconds(
-    image: Any, question: str, methods: list[str], max_new_tokens: float, *rest: Any, **_: Any
+    image: Any, question: str, methods: list[str], max_new_tokens: float, opacity: Any = None, contour: Any = None,
+    max_image_tokens: Any = None, answer: str | None = None, *options: Any, **_: Any,
 ) -> int:  # fmt: skip
-    """GPU seconds for the image tab's `explain_image`: prefill and decoding, and AtMan's passes when chosen."""
+    """GPU seconds for the image tab's `explain_image`: prefill, decoding K answer tokens (a given answer's tokens,
+    else `max_new_tokens`, at most the tab's `inputs.IMAGE_NEW_TOKENS`), and AtMan's passes when chosen."""
     try:
-        new = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
+        new = inputs.whole(max_new_tokens, "Max new tokens", inputs.IMAGE_NEW_TOKENS)
+        given = inputs.answer_text(answer)
+        steps = answer_steps(models.get_vl_bundle(), given, new) if given else new
     except ExplainerError:
-        return gpu_duration(None)
+        return gpu_duration(None)  # as `text_seconds`
     post_hoc = [m for m in methods or [] if m in METHODS and not METHODS[m].streaming]
-    return gpu_duration(IMAGE_PREFILL_SECONDS + new / DECODE_TOKENS_PER_S + IMAGE_POST_HOC_SECONDS * len(post_hoc))
+    return gpu_duration(IMAGE_PREFILL_SECONDS + steps / DECODE_TOKENS_PER_S + IMAGE_POST_HOC_SECONDS * len(post_hoc))
 
 
-def faithfulness_seconds(result: Any, methods: list[str], metric: str, soft_choice: str = "", *rest: Any, **_) -> int:
+def faithfulness_seconds(
+    result: Any, methods: list[str], metric: str = "", soft_choice: str = "", step: Any = None, *_: Any, **__: Any
+) -> int:  # fmt: skip
     """GPU seconds for the faithfulness panel: removal curves per answer token and method, and pi-Soft's positions at
-    the assumed forward speed."""
+    the assumed forward speed for the steps `soft_choice` picks (none when it skips pi-Soft)."""
+    from .faithfulness import soft_steps  # that module binds its handler with this function: imported when called
+
     steps = getattr(result, "num_steps", 0) or 0
     chosen = [m for m in methods or [] if m in getattr(result, "methods", {})]
     if not steps or not chosen:
         return gpu_duration(0)
     seconds = REMOVAL_SECONDS_PER_STEP * steps * (len(chosen) + 1)  # + the random baseline
     try:
-        seconds += soft_cost(result, chosen, QUICK_SOFT, None)["tokens"] / ASSUMED_SPEED.forward_tokens_per_s
+        soft = soft_steps(result, soft_choice, step)
+        if soft is not False:
+            seconds += soft_cost(result, chosen, QUICK_SOFT, soft)["tokens"] / ASSUMED_SPEED.forward_tokens_per_s
     except (ExplainerError, ValueError):
         pass
     return gpu_duration(seconds)

@@ -111,6 +111,7 @@ class AppServer:
             "GRADIO_ANALYTICS_ENABLED": "False",
             "HF_HUB_OFFLINE": "1",
             "EXPLAINER_MODEL": "embedded",  # whatever the default becomes, the tests use the model in the repository
+            "EXPLAINER_DTYPE": "float32",  # "auto" is bfloat16 on a CPU with native bf16: the same run everywhere
             "PYTHONUNBUFFERED": "1",
             "EXPLAINER_LOG": "DEBUG",  # the library logs when a request takes and releases the model
         }

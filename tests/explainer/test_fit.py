@@ -58,15 +58,6 @@ def test_smaller_machines_share_one_model_or_drop_the_image_tab():
     assert (small.text, small.vision) == (fit.TEXT_CPU, None)
 
 
-def test_native_bf16_from_cpuinfo(tmp_path):
-    f = tmp_path / "cpuinfo"
-    f.write_text("flags\t\t: fpu avx2 avx512f\n")
-    assert not fit.cpu_has_native_bf16(str(f))
-    f.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
-    assert fit.cpu_has_native_bf16(str(f))
-    assert not fit.cpu_has_native_bf16(str(tmp_path / "absent"))
-
-
 def test_load_model_refuses_a_model_that_does_not_fit_before_reading_weights(tiny_model_dir, monkeypatch):
     monkeypatch.setenv(BUDGET_ENV, "100MB")  # the tiny model needs its weights plus the 0.5 GB allowance
     reads = []
@@ -82,3 +73,27 @@ def test_load_model_refuses_a_model_that_does_not_fit_before_reading_weights(tin
     assert "needs about" in msg and "float32" in msg and "bfloat16" in msg and "smaller model" in msg
     monkeypatch.setenv(BUDGET_ENV, "20GB")
     assert load_model(str(tiny_model_dir)).model is not None
+
+
+def test_a_model_that_cannot_be_moved_to_its_device_is_a_model_load_error(tiny_model_dir, monkeypatch):
+    """`model.to(device)` fails after the weights are read (the GPU is full, CUDA is refused): the caller gets a
+    `ModelLoadError` naming the model, the device and the cause, not torch's bare exception."""
+    from explainer.errors import ModelLoadError
+
+    moved = torch.nn.Module.to
+
+    def full(self, *args, **kwargs):
+        if args and isinstance(args[0], torch.device):  # load_model's move; other calls (dtype casts) as they are
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore detail")
+        return moved(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Module, "to", full)
+    with pytest.raises(ModelLoadError) as e:
+        load_model(str(tiny_model_dir), device="cpu")
+    assert str(e.value) == (
+        f"Could not move model '{tiny_model_dir}' to cpu: CUDA out of memory. Tried to allocate 2.00 GiB. Choose a "
+        "device this machine has (e.g. cpu), or free its memory."
+    )
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)
+    monkeypatch.setattr(torch.nn.Module, "to", moved)
+    assert load_model(str(tiny_model_dir), device="cpu").model is not None

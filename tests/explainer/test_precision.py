@@ -14,6 +14,7 @@ from explainer.evaluate import check_precision, merge_results
 from explainer.models import load_model
 from explainer.precision import (
     DTYPE_CHOICES,
+    cpu_has_native_bf16,
     default_dtype,
     dtype_name,
     model_dtype,
@@ -43,9 +44,51 @@ def test_parse_dtype_refuses_other_names_and_lists_the_valid_ones(text):
     assert str(e.value) == f"Unknown dtype {text!r}: use one of auto, float32, bfloat16, float16."
 
 
-def test_auto_is_bfloat16_on_an_accelerator_and_float32_on_the_cpu():
+def test_auto_is_bfloat16_on_an_accelerator_and_float32_on_a_cpu_without_native_bf16():
     assert default_dtype("cpu") is torch.float32 and default_dtype(torch.device("cpu")) is torch.float32
     assert default_dtype("cuda") is torch.bfloat16 and default_dtype(torch.device("cuda", 1)) is torch.bfloat16
+
+
+@pytest.mark.parametrize("flag", [" avx512_bf16", " amx_bf16 amx_tile"])
+def test_auto_is_bfloat16_on_a_cpu_with_native_bf16(cpu_flags, flag):
+    cpu_flags(flag)
+    assert cpu_has_native_bf16() and default_dtype("cpu") is torch.bfloat16
+
+
+def test_native_bf16_from_cpuinfo(tmp_path):
+    f = tmp_path / "cpuinfo"
+    f.write_text("flags\t\t: fpu avx2 avx512f\n")
+    assert not cpu_has_native_bf16(str(f))
+    f.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_has_native_bf16(str(f))
+    f.write_text("flags\t\t: fpu avx2 amx_bf16\n")
+    assert cpu_has_native_bf16(str(f))
+    f.write_text("flags\t\t: fpu avx2 xavx512_bf16s\n")  # a whole flag only
+    assert not cpu_has_native_bf16(str(f))
+    assert not cpu_has_native_bf16(str(tmp_path / "absent"))
+
+
+@pytest.mark.parametrize("flag, dtype", [("", "float32"), (" avx512_bf16", "bfloat16")])
+def test_the_cli_and_the_app_load_auto_in_the_same_dtype(cpu_flags, monkeypatch, tiny_model_dir, tmp_path, flag, dtype):
+    """`load_model(dtype=None)` (the CLI's `--dtype auto`) and the app (EXPLAINER_DTYPE unset) follow the CPU's flags,
+    as the app's default-model choice (`fit.choose_defaults`) does."""
+    from explainer import models as library
+    from ui import models as app_models
+
+    cpu_flags(flag)
+    assert library.hardware_defaults().dtype == dtype
+    assert dtype_name(load_model(str(tiny_model_dir)).model.dtype) == dtype
+    out = tmp_path / "r.json"
+    argv = ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "1"]
+    assert main([*argv, "--json", str(out)]) == 0 and json.loads(out.read_text())["meta"]["dtype"] == dtype
+    monkeypatch.delenv("EXPLAINER_DTYPE", raising=False)
+    monkeypatch.setattr(app_models, "model_ids", lambda: (str(tiny_model_dir), None))
+    app_models.forget_models()
+    try:
+        assert dtype_name(app_models.get_bundle().model.dtype) == dtype
+        assert f"· {dtype} on cpu ·" in app_models.model_info()
+    finally:
+        app_models.forget_models()
 
 
 def test_names_read_back():

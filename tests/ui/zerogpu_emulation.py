@@ -1,19 +1,26 @@
-"""ZeroGPU emulated on a CPU, after `spaces` 0.51.3 (`spaces/zero/torch/patching.py`, `spaces/zero/decorator.py`).
+"""ZeroGPU emulated on a CPU, after `spaces` 0.51.3 (`spaces/zero/torch/patching.py`, `spaces/zero/decorator.py`,
+`spaces/zero/wrappers.py`).
 
 The real package cannot be imported with a CPU build of torch (it reads `torch.version.cuda` and checks for a bad
 CUDA fork in a subprocess), so its effects on torch are reproduced by hand:
 
-- `torch.cuda.is_available()` returns True in the whole process, `device_count()` 1;
-- CUDA initialisation (`torch._C._cuda_init`) raises, as in ZeroGPU's main process;
+- `torch.cuda.is_available()` returns True in the whole process, `device_count()` 1, and the device's name,
+  capability and properties are answered without CUDA, as the package does from its configuration;
+- CUDA initialisation raises, as in ZeroGPU's main process: `spaces` replaces `torch._C._cuda_init`, which
+  `torch.cuda._lazy_init` calls before any CUDA work (a `.to("cuda")`, a CUDA factory, `torch.cuda.mem_get_info`).
+  A CPU build stops earlier in `_lazy_init` ("Torch not compiled with CUDA enabled"), so `_lazy_init` itself is
+  replaced here, and raises "CUDA must not be initialized in the main process" (the message of the package's
+  `patching_legacy.py`; its `patching.py` says "Low-level CUDA init reached"). Inits outside a GPU call are counted;
 - a torch function mode, entered in the thread that imports `spaces` only (modes are per thread), intercepts
   `.to("cuda")`, `.cuda()` and factories with `device="cuda"`: the tensors stay where they are (the real package
-  keeps them on the CPU and moves them when a GPU is attached). Elsewhere, `.to("cuda")` reaches this CPU build of
-  torch and fails, as CUDA initialisation fails on ZeroGPU;
-- `spaces.GPU(fn, duration=...)` runs the handler with the mode entered (in the real package a forked worker with
-  the GPU attached) and records the duration asked for (a number, or a function of the handler's arguments).
+  keeps them on the CPU and moves them when a GPU is attached). Elsewhere, `.to("cuda")` reaches `_lazy_init` and
+  raises, as on ZeroGPU;
+- `spaces.GPU(fn, duration=...)` runs the handler with the mode entered (in the real package a worker forked from
+  the main process, with the GPU attached) and records the duration asked for (a number, or a function of the
+  handler's arguments, which the real package calls in the main process before it forks).
 
 `install()` applies all of it and returns the record: tensors moved per thread, GPU calls, durations asked for,
-and whether a GPU call is running (`active`), which a forward hook can check.
+CUDA inits outside GPU calls, and whether a GPU call is running (`active`), which a forward hook can check.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ class Record:
         self.durations: list[int] = []
         self.calls = 0
         self.active = 0  # GPU calls running now
-        self.cuda_inits = 0
+        self.cuda_inits = 0  # CUDA initialisations tried outside a GPU call (each raised)
+        self.cuda_init_threads: list[str] = []  # where they were tried
 
 
 def _is_cuda(device: Any) -> bool:
@@ -80,13 +88,26 @@ def install() -> Record:
     record = Record()
 
     def cuda_init_raise() -> None:
-        record.cuda_inits += 1
-        raise RuntimeError("CUDA must not be initialized in the main process on Spaces with Stateless GPU environment.")
+        if record.active == 0:
+            record.cuda_inits += 1
+            record.cuda_init_threads.append(threading.current_thread().name)
+        raise RuntimeError(
+            "CUDA must not be initialized in the main process on Spaces with Stateless GPU environment."
+            + ("" if record.active == 0 else " (emulation: a GPU call is running, but this CPU build has no CUDA)")
+        )
 
     torch._C._cuda_init = cuda_init_raise
+    torch.cuda._lazy_init = cuda_init_raise  # a CUDA build calls `_cuda_init` from here; a CPU build would stop first
     torch.cuda.is_available = lambda: True
     torch.cuda.device_count = lambda: 1
+    torch.cuda.current_device = lambda: 0
     torch.cuda.synchronize = lambda *args: None
+    # answered from the package's configuration (its first GPU), without CUDA; `mem_get_info` is not patched
+    torch.cuda.get_device_name = lambda *args, **kwargs: "NVIDIA H200"
+    torch.cuda.get_device_capability = lambda *args, **kwargs: (9, 0)
+    torch.cuda.get_device_properties = lambda *args, **kwargs: types.SimpleNamespace(
+        name="NVIDIA H200", major=9, minor=0, total_memory=74_625_056_768, multi_processor_count=60
+    )
     ZeroGPUMode(record).__enter__()  # this thread only, like the real package's mode
 
     def gpu(fn: Any = None, duration: Any = 60) -> Any:
