@@ -58,6 +58,7 @@ from ..session import check_cancelled, hold
 from .atman_factors import distinct_suppression_factors, suppression_factors  # noqa: F401 (re-exported)
 from .base import AttributionMethod, GenerationRun, ProgressFn
 from .cost import Cost, CostRequest
+from .inputs import decoder_input_embeddings
 
 _NAME_PREFIX = "explainer_atman_"
 
@@ -182,38 +183,6 @@ def _report(progress: ProgressFn | None, done: int, total: int) -> None:
         progress(done / total, f"AtMan: {done}/{total} passes")
 
 
-class _StopForward(Exception):
-    """Raised by a hook to end a forward pass once the decoder's input embeddings are known."""
-
-
-def _decoder_input_embeddings(model: torch.nn.Module, input_ids: torch.Tensor, extra_inputs: dict) -> torch.Tensor:
-    """(1, T, d) the embeddings the language model's decoder receives for a multimodal input (image features merged
-    in by the model itself); the decoder layers are not run."""
-    decoder = model.get_decoder()
-    seen: dict[str, torch.Tensor] = {}
-
-    def grab(module, args, kwargs):
-        embeds = kwargs.get("inputs_embeds")
-        if embeds is None:
-            raise UnsupportedModelError(
-                f"{type(model).__name__} does not pass merged input embeddings to its decoder, so AtMan cannot "
-                "compute the similarity of image tokens."
-            )
-        seen["embeds"] = embeds
-        raise _StopForward
-
-    handle = decoder.register_forward_pre_hook(grab, with_kwargs=True)
-    try:
-        model(input_ids=input_ids, **extra_inputs)
-    except _StopForward:
-        pass
-    finally:
-        handle.remove()
-    if "embeds" not in seen:
-        raise UnsupportedModelError(f"{type(model).__name__} never called its decoder; AtMan cannot run on it.")
-    return seen["embeds"]
-
-
 @dataclass
 class _Sequence:
     """The teacher-forced sequence as forward inputs: token ids (text) or the decoder's input embeddings plus
@@ -285,7 +254,7 @@ def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inpu
         return np.zeros((0, n), dtype=np.float32)
     if extra_inputs:
         extra_inputs = dict(extra_inputs)
-        embeds = _decoder_input_embeddings(model, input_ids, extra_inputs)  # (1, T, d)
+        embeds = decoder_input_embeddings(model, input_ids, extra_inputs)  # (1, T, d)
         seq = _Sequence(input_ids, embeds, extra_inputs.get("position_ids"))
         prompt_embeddings = embeds[0, :n]  # (N, d)
     else:

@@ -41,6 +41,8 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
 from transformers.models.qwen2.modeling_qwen2 import Qwen2MLP, Qwen2RMSNorm
+from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5_vl
+from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..devices import parameter_value
@@ -50,7 +52,7 @@ from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import gradients_enabled, refuse_extra_inputs
+from .gradients import gradients_enabled
 from .input_x_gradient import gradient_x_input
 
 _NAME_PREFIX = "explainer_attnlrp_"
@@ -151,6 +153,11 @@ class Architecture:
 ARCHITECTURES: dict[str, Architecture] = {
     "llama": Architecture(norm=LlamaRMSNorm, norm_eps="variance_epsilon", mlp=LlamaMLP),
     "qwen2": Architecture(norm=Qwen2RMSNorm, norm_eps="variance_epsilon", mlp=Qwen2MLP),
+    # vision-language models: the rules cover the language model (its decoder); the input layer is the decoder's
+    # input embeddings, the vision tower's merged patch features included, and the vision tower is not propagated
+    # (each module defines its own text MLP class, named Qwen2MLP)
+    "qwen2_vl": Architecture(norm=qwen2_vl.Qwen2VLRMSNorm, norm_eps="variance_epsilon", mlp=qwen2_vl.Qwen2MLP),
+    "qwen2_5_vl": Architecture(norm=qwen2_5_vl.Qwen2_5_VLRMSNorm, norm_eps="variance_epsilon", mlp=qwen2_5_vl.Qwen2MLP),
 }
 
 
@@ -191,9 +198,10 @@ def lrp_rules(model: torch.nn.Module) -> Iterator[_Calls]:
         UnsupportedModelError: the model family has no rules here, or its layers are not where the rules expect them.
     """
     arch = architecture_of(model)
-    num_layers = model.config.num_hidden_layers
-    norms = [m for m in model.modules() if isinstance(m, arch.norm)]
-    mlps = [m for m in model.modules() if isinstance(m, arch.mlp)]
+    num_layers = model.config.get_text_config().num_hidden_layers
+    decoder = model.get_decoder()  # the language model only: a vision tower's norms and MLPs keep plain gradients
+    norms = [m for m in decoder.modules() if isinstance(m, arch.norm)]
+    mlps = [m for m in decoder.modules() if isinstance(m, arch.mlp)]
     if len(norms) != 2 * num_layers + 1 or len(mlps) != num_layers:
         raise UnsupportedModelError(
             f"AttnLRP expected {2 * num_layers + 1} {arch.norm.__name__} and {num_layers} {arch.mlp.__name__} modules "
@@ -242,7 +250,7 @@ def attnlrp_relevance(run: GenerationRun) -> tuple[torch.Tensor, torch.Tensor]:
     """AttnLRP relevance of every input position for every generated token.
 
     Args:
-        run: the finished generation (text only).
+        run: the finished generation (an image prompt: the merged patch features are the input layer).
 
     Returns:
         (K, N + K - 1) float32 relevance at every position of the teacher-forced sequence (zero after the position
@@ -272,6 +280,7 @@ class AttnLRP(AttributionMethod):
     display_name = "AttnLRP"
     streaming = False
     contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
+    explains_images = True  # image tokens: relevance of the merged patch features (the rules stop at the decoder)
     Config = AttnLRPConfig
 
     @classmethod
@@ -283,7 +292,6 @@ class AttnLRP(AttributionMethod):
         return graph_bytes(request)  # one forward graph over T - 1 positions
 
     def explain(self, run: GenerationRun) -> np.ndarray:
-        refuse_extra_inputs(run, "AttnLRP")
         architecture_of(run.model)  # refuse before any work
         if run.num_steps <= 0:
             return np.zeros((0, run.num_prompt_tokens), dtype=np.float32)

@@ -41,7 +41,7 @@ from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import gradients_enabled, per_target_gradients, refuse_extra_inputs, target_logits, teacher_forced_ids
+from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
 
 _NAME_PREFIX = "explainer_grad_ellm_"
 
@@ -150,7 +150,7 @@ def layer_attribution(layer: _Layer, weights: torch.Tensor) -> torch.Tensor:
 
 
 def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, int]:
-    """Grad-ELLM map of a finished generation (text prompts).
+    """Grad-ELLM map of a finished generation (text or image prompts).
 
     Args:
         run: the finished generation.
@@ -171,9 +171,9 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, i
         # created here, not under the caller's inference mode: an inference tensor cannot take part in autograd
         positions = torch.arange(n - 1, n - 1 + k_total, device=run.input_ids.device)  # (K,)
         state = _State(first_layer=num_layers - used, positions=positions)
-        ids = teacher_forced_ids(run)  # (1, T - 1)
+        inputs = forward_inputs(run, input_embeddings(run, requires_grad=False))  # (1, T - 1, d): image features too
         with attention_function_selected(model, _NAME_PREFIX, _make_attention_function(state)):
-            out = model(input_ids=ids, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
+            out = model(**inputs, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
         if sorted(state.layers) != list(range(state.first_layer, num_layers)):
             raise UnsupportedModelError(
                 f"Grad-ELLM saw attention calls of layers {sorted(state.layers)} in {type(model).__name__}, not the "
@@ -198,6 +198,7 @@ class GradELLM(AttributionMethod):
     display_name = "Grad-ELLM"
     streaming = False
     contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
+    explains_images = True  # image tokens: the attention to the merged patch features in the last layers
     Config = GradELLMConfig
 
     @classmethod
@@ -210,7 +211,6 @@ class GradELLM(AttributionMethod):
         return graph_bytes(request, config.layers)  # a forward graph over T - 1 positions from the last layers
 
     def explain(self, run: GenerationRun) -> np.ndarray:
-        refuse_extra_inputs(run, "Grad-ELLM")
         scores, self.layers_used = grad_ellm_scores(run, self.config.layers)
         return scores
 

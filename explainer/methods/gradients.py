@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..contrast import foil_values
-from ..errors import InputError
 from ..session import check_cancelled
 from .base import GenerationRun, ProgressFn
+from .inputs import decoder_input_embeddings
 
 
 @contextlib.contextmanager
@@ -45,16 +45,37 @@ def gradients_enabled(model: torch.nn.Module) -> Iterator[None]:
                     p.requires_grad_(True)
 
 
-def refuse_extra_inputs(run: GenerationRun, method: str) -> None:
-    """Image prompts need the vision tower's merged embeddings, which these methods do not differentiate yet."""
-    if run.extra_inputs:
-        raise InputError(f"{method} cannot explain image prompts yet; choose another method for them.")
-
-
 def teacher_forced_ids(run: GenerationRun) -> torch.Tensor:
     """(1, N + K - 1) the finished sequence without its last token, as an ordinary tensor (not an inference one)."""
     with torch.inference_mode(False):
         return run.input_ids[:, :-1].clone()
+
+
+def input_embeddings(run: GenerationRun, requires_grad: bool = True) -> torch.Tensor:
+    """(1, N + K - 1, d) the gradient methods' input layer for the teacher-forced sequence, as a leaf tensor.
+
+    Text: the token embeddings. An image prompt: the decoder's input embeddings, i.e. the token embeddings with the
+    vision tower's merged patch features at the image positions, so image tokens are explained by the features the
+    language model receives and the vision tower is not explained through. Must run inside `gradients_enabled`.
+    """
+    with torch.no_grad():
+        if run.extra_inputs:
+            embeds = decoder_input_embeddings(run.model, run.input_ids, dict(run.extra_inputs))[:, :-1]  # (1, T-1, d)
+        else:
+            embeds = run.model.get_input_embeddings()(teacher_forced_ids(run))  # (1, T - 1, d)
+        embeds = embeds.clone()  # an ordinary tensor, whatever the inputs were made under
+    return embeds.requires_grad_(requires_grad)
+
+
+def forward_inputs(run: GenerationRun, embeds: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Keyword inputs of the teacher-forced forward from `embeds` (1, T - 1, d): for an image prompt also its
+    explicit (3, 1, T) mRoPE position ids cut to T - 1 (Qwen-VL's positions are not those of the token index)."""
+    out = {"inputs_embeds": embeds}
+    positions = (run.extra_inputs or {}).get("position_ids")
+    if positions is not None:
+        with torch.inference_mode(False):
+            out["position_ids"] = positions[..., : embeds.shape[1]].clone()  # (3, 1, T - 1)
+    return out
 
 
 def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:

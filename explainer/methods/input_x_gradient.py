@@ -25,7 +25,7 @@ from ..memory import MemoryRequest, graph_bytes
 from ..session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import gradients_enabled, per_target_gradients, refuse_extra_inputs, target_logits, teacher_forced_ids
+from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
 
 _REDUCTIONS = ("sum", "l2")
 
@@ -46,7 +46,8 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
     Must run inside `gradients_enabled(run.model)`.
 
     Args:
-        run: the finished generation (text only).
+        run: the finished generation; for an image prompt the input layer is the decoder's input embeddings (the
+            vision tower's merged patch features at the image positions, `gradients.input_embeddings`).
         label: progress message prefix.
         reduction: "sum" or "l2" over the hidden dimension.
 
@@ -55,11 +56,8 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
         after p_k, which l_k does not see), and (K,) float32 the explained logits l_k.
     """
     model, k_total = run.model, run.num_steps
-    ids = teacher_forced_ids(run)  # (1, T - 1)
-    with torch.no_grad():
-        embeds = model.get_input_embeddings()(ids)  # (1, T - 1, d)
-    embeds = embeds.detach().requires_grad_(True)
-    out = model(inputs_embeds=embeds, use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
+    embeds = input_embeddings(run)  # (1, T - 1, d); an image prompt's merged patch features at its image positions
+    out = model(**forward_inputs(run, embeds), use_cache=False, logits_to_keep=k_total)  # logits (1, K, V)
     logits = target_logits(out.logits, run)  # (K,)
     del out
     scores = torch.zeros(k_total, embeds.shape[1], dtype=torch.float32, device=embeds.device)  # (K, T - 1)
@@ -74,6 +72,7 @@ class InputXGradient(AttributionMethod):
     display_name = "Input × Gradient"
     streaming = False
     contrastive = True  # explains l_A - l_B at contrasted steps (`gradients.target_logits`)
+    explains_images = True  # image tokens: the merged patch features the language model receives
     Config = InputXGradientConfig
 
     @classmethod
@@ -85,7 +84,6 @@ class InputXGradient(AttributionMethod):
         return graph_bytes(request)  # one forward graph over T - 1 positions
 
     def explain(self, run: GenerationRun) -> np.ndarray:
-        refuse_extra_inputs(run, "Input x Gradient")
         n = run.num_prompt_tokens
         if run.num_steps <= 0:
             return np.zeros((0, n), dtype=np.float32)

@@ -147,7 +147,7 @@ def test_image_prompts_run_under_the_guard():
     rng = np.random.default_rng(0)
     image = Image.fromarray(rng.integers(0, 255, (84, 112, 3)).astype(np.uint8))
     methods = [m for m, cls in METHODS.items() if cls.explains_images]
-    assert {"macs", "rollout", "atman"} <= set(methods)
+    assert {"macs", "rollout", "atman", "attnlrp", "grad_ellm", "input_x_gradient"} <= set(methods)
     plain = explain(vl, "What is in the image?", image=image, methods=methods, max_new_tokens=3)
     with factory_guard() as hits:
         guarded = explain(vl, "What is in the image?", image=image, methods=methods, max_new_tokens=3)

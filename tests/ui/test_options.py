@@ -34,9 +34,18 @@ def test_macs_and_rollout_are_ticked_on_first_use():
 
 
 def test_image_defaults_keep_only_methods_that_explain_images(monkeypatch):
+    from explainer.methods import METHODS
+
+    monkeypatch.setattr(METHODS["input_x_gradient"], "explains_images", False)  # a method without image support
     monkeypatch.setattr(options, "DEFAULT_METHODS", ["macs", "input_x_gradient", "atman"])
     assert options.method_choices()[1] == ["macs", "input_x_gradient", "atman"]
-    assert options.method_choices(image=True)[1] == ["macs", "atman"]  # gradients refuse image prompts
+    assert options.method_choices(image=True)[1] == ["macs", "atman"]
     assert not options.explains_images("input_x_gradient") and options.explains_images("atman")
     monkeypatch.setattr(options, "DEFAULT_METHODS", ["input_x_gradient"])
     assert options.method_choices(image=True)[1] == options.method_choices()[0][:1]  # never none ticked
+
+
+def test_every_registered_method_can_be_ticked_for_image_prompts():
+    from explainer.methods import METHODS
+
+    assert options.method_choices(image=True)[0] == list(METHODS)
