@@ -127,6 +127,34 @@ def contrast_of(args: argparse.Namespace) -> dict[int, str | int] | None:
     return {args.contrast_step - 1: foil}
 
 
+def _add_faithfulness_parser(sub, cmd_faithfulness) -> None:
+    p = sub.add_parser(
+        "faithfulness",
+        help="generate an answer (or take --answer), then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC",
+    )
+    _prompt_and_model_options(p)
+    _answer_options(p)
+    p.add_argument(
+        "--methods", default="macs,rollout", help=methods_help("comma-separated methods (random baseline added)")
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--step", type=int, help="pi-Soft at this answer token (1-based; default: the last)")
+    which.add_argument("--all-steps", action="store_true", help="pi-Soft at every 5th answer token")
+    p.add_argument(
+        "--soft", choices=("quick", "paper", "off"), default="quick",
+        help="pi-Soft settings: quick (the app's), paper (15 samples, pi step 0.05) or off",
+    )  # fmt: skip
+    p.add_argument("--routing", choices=("dynamic", "fixed"), default=None, help="pi-Soft routing (default dynamic)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
+    p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
+    p.add_argument("--image", help="an image the prompt asks about (vision-language --model): removal over its tokens")
+    p.add_argument(
+        "--rank", choices=("image", "image+question"), default="image",
+        help="with --image: the tokens ranked and removed (pi-Soft is measured on text prompts only)",
+    )  # fmt: skip
+    p.set_defaults(func=cmd_faithfulness)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -160,26 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     _contrast_options(p)
     p.set_defaults(func=cmd_explain)
 
-    p = sub.add_parser(
-        "faithfulness",
-        help="generate an answer (or take --answer), then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC",
-    )
-    _prompt_and_model_options(p)
-    _answer_options(p)
-    p.add_argument(
-        "--methods", default="macs,rollout", help=methods_help("comma-separated methods (random baseline added)")
-    )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--step", type=int, help="pi-Soft at this answer token (1-based; default: the last)")
-    which.add_argument("--all-steps", action="store_true", help="pi-Soft at every 5th answer token")
-    p.add_argument(
-        "--soft", choices=("quick", "paper", "off"), default="quick",
-        help="pi-Soft settings: quick (the app's), paper (15 samples, pi step 0.05) or off",
-    )  # fmt: skip
-    p.add_argument("--routing", choices=("dynamic", "fixed"), default=None, help="pi-Soft routing (default dynamic)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
-    p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
-    p.set_defaults(func=cmd_faithfulness)
+    _add_faithfulness_parser(sub, cmd_faithfulness)
 
     add_bench_parser(sub)
     add_eval_parser(sub)

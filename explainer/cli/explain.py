@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -164,11 +165,10 @@ def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
-    import dataclasses
     import time
 
     from ..explain import explain
-    from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
+    from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
     from ..methods import parse_methods
     from ..models import load_model
     from ..precision import parse_dtype
@@ -181,13 +181,13 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     dtype = parse_dtype(args.dtype)
     if args.json and not Path(args.json).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
-    soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
-    if soft is not None and args.routing:
-        soft = dataclasses.replace(soft, routing=args.routing)
+    image = _load_image(args.image)  # checked before the (slow) model load
+    soft = _soft_setting(args, image is not None)
     bundle = load_model(args.model, **placement(args), dtype=dtype, max_prompt_tokens=args.max_prompt_tokens)
     options = dict(
-        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options
-    )
+        max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template, method_options=method_options,
+        image=image,
+    )  # fmt: skip
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
     attr = explain(bundle, prompt, methods=methods, answer=answer, **options)  # removal teacher-forces its tokens
     seconds = {"generation": float(attr.meta["generation_seconds"])}
@@ -198,8 +198,11 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
             raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
         steps = [k - 1]
     report = FaithfulnessReport()
+    positions, image_inputs = _image_ranking(bundle, attr, prompt, image, args) if image is not None else (None, None)
     t0 = time.perf_counter()
-    report.removal = removal_curves(bundle, attr, methods, config=RemovalConfig(seed=args.seed))
+    report.removal = removal_curves(
+        bundle, attr, methods, positions, RemovalConfig(seed=args.seed), image_inputs=image_inputs
+    )
     seconds["removal"] = time.perf_counter() - t0
     if soft is not None:
         t0 = time.perf_counter()
@@ -207,12 +210,47 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
         seconds["soft"] = time.perf_counter() - t0
     print(_format_faithfulness(report, attr, seconds))
     if args.json:
-        _write_faithfulness_json(args.json, bundle.name, attr, methods, seconds, report)
+        ranked = {"ranked": args.rank if image is not None else "text", "ranked_positions": positions}
+        _write_faithfulness_json(args.json, bundle.name, attr, methods, seconds, report, ranked)
     return 0
 
 
-def _write_faithfulness_json(path: str, model: str, attr: Any, methods: list[str], seconds: dict, report: Any) -> None:
-    """`faithfulness --json`: the request, the timings and both reports."""
+def _soft_setting(args: argparse.Namespace, image: bool):
+    """pi-Soft's settings from `--soft` / `--routing`; None when off, or for an image question (text prompts only)."""
+    import dataclasses
+
+    from ..faithfulness import PAPER_SOFT, QUICK_SOFT
+
+    soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
+    if soft is not None and image:
+        print("pi-Soft is measured on text prompts only: skipped for an image question", file=sys.stderr)
+        return None
+    return dataclasses.replace(soft, routing=args.routing) if soft is not None and args.routing else soft
+
+
+def _load_image(path: str | None):
+    if not path:
+        return None
+    from ..vision import load_image
+
+    return load_image(path)
+
+
+def _image_ranking(bundle, attr, prompt: str, image, args: argparse.Namespace) -> tuple[list[int], dict]:
+    """The positions an image question's removal curves rank (`--rank`) and the prompt's image inputs."""
+    from ..faithfulness.common import image_ranked_positions
+    from ..vision import encode_image_prompt
+
+    encoded = encode_image_prompt(
+        bundle, image, prompt, chat_template=not args.no_chat_template, max_new_tokens=args.max_new_tokens
+    )
+    return image_ranked_positions(attr, args.rank), encoded.prefill_inputs
+
+
+def _write_faithfulness_json(
+    path: str, model: str, attr: Any, methods: list[str], seconds: dict, report: Any, ranked: dict | None = None
+) -> None:
+    """`faithfulness --json`: the request, which tokens were ranked, the timings and both reports."""
     import dataclasses
 
     out = {
@@ -224,6 +262,7 @@ def _write_faithfulness_json(path: str, model: str, attr: Any, methods: list[str
         "answer_given": attr.meta.get("answer") == "given",
         "generated_tokens": attr.num_steps,
         "methods": methods,
+        **(ranked or {"ranked": "text", "ranked_positions": None}),
         "seconds": seconds,
         "ratio_to_generation": {k: v / seconds["generation"] for k, v in seconds.items() if k != "generation"},
         "removal": dataclasses.asdict(report.removal),

@@ -25,14 +25,34 @@ def evaluated_positions(attr: Attribution, positions: Sequence[int] | None) -> n
     return pos
 
 
-def check_result(attr: Attribution, methods: Sequence[str]) -> None:
+def check_result(attr: Attribution, methods: Sequence[str], image_inputs: bool = False) -> None:
     if attr.num_steps == 0:
         raise InputError("The result has no generated tokens to evaluate.")
-    if attr.image is not None:
-        raise InputError("Faithfulness is measured on text prompts only; this result has an image.")
+    if attr.image is not None and not image_inputs:
+        raise InputError(
+            "This result has an image: removal curves need the image's inputs (`image_inputs`), and pi-Soft is "
+            "measured on text prompts only."
+        )
     missing = [m for m in methods if m != RANDOM and m not in attr.methods]
     if missing:
         raise InputError(f"The result has no scores for {', '.join(missing)}; available: {', '.join(attr.methods)}.")
+
+
+RANKED = ("image", "image+question")  # what an image result's removal curves rank and remove
+
+
+def image_ranked_positions(attr: Attribution, ranked: str = "image") -> list[int]:
+    """The prompt positions an image result's removal curves rank: its image tokens, or those and the question's.
+
+    Raises:
+        InputError: not an image result, or an unknown choice.
+    """
+    if attr.image is None:
+        raise InputError("This result has no image; its removal curves rank the prompt's text.")
+    if ranked not in RANKED:
+        raise InputError(f"Unknown choice {ranked!r}; rank one of: {', '.join(RANKED)}.")
+    image = list(attr.image["token_positions"])
+    return image if ranked == "image" else sorted(set(image) | set(attr.user_positions))
 
 
 def ranking_scores(attr: Attribution, method: str, positions: Sequence[int]) -> np.ndarray:

@@ -87,6 +87,38 @@ class RemovalReport:
 
 
 @dataclass
+class ImageSequence:
+    """An image prompt's sequence as the removal passes feed it: the decoder's input embeddings (merged patch features
+    at the image positions, computed once) and Qwen-VL's explicit 3D mRoPE positions, so masking a token moves no
+    other token's position, exactly as for text.
+
+    Attributes:
+        embeds: (1, T, d) over prompt + answer (T = N + K - 1 is used).
+        positions: (3, 1, N + K) position ids of prompt + answer; decoding continues from the last prompt position.
+    """
+
+    embeds: torch.Tensor
+    positions: torch.Tensor
+
+    def decode_positions(self, n: int, indices: list[int]) -> torch.Tensor:
+        """(3, B, 1) positions of sequence indices >= N - 1 (text after the prompt advances all three axes)."""
+        last = self.positions[:, 0, n - 1]  # (3,)
+        offsets = torch.tensor(indices, dtype=last.dtype, device=last.device) - (n - 1)  # (B,)
+        return (last[:, None] + offsets[None, :])[..., None]  # (3, B, 1)
+
+
+def _pass_inputs(seq: torch.Tensor, image: ImageSequence | None, start: int, b: int) -> dict[str, torch.Tensor]:
+    """Keyword inputs of a forward over positions [start, T) of `seq` (T,), repeated `b` times, with explicit
+    positions: `arange` for text, the 3D mRoPE positions for an image prompt."""
+    t = seq.shape[0]
+    if image is None:
+        positions = torch.arange(start, t, device=seq.device).expand(b, -1)  # (B, T - start)
+        return {"input_ids": seq[start:].expand(b, -1), "position_ids": positions}
+    pos = image.positions[..., start:t]  # (3, 1, T - start)
+    return {"inputs_embeds": image.embeds[:, start:t].expand(b, -1, -1), "position_ids": pos.expand(-1, b, -1)}
+
+
+@dataclass
 class _Departure:
     """A run whose greedy regeneration leaves the original answer: decoded from `tokens[-1]` on."""
 
@@ -117,12 +149,15 @@ def removal_runs(
     batch_size: int = 0,
     decode_batch_size: int = 32,
     progress: ProgressFn | None = None,
+    image: ImageSequence | None = None,
 ) -> tuple[np.ndarray, np.ndarray, list[list[int]], float]:
     """Teacher-forced mean logit and perplexity of `gen`, and the greedy regeneration, after each masked prompt.
 
     Args:
         prompt: (N,) ids. gen: (K,) the original answer. keep: (R, N) bool, False = removed.
         max_new_tokens: regeneration length bound; eos: ids that end a regeneration (included in it).
+        image: for an image prompt, its embeddings and 3D positions (`image_sequence`); masked image tokens are
+            hidden from every query like text tokens.
 
     Returns:
         mean logits (R,), perplexities (R,), R token lists, and positions per second of the batched passes.
@@ -132,7 +167,7 @@ def removal_runs(
     removed = ~keep
     first = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed position
     base = DynamicCache()  # no config: every layer keeps all positions (sliding windows are applied by the mask)
-    out = model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k)
+    out = model(**_pass_inputs(seq, image, 0, 1), past_key_values=base, use_cache=True, logits_to_keep=k)
     runs = _Runs(gen, n, max(1, max_new_tokens), eos, base, r)
     unperturbed = [i for i in range(r) if first[i] >= n]
     if unperturbed:
@@ -142,10 +177,10 @@ def removal_runs(
     size = rows_per_batch(seq.shape[0] - (min(first) if perturbed else 0),
                           *batch_budget(model, seq.shape[0], k, batch_size, CPU_ROWS))  # fmt: skip
     groups = [perturbed[s : s + size] for s in range(0, len(perturbed), size)]
-    speed = _perturbed_passes(model, runs, seq, keep, first, groups, progress)
+    speed = _perturbed_passes(model, runs, seq, keep, first, groups, progress, image)
     if progress:
         progress(1 - 1 / (len(groups) + 2), f"removal: {len(runs.departures)} regenerations depart from the answer")
-    _decode_departures(model, runs.departures, keep, n, runs.limit, eos, decode_batch_size, runs.regenerated)
+    _decode_departures(model, runs.departures, keep, n, runs.limit, eos, decode_batch_size, runs.regenerated, image)
     return runs.logit, runs.ppl, runs.regenerated, speed
 
 
@@ -191,6 +226,7 @@ def _perturbed_passes(
     first: list[int],
     groups: list[list[int]],
     progress: ProgressFn | None,
+    image: ImageSequence | None = None,
 ) -> float:
     """Teacher-forced passes of the masked prompts, a group per batch over the unperturbed prefix cache; returns the
     positions per second they ran at."""
@@ -205,8 +241,8 @@ def _perturbed_passes(
         mask = torch.cat([keep[group].long(), torch.ones(b, k - 1, dtype=torch.long, device=dev)], dim=1)  # (B, T)
         cache = prefix_cache(runs.base, start, b)
         out = model(
-            input_ids=seq[start:].expand(b, -1), attention_mask=mask, position_ids=torch.arange(start, t, device=dev)
-            .expand(b, -1), past_key_values=cache, use_cache=True, logits_to_keep=k,
+            **_pass_inputs(seq, image, start, b), attention_mask=mask, past_key_values=cache, use_cache=True,
+            logits_to_keep=k,
         )  # fmt: skip
         runs.settle(group, out.logits, cache)
         del out
@@ -216,7 +252,7 @@ def _perturbed_passes(
 
 def _decode_departures(
     model, departures: list[_Departure], keep: torch.Tensor, n: int, limit: int, eos: set[int], size: int,
-    regenerated: list[list[int]],
+    regenerated: list[list[int]], image: ImageSequence | None = None,
 ) -> None:  # fmt: skip
     """Greedy decoding of every departing run, `size` at a time, until end-of-sequence or `limit` tokens."""
     dev = keep.device
@@ -234,7 +270,8 @@ def _decode_departures(
         while True:
             check_cancelled()
             token = torch.tensor([[d.tokens[-1]] for d in rows], dtype=torch.long, device=dev)  # (B, 1)
-            pos = torch.tensor([[n + len(d.tokens) - 1] for d in rows], dtype=torch.long, device=dev)  # (B, 1)
+            at = [n + len(d.tokens) - 1 for d in rows]  # sequence index of each row's next input
+            pos = image.decode_positions(n, at) if image else torch.tensor(at, device=dev)[:, None]  # (B, 1)
             mask = torch.cat([mask, torch.ones(len(rows), 1, dtype=mask.dtype, device=dev)], dim=1)
             logits = model(
                 input_ids=token, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True
@@ -265,6 +302,7 @@ def removal_curves(
     config: RemovalConfig | None = None,
     include_random: bool = True,
     progress: ProgressFn | None = None,
+    image_inputs: dict[str, torch.Tensor] | None = None,
 ) -> RemovalReport:
     """MIF / LIF curves and SRG for the given methods of one result (MACS paper, Appendix A.2).
 
@@ -275,6 +313,8 @@ def removal_curves(
         positions: prompt positions that may be removed (default: the user's text).
         include_random: add the random baseline (two random orderings) if not among `methods`.
         progress: progress(fraction, message).
+        image_inputs: an image result's `vision.encode_image_prompt(...).prefill_inputs`; `positions` then
+            usually names image tokens (`common.image_ranked_positions`).
 
     Returns:
         A `RemovalReport`; SRG is higher-is-better for logit, ROUGE-L and BLEU, lower-is-better for perplexity.
@@ -286,23 +326,21 @@ def removal_curves(
     methods = list(methods if methods is not None else attr.methods)
     if include_random and RANDOM not in methods:
         methods.append(RANDOM)
-    check_result(attr, methods)
+    check_result(attr, methods, image_inputs is not None)
     pos = evaluated_positions(attr, positions)
     fractions = [float(f) for f in cfg.fractions]
     if fractions[0] != 0.0 or len(fractions) < 2:
         raise InputError("fractions must start at 0 and have at least two entries")
     runs, plan = _plan(attr, methods, pos, [int(round(f * pos.size)) for f in fractions], cfg.seed)
     dev = bundle.device
-    keep = torch.ones(len(runs), attr.num_prompt_tokens, dtype=torch.bool, device=dev)  # (R, N)
-    for removed, row in runs.items():
-        keep[row, sorted(removed)] = False
+    keep = _keep_rows(runs, attr.num_prompt_tokens, dev)  # (R, N)
     prompt = torch.tensor(attr.prompt_token_ids, dtype=torch.long, device=dev)  # (N,)
     gen = torch.tensor(attr.generated_token_ids, dtype=torch.long, device=dev)  # (K,)
     max_new = cfg.max_new_tokens or int(attr.meta.get("max_new_tokens") or attr.num_steps)
     with hold(bundle.model):
         logit, ppl, regenerated, speed = removal_runs(
             bundle.model, prompt, gen, keep, max_new, bundle.eos_token_ids, cfg.batch_size, cfg.decode_batch_size,
-            progress,
+            progress, image_sequence(bundle, attr, image_inputs) if image_inputs is not None else None,
         )  # fmt: skip
     texts = [decode(bundle, tokens) for tokens in regenerated]
     values = _metrics(logit, ppl, texts, decode(bundle, attr.generated_token_ids))
@@ -316,6 +354,39 @@ def removal_curves(
         for metric, v in values.items():
             report.curves[m][metric], report.auc[m][metric] = _curves(fractions, orders, v)
     return report
+
+
+@torch.inference_mode()
+def image_sequence(bundle: ModelBundle, attr: Attribution, image_inputs: dict[str, torch.Tensor]) -> ImageSequence:
+    """The removal passes' inputs of an image result: the decoder's input embeddings over prompt + answer (the vision
+    tower runs once) and the 3D positions continued over the answer.
+
+    Raises:
+        InputError: the image inputs do not belong to this result (another image size or prompt).
+    """
+    from ..methods.inputs import decoder_input_embeddings
+    from ..vision import full_sequence_inputs
+
+    grid = image_inputs.get("image_grid_thw")
+    merge = bundle.model.config.vision_config.spatial_merge_size
+    tokens = int(grid.prod(dim=-1).sum()) // merge**2 if grid is not None else -1
+    if tokens != len(attr.image["token_positions"]):
+        raise InputError(
+            f"The image inputs give {tokens} image tokens, but the result has {len(attr.image['token_positions'])}: "
+            "encode the same image and question with the same image budget."
+        )
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids], dtype=torch.long, device=bundle.device)
+    extra = full_sequence_inputs(image_inputs, attr.num_steps)
+    embeds = decoder_input_embeddings(bundle.model, ids, extra)  # (1, N + K, d)
+    return ImageSequence(embeds[:, :-1], extra["position_ids"])
+
+
+def _keep_rows(runs: dict[frozenset, int], n: int, device: torch.device) -> torch.Tensor:
+    """(R, N) bool: False at the positions each run removes."""
+    keep = torch.ones(len(runs), n, dtype=torch.bool, device=device)  # (R, N)
+    for removed, row in runs.items():
+        keep[row, sorted(removed)] = False
+    return keep
 
 
 def _metrics(logit: np.ndarray, ppl: np.ndarray, texts: list[str], reference: str) -> dict[str, np.ndarray]:
