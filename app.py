@@ -53,10 +53,12 @@ def build() -> gr.Blocks:
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
                 image_layers = layers.create_ui("image-macs-layers")
+                image_faith = faithfulness.create_ui(image=True)
         options_box.render()
         text_tab.create_event_handlers(text, option_widgets)
         contrast.create_event_handlers(foil, text, option_widgets)
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
+        faithfulness.create_event_handlers(image_faith, image["result"], image["methods"], image["step"], "image_")
         image_tab.create_event_handlers(image, option_widgets)
         layers.create_event_handlers(text_layers, text)
         layers.create_event_handlers(image_layers, image, api="render_image_layers")

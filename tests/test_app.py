@@ -84,11 +84,13 @@ def test_cancel_only_cancels_and_the_after_handlers_run_however_the_request_ende
         ("faithfulness",),
         ("explain_image",),
         ("explain_contrast",),
+        ("image_faithfulness",),
     }
     # Cancel runs nothing that sets the status (it would race with the request's last update)
     assert all(fn.fn is None for fn in cancels)
     for after, request in [("after_explain", "explain"), ("after_faithfulness", "faithfulness"),
-                           ("after_image", "explain_image"), ("after_contrast", "explain_contrast")]:  # fmt: skip
+                           ("after_image", "explain_image"), ("after_contrast", "explain_contrast"),
+                           ("image_after_faithfulness", "image_faithfulness")]:  # fmt: skip
         assert fns[after].trigger_after == fns[request]._id and not fns[after].trigger_only_on_success
 
 

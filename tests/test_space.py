@@ -20,7 +20,7 @@ import pytest
 from explainer import hardware, models
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image")  # events that run the model
+GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image", "image_faithfulness")  # events that run the model
 
 
 class _Answer:
@@ -248,6 +248,7 @@ def _handlers() -> dict:
         "explain_contrast": contrast.explain_contrast,
         "faithfulness": faithfulness.faithfulness,
         "explain_image": image_tab.explain_image,
+        "image_faithfulness": faithfulness.faithfulness,
     }
 
 
@@ -281,7 +282,7 @@ def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_asks_the_hub_only
     for name, fn in registered.items():  # what Gradio runs: a generator over the GPU-wrapped generator
         assert fn.zerogpu.__wrapped__ is _handlers()[name] and inspect.isgeneratorfunction(fn.zerogpu)
         assert inspect.isgeneratorfunction(fn)
-    assert len(wrapped) == len(GPU_HANDLERS)
+    assert len(wrapped) == len(GPU_HANDLERS)  # each event its own wrapper, the two faithfulness panels' too
     with pytest.raises(gr.Error, match="Select at least one"):  # runs through every wrapper, the error included
         list(registered["explain"]("Where is Paris?", [], 8, True, False))
     assert preloaded == [1] and hub.requests == []  # the (stubbed) preload was the only start-up work

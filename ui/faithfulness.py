@@ -12,6 +12,7 @@ import gradio as gr
 from explainer.errors import InputError
 from explainer.estimate import seconds_at
 from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
+from explainer.faithfulness.common import RANKED
 from explainer.result import Attribution
 from explainer.steps import clamp_step
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
@@ -33,6 +34,14 @@ NOTE = (
     "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
     "`python -m explainer faithfulness --soft paper`). The random baseline is dashed. Removal curves appear first "
     "(seconds), π-Soft after; **Cancel** stops the work."
+)
+
+IMAGE_NOTE = (
+    "**Removal curves over the image** (MACS paper, App. A.2): 0-20% of the image tokens (merged patches) are hidden "
+    "from the model by attention masking, most (MIF) or least (LIF) influential first by the method's step-averaged "
+    "score, and the answer is re-generated; SRG = AUC(LIF) - AUC(MIF), higher is better (for perplexity more "
+    "negative). *Tokens ranked* can add the question's tokens. π-Soft is measured on text prompts only. The random "
+    "baseline is dashed; **Cancel** stops the work."
 )
 
 
@@ -84,7 +93,7 @@ def soft_cost_note(
     result: Attribution | None, methods: list[str], choice: str, step: float | None, report: Any
 ) -> FaithfulnessView:
     """What pi-Soft will cost with the current choice, shown before it starts; never runs the model."""
-    if result is None or not result.num_steps:
+    if not isinstance(result, Attribution) or not result.num_steps:  # none yet, or an image result (no pi-Soft)
         return FaithfulnessView(cost="")
     steps = soft_steps(result, choice, step)
     chosen = [m for m in (methods or []) if m in result.methods]
@@ -111,33 +120,55 @@ def _measured(result: Attribution, chosen: list[str], report: FaithfulnessReport
     return f"Removal curves ready ({seconds}); π-Soft running" + (f", ~{eta:.0f} s" if eta else "") + "…"
 
 
+def _image_request(result: Any, rank: str) -> tuple[Any, list[int], dict]:
+    """The vision model, the ranked positions and the prompt's image inputs of an image-tab result (its question
+    and image encoded again, as asked)."""
+    from explainer.faithfulness.common import image_ranked_positions
+    from explainer.vision import encode_image_prompt
+
+    attr, bundle = result.attr, models.get_vl_bundle()
+    encoded = encode_image_prompt(
+        bundle, result.image, result.question, max_new_tokens=max(attr.num_steps, 1),
+        max_image_tokens=result.max_image_tokens,
+    )  # fmt: skip
+    if encoded.input_ids[0].tolist() != attr.prompt_token_ids:
+        raise InputError("The image or question no longer match the answer shown: ask again, then measure.")
+    return bundle, image_ranked_positions(attr, rank), encoded.prefill_inputs
+
+
 @user_errors
 async def faithfulness(
-    result: Attribution | None,
+    result: Any,
     methods: list[str],
     metric: str,
     soft_choice: str = SOFT_CHOICES[0],
     step: float | None = None,
+    rank: str = "image",
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
-    as soon as they are ready.
+    as soon as they are ready. An image-tab result (`image_tab.ImageResult`) ranks its image tokens (`rank`:
+    "image" or "image+question"), and pi-Soft, measured on text prompts only, is skipped.
 
     Yields:
         `FaithfulnessView`s with the `SHOWN` fields: the status note first, then the report as it grows.
     """
-    if result is None or not result.num_steps:
+    image = isinstance(getattr(result, "attr", None), Attribution)
+    attr = result.attr if image else result
+    if attr is None or not attr.num_steps:
         raise InputError("Generate an answer first: faithfulness is measured on the current result.")
-    chosen = [m for m in (methods or []) if m in result.methods]
+    chosen = [m for m in (methods or []) if m in attr.methods]
     if not chosen:
         raise InputError("Select at least one attribution method that was run for this answer, then measure again.")
-    steps = soft_steps(result, soft_choice, step)
-    bundle = models.get_bundle()
+    steps = False if image else soft_steps(attr, soft_choice, step)
+    bundle, positions, image_inputs = _image_request(result, rank) if image else (models.get_bundle(), None, None)
+
+    image_request = {"positions": positions, "image_inputs": image_inputs} if image else {}
 
     def start(cancel: Any) -> Any:
         return stream_faithfulness(
-            bundle, result, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
-            progress=lambda f, message: progress(f, desc=message), cancel=cancel,
+            bundle, attr, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
+            progress=lambda f, message: progress(f, desc=message), cancel=cancel, **image_request,
         )  # fmt: skip
 
     async with aclosing(run_stream(bundle, start, "Faithfulness produced no result.")) as updates:
@@ -148,7 +179,7 @@ async def faithfulness(
                 yield FaithfulnessView(status=note or KEEP, request=update.request)
                 continue
             done = update.request.phase is Phase.DONE or report.status == "done" or steps is False
-            status = _measured(result, chosen, report, steps, done)
+            status = _measured(attr, chosen, report, steps, done)
             view = render_faithfulness(report, metric)
             yield dataclasses.replace(view, status=status, report=report, request=update.request)
 
@@ -165,18 +196,21 @@ def after_faithfulness(request: RequestState | None) -> FaithfulnessView:
     )
 
 
-def create_ui() -> Components:
-    """The faithfulness accordion's components (call inside the text tab)."""
+def create_ui(image: bool = False) -> Components:
+    """The faithfulness accordion's components (call inside the text tab, or the image tab with `image`: its image
+    tokens are ranked, optionally with the question's, and pi-Soft is left out)."""
     c = Components()
     with gr.Accordion("Faithfulness", open=False):
-        gr.Markdown(NOTE)
+        gr.Markdown(IMAGE_NOTE if image else NOTE)
         c["report"] = gr.State(None)
         c["request"] = gr.State(RequestState())
         with gr.Row():
             c["measure"] = gr.Button("Measure faithfulness")
             c["cancel"] = gr.Button("Cancel", variant="stop")
             c["metric"] = gr.Dropdown(list(REMOVAL_METRIC_KEYS), value="mean logit", label="Removal curve metric")
-            c["soft_choice"] = gr.Radio(list(SOFT_CHOICES), value=SOFT_CHOICES[0], label="π-Soft over")
+            soft = SOFT_CHOICES[2] if image else SOFT_CHOICES[0]
+            c["soft_choice"] = gr.Radio(list(SOFT_CHOICES), value=soft, label="π-Soft over", visible=not image)
+            c["rank"] = gr.Radio(list(RANKED), value=RANKED[0], label="Tokens ranked and removed", visible=image)
         c["cost"] = gr.Markdown()
         c["status"] = gr.Markdown()
         c["removal"] = gr.Plot(label="Token removal: MIF / LIF")
@@ -190,30 +224,30 @@ def create_ui() -> Components:
     return c
 
 
-def create_event_handlers(c: Components, result: Any, methods: Any, step: Any) -> None:
+def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, prefix: str = "") -> None:
     """Wire the panel to the text tab's result State, methods checkboxes and step slider."""
     event = c["measure"].click(
         **c.bind(faithfulness, SHOWN, gpu=True, duration=gpu_time.faithfulness_seconds),
-        inputs=[result, methods, c["metric"], c["soft_choice"], step],
-        api_name="faithfulness",
+        inputs=[result, methods, c["metric"], c["soft_choice"], step, c["rank"]],
+        api_name=f"{prefix}faithfulness",
         concurrency_limit=1,  # shares the model with the explain event
         concurrency_id="model",
         show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs
     )
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
     event.then(
-        **c.bind(after_faithfulness, SHOWN), inputs=[c["request"]], api_name="after_faithfulness",
+        **c.bind(after_faithfulness, SHOWN), inputs=[c["request"]], api_name=f"{prefix}after_faithfulness",
         show_progress="hidden",
     )  # fmt: skip
     gr.on(
         triggers=[c["soft_choice"].input, step.release, methods.input, result.change],
         **c.bind(soft_cost_note, ("cost",)),
         inputs=[result, methods, c["soft_choice"], step, c["report"]],
-        api_name="soft_cost_note",
+        api_name=f"{prefix}soft_cost_note",
         show_progress="hidden",
         queue=False,
     )
     c["metric"].input(
-        **c.bind(render_faithfulness, FIGURES), inputs=c("report", "metric"), api_name="render_faithfulness",
+        **c.bind(render_faithfulness, FIGURES), inputs=c("report", "metric"), api_name=f"{prefix}render_faithfulness",
         show_progress="hidden",
     )  # fmt: skip

@@ -73,11 +73,15 @@ def faithfulness_seconds(
     the assumed forward speed for the steps `soft_choice` picks (none when it skips pi-Soft)."""
     from .faithfulness import soft_steps  # that module binds its handler with this function: imported when called
 
+    image = getattr(result, "attr", None) is not None  # an image-tab result: its vision prefill, and no pi-Soft
+    result = result.attr if image else result
     steps = getattr(result, "num_steps", 0) or 0
     chosen = [m for m in methods or [] if m in getattr(result, "methods", {})]
     if not steps or not chosen:
         return gpu_duration(0)
     seconds = REMOVAL_SECONDS_PER_STEP * steps * (len(chosen) + 1)  # + the random baseline
+    if image:
+        return gpu_duration(seconds + IMAGE_PREFILL_SECONDS)
     try:
         soft = soft_steps(result, soft_choice, step)
         if soft is not False:

@@ -43,6 +43,8 @@ class ImageResult:
 
     attr: Attribution
     image: Image.Image
+    question: str = ""  # as asked: the faithfulness panel encodes the same prompt again
+    max_image_tokens: int | None = None  # the image budget it was asked with (None: the model's default)
 
 
 @dataclass
@@ -170,7 +172,7 @@ async def explain_image(
                 yield ImageView(status=update.note or KEEP, request=update.request)
             else:
                 live = update.request.phase is not Phase.DONE and not finished(update.item)
-                result = ImageResult(update.item, image)
+                result = ImageResult(update.item, image, question, max_image_tokens)
                 yield _shown(result, methods, opacity, contour, live, request=update.request)
 
 

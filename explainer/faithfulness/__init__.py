@@ -50,13 +50,16 @@ def _faithfulness_parts(
     progress: ProgressFn | None,
     include_removal: bool,
     steps: Sequence[int] | None,
+    image_inputs: dict | None = None,
 ) -> Iterator[FaithfulnessReport]:
     split = 0.5 if include_removal and soft is not None else (1.0 if include_removal else 0.0)
     report = FaithfulnessReport()
     if include_removal:
         report.status = "measuring removal curves"
         t0 = time.perf_counter()
-        report.removal = removal_curves(bundle, attr, methods, positions, removal, progress=_part(progress, 0, split))
+        report.removal = removal_curves(
+            bundle, attr, methods, positions, removal, progress=_part(progress, 0, split), image_inputs=image_inputs
+        )
         report.seconds["removal"] = time.perf_counter() - t0
         report.status = "removal curves done" + ("; measuring pi-Soft" if soft is not None else "")
         yield replace(report, seconds=dict(report.seconds))
@@ -104,11 +107,15 @@ def stream_faithfulness(
     include_removal: bool = True,
     steps: Sequence[int] | None = None,
     cancel: CancelToken | None = None,
+    image_inputs: dict | None = None,
 ) -> WorkerStream[FaithfulnessReport]:
     """Like `measure_faithfulness`, in a worker thread: yields the report after the removal curves and again after
-    pi-Soft. Closing or cancelling the stream stops the work within one forward pass."""
+    pi-Soft. Closing or cancelling the stream stops the work within one forward pass. An image result needs
+    `image_inputs` (see `removal_curves`) and `soft=None`."""
     return run_in_worker(
-        lambda: _faithfulness_parts(bundle, attr, methods, positions, removal, soft, progress, include_removal, steps),
+        lambda: _faithfulness_parts(
+            bundle, attr, methods, positions, removal, soft, progress, include_removal, steps, image_inputs
+        ),
         bundle.model,
         cancel,
     )

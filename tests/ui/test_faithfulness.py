@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import replace
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
+from PIL import Image
 
 from explainer.errors import InputError
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, RemovalReport, SoftReport
@@ -121,3 +123,46 @@ def test_a_measurement_that_did_not_finish_says_so_after_it_stops():
     assert stopped.request == RequestState(Phase.CANCELLED)
     assert faithfulness.after_faithfulness(RequestState(Phase.DONE)) == FaithfulnessView()
     assert faithfulness.after_faithfulness(stopped.request) == FaithfulnessView()  # said once
+
+
+def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatch, tmp_path):
+    import torch
+
+    from explainer import vision
+    from ui import gpu_time, image_tab
+
+    image = Image.new("RGB", (45, 31), (40, 90, 200))
+    result = collect(image_tab.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))[-1].result
+    encoded, calls = [], []
+
+    def encode(bundle, img, question, max_new_tokens=64, max_image_tokens=None):
+        encoded.append((img, question, max_new_tokens, max_image_tokens))
+        ids = torch.tensor([result.attr.prompt_token_ids if question == "What?" else [0, 1]])
+        return SimpleNamespace(input_ids=ids, prefill_inputs={"pixel_values": "pixels"})
+
+    def fake_stream(bundle, attr, methods, soft=None, steps=None, progress=None, cancel=None, **image_request):
+        calls.append((attr, methods, soft, steps, image_request))
+        full = fake_report()
+        return FakeStream([replace(full, soft=None, status="removal curves done")])
+
+    monkeypatch.setattr(vision, "encode_image_prompt", encode)
+    monkeypatch.setattr(faithfulness, "stream_faithfulness", fake_stream)
+    outs = collect(faithfulness.faithfulness(result, ["macs", "rollout"], "BLEU", SOFT_CHOICES[2], 2))
+    assert encoded == [(image, "What?", 3, 64)]  # the question and image as asked, with the same image budget
+    attr, methods, soft, steps, request = calls[0]
+    assert attr is result.attr and methods == ["macs"] and soft is None and steps is None  # no pi-Soft on images
+    assert request == {"positions": [2, 3, 4, 5, 6, 7], "image_inputs": {"pixel_values": "pixels"}}
+    last = outs[-1]
+    assert last.removal is not None and last.soft is None and last.request == RequestState(Phase.DONE)
+    assert "π-Soft" not in last.status
+    collect(faithfulness.faithfulness(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2, "image+question"))
+    assert calls[-1][2] is None and calls[-1][4]["positions"] == [2, 3, 4, 5, 6, 7, 9, 10]  # and the question's
+    with pytest.raises(gr.Error, match="Unknown choice"):
+        collect(faithfulness.faithfulness(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2, "question"))
+    stale = image_tab.ImageResult(result.attr, image, "Other?", 64)  # the prompt encodes to other tokens
+    with pytest.raises(gr.Error, match="no longer match"):
+        collect(faithfulness.faithfulness(stale, ["macs"], "BLEU"))
+    assert len(calls) == 2
+    assert faithfulness.soft_cost_note(result, ["macs"], SOFT_CHOICES[0], 2, None).cost == ""  # no pi-Soft cost
+    text = gpu_time.faithfulness_seconds(result.attr, ["macs"], "BLEU", SOFT_CHOICES[2], 2)
+    assert gpu_time.faithfulness_seconds(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2) > text  # + vision prefill

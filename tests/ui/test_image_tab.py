@@ -65,7 +65,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(vl_fake, tmp_pa
     # the answer " It is Paris" has no end token: it opens on its last token
     assert last.step["interactive"] is True and last.step["value"] == 3 and last.status.startswith("Done: 3 tokens")
     assert 'data-method="macs"' in last.question and shown_tokens(last.question) == 2 * 2  # the question only
-    assert last.result == ImageResult(last.result.attr, image)  # the State keeps the loaded image
+    assert last.result == ImageResult(last.result.attr, image, "What?", 64)  # the loaded image, question and budget
     assert last.request == RequestState(Phase.DONE) and last.gif_file is KEEP
     path.unlink()  # re-rendering never reads the file again
     again = image_tab.render_image(last.result, ["macs"], 1, 0.2, False)
