@@ -20,7 +20,7 @@ import gradio as gr
 from explainer.hardware import hardware_name, zero_gpu
 from explainer.memory import available_bytes, format_bytes
 from explainer.threads import configure_threads
-from ui import contrast, faithfulness, image_tab, layers, models, options, text_tab
+from ui import contrast, faithfulness, image_tab, layers, models, options, regions, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -49,10 +49,12 @@ def build() -> gr.Blocks:
                 text = text_tab.create_ui()
                 foil = contrast.create_ui()
                 text_layers = layers.create_ui()
+                regions.create_event_handlers(regions.create_ui(False, "text-region"), text, "render_word_region")
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
                 image_layers = layers.create_ui("image-macs-layers")
+                regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
                 image_faith = faithfulness.create_ui(image=True)
         options_box.render()
         text_tab.create_event_handlers(text, option_widgets)

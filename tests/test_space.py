@@ -20,7 +20,8 @@ import pytest
 from explainer import hardware, models
 
 REPO = Path(__file__).resolve().parents[1]
-GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image", "image_faithfulness")  # events that run the model
+# the events that run the model
+GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image", "image_faithfulness")
 
 
 class _Answer:

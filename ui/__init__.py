@@ -7,6 +7,8 @@ and `create_event_handlers()` (wires their events), the split text-generation-we
   opening a saved result; `estimates`: the time estimate line under its methods.
 - `faithfulness`: the faithfulness accordion of the text tab.
 - `image_tab`: image + question, overlays.
+- `contrast`, `layers`, `regions`: the text tab's contrastive step, and both tabs' MACS-by-layer and "which answer
+  tokens used this?" accordions (`faithfulness` serves both tabs too).
 
 Shared pieces: `models` (the process's model bundles, loaded on first use, and the lines naming them), `stream`
 (following a library stream, the request state kept in `gr.State`, the explain driver both tabs share), `events`

@@ -289,3 +289,29 @@ class AppPage:
         figure = self.page.locator(".js-plotly-plot", has_text="most influential first").first
         figure.wait_for()
         return figure.locator(".legendtext").evaluate_all("els => els.map(e => e.textContent)")  # SVG: no innerText
+
+    # --- "which answer tokens used this?" ------------------------------------------------------------------------
+    def open_accordion(self, title: str) -> None:
+        """Open the visible tab's accordion whose title starts with `title` (if it is closed)."""
+        button = self.page.get_by_role("button", name=re.compile(rf"^{re.escape(title)}")).first
+        if button.get_attribute("aria-expanded") != "true":
+            button.click()
+
+    def choose_words(self, labels: list[str]) -> None:
+        """Pick `labels` ("3: Paris") in the text tab's word list."""
+        box = self.page.get_by_label("Words of the prompt")
+        for label in labels:
+            box.click()
+            self.page.get_by_role("option", name=label, exact=True).click()
+        box.blur()
+
+    def region_bars(self, elem_id: str) -> dict[str, list[float | None]]:
+        """The bars of the chart in the accordion `elem_id` (method -> one value per answer token), once drawn."""
+        figure = f"#{elem_id} .js-plotly-plot"
+        self.page.wait_for_function(
+            "s => { const p = document.querySelector(s); return !!p && !!p._fullData && p._fullData.length > 0; }",
+            arg=figure,
+        )
+        return self.page.locator(figure).evaluate(
+            "el => Object.fromEntries(el._fullData.map(t => [t.name, Array.from(t.y, v => v === null ? null : +v)]))"
+        )
