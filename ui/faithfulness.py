@@ -214,7 +214,7 @@ def create_ui(image: bool = False) -> Components:
         c["cost"] = gr.Markdown()
         c["status"] = gr.Markdown()
         c["removal"] = gr.Plot(label="Token removal: MIF / LIF")
-        c["soft"] = gr.Plot(label="π-Soft-NS / π-Soft-NC")
+        c["soft"] = gr.Plot(label="π-Soft-NS / π-Soft-NC", visible=not image)  # text prompts only
         c["table"] = gr.Dataframe(
             headers=TABLE_HEADERS,
             datatype=["str"] + ["number"] * (len(TABLE_HEADERS) - 1),

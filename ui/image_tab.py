@@ -46,6 +46,10 @@ class ImageResult:
     question: str = ""  # as asked: the faithfulness panel encodes the same prompt again
     max_image_tokens: int | None = None  # the image budget it was asked with (None: the model's default)
 
+    # Unhashable, like the `Attribution` it holds: Gradio tells a State changed by hashing hashable values, and a
+    # frozen dataclass's generated hash would fail on the Attribution (every image question ended in an error).
+    __hash__ = None  # type: ignore[assignment]
+
 
 @dataclass
 class ImageView:

@@ -88,7 +88,8 @@ def render_image_region(result: Any, selection: dict | None, methods: list[str],
     strengths = image_region_strengths(attr, methods or list(attr.methods), cells)
     shown = clamp_step(inputs.step_index(step), attr.num_steps)
     plot = region_figure(attr, strengths, shown)
-    return RegionView(picker=picker, selection=selection, plot=plot, note=f"{IMAGE_NOTE} **{len(cells)} cells.**")
+    count = f"{len(cells)} cell{'s' * (len(cells) != 1)}"
+    return RegionView(picker=picker, selection=selection, plot=plot, note=f"{IMAGE_NOTE} **{count}.**")
 
 
 def pick_cell(

@@ -315,3 +315,33 @@ class AppPage:
         return self.page.locator(figure).evaluate(
             "el => Object.fromEntries(el._fullData.map(t => [t.name, Array.from(t.y, v => v === null ? null : +v)]))"
         )
+
+    # --- the image tab -----------------------------------------------------------------------------------------
+    def ask_image(self, images: list[Path], question: str, max_new_tokens: int, methods: list[str]) -> str:
+        """In the image tab: upload `images`, type the question, set the answer length and methods, press "Ask about
+        the image" and wait until done; returns the status line."""
+        panel = self.page.locator('[role="tabpanel"]:visible')
+        panel.locator("input[type=file]").first.set_input_files([str(p) for p in images])
+        panel.get_by_label("Question", exact=True).fill(question)
+        box = panel.get_by_label("number input for Max new tokens")
+        box.fill(str(max_new_tokens))
+        box.press("Enter")
+        self.set_methods(methods)
+        self.press("Ask about the image")
+        return self.wait_done(timeout=GENERATE_SECONDS * 2)
+
+    def image_overlay_size(self) -> tuple[int, int]:
+        """The natural size of the overlay image shown, once it is loaded."""
+        block = self.page.locator("div.block:visible", has_text="Image regions each method credits for this token")
+        overlay = block.locator("img").first
+        overlay.wait_for()
+        return tuple(overlay.evaluate("img => [img.naturalWidth, img.naturalHeight]"))
+
+    def click_image_at(self, image: Any, fx: float, fy: float) -> None:
+        """Click the picture shown in the `img` locator at fractions (fx, fy) of its width and height (the element
+        centres it, shrunk to fit but never enlarged: Gradio's object-fit scale-down)."""
+        box = image.bounding_box()
+        width, height = image.evaluate("img => [img.naturalWidth, img.naturalHeight]")
+        scale = min(1.0, box["width"] / width, box["height"] / height)
+        x0, y0 = (box["width"] - width * scale) / 2, (box["height"] - height * scale) / 2
+        image.click(position={"x": x0 + fx * width * scale, "y": y0 + fy * height * scale})

@@ -51,9 +51,10 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo) -> Itera
     report = yield
     if report.when == "call":
         item.stash[_FAILED] = report.failed
-        server = getattr(item, "funcargs", {}).get("app_server")
-        if report.failed and server is not None:
-            report.sections.append(("app log (tail)", server.log_tail()))
+        for name in ("app_server", "vl_app_server"):
+            server = getattr(item, "funcargs", {}).get(name)
+            if report.failed and server is not None:
+                report.sections.append((f"{name} log (tail)", server.log_tail()))
     return report
 
 
@@ -98,9 +99,10 @@ def _free_port() -> int:
 
 
 class AppServer:
-    """`python app.py` in a subprocess with the embedded model, offline."""
+    """`python app.py` in a subprocess with the embedded model, offline; with `vlm` (a model folder) the image tab has
+    that vision-language model."""
 
-    def __init__(self, log_path: Path) -> None:
+    def __init__(self, log_path: Path, vlm: Path | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = log_path
@@ -116,6 +118,8 @@ class AppServer:
             "EXPLAINER_LOG": "DEBUG",  # the library logs when a request takes and releases the model
         }
         env.pop("EXPLAINER_VLM", None)
+        if vlm is not None:
+            env["EXPLAINER_VLM"] = str(vlm)
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
@@ -180,6 +184,23 @@ def app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 
 @pytest.fixture(scope="session")
+def vl_app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
+    """A second app whose image tab has the tiny random Qwen2.5-VL (no real weights offline), saved as a folder."""
+    from tests.vl_tiny import build_vl_model, make_vl_tokenizer
+
+    folder = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
+    tokenizer = make_vl_tokenizer()
+    build_vl_model(tokenizer).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    server = AppServer(tmp_path_factory.mktemp("vl-app") / "app.log", vlm=folder)
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
 def browser(chromium: str) -> Iterator[object]:
     from playwright.sync_api import sync_playwright
 
@@ -199,13 +220,11 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-@pytest.fixture
-def app(browser: object, app_server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
-    """A fresh visitor: a new browser context on the app, with the model line loaded."""
+def _visit(browser: object, server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
     page = context.new_page()
     page.set_default_timeout(60_000)
-    page.goto(app_server.url)
+    page.goto(server.url)
     view = AppPage(page, screenshots)
     try:
         view.wait_loaded()
@@ -214,3 +233,19 @@ def app(browser: object, app_server: AppServer, screenshots: Path, request: pyte
         if request.node.stash.get(_FAILED, True):  # failed (or never got to run): keep the evidence
             page.screenshot(path=str(screenshots / f"FAILED-{request.node.name}.png"), full_page=True)
         context.close()
+
+
+@pytest.fixture
+def app(browser: object, app_server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
+    """A fresh visitor: a new browser context on the app, with the model line loaded."""
+    yield from _visit(browser, app_server, screenshots, request)
+
+
+@pytest.fixture
+def vl_app(
+    browser: object, vl_app_server: AppServer, screenshots: Path, request: pytest.FixtureRequest
+) -> Iterator[AppPage]:
+    """A fresh visitor of the app with the tiny vision-language model, on the image tab."""
+    for view in _visit(browser, vl_app_server, screenshots, request):
+        view.page.get_by_role("tab", name="Image + question").click()
+        yield view

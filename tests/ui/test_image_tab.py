@@ -6,6 +6,7 @@ import base64
 import re
 
 import gradio as gr
+import gradio.utils as gradio_utils
 import numpy as np
 import pytest
 from PIL import Image
@@ -66,6 +67,7 @@ def test_image_questions_stream_overlays_and_rerender_from_state(vl_fake, tmp_pa
     assert last.step["interactive"] is True and last.step["value"] == 3 and last.status.startswith("Done: 3 tokens")
     assert 'data-method="macs"' in last.question and shown_tokens(last.question) == 2 * 2  # the question only
     assert last.result == ImageResult(last.result.attr, image, "What?", 64)  # the loaded image, question and budget
+    gradio_utils.deep_hash(last.result)  # how Gradio tells whether the State changed: must not raise
     assert last.request == RequestState(Phase.DONE) and last.gif_file is KEEP
     path.unlink()  # re-rendering never reads the file again
     again = image_tab.render_image(last.result, ["macs"], 1, 0.2, False)

@@ -47,7 +47,7 @@ def test_the_image_accordion_shows_the_grid_then_the_chart_of_the_selected_cells
     expected = image_region_strengths(result.attr, ["macs", "random"], [(1, 2)])
     bars = {trace.name: list(trace.y) for trace in picked.plot.data}
     assert bars.keys() == expected.keys() and np.allclose(np.asarray(bars["macs"], dtype=float), expected["macs"])
-    assert picked.plot.layout.shapes[0].x0 == 0.5 and "1 cells" in picked.note  # step 2 of the slider shaded
+    assert picked.plot.layout.shapes[0].x0 == 0.5 and "1 cell." in picked.note  # step 2 of the slider shaded
     assert regions.clear_region(result, ["macs"], 2).selection == EMPTY_SELECTION
     stale = regions.render_image_region(result, {"cells": [[5, 5], [0, 0]], "corner": [9, 9]}, ["macs"], None)
     assert stale.selection == {"cells": [[0, 0]], "corner": None}  # cells of another image's grid are dropped

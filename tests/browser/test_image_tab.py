@@ -1,0 +1,55 @@
+"""The image tab in a real browser, with the tiny random Qwen2.5-VL as its model (no real weights offline): an image
+question with MACS and a gradient method, the faithfulness panel over the image tokens, and a region of the image
+picked on its patch grid."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+from PIL import Image
+
+
+def _image(folder) -> object:
+    path = folder / "square.png"
+    pixels = np.zeros((84, 112, 3), dtype=np.uint8)
+    pixels[..., 2], pixels[20:60, 30:80] = 200, (220, 30, 30)  # a red square on blue
+    Image.fromarray(pixels).save(path)
+    return path
+
+
+def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(vl_app, tmp_path):
+    status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 3, ["macs", "input_x_gradient"])
+    assert re.match(r"Done: \d+ tokens", status), status
+    width, height = vl_app.image_overlay_size()
+    assert width > 2 * 112 and height > 84  # two methods side by side, each with its caption strip
+    vl_app.shot("image-tab-answer")
+
+    vl_app.open_accordion("Faithfulness")
+    vl_app.page.get_by_label("image+question", exact=True).check()
+    vl_app.press("Measure faithfulness")
+    vl_app.page.get_by_text(re.compile(r"^Measured on \d+ answer tokens")).wait_for(timeout=180_000)
+    legend = vl_app.page.locator(".js-plotly-plot:visible", has_text="most influential first").first
+    legend.locator(".legendtext").first.wait_for()
+    names = legend.locator(".legendtext").evaluate_all("els => els.map(e => e.textContent)")
+    assert any(n.startswith("macs") for n in names) and any(n.startswith("input_x_gradient") for n in names)
+    assert any(n.startswith("random") for n in names), names
+    assert not vl_app.page.get_by_label("skip π-Soft", exact=True).is_visible()  # no pi-Soft on images...
+    assert not vl_app.page.get_by_text("π-Soft-NS / π-Soft-NC", exact=True).is_visible()  # ...nor its empty figure
+    legend.scroll_into_view_if_needed()
+    vl_app.shot("image-tab-faithfulness")
+
+    vl_app.open_accordion("Which answer tokens used this?")
+    picker = vl_app.page.locator("#image-region img").first
+    picker.wait_for()
+    vl_app.click_image_at(picker, 0.45, 0.5)  # a cell in the red square
+    vl_app.page.get_by_text(re.compile(r"1 cell\.")).wait_for()
+    bars = vl_app.region_bars("image-region")
+    assert set(bars) == {"macs", "input_x_gradient"} and all(len(v) >= 1 for v in bars.values())
+    vl_app.page.get_by_label("Rectangle (click two corners)", exact=True).check()
+    vl_app.click_image_at(picker, 0.05, 0.05)
+    vl_app.page.wait_for_timeout(500)  # the corner is drawn on a new picker image
+    vl_app.click_image_at(picker, 0.95, 0.4)
+    vl_app.page.get_by_text(re.compile(r"[2-9]\d* cells\.")).wait_for()  # the rectangle's cells
+    vl_app.page.locator("#image-region").scroll_into_view_if_needed()
+    vl_app.shot("image-tab-region")
