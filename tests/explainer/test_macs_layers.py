@@ -14,13 +14,12 @@ from PIL import Image
 from explainer import bundle_from_objects, explain
 from explainer.cli import EXIT_USER_ERROR, main
 from explainer.errors import InputError
-from explainer.explain import generate_steps
 from explainer.memory import MemoryRequest, ModelShape, request_bytes
 from explainer.methods import MACS, MACSConfig, get_method
 from explainer.result import load_result, result_json, zscore
 
 from ..conftest import build_model, eager_attentions
-from .test_host_syncs import CountHostReads
+from .test_host_syncs import CountHostReads, reads_per_step
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 KEEP = {"keep_layers": True}
@@ -121,17 +120,8 @@ def test_without_keep_layers_nothing_is_kept():
 def test_keeping_the_factors_adds_no_host_read_per_token(kind):
     """Per decode step the reads stay one for the token plus one per streaming method; the factors are read once."""
     model = build_model(kind)
-    ids = torch.arange(3, 3 + 9)[None] % model.config.vocab_size  # (1, 9)
     macs = get_method("macs", **KEEP)
-    gen = generate_steps(model, ids, [macs, get_method("rollout")], 6)
-    counts = []
-    while True:
-        with CountHostReads() as mode:
-            try:
-                next(gen)
-            except StopIteration:
-                break
-        counts.append(mode.count)
+    counts = reads_per_step(model, 9, [macs, "rollout"])
     assert counts[1:] == [3] * (len(counts) - 1), counts
     with CountHostReads() as mode:
         kept = macs.layer_scores()
