@@ -171,3 +171,24 @@ def test_the_start_up_line_names_the_hardware_threads_and_each_models_dtype(app,
     assert line.startswith("MACS Explorer on CPU with native bf16: ") and "org/text (bfloat16, loads" in line
     monkeypatch.setenv("SPACES_ZERO_GPU", "true")  # nothing loaded here: the line still tells what will be
     assert app.start_up_line().startswith("MACS Explorer on ZeroGPU: ")
+
+
+def test_events_that_follow_the_step_slider_take_it_unprocessed(app, fns):
+    """A new request shrinks the step slider while events sent before that update still carry the old step: Gradio's
+    bounds check refused them with "greater than maximum" error toasts (tests/browser/test_text_tab.py checks the
+    log). Events the step's or the result's change triggers read their inputs raw; the views clamp the step."""
+    blocks = app.demo.blocks
+    sliders = {i for i, b in blocks.items() if getattr(b, "label", "") and str(b.label).startswith("Generation step")}
+    states = {i for i, b in blocks.items() if isinstance(b, gr.State)}
+    assert len(sliders) == 2
+    following = {
+        name for name, fn in fns.items()
+        if any(b._id in sliders for b in fn.inputs)
+        and any(event == "change" and (block in sliders or block in states) for block, event in fn.targets)
+    }  # fmt: skip
+    assert {"foil_choices", "render_layers", "render_image_layers", "render_word_region"} <= following
+    assert {"render_image_region", "soft_cost_note", "image_soft_cost_note"} <= following
+    assert all(not fns[name].preprocess for name in following), [n for n in following if fns[n].preprocess]
+    for name in following:  # and none of them reads a component whose raw value differs from its value
+        allowed = (gr.State, gr.Slider, gr.Checkbox, gr.CheckboxGroup, gr.Radio, gr.Dropdown)
+        assert all(isinstance(b, allowed) for b in fns[name].inputs), name

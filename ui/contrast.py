@@ -22,7 +22,7 @@ from explainer.steps import clamp_step
 from . import gpu_time, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components
-from .stream import Phase, explain_updates, finished, step_slider
+from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
 from .text_tab import SHOWN, TextView, _shown, _then_export, after_explain, render
 
 NOTE = (
@@ -140,7 +140,7 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     gr.on(  # `change`, not `input`: a finished request moves the slider itself (a contrast request to its step)
         triggers=[text["step"].change, text["result"].change], **c.bind(foil_choices, ("foil",)),
         inputs=[text["result"], text["step"]], api_name="foil_choices", queue=False, trigger_mode="always_last",
-        **hidden,
+        **FOLLOWS_STEP, **hidden,
     )  # fmt: skip
     asked = text("prompt", "methods", "chat_template", "show_all", "granularity", "result", "step")
     event = c["run"].click(

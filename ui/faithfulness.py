@@ -20,7 +20,7 @@ from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, sof
 from . import gpu_time, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components
-from .stream import Phase, RequestState, run_stream
+from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 
 REMOVAL_METRIC_KEYS = {m.label: m.key for m in REMOVAL_METRICS}  # the metric menu's labels -> the library's keys
 MEASURING = "Measuring the removal curves…"  # the status note until the first report
@@ -246,6 +246,7 @@ def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, p
         api_name=f"{prefix}soft_cost_note",
         show_progress="hidden",
         queue=False,
+        **FOLLOWS_STEP,
     )
     c["metric"].input(
         **c.bind(render_faithfulness, FIGURES), inputs=c("report", "metric"), api_name=f"{prefix}render_faithfulness",

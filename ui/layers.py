@@ -18,6 +18,7 @@ from visuals.layers import has_layers, layer_figure, layer_positions
 from . import inputs
 from .errors import user_errors
 from .events import KEEP, Components
+from .stream import FOLLOWS_STEP
 
 NOTE = (
     "MACS multiplies, over the layers, each layer's factor α·(max over heads of the attention to a prompt token) + "
@@ -76,5 +77,5 @@ def create_event_handlers(c: Components, tab: Components, api: str = "render_lay
     triggers = [tab["result"].change, tab["step"].change] + ([tab["show_all"].change] if "show_all" in tab else [])
     gr.on(
         triggers=triggers, **c.bind(render_layers, ("plot", "note")), inputs=shown, api_name=api,
-        trigger_mode="always_last", show_progress="hidden",
+        trigger_mode="always_last", show_progress="hidden", **FOLLOWS_STEP,
     )  # fmt: skip

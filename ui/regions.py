@@ -20,6 +20,7 @@ from visuals.regions import grid_picker, picker_size, region_figure
 from . import inputs
 from .errors import user_errors
 from .events import KEEP, Components
+from .stream import FOLLOWS_STEP
 
 MODES = ("Pick cells", "Rectangle (click two corners)")
 IMAGE_NOTE = (
@@ -147,7 +148,7 @@ def create_ui(image: bool, elem_id: str) -> Components:
 def create_event_handlers(c: Components, tab: Components, api: str) -> None:
     """Follow the tab's result, methods and step slider; clicks (image) or the word list (text) select."""
     watched = [tab["result"].change, tab["step"].change, tab["methods"].change]
-    hidden = {"show_progress": "hidden", "trigger_mode": "always_last"}
+    hidden = {"show_progress": "hidden", "trigger_mode": "always_last", **FOLLOWS_STEP}
     if "picker" in c:
         shown = ("picker", "selection", "plot", "note")
         gr.on(

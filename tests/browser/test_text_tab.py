@@ -90,3 +90,5 @@ def test_cancel_stops_a_running_request_frees_the_model_and_the_slider(app, app_
     app.shot("cancelled")
     app.generate("Name a colour.", max_new_tokens=3, methods=["macs"])  # the next request gets the model
     assert app.heatmap_methods() == ["macs"]
+    # events that read the step slider, sent before a new request shrank it, were refused with error toasts
+    assert "greater than maximum" not in app_server.log_tail(10**8)
