@@ -221,10 +221,11 @@ def stream_explain(
         chat_template: wrap the prompt in the tokenizer's chat template.
         method_options: per-method keyword options, e.g. {"macs": {"alpha": 0.5}}.
         progress: callback for post-hoc methods' progress.
-        image: optional image (path or PIL image) the prompt asks about; needs a vision-language bundle. The result
-            then carries `image` (token positions, merged grid, size) and `user_positions` are the question's tokens.
-        max_image_tokens: with `image`, resize it to at most this many merged image tokens (default: the budget the
-            bundle's image processor was loaded with).
+        image: optional image (path or PIL image), or a list of them in order, the prompt asks about; needs a
+            vision-language bundle. The result then carries `image` (token positions, merged grid, size; with
+            several images the first's, and `images` listing each) and `user_positions` are the question's tokens.
+        max_image_tokens: with `image`, resize the images to at most this many merged image tokens in all, shared
+            equally (default: the budget the bundle's image processor was loaded with).
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
         answer: explain this answer instead of generating one: text, or token ids used as they are. The text is
             tokenised as the continuation of the prompt after the chat template's assistant prefix, with no special
@@ -337,13 +338,8 @@ def _encode_request(
             max_image_tokens=max_image_tokens,
         )  # fmt: skip
         extra_inputs = encoded.prefill_inputs
-        pad = bundle.tokenizer.convert_ids_to_tokens(int(bundle.model.config.image_token_id))
-        text, add_special = encoded.text.replace(pad, pad * len(encoded.image_positions), 1), False  # as tokenised
-        image_record = {
-            "token_positions": list(encoded.image_positions),
-            "grid": list(encoded.grid),
-            "size": list(encoded.size),
-        }
+        text, add_special = encoded.expanded_text(), False  # as tokenised
+        image_record = encoded.record()
     else:
         encoded = bundle.encode(prompt, chat_template=chat_template, max_new_tokens=max_new_tokens)
         text, add_special = encoded.text, not (chat_template and bundle.has_chat_template)  # as `encode` does

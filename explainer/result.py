@@ -110,6 +110,14 @@ class ScoreRows:
         return MethodScores(raw=self._raw[: self.k], z=self._z[: self.k], seconds=float(seconds), meta=dict(meta or {}))
 
 
+def _image_json(image: dict) -> dict:
+    """An image record as plain ints (numpy values are not JSON), `images` record by record."""
+    out = {k: [int(x) for x in v] for k, v in image.items() if k != "images"}
+    if image.get("images"):
+        out["images"] = [_image_json(one) for one in image["images"]]
+    return out
+
+
 @dataclass
 class Attribution:
     """Tokens of one generation and the attribution maps of every method run on it.
@@ -125,7 +133,8 @@ class Attribution:
         meta: generation settings and timings.
         image: for image prompts, `{"token_positions": [...], "grid": [h, w], "size": [W, H]}`: the prompt positions
             of the image tokens (row-major over the merged patch grid) and the image's size, so a step's image map
-            is `scores[k, token_positions].reshape(h, w)`; None for text prompts.
+            is `scores[k, token_positions].reshape(h, w)`; None for text prompts. With several images these are the
+            first image's, and `"images"` lists each image's record in order (`image_maps.image_records`).
         step_scores: per answer token (K values each): "probability", the softmax probability the model gave that
             token at its step (teacher-forced tokens included), and "entropy", the entropy in nats of that step's
             next-token distribution (0: certain; ln V at most). Empty for results saved before they existed.
@@ -139,12 +148,24 @@ class Attribution:
     methods: dict[str, MethodScores] = field(default_factory=dict)
     user_positions: list[int] = field(default_factory=list)
     meta: dict[str, Any] = field(default_factory=dict)
-    image: dict[str, list[int]] | None = None
+    image: dict[str, Any] | None = None
     step_scores: dict[str, list[float]] = field(default_factory=dict)
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    @property
+    def images(self) -> list[dict]:
+        """Each image's record (`token_positions`, `grid`, `size`) in prompt order: [] for a text prompt."""
+        if not self.image:
+            return []
+        return list(self.image.get("images") or [self.image])
+
+    @property
+    def image_token_positions(self) -> list[int]:
+        """The prompt positions of every image token, image after image (each row-major over its grid)."""
+        return [int(p) for one in self.images for p in one["token_positions"]]
 
     @property
     def num_steps(self) -> int:
@@ -196,7 +217,7 @@ class Attribution:
             },
             "meta": self.meta,
             "step_scores": {key: [float(v) for v in values] for key, values in self.step_scores.items()},
-            **({"image": {k: list(map(int, v)) for k, v in self.image.items()}} if self.image else {}),
+            **({"image": _image_json(self.image)} if self.image else {}),
         }
 
     @classmethod
@@ -225,7 +246,7 @@ class Attribution:
             methods=methods,
             user_positions=list(saved.user_positions),
             meta=dict(saved.meta),
-            image=saved.image.model_dump() if saved.image is not None else None,
+            image=saved.image.model_dump(exclude_none=True) if saved.image is not None else None,
             step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
         )
 

@@ -191,6 +191,7 @@ class ImageRecord(_Record):
     token_positions: Positions
     grid: PositiveInts
     size: PositiveInts
+    images: list[ImageRecord] | None = None  # several images: each one (the first is also the record itself)
 
     @model_validator(mode="after")
     def _grid_holds_the_tokens(self) -> ImageRecord:

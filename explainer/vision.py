@@ -34,6 +34,7 @@ from PIL import Image, ImageOps
 from .errors import InputError, ModelLoadError, UnsupportedModelError
 from .tokens import check_encodable
 
+MIN_TOKENS_PER_IMAGE = 4  # merged tokens: several images share one budget, and each needs a readable map
 MIN_IMAGE_SIDE = 8  # pixels; smaller images carry no spatial information worth explaining
 MAX_IMAGE_PIXELS = 80_000_000  # refuse larger files before decoding them (a 12-megapixel photo is fine)
 MAX_ASPECT_RATIO = 100  # the Qwen resizer refuses ratios above 200; stay clear of it with a readable message
@@ -224,17 +225,19 @@ def _to_rgb(img: Image.Image, label: str) -> Image.Image:
 
 @dataclass
 class ImagePrompt:
-    """A tokenised image + question.
+    """A tokenised question about one or more images.
 
     Attributes:
-        input_ids: (1, N) token ids, image placeholder expanded.
+        input_ids: (1, N) token ids, image placeholders expanded.
         user_positions: positions of the question's text tokens.
-        image_positions: the prompt positions of the image tokens, row-major over the merged grid.
-        grid: (h, w) merged patch grid; h * w == len(image_positions).
-        size: (W, H) of the image as loaded (before the processor's resize).
+        image_positions: the prompt positions of every image token, image after image, each row-major over its grid.
+        grid: (h, w) merged patch grid of the first image.
+        size: (W, H) of the first image as loaded (before the processor's resize).
         prefill_inputs: extra keyword inputs of the prefill forward: pixel_values (P, C*t*p*p), image_grid_thw
-            (1, 3) and position_ids (3, 1, N).
-        text: the string that was tokenised (with a single image placeholder).
+            (I, 3) for I images and position_ids (3, 1, N).
+        text: the string that was tokenised, with one placeholder per image (see `expanded_text`).
+        images: per image, in order, `{"token_positions", "grid": [h, w], "size": [W, H]}`.
+        pad: the image placeholder token.
     """
 
     input_ids: torch.Tensor
@@ -244,6 +247,29 @@ class ImagePrompt:
     size: tuple[int, int]
     prefill_inputs: dict[str, torch.Tensor]
     text: str
+    images: list[dict] = None  # type: ignore[assignment]
+    pad: str = ""
+
+    def record(self) -> dict:
+        """The `Attribution.image` record: the first image's keys (readers of single-image results keep working)
+        and, for several images, `images` listing each."""
+        first = {"token_positions": list(self.image_positions), "grid": list(self.grid), "size": list(self.size)}
+        if self.images and len(self.images) > 1:
+            first = {**self.images[0], "images": [dict(i) for i in self.images]}
+        return first
+
+    def expanded_text(self) -> str:
+        """`text` with each image's placeholder repeated once per image token, as it was tokenised."""
+        counts = [len(i["token_positions"]) for i in self.images or [{"token_positions": self.image_positions}]]
+        return _expand(self.text, self.pad, counts)
+
+
+def _expand(text: str, pad: str, counts: list[int]) -> str:
+    """`text` with its i-th `pad` repeated counts[i] times."""
+    parts = text.split(pad)
+    if len(parts) != len(counts) + 1:
+        raise UnsupportedModelError(f"The chat template changed the number of image placeholders {pad!r}.")
+    return parts[0] + "".join(pad * n + rest for n, rest in zip(counts, parts[1:], strict=True))
 
 
 def _token(tokenizer: Any, token_id: int) -> str:
@@ -278,12 +304,12 @@ def _preprocess(processor: Any, img: Image.Image, max_image_tokens: int | None) 
     return out
 
 
-def _tokenize(bundle: Any, question: str, num_image_tokens: int, chat_template: bool):
-    """The prompt text, its ids with `<|image_pad|>` expanded to `num_image_tokens`, the image tokens' positions and
-    the question's positions."""
+def _tokenize(bundle: Any, question: str, counts: list[int], chat_template: bool):
+    """The prompt text (one `<|image_pad|>` per image), its ids with image i's placeholder expanded to counts[i]
+    tokens, the image tokens' positions, the question's positions and the placeholder."""
     tok, cfg = bundle.tokenizer, bundle.model.config
     pad, start, end = (_token(tok, i) for i in (cfg.image_token_id, cfg.vision_start_token_id, cfg.vision_end_token_id))
-    content = f"{start}{pad}{end}{question}"
+    content = f"{start}{pad}{end}" * len(counts) + question
     if chat_template and bundle.has_chat_template:
         text = tok.apply_chat_template(
             [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
@@ -291,33 +317,53 @@ def _tokenize(bundle: Any, question: str, num_image_tokens: int, chat_template: 
     else:
         text = content
     q_start = text.rfind(question)
-    expanded = text.replace(pad, pad * num_image_tokens, 1)
-    shift = len(pad) * (num_image_tokens - 1)
+    expanded = _expand(text, pad, counts)
+    shift = len(pad) * (sum(counts) - len(counts))  # every placeholder comes before the question
     enc = tok(expanded, add_special_tokens=False, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     image_positions = [i for i, v in enumerate(ids) if v == cfg.image_token_id]
-    if len(image_positions) != num_image_tokens:
+    if len(image_positions) != sum(counts):
         raise UnsupportedModelError(
-            f"The tokenizer split the image placeholder {pad!r} into {len(image_positions)} image tokens instead of "
-            f"{num_image_tokens}; tokenizer and model config disagree."
+            f"The tokenizer split the image placeholders {pad!r} into {len(image_positions)} image tokens instead of "
+            f"{sum(counts)}; tokenizer and model config disagree."
         )
     q_lo, q_hi = q_start + shift, q_start + shift + len(question)
     user_positions = [i for i, (s, e) in enumerate(enc["offset_mapping"]) if e > s and s < q_hi and e > q_lo]
-    return text, ids, image_positions, user_positions
+    return text, ids, image_positions, user_positions, pad
+
+
+def images_budget(processor: Any, count: int, max_image_tokens: int | None) -> int | None:
+    """Each image's share of the merged-token budget when `count` images share it (one image: the budget as given).
+
+    Raises:
+        InputError: the share would fall below `MIN_TOKENS_PER_IMAGE`.
+    """
+    if count == 1:
+        return max_image_tokens
+    total = max_image_tokens
+    if total is None:  # the processor's own budget, shared
+        total = int(processor.size["longest_edge"]) // pixel_factor(processor) ** 2
+    each = int(total) // count
+    if each < MIN_TOKENS_PER_IMAGE:
+        raise InputError(
+            f"{count} images do not fit in {total} image tokens (each needs at least {MIN_TOKENS_PER_IMAGE}): raise "
+            "the image detail (max_image_tokens) or give fewer images."
+        )
+    return each
 
 
 def encode_image_prompt(
     bundle: Any,
-    image: str | Path | Image.Image,
+    image: str | Path | Image.Image | list,
     question: str,
     chat_template: bool = True,
     max_new_tokens: int = 0,
     max_image_tokens: int | None = None,
 ) -> ImagePrompt:
-    """Preprocess an image and a question for the bundle's vision-language model.
+    """Preprocess one image, or several in order (a list), and a question for the bundle's vision-language model.
 
-    `max_image_tokens` lowers or raises the pixel budget for this image only: the image is resized to at most that
-    many merged image tokens (default: the budget the image processor was loaded with).
+    `max_image_tokens` lowers or raises the pixel budget for this request only: the images are resized to at most
+    that many merged image tokens in all, shared equally (default: the budget the image processor was loaded with).
 
     Raises:
         UnsupportedModelError: the bundle's model is text-only.
@@ -335,15 +381,26 @@ def encode_image_prompt(
         raise InputError("The question is empty: ask something about the image.")
     question = str(question)
     check_encodable(question, "The question")
-    img = load_image(image)
-    pixels = _preprocess(processor, img, max_image_tokens)
+    given = list(image) if isinstance(image, (list, tuple)) else [image]
+    if not given:
+        raise InputError("No image given: upload at least one.")
+    named = len(given) > 1 and not isinstance(given[0], str | os.PathLike)  # paths name themselves
+    imgs = [load_image(one, f"#{i + 1}" if named else None) for i, one in enumerate(given)]
+    each = images_budget(processor, len(imgs), max_image_tokens)
+    outs = [_preprocess(processor, img, each) for img in imgs]
     merge = int(processor.merge_size)
-    grid_thw = pixels["image_grid_thw"]  # (1, 3): t, h, w in patches
-    t, gh, gw = (int(v) for v in grid_thw[0])
-    num_image_tokens = t * gh * gw // merge**2
-    text, ids, image_positions, user_positions = _tokenize(bundle, question, num_image_tokens, chat_template)
-    what = f"The image and question take {{n}} tokens ({num_image_tokens} for the image)"
+    grid_thw = torch.cat([out["image_grid_thw"] for out in outs])  # (I, 3): t, h, w in patches per image
+    counts = [int(row.prod()) // merge**2 for row in grid_thw]
+    text, ids, image_positions, user_positions, pad = _tokenize(bundle, question, counts, chat_template)
+    what = f"The image{'s' * (len(imgs) > 1)} and question take {{n}} tokens ({sum(counts)} for the image tokens)"
     bundle.check_length(len(ids), max_new_tokens, what, "Lower the image detail (max_pixels) or shorten the question.")
+    records, start = [], 0
+    for img, row, count in zip(imgs, grid_thw, counts, strict=True):
+        records.append({
+            "token_positions": image_positions[start : start + count],
+            "grid": [int(row[1]) // merge, int(row[2]) // merge], "size": list(img.size),
+        })  # fmt: skip
+        start += count
     device = bundle.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
     mm_token_type_ids = (input_ids == model.config.image_token_id).int()  # (1, N): 1 marks image tokens
@@ -352,8 +409,9 @@ def encode_image_prompt(
         input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=grid_thw
     )  # (3, 1, N)
     dtype = next(model.parameters()).dtype
+    pixel_values = torch.cat([out["pixel_values"] for out in outs])  # (P, C * t_patch * p * p), image after image
     prefill = {
-        "pixel_values": pixels["pixel_values"].to(device=device, dtype=dtype),  # (P, C * t_patch * p * p)
+        "pixel_values": pixel_values.to(device=device, dtype=dtype),
         "image_grid_thw": grid_thw,
         "position_ids": position_ids,
     }
@@ -361,10 +419,12 @@ def encode_image_prompt(
         input_ids=input_ids,
         user_positions=user_positions,
         image_positions=image_positions,
-        grid=(gh // merge, gw // merge),
-        size=img.size,
+        grid=tuple(records[0]["grid"]),
+        size=tuple(records[0]["size"]),
         prefill_inputs=prefill,
         text=text,
+        images=records,
+        pad=pad,
     )
 
 

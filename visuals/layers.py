@@ -42,7 +42,7 @@ def layer_positions(attr: Attribution, show_all: bool = False) -> np.ndarray:
     positions, user_only = shown_positions(attr, True)
     if not user_only:  # no user positions: all of them already
         return positions
-    image = (attr.image or {}).get("token_positions", [])
+    image = attr.image_token_positions
     return np.union1d(positions, np.asarray(image, dtype=np.int64))
 
 

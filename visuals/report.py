@@ -251,8 +251,9 @@ def _header(attr: Attribution, methods: Sequence[str], title: str, date: str | N
         rows.append(("Date", date))
     rows += [("Prompt", prompt), ("Answer", answer)]
     if attr.image:
-        rows.append(("Image", f"{attr.image['size'][0]} x {attr.image['size'][1]} pixels, "
-                     f"{len(attr.image['token_positions'])} image tokens"))  # fmt: skip
+        sizes = ", ".join(f"{one['size'][0]} x {one['size'][1]}" for one in attr.images)
+        rows.append(("Image" if len(attr.images) == 1 else f"{len(attr.images)} images", f"{sizes} pixels, "
+                     f"{len(attr.image_token_positions)} image tokens"))  # fmt: skip
     details = [f"{k}: {_value_text(v)}" for k, v in attr.meta.items() if k != "status"]
     if details:
         rows.append(("Generation", "; ".join(details)))

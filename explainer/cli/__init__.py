@@ -147,7 +147,10 @@ def _add_faithfulness_parser(sub, cmd_faithfulness) -> None:
     p.add_argument("--routing", choices=("dynamic", "fixed"), default=None, help="pi-Soft routing (default dynamic)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random baseline's orderings")
     p.add_argument("--json", help="write curves, SRGs, pi-Soft and seconds {generation, removal, soft} here")
-    p.add_argument("--image", help="an image the prompt asks about (vision-language --model): removal over its tokens")
+    p.add_argument(
+        "--image", action="append",
+        help="an image the prompt asks about (vision-language --model): removal over its tokens; repeat for several",
+    )  # fmt: skip
     p.add_argument(
         "--rank", choices=("image", "image+question"), default="image",
         help="with --image: the tokens ranked and removed (pi-Soft is measured on text prompts only)",
@@ -168,7 +171,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("explain", help="generate an answer (or take --answer) and explain every token")
     _prompt_and_model_options(p)
     _answer_options(p)
-    p.add_argument("--image", help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL)")
+    p.add_argument(
+        "--image", action="append",
+        help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL); repeat for several, "
+        "in order: they share the image budget",
+    )  # fmt: skip
     p.add_argument("--min-pixels", type=int, default=None, help="lower bound of the resized image area (VL models)")
     p.add_argument("--max-pixels", type=int, default=None, help="upper bound of the resized image area (VL models)")
     p.add_argument(

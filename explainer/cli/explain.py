@@ -22,9 +22,10 @@ def _print_summary(attr, top: int) -> None:
     print(f"model: {attr.model}{precision}")
     print(f"prompt tokens: {attr.num_prompt_tokens}   answer tokens: {attr.num_steps}")
     print(f"{_answer_label(attr)}: {attr.generated_text!r}")
-    if attr.image:
-        h, w = attr.image["grid"]
-        print(f"image: {attr.image['size'][0]}x{attr.image['size'][1]} px, {h}x{w} grid of image tokens (row, col)")
+    for i, one in enumerate(attr.images):
+        (h, w), (width, height) = one["grid"], one["size"]
+        name = "image" if len(attr.images) == 1 else f"image {i + 1}"
+        print(f"{name}: {width}x{height} px, {h}x{w} grid of image tokens (row, col)")
     _print_step_scores(attr)
     user = attr.user_positions or None
     from ..methods import METHODS
@@ -86,11 +87,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
             raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    image = None
-    if args.image:
-        from ..vision import load_image
-
-        image = load_image(args.image)  # checked before the (slow) model load
+    image = _load_image(args.image)  # checked before the (slow) model load
     if args.gif:
         if image is None:
             raise InputError("--gif animates image overlays; it needs --image.")
@@ -228,12 +225,14 @@ def _soft_setting(args: argparse.Namespace, image: bool):
     return dataclasses.replace(soft, routing=args.routing) if soft is not None and args.routing else soft
 
 
-def _load_image(path: str | None):
-    if not path:
+def _load_image(paths: list[str] | None):
+    """`--image` (repeatable): None, one image, or a list of them in order."""
+    if not paths:
         return None
     from ..vision import load_image
 
-    return load_image(path)
+    images = [load_image(path) for path in paths]
+    return images[0] if len(images) == 1 else images
 
 
 def _image_ranking(bundle, attr, prompt: str, image, args: argparse.Namespace) -> tuple[list[int], dict]:

@@ -51,7 +51,7 @@ def image_ranked_positions(attr: Attribution, ranked: str = "image") -> list[int
         raise InputError("This result has no image; its removal curves rank the prompt's text.")
     if ranked not in RANKED:
         raise InputError(f"Unknown choice {ranked!r}; rank one of: {', '.join(RANKED)}.")
-    image = list(attr.image["token_positions"])
+    image = attr.image_token_positions  # every image's
     return image if ranked == "image" else sorted(set(image) | set(attr.user_positions))
 
 

@@ -370,10 +370,10 @@ def image_sequence(bundle: ModelBundle, attr: Attribution, image_inputs: dict[st
     grid = image_inputs.get("image_grid_thw")
     merge = bundle.model.config.vision_config.spatial_merge_size
     tokens = int(grid.prod(dim=-1).sum()) // merge**2 if grid is not None else -1
-    if tokens != len(attr.image["token_positions"]):
+    if tokens != len(attr.image_token_positions):
         raise InputError(
-            f"The image inputs give {tokens} image tokens, but the result has {len(attr.image['token_positions'])}: "
-            "encode the same image and question with the same image budget."
+            f"The image inputs give {tokens} image tokens, but the result has {len(attr.image_token_positions)}: "
+            "encode the same images and question with the same image budget."
         )
     ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids], dtype=torch.long, device=bundle.device)
     extra = full_sequence_inputs(image_inputs, attr.num_steps)
