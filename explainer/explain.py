@@ -114,7 +114,7 @@ def generate_steps(
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
         m.begin(n)
-    consumer = _full_row_consumer(streaming)
+    capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)
     next_input = input_ids
@@ -125,7 +125,7 @@ def generate_steps(
         t0 = time.perf_counter()
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
-        logits, rows = _forward(model, next_input, cache, inputs, consumer if streaming else False, n + k, sinks)
+        logits, rows = _forward(model, next_input, cache, inputs, capture, n + k, sinks, k == 0)
         token, probability, entropy, alternatives = _next_token(logits, None if forced_ids is None else forced_ids[k])
         forward_seconds = time.perf_counter() - t0
         scores = _method_scores(streaming, rows, method_seconds)
@@ -160,16 +160,16 @@ def _forward(
     consumer: Any,
     total: int,
     sinks: SinkTracker | None = None,
+    prefill: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One generation pass: (V,) next-token logits and, unless `consumer` is False (no streaming method), the
     (L, H, `total`) attention rows of its last query, captured for this pass only; `sinks` gets the rows (and, in the
-    prefill, the hidden-state norms)."""
+    `prefill`, the hidden-state norms)."""
     if consumer is False:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1], None
-    prefill = sinks is not None and cache.get_seq_length() == 0
     with capture_attention(model, full_row_consumer=consumer) as recorder:
-        with sinks.probing_norms(model) if prefill else contextlib.nullcontext():
+        with sinks.probing_norms(model) if sinks is not None and prefill else contextlib.nullcontext():
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         rows = recorder.stacked(total)[:, 0]  # (L, H, total)
     if sinks is not None:

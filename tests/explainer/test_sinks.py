@@ -13,6 +13,7 @@ import torch
 from PIL import Image
 
 from explainer.explain import explain, generate_steps
+from explainer.image_maps import image_sinks
 from explainer.methods import get_method
 from explainer.models import bundle_from_objects
 from explainer.result import Attribution, load_result, result_json, zscore
@@ -28,13 +29,19 @@ DATA = Path(__file__).parent.parent / "data"
 
 def plant_sink(model: torch.nn.Module, token_id: int, scale: float = 1000.0) -> None:
     """Make `token_id` an attention sink in every layer and head of a Qwen2-style model (query biases): its embedding
-    grows to a massive norm along a direction e, every key projection reads e into the slowest rotary dimension j
-    (which barely turns over a short prompt), and every query gets a large bias at j. Any query then scores the
-    token's key far above all others."""
+    grows to a massive norm along its own direction e, and `attend_to` makes every query seek e."""
     embedding = model.get_input_embeddings().weight
     with torch.no_grad():
         e = embedding[token_id] / embedding[token_id].norm()  # (D,)
         embedding[token_id] = scale * e
+    attend_to(model, e)
+
+
+def attend_to(model: torch.nn.Module, e: torch.Tensor) -> None:
+    """Every key projection reads the direction e (D,) into the slowest rotary dimension j (which barely turns over a
+    short prompt), and every query gets a large bias at j: any query then scores a hidden state along e far above
+    all others."""
+    with torch.no_grad():
         for layer in model.get_decoder().layers:
             attn = layer.self_attn
             hd = attn.head_dim
@@ -83,6 +90,28 @@ def test_a_sink_planted_in_an_image_prompt_is_found():
     planted = explain(bundle, "What is in the image?", image=image, methods=["macs", "atman"], max_new_tokens=3)
     assert sink_positions(planted) == [planted.prompt_token_ids.index(start)]
     assert sink_positions(planted)[0] + 1 == planted.image["token_positions"][0]
+
+
+def test_a_sink_planted_on_an_image_token_is_found_in_its_grid_cell():
+    tokenizer = make_vl_tokenizer()
+    model = build_vl_model(tokenizer)
+    bundle = vl_bundle(model, tokenizer)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (84, 112, 3)).astype(np.uint8))
+    e = torch.nn.functional.normalize(torch.randn(model.config.text_config.hidden_size), dim=0)  # (D,)
+    attend_to(model, e)
+
+    def massive(module, args, output):  # the merged patch features of image token 4: a massive activation along e
+        output.pooler_output[4] = 1000.0 * e
+
+    handle = model.model.visual.register_forward_hook(massive)
+    try:
+        attr = explain(bundle, "What is in the image?", image=image, methods=["rollout"], max_new_tokens=3)
+    finally:
+        handle.remove()
+    assert sink_positions(attr) == [attr.image["token_positions"][4]]
+    assert attr.meta["sinks"]["evidence"][0]["by"] == ["share", "norm"]
+    h, w = attr.image["grid"]
+    assert np.flatnonzero(image_sinks(attr)).tolist() == [4] and image_sinks(attr).shape == (h, w)
 
 
 def _tokens(model, ids, methods, sinks=None):
