@@ -204,6 +204,27 @@ def sink_positions(attr: Attribution) -> list[int]:
     )
 
 
+def scored_positions(
+    attr: Attribution, shown: np.ndarray, subset: bool, hide_sinks: bool
+) -> tuple[np.ndarray | None, list[int]]:
+    """What a view of the `shown` positions z-scores over, and the sinks among them it leaves out.
+
+    Args:
+        attr: the result (its sinks, `sink_positions`).
+        shown: (n,) the positions the view shows (`spans.shown_positions`).
+        subset: whether `shown` is a subset (the user's text), re-standardised over.
+        hide_sinks: leave the sinks among `shown` out.
+
+    Returns:
+        (positions to re-standardise each step over, or None for the stored z over all N; the sinks left out).
+    """
+    inside = set(np.asarray(shown).tolist())
+    left_out = [p for p in sink_positions(attr) if p in inside] if hide_sinks else []
+    if left_out:
+        return shown[~np.isin(shown, left_out)], left_out
+    return (shown if subset else None), []
+
+
 def leave_out_sinks(
     raw: np.ndarray, sinks: Sequence[int], positions: np.ndarray | Sequence[int] | None = None
 ) -> np.ndarray:

@@ -92,8 +92,8 @@ def render(
         span: explain the answer tokens from `step` to `span_end` (either order) with the mean of their z-scores.
         span_end: 1-based other end of the span (None: `step`).
         granularity: prompt units, "token", "word" or "sentence".
-        hide_sinks: leave the result's attention sinks out of the token heatmaps' z-scores and colours (hatched);
-            spans and word/sentence units show them as they are.
+        hide_sinks: leave the result's attention sinks out of the heatmaps' z-scores and colours (hatched), the
+            top tokens and the top sentences.
 
     Returns:
         The `VIEWS` fields. A single step at token units is `side_by_side_html`; a span or word/sentence units show
@@ -111,9 +111,10 @@ def render(
     if span and span_end is not None and first is not None:
         last = clamp_step(inputs.step_index(span_end), result.num_steps)
         first, last = min(first, last), max(first, last)
-    heatmap = span_side_by_side_html(result, methods, first, last, granularity, user_only)
-    heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only)
-    rows = _top_rows(result, methods, first, user_only) if first == last else []
+    hide = bool(hide_sinks)
+    heatmap = span_side_by_side_html(result, methods, first, last, granularity, user_only, hide_sinks=hide)
+    heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only, hide_sinks=hide)
+    rows = _top_rows(result, methods, first, user_only, hide) if first == last else []
     return TextView(answer=answer_html(result, first, last), heatmap=heatmap, table=rows)
 
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from explainer.contrast import contrasted_steps, is_blank
-from explainer.result import Attribution
-from explainer.sinks import leave_out_sinks, sink_positions
+from explainer.result import Attribution, zscore
+from explainer.sinks import scored_positions
 from explainer.spans import shown_positions
 from explainer.steps import clamp_step
 
@@ -131,15 +131,14 @@ def _view(attr: Attribution, method: str, step: int | None, user_only: bool, hid
         empty = np.full(pos.shape, np.nan, dtype=np.float32)
         return _View(step=None, positions=pos, z=empty, raw=empty, renormalised=False)
     raw_row = np.asarray(scores.raw[s], dtype=np.float32)  # (N,)
-    shown = set(pos.tolist())
-    sinks = [p for p in sink_positions(attr) if p in shown] if hide_sinks else []
-    if subset or sinks:
-        finite = pos[np.isfinite(raw_row[pos])]  # NaN scores stay NaN instead of poisoning the mean
-        z_row = leave_out_sinks(raw_row[None, :], sinks, finite)[0]  # (N,), NaN outside `finite` and at sinks
+    over, left_out = scored_positions(attr, pos, subset, hide_sinks)
+    if over is not None:
+        finite = over[np.isfinite(raw_row[over])]  # NaN scores stay NaN instead of poisoning the mean
+        z_row = zscore(raw_row[None, :], finite)[0]  # (N,), NaN outside `finite` (and so at the sinks left out)
     else:
         z_row = np.asarray(scores.z[s], dtype=np.float32)  # (N,)
-    shown_sinks = np.isin(pos, sinks) if sinks else None  # (n,)
-    return _View(step=s, positions=pos, z=z_row[pos], raw=raw_row[pos], renormalised=subset, sinks=shown_sinks)
+    sinks = np.isin(pos, left_out) if left_out else None  # (n,)
+    return _View(step=s, positions=pos, z=z_row[pos], raw=raw_row[pos], renormalised=subset, sinks=sinks)
 
 
 def _auto_zmax(views: Sequence[_View]) -> float:

@@ -51,6 +51,9 @@ def test_the_text_tab_leaves_the_sinks_out_when_ticked():
     assert _hatched(on.heatmap) == 1 and _hatched(off.heatmap) == 0
     assert off == text_tab.render(attr, ["macs"], 1, False)  # off is the view as before
     assert 2 not in [row[3] for row in on.table] and off.table[0][3] == 2  # the sink topped the table
+    span = text_tab.render(attr, ["macs"], 1, False, True, 2, "token", True)  # a span of steps follows it too
+    assert _hatched(span.heatmap) == 1 and "1 attention sink left out" in span.heatmap
+    assert _hatched(text_tab.render(attr, ["macs"], 1, False, True, 2, "token").heatmap) == 0
     plain = _result(sinks=False)
     assert text_tab.render(plain, ["macs"], 1, False, hide_sinks=True) == text_tab.render(plain, ["macs"], 1, False)
 

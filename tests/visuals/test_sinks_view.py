@@ -3,6 +3,7 @@ z-scores checked against ones computed here, the sinks drawn hatched, and nothin
 
 from __future__ import annotations
 
+import html
 import re
 
 import numpy as np
@@ -10,8 +11,10 @@ import pytest
 from PIL import Image
 
 from explainer.image_maps import image_map, image_sinks
-from explainer.result import Attribution, MethodScores
+from explainer.result import Attribution, MethodScores, zscore
+from explainer.spans import top_sentences
 from visuals import Z_CLIP, side_by_side_html, top_tokens_rows
+from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.heatmap import SINK_TITLE
 from visuals.overlay import cell_pixels, image_overlay, overlay_grid
 
@@ -131,3 +134,28 @@ def test_cell_pixels_cover_the_image_exactly():
     px = cell_pixels(cells, (10, 7))  # W = 10, H = 7: cells of uneven size
     assert px.shape == (7, 10) and px[0, -1] and px[-1, 0] and not px[3, 5]
     assert cell_pixels(np.ones((3, 4), dtype=bool), (10, 7)).all()
+
+
+def test_spans_words_and_top_sentences_leave_the_sinks_out_too():
+    prompt = ["<|im_start|>", "user", "\n", "Paris", " is", " big", ".", " Rome", " is", " old", ".", "<|im_end|>"]
+    user = list(range(3, 11))
+    raw = np.random.default_rng(2).random((3, len(prompt))).astype(np.float32)
+    raw[:, 7] = 100.0  # " Rome": a one-token word, a sink
+    attr = _with_sinks(make_attr({"macs": raw}, prompt=prompt, generated=["a", "b", "c"], user_positions=user), [7])
+    words = span_side_by_side_html(attr, ["macs"], 0, 2, "word", hide_sinks=True)
+    found = _TOKEN.findall(words)
+    hatched = [text for css, _, text in found if css == "xs"]
+    assert hatched == [" Rome"] and "1 attention sink left out (hatched)" in words
+    others = [u for u in user if u != 7]
+    z = np.mean([zscore(raw[k : k + 1], others)[0] for k in range(3)], axis=0)  # the span's mean z without the sink
+    shown = {html.unescape(text): float(title) for css, title, text in found if css != "xs" and title}
+    assert shown["Paris"] == pytest.approx(z[3], abs=0.006) and shown[" old"] == pytest.approx(z[9], abs=0.006)
+    plain = span_side_by_side_html(attr, ["macs"], 0, 2, "word")
+    assert "xs" not in re.sub(r"<style>.*?</style>", "", plain) and "left out" not in plain
+    # the sentence with the sink topped the table; without the sink its other tokens decide
+    assert top_sentences(attr, "macs", 0, 2, 1)[0].group.start == 7
+    best = top_sentences(attr, "macs", 0, 2, 2, hide_sinks=True)
+    means = {s.group.start: s.score for s in best}
+    assert means[7] == pytest.approx(np.nanmean(z[[8, 9, 10]]), abs=1e-5)
+    assert means[3] == pytest.approx(np.nanmean(z[[3, 4, 5, 6]]), abs=1e-5)
+    assert "1 attention sink" not in top_sentences_html(attr, ["macs"], 0, 2, hide_sinks=True)  # a table only
