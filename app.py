@@ -44,6 +44,7 @@ def build() -> gr.Blocks:
     with gr.Blocks(title=TITLE, delete_cache=(3600, 86400)) as blocks:
         gr.Markdown(INTRO)
         options_box, option_widgets = options.create_ui()
+        hide_sinks = options.sinks_toggle().render()  # above the tabs: it changes the maps of both
         with gr.Tabs():
             with gr.Tab("Text prompt"):
                 text = text_tab.create_ui()
@@ -57,6 +58,7 @@ def build() -> gr.Blocks:
                 regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
                 image_faith = faithfulness.create_ui(image=True)
         options_box.render()
+        text["hide_sinks"] = image["hide_sinks"] = hide_sinks
         text_tab.create_event_handlers(text, option_widgets)
         contrast.create_event_handlers(foil, text, option_widgets)
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])

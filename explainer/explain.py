@@ -13,6 +13,7 @@ next-token distribution, from the logits the step computed anyway.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ from .models import ModelBundle
 from .precision import precision_meta
 from .result import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .session import CancelToken, check_cancelled, hold, holds, run_in_worker
+from .sinks import SinkTracker
 from .tokens import check_encodable
 
 
@@ -86,6 +88,7 @@ def generate_steps(
     method_seconds: dict[str, float] | None = None,
     extra_inputs: dict[str, Any] | None = None,
     forced_ids: Sequence[int] | None = None,
+    sinks: SinkTracker | None = None,
 ) -> Iterator[Step]:
     """Greedy decoding that yields each token with the streaming methods' scores.
 
@@ -102,6 +105,7 @@ def generate_steps(
         forced_ids: a given answer (K ids, K <= max_new_tokens): step k yields `forced_ids[k]` instead of the argmax
             and feeds it to the next pass; otherwise the forward passes are those of generation. All K steps run, an
             end-of-sequence id inside the answer included.
+        sinks: gathers, on the device, what attention-sink detection needs when a streaming method captures rows.
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
@@ -110,7 +114,7 @@ def generate_steps(
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
         m.begin(n)
-    consumer = _full_row_consumer(streaming)
+    capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)
     next_input = input_ids
@@ -121,15 +125,10 @@ def generate_steps(
         t0 = time.perf_counter()
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)
-        logits, rows = _forward(model, next_input, cache, inputs, consumer if streaming else False, n + k)
+        logits, rows = _forward(model, next_input, cache, inputs, capture, n + k, sinks, k == 0)
         token, probability, entropy, alternatives = _next_token(logits, None if forced_ids is None else forced_ids[k])
         forward_seconds = time.perf_counter() - t0
-        scores = {}
-        for m in streaming:
-            t1 = time.perf_counter()
-            scores[m.name] = m.step(rows)
-            if method_seconds is not None:
-                method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
+        scores = _method_scores(streaming, rows, method_seconds)
         yield Step(
             index=k, token_id=token, scores=scores, seconds=forward_seconds, probability=probability, entropy=entropy,
             alternatives=alternatives,
@@ -154,16 +153,41 @@ def _check_request(
 
 
 def _forward(
-    model: torch.nn.Module, ids: torch.Tensor, cache: DynamicCache, inputs: dict[str, Any], consumer: Any, total: int
+    model: torch.nn.Module,
+    ids: torch.Tensor,
+    cache: DynamicCache,
+    inputs: dict[str, Any],
+    consumer: Any,
+    total: int,
+    sinks: SinkTracker | None = None,
+    prefill: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One generation pass: (V,) next-token logits and, unless `consumer` is False (no streaming method), the
-    (L, H, `total`) attention rows of its last query, captured for this pass only."""
+    (L, H, `total`) attention rows of its last query, captured for this pass only; `sinks` gets the rows (and, in the
+    `prefill`, the hidden-state norms)."""
     if consumer is False:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1], None
     with capture_attention(model, full_row_consumer=consumer) as recorder:
-        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
-        return out.logits[0, -1], recorder.stacked(total)[:, 0]
+        with sinks.probing_norms(model) if sinks is not None and prefill else contextlib.nullcontext():
+            out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
+        rows = recorder.stacked(total)[:, 0]  # (L, H, total)
+    if sinks is not None:
+        sinks.add(rows)
+    return out.logits[0, -1], rows
+
+
+def _method_scores(
+    streaming: Sequence[AttributionMethod], rows: torch.Tensor | None, method_seconds: dict[str, float] | None
+) -> dict[str, np.ndarray]:
+    """Each streaming method's (N,) raw row of this step, its time added to `method_seconds` when given."""
+    scores = {}
+    for m in streaming:
+        t1 = time.perf_counter()
+        scores[m.name] = m.step(rows)
+        if method_seconds is not None:
+            method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
+    return scores
 
 
 def _check_token_ids(ids: Any, vocab_size: int) -> list[int]:
@@ -377,9 +401,10 @@ def _generate(
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
+    sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     for step in generate_steps(
         bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs,
-        forced_ids,
+        forced_ids, sinks,
     ):  # fmt: skip
         forward_seconds += step.seconds
         attr.generated_token_ids.append(step.token_id)
@@ -399,6 +424,9 @@ def _generate(
     generation_seconds = time.perf_counter() - gen_start
     for m in streaming:  # per-layer scores a method kept on the device (MACS's factors): one read, at the end
         attr.methods[m.name] = attr.methods[m.name].with_layers(m.layer_scores())
+    sink_record = sinks.record()  # read once, at the end; None when no attention was captured
+    if sink_record is not None:
+        attr.meta["sinks"] = sink_record
     attr.meta.update(
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,

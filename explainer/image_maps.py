@@ -10,18 +10,21 @@ import numpy as np
 from PIL import Image
 
 from .result import Attribution, zscore
+from .sinks import leave_out_sinks, sink_positions
 
 
-def image_map(attr: Attribution, method: str, step: int) -> np.ndarray:
+def image_map(attr: Attribution, method: str, step: int, hide_sinks: bool = False) -> np.ndarray:
     """Z-scores of one step over the image tokens, on the merged patch grid.
 
     Args:
         attr: a result with `attr.image` set (an image prompt).
         method: method name in `attr.methods`.
         step: 0-based generated-token index; negative counts from the end.
+        hide_sinks: leave the image tokens that are attention sinks (`sinks.sink_positions`) out of the z-scores.
 
     Returns:
-        (h, w) float32 z-scores re-normalised over the image tokens (zeros when all are equal).
+        (h, w) float32 z-scores re-normalised over the image tokens (zeros when all are equal); with `hide_sinks`,
+        over the other image tokens, NaN at the sinks.
 
     Raises:
         ValueError: the result has no image, or the method no scores.
@@ -37,8 +40,19 @@ def image_map(attr: Attribution, method: str, step: int) -> np.ndarray:
     h, w = attr.image["grid"]
     row = np.asarray(raw[step], dtype=np.float64)  # (N,)
     finite = np.isfinite(row[pos])
-    z = zscore(np.where(finite, row[pos], 0.0)[None, :])[0]  # (h * w,)
+    values = np.where(finite, row[pos], 0.0)[None, :]  # (1, h * w)
+    cells = np.flatnonzero(image_sinks(attr)) if hide_sinks else []  # sink cells, row-major
+    z = leave_out_sinks(values, cells)[0] if len(cells) else zscore(values)[0]  # (h * w,)
     return z.reshape(h, w).astype(np.float32)
+
+
+def image_sinks(attr: Attribution) -> np.ndarray:
+    """(h, w) bool: the merged-grid cells whose image token is an attention sink (all False without sinks)."""
+    if not attr.image:
+        raise ValueError("This result has no image: it comes from a text prompt.")
+    h, w = attr.image["grid"]
+    pos = np.asarray(attr.image["token_positions"], dtype=np.int64)  # (h * w,)
+    return np.isin(pos, sink_positions(attr)).reshape(h, w)
 
 
 def upsample_map(grid_map: np.ndarray, size: tuple[int, int], resample: int = Image.BICUBIC) -> np.ndarray:

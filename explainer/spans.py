@@ -25,6 +25,7 @@ import numpy as np
 from .errors import InputError
 from .result import Attribution, zscore
 from .segments import Group, is_special, sentence_groups, sentence_starts, token_groups, word_groups
+from .sinks import scored_positions
 
 GRANULARITIES = ("token", "word", "sentence")
 
@@ -208,7 +209,7 @@ def groups(attr: Attribution, granularity: str, user_only: bool = True) -> list[
 
 
 def top_sentences(
-    attr: Attribution, method: str, first=None, last=None, k: int = 3, user_only: bool = True
+    attr: Attribution, method: str, first=None, last=None, k: int = 3, user_only: bool = True, hide_sinks: bool = False
 ) -> list[ScoredGroup]:
     """The k sentences of the prompt that support the answer span most, for one method.
 
@@ -223,6 +224,7 @@ def top_sentences(
         last: last answer step, inclusive; None means `first`.
         k: how many at most.
         user_only: as in `shown_positions`.
+        hide_sinks: leave the attention sinks out of each step's z-scores (`sinks.scored_positions`).
 
     Returns:
         Up to k entries, best first (ties keep prompt order), ranks from 1.
@@ -231,7 +233,7 @@ def top_sentences(
         InputError: see `check_span`.
     """
     pos, subset = shown_positions(attr, user_only)
-    z = span_scores(attr, method, first, last, pos if subset else None)  # (N,)
+    z = span_scores(attr, method, first, last, scored_positions(attr, pos, subset, hide_sinks)[0])  # (N,)
     sentences = sentence_groups(attr.prompt_tokens, pos)
     scores = group_scores(z, sentences)  # (G,)
     order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable").tolist()  # ties keep prompt order

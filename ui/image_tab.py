@@ -79,7 +79,12 @@ def _result_attr(result: Any) -> Attribution | None:
 
 @user_errors
 def render_image(
-    result: ImageResult | None, methods: list[str], step: float | None, opacity: float, contour: bool
+    result: ImageResult | None,
+    methods: list[str],
+    step: float | None,
+    opacity: float,
+    contour: bool,
+    hide_sinks: bool = False,
 ) -> ImageView:
     """Overlays (one per method), answer and question heatmap for one step of a stored image result.
 
@@ -89,6 +94,7 @@ def render_image(
         step: 1-based step from the slider (None: the newest).
         opacity: overlay alpha in [0, 1] (clamped).
         contour: outline the top `CONTOUR_TOP_PERCENT`% of each map.
+        hide_sinks: leave the attention sinks out of the overlays' and the question heatmap's z-scores (hatched).
 
     Returns:
         The `VIEWS` fields.
@@ -98,10 +104,14 @@ def render_image(
     attr, methods, index = result.attr, list(methods or []), inputs.step_index(step)
     alpha = inputs.fraction(opacity, "Overlay opacity")
     top = CONTOUR_TOP_PERCENT if contour else None
-    grid = overlay_grid(result.image, attr, methods, index, alpha=alpha, contour_top_percent=top) if methods else None
-    return ImageView(
-        overlay=grid, answer=answer_html(attr, index), question=side_by_side_html(attr, methods, index, user_only=True)
+    hide = bool(hide_sinks)
+    grid = (
+        overlay_grid(result.image, attr, methods, index, alpha=alpha, contour_top_percent=top, hide_sinks=hide)
+        if methods
+        else None
     )
+    question = side_by_side_html(attr, methods, index, user_only=True, hide_sinks=hide)
+    return ImageView(overlay=grid, answer=answer_html(attr, index), question=question)
 
 
 def open_image(image: Any) -> Image.Image:
@@ -309,19 +319,22 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     )
     hidden = {"show_progress": "hidden"}
     view_png = c("result", "methods", "step", "opacity")
+    view = c("result", "methods", "step", "opacity", "contour", "hide_sinks")  # hide_sinks: shared (app.py)
     rendered = gr.on(
-        triggers=[c[name].input for name in ("step", "opacity", "contour", "methods")],
-        **c.bind(render_image, VIEWS), inputs=c("result", "methods", "step", "opacity", "contour"),
-        api_name="render_image", trigger_mode="always_last", **hidden,
+        triggers=[c[name].input for name in ("step", "opacity", "contour", "methods", "hide_sinks")],
+        **c.bind(render_image, VIEWS), inputs=view, api_name="render_image", trigger_mode="always_last", **hidden,
     )  # fmt: skip
     rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **hidden)
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
     event.then(models.vlm_info, outputs=c["model"], api_name="vlm_info_after_explain", **hidden)  # loaded now
-    event.then(
+    settled = event.then(
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
         api_name="after_image", **hidden,
-    ).then(
+    )  # fmt: skip
+    # the sinks are known once the answer is complete: drawn again with "Leave out attention sinks"
+    settled.then(**c.bind(render_image, VIEWS), inputs=view, api_name="render_image_after_explain", **hidden)
+    settled.then(
         **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
         api_name="export_image_files", **hidden,
     ).then(

@@ -1,4 +1,5 @@
-"""The attribution methods a visitor can tick, and the "Method options" widgets generated from their configs."""
+"""The attribution methods a visitor can tick, the "Method options" widgets generated from their configs, and the view
+options both tabs share."""
 
 from __future__ import annotations
 
@@ -66,3 +67,22 @@ def chosen_options(methods: list[str], values: tuple | list) -> dict[str, dict[s
         if method in methods and value is not None:
             out.setdefault(method, {})[name] = value
     return out
+
+
+# Off: every map shows by default what its method computed, sinks included; the detection is a heuristic whose
+# thresholds were checked on tiny test models only, so hiding tokens is the visitor's choice (one click).
+HIDE_SINKS_DEFAULT = False
+HIDE_SINKS_INFO = (
+    "Attention sinks are prompt tokens (often the first one, or a few image patches) that take a large share of "
+    "attention whatever the answer token. Ticked, they are left out of each map's z-scores and colour scale and drawn "
+    "hatched, so the rest is readable. Off by default: the maps then show exactly what each method computed. Sinks "
+    "are found while the answer is generated when an attention method (MACS, Attention Rollout) runs; they are "
+    "listed in the JSON."
+)
+
+
+def sinks_toggle() -> Any:
+    """The "Leave out attention sinks" checkbox, not rendered (`app.py` places it; both tabs' views read it)."""
+    return gr.Checkbox(
+        HIDE_SINKS_DEFAULT, label="Leave out attention sinks (both tabs)", info=HIDE_SINKS_INFO, render=False
+    )

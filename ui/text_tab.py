@@ -64,8 +64,10 @@ SPAN = ("step", "span_end", "table")
 FILES = ("json_file", "report_file", "png_file")
 
 
-def _top_rows(attr: Attribution, methods: list[str], step: int | None, user_only: bool) -> list[list]:
-    return [[m, *row] for m in methods for row in top_tokens_rows(attr, m, step, TOP_K, user_only)]
+def _top_rows(
+    attr: Attribution, methods: list[str], step: int | None, user_only: bool, hide_sinks: bool = False
+) -> list[list]:
+    return [[m, *row] for m in methods for row in top_tokens_rows(attr, m, step, TOP_K, user_only, hide_sinks)]
 
 
 @user_errors
@@ -77,6 +79,7 @@ def render(
     span: bool = False,
     span_end: float | None = None,
     granularity: str = "token",
+    hide_sinks: bool = False,
 ) -> TextView:
     """The views (answer, heatmaps, top-token rows) of one step, or a span of steps, of a stored result; never runs
     the model.
@@ -89,6 +92,8 @@ def render(
         span: explain the answer tokens from `step` to `span_end` (either order) with the mean of their z-scores.
         span_end: 1-based other end of the span (None: `step`).
         granularity: prompt units, "token", "word" or "sentence".
+        hide_sinks: leave the result's attention sinks out of the heatmaps' z-scores and colours (hatched), the
+            top tokens and the top sentences.
 
     Returns:
         The `VIEWS` fields. A single step at token units is `side_by_side_html`; a span or word/sentence units show
@@ -99,16 +104,17 @@ def render(
         return TextView(answer="", heatmap=EMPTY_HEATMAP, table=[])
     methods, user_only, index = list(methods or []), not show_all, inputs.step_index(step)
     if not span and granularity == "token":
-        heatmap = side_by_side_html(result, methods, index, user_only)
-        rows = _top_rows(result, methods, index, user_only)
+        heatmap = side_by_side_html(result, methods, index, user_only, hide_sinks=bool(hide_sinks))
+        rows = _top_rows(result, methods, index, user_only, bool(hide_sinks))
         return TextView(answer=answer_html(result, index), heatmap=heatmap, table=rows)
     first = last = clamp_step(index, result.num_steps)
     if span and span_end is not None and first is not None:
         last = clamp_step(inputs.step_index(span_end), result.num_steps)
         first, last = min(first, last), max(first, last)
-    heatmap = span_side_by_side_html(result, methods, first, last, granularity, user_only)
-    heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only)
-    rows = _top_rows(result, methods, first, user_only) if first == last else []
+    hide = bool(hide_sinks)
+    heatmap = span_side_by_side_html(result, methods, first, last, granularity, user_only, hide_sinks=hide)
+    heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only, hide_sinks=hide)
+    rows = _top_rows(result, methods, first, user_only, hide) if first == last else []
     return TextView(answer=answer_html(result, first, last), heatmap=heatmap, table=rows)
 
 
@@ -347,7 +353,8 @@ def _then_export(c: Components, event: Any, files_api: str | None, view_api: str
 
 
 def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
-    """Wire the text tab's events (and its time estimates); `option_widgets` are the "Method options" widgets."""
+    """Wire the text tab's events (and its time estimates); `option_widgets` are the "Method options" widgets, and
+    `c["hide_sinks"]` the shared "Leave out attention sinks" checkbox (`options.sinks_toggle`)."""
     asked = c("prompt", "methods", "max_new", "chat_template", "show_all", "given_answer", "span", "granularity")
     explain_event = c["generate"].click(
         **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
@@ -359,8 +366,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     )
     hidden = {"show_progress": "hidden"}
     c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
-    view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity")
-    triggers = ["step", "show_all", "methods", "span_end", "granularity"]
+    view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity", "hide_sinks")
+    triggers = ["step", "show_all", "methods", "span_end", "granularity", "hide_sinks"]
     rendered = gr.on(
         triggers=[c[name].input for name in triggers], **c.bind(render, VIEWS), inputs=view, api_name="render",
         trigger_mode="always_last", **hidden,
@@ -383,6 +390,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **hidden,
     )
     _then_export(c, settled, "export_files", "export_view_after_explain")
+    # the sinks are known once the answer is complete: its views are drawn again with "Leave out attention sinks"
+    settled.then(**c.bind(render, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
     # the model loads with the first request: its line then names the precision and the prompt limit
     explain_event.then(models.model_info, outputs=c["model"], api_name="model_info_after_explain", **hidden)
     opened = c["open_file"].upload(
@@ -390,4 +399,5 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         api_name="open_saved",
     )  # fmt: skip
     _then_export(c, opened, "export_files_after_open", "export_view_after_open")
+    opened.then(**c.bind(render, VIEWS), inputs=view, api_name="render_after_open", **hidden)
     estimates.create_event_handlers(c, option_widgets, explain_event)

@@ -24,6 +24,7 @@ import numpy as np
 
 from explainer.errors import InputError
 from explainer.result import Attribution
+from explainer.sinks import scored_positions
 from explainer.spans import (
     GRANULARITIES,
     Group,
@@ -39,6 +40,7 @@ from visuals.heatmap import (
     _CARD,
     _MUTED,
     _STYLE,
+    SINK_TITLE,
     Z_CLIP,
     _legend_html,
     _note_html,
@@ -96,9 +98,12 @@ def _granularity(granularity: str) -> str:
     return granularity
 
 
-def _units_html(units: Sequence[Group], scores: np.ndarray | None, zmax: float, grouped: bool) -> str:
-    # Bytes matter as in the token heatmap: a short tag, unquoted class and title.
+def _units_html(
+    units: Sequence[Group], scores: np.ndarray | None, zmax: float, grouped: bool, sinks: Sequence[int] = ()
+) -> str:
+    # Bytes matter as in the token heatmap: a short tag, unquoted class and title. A unit of sinks only is hatched.
     parts, positions, spans = [], [], []
+    sinks = set(sinks)
     prev = None
     for i, g in enumerate(units):
         if prev is not None and g.start != prev:
@@ -109,6 +114,8 @@ def _units_html(units: Sequence[Group], scores: np.ndarray | None, zmax: float, 
         text = _text_html(g.text)
         if scores is None:
             parts.append(f"<i>{text}</i>")
+        elif sinks and set(g.positions) <= sinks:
+            parts.append(f'<i class=xs title="{SINK_TITLE}">{text}</i>')
         elif not math.isfinite(scores[i]):
             parts.append(f'<i class=xg title="no score">{text}</i>')
         else:
@@ -126,6 +133,7 @@ def span_side_by_side_html(
     granularity: str = "token",
     user_only: bool = True,
     zmax: float | None = None,
+    hide_sinks: bool = False,
 ) -> str:
     """One heatmap panel per method over the prompt, at token, word or sentence granularity, for one answer step
     or the mean over a span of steps, all on one shared colour scale.
@@ -140,6 +148,7 @@ def span_side_by_side_html(
             False shows all N tokens with the stored z-scores.
         zmax: shared half-width of the colour range; None uses the largest |score| shown, within
             [`ZMIN_AUTO`, `Z_CLIP`].
+        hide_sinks: leave the attention sinks out of each step's z-scores (units of sinks only are hatched).
 
     Returns:
         An HTML fragment: a caption saying what is shown (steps, aggregation, granularity, scope), a grid of panels
@@ -154,8 +163,9 @@ def span_side_by_side_html(
         return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
     units = groups(attr, granularity, user_only)
     pos, subset = shown_positions(attr, user_only)
-    first, last, caption = _span_and_caption(attr, first, last, granularity, pos.size, subset)
-    per_method = [_unit_scores(attr, m, first, last, units, pos if subset else None) for m in methods]
+    over, left_out = scored_positions(attr, pos, subset, hide_sinks)
+    first, last, caption = _span_and_caption(attr, first, last, granularity, pos.size, subset, len(left_out))
+    per_method = [_unit_scores(attr, m, first, last, units, over) for m in methods]
     scored = [s for s in per_method if s is not None]
     if zmax is None or zmax <= 0:
         finite = [np.abs(s[np.isfinite(s)]) for s in scored]
@@ -167,7 +177,7 @@ def span_side_by_side_html(
             detail = f"{attr.methods[m].seconds:.2f} s"
         else:
             detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
-        panels.append(_panel(m, detail, _units_html(units, scores, zmax, granularity != "token")))
+        panels.append(_panel(m, detail, _units_html(units, scores, zmax, granularity != "token", left_out)))
     label = "z-score" if granularity == "token" and first == last else "mean z-score"
     legend = _legend_html(zmax, granularity, label) if scored else ""
     return (
@@ -178,16 +188,20 @@ def span_side_by_side_html(
 
 
 def _span_and_caption(
-    attr: Attribution, first: int | None, last: int | None, granularity: str, shown: int, subset: bool
+    attr: Attribution, first: int | None, last: int | None, granularity: str, shown: int, subset: bool, sinks: int = 0
 ) -> tuple[int | None, int | None, str]:
-    """The span of steps shown (None, None before the first token) and the caption saying what is shown."""
+    """The span of steps shown (None, None before the first token) and the caption saying what is shown (and how
+    many attention `sinks` are left out)."""
     if attr.num_steps == 0:
         return None, None, "No generated tokens yet: scores appear as the answer streams."
     first, last = span_range(attr.num_steps, first, last)
     caption = _span_caption(attr, first, last, attr.num_steps) + f" · {_UNIT_NAMES[granularity]}"
     if granularity != "token":
         caption += " (mean z-score of their tokens)"
-    return first, last, caption + f" · {_scope_caption(shown, subset)}"
+    caption += f" · {_scope_caption(shown, subset)}"
+    if sinks:
+        caption += f" · {sinks} attention sink{'s' if sinks > 1 else ''} left out (hatched)"
+    return first, last, caption
 
 
 def _unit_scores(
@@ -238,11 +252,13 @@ def _top_table(method: str, top: list[ScoredGroup] | None, zmax: float) -> str:
     )
 
 
-def _top(attr: Attribution, method: str, first: int, last: int, k: int, user_only: bool) -> list[ScoredGroup] | None:
+def _top(
+    attr: Attribution, method: str, first: int, last: int, k: int, user_only: bool, hide_sinks: bool
+) -> list[ScoredGroup] | None:
     s = attr.methods.get(method)
     if s is None or s.raw.shape[0] <= last:
         return None
-    return top_sentences(attr, method, first, last, k, user_only)
+    return top_sentences(attr, method, first, last, k, user_only, hide_sinks)
 
 
 def top_sentences_html(
@@ -253,6 +269,7 @@ def top_sentences_html(
     k: int = 3,
     user_only: bool = True,
     zmax: float | None = None,
+    hide_sinks: bool = False,
 ) -> str:
     """The top supporting sentences of each method side by side: one table per method, best first.
 
@@ -265,6 +282,7 @@ def top_sentences_html(
         user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
         zmax: half-width of the colour range of the score badges; None uses the largest |score| listed, within
             [`ZMIN_AUTO`, `Z_CLIP`] (pass the heatmap's to match its colours).
+        hide_sinks: leave the attention sinks out of each step's z-scores (`explainer.spans.top_sentences`).
 
     Returns:
         An HTML fragment: a caption, then per method a table with rank, score (a badge coloured like the heatmap,
@@ -279,7 +297,7 @@ def top_sentences_html(
     if attr.num_steps == 0:
         return f'<div class="xai-top" style="{_CARD}">{_note_html("No answer yet: nothing to rank.")}</div>'
     first, last = span_range(attr.num_steps, first, last)
-    tops = [_top(attr, m, first, last, k, user_only) for m in methods]
+    tops = [_top(attr, m, first, last, k, user_only, hide_sinks) for m in methods]
     if zmax is None or zmax <= 0:
         peak = max((abs(t.score) for top in tops if top for t in top), default=1.0)
         zmax = float(np.clip(peak, ZMIN_AUTO, Z_CLIP))

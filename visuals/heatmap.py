@@ -6,7 +6,8 @@ self-contained (its own light background and text colour) so it reads the same o
 
 The heatmap HTML is re-sent on every streamed update, so a token costs as few bytes as possible (about 28 plus its
 text): its colour is one of `BINS` classes per sign (`r1`..`r8` red, `b1`..`b8` blue, none for white) defined once
-per fragment in a small `<style>` block, and its title is the z-score (`+1.23`) shown on hover. The prompt
+per fragment in a small `<style>` block, and its title is the z-score (`+1.23`) shown on hover. Attention sinks left
+out of the z-scores (`hide_sinks`) are hatched (`xs`). The prompt
 positions of a panel's tokens are in its `data-pos` attribute as ranges (`3-57,60-99`).
 """
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from explainer.contrast import contrasted_steps, is_blank
 from explainer.result import Attribution, zscore
+from explainer.sinks import scored_positions
 from explainer.spans import shown_positions
 from explainer.steps import clamp_step
 
@@ -30,6 +32,8 @@ Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so on
 _RED_STOPS = ((255, 255, 255), (253, 219, 199), (244, 165, 130), (214, 96, 77), (178, 24, 43))
 _BLUE_STOPS = ((255, 255, 255), (209, 229, 240), (146, 197, 222), (67, 147, 195), (33, 102, 172))
 _NAN_COLOR = "rgb(230, 230, 230)"
+_SINK_BACKGROUND = "repeating-linear-gradient(135deg,#d0d7de 0 3px,#ffffff 3px 6px)"  # hatched: left out, not scored
+SINK_TITLE = "attention sink: left out of the z-scores and colours"
 _TEXT = "#1f2328"
 _MUTED = "#57606a"
 _CARD = (
@@ -57,6 +61,7 @@ class _View:
     z: np.ndarray  # (n,) z-scores over the shown positions; NaN where unknown
     raw: np.ndarray  # (n,) the method's own scores
     renormalised: bool  # z recomputed over the user's tokens only
+    sinks: np.ndarray | None = None  # (n,) bool: attention sinks left out of z (drawn hatched); None: none left out
 
 
 def visible_whitespace(text: str, spaces: bool = True) -> str:
@@ -104,6 +109,7 @@ def _stylesheet() -> str:
         f".xai-flow i{{font-style:normal;{_TOKEN}}}",
         ".xai-flow i[title]:hover{outline:1px solid #1f2328}",
         f".xai-flow .xg{{background:{_NAN_COLOR}}}",
+        f".xai-flow .xs{{background:{_SINK_BACKGROUND};outline:1px dashed #8c959f;outline-offset:-1px}}",
         f".xai-flow .xh,.xai-flow .xe{{color:{_MUTED}}}",
     ]
     for b in range(1, BINS + 1):
@@ -117,7 +123,7 @@ def _stylesheet() -> str:
 _STYLE = _stylesheet()
 
 
-def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> _View:
+def _view(attr: Attribution, method: str, step: int | None, user_only: bool, hide_sinks: bool = False) -> _View:
     pos, subset = shown_positions(attr, user_only)
     scores = attr.methods.get(method)
     s = clamp_step(step, 0 if scores is None else scores.raw.shape[0])
@@ -125,12 +131,14 @@ def _view(attr: Attribution, method: str, step: int | None, user_only: bool) -> 
         empty = np.full(pos.shape, np.nan, dtype=np.float32)
         return _View(step=None, positions=pos, z=empty, raw=empty, renormalised=False)
     raw_row = np.asarray(scores.raw[s], dtype=np.float32)  # (N,)
-    if subset:
-        finite = pos[np.isfinite(raw_row[pos])]  # NaN scores stay NaN instead of poisoning the mean
-        z_row = zscore(raw_row[None, :], finite)[0]  # (N,), NaN outside `finite`
+    over, left_out = scored_positions(attr, pos, subset, hide_sinks)
+    if over is not None:
+        finite = over[np.isfinite(raw_row[over])]  # NaN scores stay NaN instead of poisoning the mean
+        z_row = zscore(raw_row[None, :], finite)[0]  # (N,), NaN outside `finite` (and so at the sinks left out)
     else:
         z_row = np.asarray(scores.z[s], dtype=np.float32)  # (N,)
-    return _View(step=s, positions=pos, z=z_row[pos], raw=raw_row[pos], renormalised=subset)
+    sinks = np.isin(pos, left_out) if left_out else None  # (n,)
+    return _View(step=s, positions=pos, z=z_row[pos], raw=raw_row[pos], renormalised=subset, sinks=sinks)
 
 
 def _auto_zmax(views: Sequence[_View]) -> float:
@@ -170,13 +178,16 @@ def _tokens_html(attr: Attribution, view: _View, zmax: float) -> str:
     parts = []
     prev = None
     positions = view.positions.tolist()
-    for p, z in zip(positions, view.z.tolist(), strict=True):
+    sinks = view.sinks.tolist() if view.sinks is not None else [False] * len(positions)
+    for p, z, sink in zip(positions, view.z.tolist(), sinks, strict=True):
         if prev is not None and p != prev + 1:
             parts.append('<i class="xh" title="tokens hidden"> … </i>')
         prev = p
         text = _token_text_html(attr.prompt_tokens[p])
         if view.step is None:
             parts.append(f"<i>{text}</i>")
+        elif sink:
+            parts.append(f'<i class=xs title="{SINK_TITLE}">{text}</i>')
         elif not math.isfinite(z):
             parts.append(f'<i class=xg title="no score">{text}</i>')
         else:
@@ -231,6 +242,12 @@ NOT_CONTRASTIVE = "No contrastive map: this method's attention does not depend o
 
 
 def _scope_caption(view: _View) -> str:
+    left_out = 0 if view.sinks is None else int(view.sinks.sum())
+    shown = view.positions.size - left_out
+    if left_out:
+        sinks = f"{left_out} attention sink{'s' if left_out > 1 else ''} left out (hatched)"
+        where = "tokens of your text" if view.renormalised else "prompt tokens"
+        return f"z-scores over the other {shown} {where}; {sinks}"
     if view.renormalised:
         return f"z-scores re-normalised over the {view.positions.size} tokens of your text"
     return f"z-scores over all {view.positions.size} prompt tokens"
@@ -242,6 +259,7 @@ def side_by_side_html(
     step: int | None = None,
     user_only: bool = True,
     zmax: float | None = None,
+    hide_sinks: bool = False,
 ) -> str:
     """One heatmap panel per method for the same step, all on one shared colour scale.
 
@@ -252,6 +270,8 @@ def side_by_side_html(
         user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
             when there are none); False shows all N tokens with the stored `z`.
         zmax: shared half-width of the colour range; None uses the largest |z| over all panels, capped at `Z_CLIP`.
+        hide_sinks: leave the result's attention sinks (`explainer.sinks.sink_positions`) out of each step's
+            z-scores and the colour range; they are drawn hatched, with no score.
 
     Returns:
         An HTML fragment: a caption, a responsive grid of panels titled with method name and seconds, one legend.
@@ -259,7 +279,7 @@ def side_by_side_html(
     methods = list(methods)
     if not methods:
         return f'<div class="xai-heatmap" style="{_CARD}">{_note_html("Select at least one attribution method.")}</div>'
-    views = [_view(attr, m, step, user_only) for m in methods]
+    views = [_view(attr, m, step, user_only, hide_sinks) for m in methods]
     blank = [v.step is not None and is_blank(attr, m, v.step) for m, v in zip(methods, views)]  # see `contrast`
     scored = [v for v, b in zip(views, blank) if v.step is not None and not b]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
@@ -359,7 +379,12 @@ def answer_html(attr: Attribution, step: int | None = None, last: int | None = N
 
 
 def top_tokens_rows(
-    attr: Attribution, method: str, step: int | None = None, k: int = 5, user_only: bool = True
+    attr: Attribution,
+    method: str,
+    step: int | None = None,
+    k: int = 5,
+    user_only: bool = True,
+    hide_sinks: bool = False,
 ) -> list[list]:
     """The k prompt tokens with the highest z-score at one step, for a table.
 
@@ -369,12 +394,13 @@ def top_tokens_rows(
         step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
         k: number of rows at most.
         user_only: rank only the user's tokens, with z re-standardised over them (as in `side_by_side_html`).
+        hide_sinks: leave the attention sinks out of the z-scores and the ranking (as in `side_by_side_html`).
 
     Returns:
         Rows `[rank (1-based), token (visible whitespace), prompt position, z rounded to 3 decimals]`, best first;
         empty when the method has no scores for any step, or no map at a contrasted step. NaN scores are left out.
     """
-    view = _view(attr, method, step, user_only)
+    view = _view(attr, method, step, user_only, hide_sinks)
     if view.step is None or is_blank(attr, method, view.step):
         return []
     order = np.argsort(-np.nan_to_num(view.z, nan=-np.inf), kind="stable")  # ties keep prompt order

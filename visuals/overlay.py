@@ -3,8 +3,9 @@
 Pure functions (`Attribution`, PIL image -> PIL image). The map is the step's scores at the image tokens, z-scored
 over those tokens (`explainer.image_maps.image_map`), upsampled bicubically to the image's pixels, scaled to [0, 1]
 per map (lowest -> dark, highest -> bright), coloured with an inferno-like perceptual colormap and blended with the
-image. Optionally the top p% of pixels are outlined. Steps are 0-based; None is the newest; out-of-range steps are
-clamped.
+image. Optionally the top p% of pixels are outlined. With `hide_sinks`, image tokens that are attention sinks are
+left out of the z-scores and the colour scale, and their cells are hatched grey over the image. Steps are 0-based;
+None is the newest; out-of-range steps are clamped.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from explainer.image_maps import image_map, upsample_map
+from explainer.image_maps import image_map, image_sinks, upsample_map
 from explainer.result import Attribution
 from explainer.steps import clamp_step
 
@@ -35,6 +36,8 @@ _INFERNO = np.array(
     dtype=np.float32,
 )
 _CONTOUR_RGB = (0, 255, 255)  # cyan: stands out on every inferno colour
+_SINK_RGB, _SINK_STRIPE_RGB = (200, 200, 200), (110, 110, 110)  # a sink cell: light grey with darker stripes
+_SINK_STRIPE = 6  # pixels per stripe period (half dark, half light)
 _LABEL_HEIGHT = 18  # pixels of the caption strip above each small multiple
 
 
@@ -55,11 +58,31 @@ def _step(attr: Attribution, method: str, step: int | None) -> int:
     return shown
 
 
-def heat_map(attr: Attribution, method: str, step: int | None, size: tuple[int, int]) -> np.ndarray:
-    """The step's image map upsampled to `size` = (W, H) and scaled to [0, 1]: (H, W) float32."""
-    heat = upsample_map(image_map(attr, method, _step(attr, method, step)), size)  # (H, W)
+def heat_map(
+    attr: Attribution, method: str, step: int | None, size: tuple[int, int], hide_sinks: bool = False
+) -> np.ndarray:
+    """The step's image map upsampled to `size` = (W, H) and scaled to [0, 1]: (H, W) float32. Sink cells left
+    out (`hide_sinks`) count as average (z = 0) here; `image_overlay` hatches them."""
+    grid = image_map(attr, method, _step(attr, method, step), hide_sinks)  # (h, w), NaN at sinks left out
+    heat = upsample_map(np.nan_to_num(grid, nan=0.0), size)  # (H, W)
     lo, hi = float(heat.min()), float(heat.max())
     return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
+
+
+def cell_pixels(cells: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+    """(h, w) bool grid cells -> (H, W) bool pixels of `size` = (W, H) that they cover (the grid spans the image)."""
+    h, w = cells.shape
+    rows = np.minimum(np.arange(size[1]) * h // size[1], h - 1)  # (H,) grid row of each pixel row
+    cols = np.minimum(np.arange(size[0]) * w // size[0], w - 1)  # (W,)
+    return cells[rows[:, None], cols[None, :]]
+
+
+def _hatch(pixels: np.ndarray, mask: np.ndarray) -> None:
+    """Paint diagonal grey stripes over `mask` (H, W) of `pixels` (H, W, 3) float32, in place."""
+    y, x = np.indices(mask.shape)
+    dark = ((x + y) // (_SINK_STRIPE // 2)) % 2 == 0  # (H, W)
+    pixels[mask & dark] = _SINK_STRIPE_RGB
+    pixels[mask & ~dark] = _SINK_RGB
 
 
 def _outline(region: np.ndarray) -> np.ndarray:
@@ -80,6 +103,7 @@ def image_overlay(
     step: int | None = None,
     alpha: float = 0.5,
     contour_top_percent: float | None = None,
+    hide_sinks: bool = False,
 ) -> Image.Image:
     """The image with one step's attribution map blended on top.
 
@@ -90,17 +114,22 @@ def image_overlay(
         step: 0-based generated-token index; None is the newest.
         alpha: opacity of the colour map in [0, 1].
         contour_top_percent: outline the brightest p% of pixels (e.g. 10); None draws no outline.
+        hide_sinks: leave the image's attention sinks out of the map's z-scores and colours; their cells are
+            hatched grey and never outlined.
 
     Returns:
         RGB image of the same size as `image`.
     """
     base = image.convert("RGB")
-    heat = heat_map(attr, method, step, base.size)  # (H, W) in [0, 1]
+    heat = heat_map(attr, method, step, base.size, hide_sinks)  # (H, W) in [0, 1]
     a = float(np.clip(alpha, 0.0, 1.0))
     pixels = np.asarray(base, dtype=np.float32)  # (H, W, 3)
     out = (1.0 - a) * pixels + a * colormap(heat).astype(np.float32)
+    sinks = cell_pixels(image_sinks(attr), base.size) if hide_sinks else np.zeros(heat.shape, dtype=bool)  # (H, W)
+    _hatch(out, sinks)
     if contour_top_percent is not None and 0 < contour_top_percent < 100:
-        region = heat >= np.percentile(heat, 100.0 - float(contour_top_percent))
+        scored = heat[~sinks] if not sinks.all() else heat.ravel()
+        region = (heat >= np.percentile(scored, 100.0 - float(contour_top_percent))) & ~sinks
         if region.any() and not region.all():
             out[_outline(region)] = _CONTOUR_RGB
     return Image.fromarray(np.round(out).astype(np.uint8), mode="RGB")
@@ -114,10 +143,12 @@ def overlay_grid(
     alpha: float = 0.5,
     contour_top_percent: float | None = None,
     max_side: int = 320,
+    hide_sinks: bool = False,
 ) -> Image.Image:
     """Small multiples: one labelled overlay per method for the same step, side by side.
 
     Methods without scores yet get a grey "pending" tile. Each tile is scaled so its longer side is `max_side`.
+    `hide_sinks` is `image_overlay`'s; the labels then say how many sinks each map leaves out.
 
     Returns:
         RGB image of width len(methods) * tile width (+ gaps) and height tile height + a caption strip.
@@ -129,13 +160,15 @@ def overlay_grid(
     gap = 6
     canvas = Image.new("RGB", (max(1, len(methods)) * (tile.width + gap) - gap, tile.height + _LABEL_HEIGHT), "white")
     draw = ImageDraw.Draw(canvas)
+    left_out = int(image_sinks(attr).sum()) if hide_sinks else 0
+    sinks = f" · {left_out} sink{'s' if left_out > 1 else ''} hatched" if left_out else ""
     for i, method in enumerate(methods):
         x = i * (tile.width + gap)
         try:
             k = _step(attr, method, step)
-            panel = image_overlay(tile, attr, method, k, alpha, contour_top_percent)
+            panel = image_overlay(tile, attr, method, k, alpha, contour_top_percent, hide_sinks)
             token = attr.generated_tokens[k] if k < len(attr.generated_tokens) else ""
-            label = f"{method} · step {k + 1} {token!r}"
+            label = f"{method} · step {k + 1} {token!r}{sinks}"
         except ValueError:
             panel = Image.new("RGB", tile.size, (220, 220, 220))
             label = f"{method} · pending"
