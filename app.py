@@ -29,8 +29,7 @@ INTRO = (
     "heatmap shows which prompt tokens it relied on (red: more than average, blue: less). Hover a token for its "
     "score."
 )
-# Gradio's prose style draws borders around every table cell and squeezes narrow columns: the top-sentence tables
-# keep their rank and score on one line and no grid.
+# Gradio's prose style draws borders around table cells and squeezes narrow columns: top-sentence tables have neither
 CSS = (
     ".xai-top table,.xai-top tr,.xai-top th,.xai-top td{border:none !important;background:none}"
     ".xai-top tbody tr{border-top:1px solid #d0d7de !important}.xai-top{margin-top:8px}"
@@ -40,8 +39,7 @@ CSS = (
 
 def build() -> gr.Blocks:
     """The whole page: the text tab with its faithfulness panel, the image tab, and the method options both use."""
-    # Gradio keeps a copy of every file it serves (downloads, uploads): hourly, copies older than a day are deleted.
-    with gr.Blocks(title=TITLE, delete_cache=(3600, 86400)) as blocks:
+    with gr.Blocks(title=TITLE, delete_cache=(3600, 86400)) as blocks:  # served files' copies kept a day at most
         gr.Markdown(INTRO)
         options_box, option_widgets = options.create_ui()
         hide_sinks = options.sinks_toggle().render()  # above the tabs: it changes the maps of both

@@ -245,9 +245,8 @@ def stream_explain(
         chat_template: wrap the prompt in the tokenizer's chat template.
         method_options: per-method keyword options, e.g. {"macs": {"alpha": 0.5}}.
         progress: callback for post-hoc methods' progress.
-        image: optional image (path or PIL image), or a list of them in order, the prompt asks about; needs a
-            vision-language bundle. The result then carries `image` (token positions, merged grid, size; with
-            several images the first's, and `images` listing each) and `user_positions` are the question's tokens.
+        image: optional image (path or PIL image), or a list of them in order, the prompt asks about (a vision-language
+            bundle); the result then has `image` / `images` (`Attribution`) and the question's `user_positions`.
         max_image_tokens: with `image`, resize the images to at most this many merged image tokens in all, shared
             equally (default: the budget the bundle's image processor was loaded with).
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).

@@ -352,6 +352,30 @@ def images_budget(processor: Any, count: int, max_image_tokens: int | None) -> i
     return each
 
 
+def _pixels(processor: Any, image: Any, max_image_tokens: int | None) -> tuple[list, torch.Tensor, torch.Tensor]:
+    """The loaded images (one, or a list in order), their (I, 3) grids (t, h, w in patches) and their pixel values
+    (P, C * t_patch * p * p), image after image, each resized to its share of the budget."""
+    given = list(image) if isinstance(image, list | tuple) else [image]
+    if not given:
+        raise InputError("No image given: upload at least one.")
+    named = len(given) > 1 and not isinstance(given[0], str | os.PathLike)  # paths name themselves
+    imgs = [load_image(one, f"#{i + 1}" if named else None) for i, one in enumerate(given)]
+    each = images_budget(processor, len(imgs), max_image_tokens)
+    outs = [_preprocess(processor, img, each) for img in imgs]
+    return imgs, torch.cat([o["image_grid_thw"] for o in outs]), torch.cat([o["pixel_values"] for o in outs])
+
+
+def _records(imgs: list, grid_thw: torch.Tensor, counts: list[int], positions: list[int], merge: int) -> list[dict]:
+    """Each image's `{"token_positions", "grid": [h, w] merged, "size": [W, H]}`, its tokens the next run of
+    `positions`."""
+    records, start = [], 0
+    for img, row, count in zip(imgs, grid_thw, counts, strict=True):
+        grid = [int(row[1]) // merge, int(row[2]) // merge]
+        records.append({"token_positions": positions[start : start + count], "grid": grid, "size": list(img.size)})
+        start += count
+    return records
+
+
 def encode_image_prompt(
     bundle: Any,
     image: str | Path | Image.Image | list,
@@ -381,26 +405,13 @@ def encode_image_prompt(
         raise InputError("The question is empty: ask something about the image.")
     question = str(question)
     check_encodable(question, "The question")
-    given = list(image) if isinstance(image, (list, tuple)) else [image]
-    if not given:
-        raise InputError("No image given: upload at least one.")
-    named = len(given) > 1 and not isinstance(given[0], str | os.PathLike)  # paths name themselves
-    imgs = [load_image(one, f"#{i + 1}" if named else None) for i, one in enumerate(given)]
-    each = images_budget(processor, len(imgs), max_image_tokens)
-    outs = [_preprocess(processor, img, each) for img in imgs]
+    imgs, grid_thw, pixel_values = _pixels(processor, image, max_image_tokens)
     merge = int(processor.merge_size)
-    grid_thw = torch.cat([out["image_grid_thw"] for out in outs])  # (I, 3): t, h, w in patches per image
     counts = [int(row.prod()) // merge**2 for row in grid_thw]
     text, ids, image_positions, user_positions, pad = _tokenize(bundle, question, counts, chat_template)
     what = f"The image{'s' * (len(imgs) > 1)} and question take {{n}} tokens ({sum(counts)} for the image tokens)"
     bundle.check_length(len(ids), max_new_tokens, what, "Lower the image detail (max_pixels) or shorten the question.")
-    records, start = [], 0
-    for img, row, count in zip(imgs, grid_thw, counts, strict=True):
-        records.append({
-            "token_positions": image_positions[start : start + count],
-            "grid": [int(row[1]) // merge, int(row[2]) // merge], "size": list(img.size),
-        })  # fmt: skip
-        start += count
+    records = _records(imgs, grid_thw, counts, image_positions, merge)
     device = bundle.device
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
     mm_token_type_ids = (input_ids == model.config.image_token_id).int()  # (1, N): 1 marks image tokens
@@ -409,23 +420,13 @@ def encode_image_prompt(
         input_ids, mm_token_type_ids=mm_token_type_ids, image_grid_thw=grid_thw
     )  # (3, 1, N)
     dtype = next(model.parameters()).dtype
-    pixel_values = torch.cat([out["pixel_values"] for out in outs])  # (P, C * t_patch * p * p), image after image
-    prefill = {
-        "pixel_values": pixel_values.to(device=device, dtype=dtype),
-        "image_grid_thw": grid_thw,
-        "position_ids": position_ids,
-    }
+    prefill = {"pixel_values": pixel_values.to(device=device, dtype=dtype), "image_grid_thw": grid_thw,
+               "position_ids": position_ids}  # fmt: skip
     return ImagePrompt(
-        input_ids=input_ids,
-        user_positions=user_positions,
-        image_positions=image_positions,
-        grid=tuple(records[0]["grid"]),
-        size=tuple(records[0]["size"]),
-        prefill_inputs=prefill,
-        text=text,
-        images=records,
-        pad=pad,
-    )
+        input_ids=input_ids, user_positions=user_positions, image_positions=image_positions,
+        grid=tuple(records[0]["grid"]), size=tuple(records[0]["size"]), prefill_inputs=prefill, text=text,
+        images=records, pad=pad,
+    )  # fmt: skip
 
 
 def continue_positions(position_ids: torch.Tensor, steps: int) -> torch.Tensor:
