@@ -59,13 +59,19 @@ def _step(attr: Attribution, method: str, step: int | None) -> int:
 
 
 def heat_map(
-    attr: Attribution, method: str, step: int | None, size: tuple[int, int], hide_sinks: bool = False
+    attr: Attribution, method: str, step: int | None, size: tuple[int, int], hide_sinks: bool = False, index: int = 0
 ) -> np.ndarray:
-    """The step's image map upsampled to `size` = (W, H) and scaled to [0, 1]: (H, W) float32. Sink cells left
-    out (`hide_sinks`) count as average (z = 0) here; `image_overlay` hatches them."""
-    grid = image_map(attr, method, _step(attr, method, step), hide_sinks)  # (h, w), NaN at sinks left out
-    heat = upsample_map(np.nan_to_num(grid, nan=0.0), size)  # (H, W)
+    """The step's map of image `index` upsampled to `size` = (W, H) and scaled to [0, 1]: (H, W) float32. Sink
+    cells left out (`hide_sinks`) count as average (z = 0) here; `image_overlay` hatches them. With several images
+    the scale spans the z-scores of all of them, so brighter is more in every image."""
+    k = _step(attr, method, step)
+    grid = np.nan_to_num(image_map(attr, method, k, hide_sinks, index), nan=0.0)  # (h, w), sinks left out: 0
+    heat = upsample_map(grid, size)  # (H, W)
     lo, hi = float(heat.min()), float(heat.max())
+    if len(attr.images) > 1:
+        every = [np.nan_to_num(image_map(attr, method, k, hide_sinks, i), nan=0.0) for i in range(len(attr.images))]
+        lo, hi = min(float(g.min()) for g in every), max(float(g.max()) for g in every)
+        return np.clip((heat - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(heat)  # bicubic overshoots
     return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
 
 
@@ -104,8 +110,9 @@ def image_overlay(
     alpha: float = 0.5,
     contour_top_percent: float | None = None,
     hide_sinks: bool = False,
+    index: int = 0,
 ) -> Image.Image:
-    """The image with one step's attribution map blended on top.
+    """The image with one step's attribution map blended on top (image `index` of several).
 
     Args:
         image: the image the prompt asked about (any mode; any size, ideally `attr.image["size"]`).
@@ -121,11 +128,11 @@ def image_overlay(
         RGB image of the same size as `image`.
     """
     base = image.convert("RGB")
-    heat = heat_map(attr, method, step, base.size, hide_sinks)  # (H, W) in [0, 1]
+    heat = heat_map(attr, method, step, base.size, hide_sinks, index)  # (H, W) in [0, 1]
     a = float(np.clip(alpha, 0.0, 1.0))
     pixels = np.asarray(base, dtype=np.float32)  # (H, W, 3)
     out = (1.0 - a) * pixels + a * colormap(heat).astype(np.float32)
-    sinks = cell_pixels(image_sinks(attr), base.size) if hide_sinks else np.zeros(heat.shape, dtype=bool)  # (H, W)
+    sinks = cell_pixels(image_sinks(attr, index), base.size) if hide_sinks else np.zeros(heat.shape, dtype=bool)
     _hatch(out, sinks)
     if contour_top_percent is not None and 0 < contour_top_percent < 100:
         scored = heat[~sinks] if not sinks.all() else heat.ravel()
@@ -136,7 +143,7 @@ def image_overlay(
 
 
 def overlay_grid(
-    image: Image.Image,
+    image: Image.Image | Sequence[Image.Image],
     attr: Attribution,
     methods: Sequence[str],
     step: int | None = None,
@@ -145,33 +152,61 @@ def overlay_grid(
     max_side: int = 320,
     hide_sinks: bool = False,
 ) -> Image.Image:
-    """Small multiples: one labelled overlay per method for the same step, side by side.
+    """Small multiples: one labelled overlay per method for the same step, side by side; with several images (a
+    list, in the result's order) one such row per image, one under the other.
 
     Methods without scores yet get a grey "pending" tile. Each tile is scaled so its longer side is `max_side`.
     `hide_sinks` is `image_overlay`'s; the labels then say how many sinks each map leaves out.
 
     Returns:
-        RGB image of width len(methods) * tile width (+ gaps) and height tile height + a caption strip.
+        RGB image of width len(methods) * tile width (+ gaps) and height tile height + a caption strip (per row).
     """
+    images = list(image) if isinstance(image, list | tuple) else [image]
+    if len(images) != len(attr.images):
+        raise ValueError(f"{len(images)} images given for a result about {len(attr.images)}.")
+    if len(images) == 1:
+        return _overlay_row(images[0], attr, methods, step, alpha, contour_top_percent, max_side, hide_sinks)
+    rows = [
+        _overlay_row(img, attr, methods, step, alpha, contour_top_percent, max_side, hide_sinks, i)
+        for i, img in enumerate(images)
+    ]
+    gap = 10
+    canvas = Image.new(
+        "RGB", (max(r.width for r in rows), sum(r.height for r in rows) + gap * (len(rows) - 1)), "white"
+    )
+    y = 0
+    for row in rows:
+        canvas.paste(row, (0, y))
+        y += row.height + gap
+    return canvas
+
+
+def _overlay_row(
+    image: Image.Image, attr: Attribution, methods: Sequence[str], step: int | None, alpha: float,
+    contour_top_percent: float | None, max_side: int, hide_sinks: bool, index: int | None = None,
+) -> Image.Image:  # fmt: skip
+    """`overlay_grid` of one image (`index` of several, named in the labels; None: the only one)."""
     methods = list(methods)
+    which = 0 if index is None else index
+    prefix = "" if index is None else f"image {index + 1} · "
     base = image.convert("RGB")
     scale = min(1.0, max_side / max(base.size))
     tile = base.resize((max(1, round(base.width * scale)), max(1, round(base.height * scale))), Image.BICUBIC)
     gap = 6
     canvas = Image.new("RGB", (max(1, len(methods)) * (tile.width + gap) - gap, tile.height + _LABEL_HEIGHT), "white")
     draw = ImageDraw.Draw(canvas)
-    left_out = int(image_sinks(attr).sum()) if hide_sinks else 0
+    left_out = int(image_sinks(attr, which).sum()) if hide_sinks else 0
     sinks = f" · {left_out} sink{'s' if left_out > 1 else ''} hatched" if left_out else ""
     for i, method in enumerate(methods):
         x = i * (tile.width + gap)
         try:
             k = _step(attr, method, step)
-            panel = image_overlay(tile, attr, method, k, alpha, contour_top_percent, hide_sinks)
+            panel = image_overlay(tile, attr, method, k, alpha, contour_top_percent, hide_sinks, which)
             token = attr.generated_tokens[k] if k < len(attr.generated_tokens) else ""
-            label = f"{method} · step {k + 1} {token!r}{sinks}"
+            label = f"{prefix}{method} · step {k + 1} {token!r}{sinks}"
         except ValueError:
             panel = Image.new("RGB", tile.size, (220, 220, 220))
-            label = f"{method} · pending"
+            label = f"{prefix}{method} · pending"
         canvas.paste(panel, (x, _LABEL_HEIGHT))
         draw.text((x + 2, 3), label[:60], fill=(31, 35, 40))
     return canvas
@@ -210,7 +245,7 @@ def gif_steps(num_steps: int, max_frames: int = MAX_GIF_FRAMES) -> list[int]:
 
 
 def gif_bytes(
-    image: Image.Image,
+    image: Image.Image | Sequence[Image.Image],
     attr: Attribution,
     methods: Sequence[str],
     alpha: float = 0.5,
