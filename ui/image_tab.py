@@ -17,6 +17,7 @@ from explainer.errors import InputError
 from explainer.fit import default_image_tokens
 from explainer.models import gpu_available
 from explainer.result import Attribution
+from explainer.sinks import sink_positions
 from explainer.vision import data_url_bytes, load_image
 from visuals import answer_html, overlay_grid, side_by_side_html
 from visuals.export import export_filename, png_bytes, result_json
@@ -112,6 +113,16 @@ def render_image(
     )
     question = side_by_side_html(attr, methods, index, user_only=True, hide_sinks=hide)
     return ImageView(overlay=grid, answer=answer_html(attr, index), question=question)
+
+
+@user_errors
+def render_image_sinks(
+    result: ImageResult | None, methods: list[str], step: float | None, opacity: float, contour: bool, hide: bool
+) -> ImageView:
+    """As `text_tab.render_sinks`: `render_image` once an answer is complete, only with sinks left out."""
+    if not hide or not isinstance(result, ImageResult) or not sink_positions(result.attr):
+        return ImageView()
+    return render_image(result, methods, step, opacity, contour, hide)
 
 
 def open_image(image: Any) -> Image.Image:
@@ -332,8 +343,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
         api_name="after_image", **hidden,
     )  # fmt: skip
-    # the sinks are known once the answer is complete: drawn again with "Leave out attention sinks"
-    settled.then(**c.bind(render_image, VIEWS), inputs=view, api_name="render_image_after_explain", **hidden)
+    # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
+    settled.then(**c.bind(render_image_sinks, VIEWS), inputs=view, api_name="render_image_after_explain", **hidden)
     settled.then(
         **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
         api_name="export_image_files", **hidden,

@@ -16,6 +16,7 @@ from typing import Any
 import gradio as gr
 
 from explainer.result import Attribution
+from explainer.sinks import sink_positions
 from explainer.spans import GRANULARITIES
 from explainer.steps import clamp_step
 from visuals import answer_html, side_by_side_html, top_tokens_rows
@@ -116,6 +117,24 @@ def render(
     heatmap += top_sentences_html(result, methods, first, last, TOP_SENTENCES, user_only, hide_sinks=hide)
     rows = _top_rows(result, methods, first, user_only, hide) if first == last else []
     return TextView(answer=answer_html(result, first, last), heatmap=heatmap, table=rows)
+
+
+@user_errors
+def render_sinks(
+    result: Attribution | None,
+    methods: list[str],
+    step: float | None,
+    show_all: bool,
+    span: bool = False,
+    span_end: float | None = None,
+    granularity: str = "token",
+    hide_sinks: bool = False,
+) -> TextView:
+    """Once an answer is complete (or a result opened) its sinks are known: with "Leave out attention sinks" ticked
+    and sinks found, `render` again; otherwise nothing changes (so no late redraw races the visitor's next click)."""
+    if not hide_sinks or not isinstance(result, Attribution) or not sink_positions(result):
+        return TextView()
+    return render(result, methods, step, show_all, span, span_end, granularity, hide_sinks)
 
 
 def _sliders(attr: Attribution, live: bool, span: bool) -> tuple[dict, dict]:
@@ -390,8 +409,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **hidden,
     )
     _then_export(c, settled, "export_files", "export_view_after_explain")
-    # the sinks are known once the answer is complete: its views are drawn again with "Leave out attention sinks"
-    settled.then(**c.bind(render, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
+    # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
+    settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
     # the model loads with the first request: its line then names the precision and the prompt limit
     explain_event.then(models.model_info, outputs=c["model"], api_name="model_info_after_explain", **hidden)
     opened = c["open_file"].upload(
@@ -399,5 +418,5 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         api_name="open_saved",
     )  # fmt: skip
     _then_export(c, opened, "export_files_after_open", "export_view_after_open")
-    opened.then(**c.bind(render, VIEWS), inputs=view, api_name="render_after_open", **hidden)
+    opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **hidden)
     estimates.create_event_handlers(c, option_widgets, explain_event)

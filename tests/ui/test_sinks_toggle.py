@@ -92,3 +92,18 @@ def test_both_tabs_rerender_with_the_toggle(fns):
     for name, after in [("render_after_explain", "after_explain"), ("render_image_after_explain", "after_image"),
                         ("render_after_open", "open_saved")]:  # fmt: skip
         assert fns[name].trigger_after == fns[after]._id and fns[name].inputs[-1] is toggle
+
+
+def test_after_an_answer_the_views_are_drawn_again_only_to_leave_sinks_out():
+    attr = _result()
+    args = (["macs"], 1, False, False, None, "token")
+    assert text_tab.render_sinks(attr, *args, True) == text_tab.render(attr, *args, True)
+    for quiet in (text_tab.render_sinks(attr, *args, False), text_tab.render_sinks(_result(sinks=False), *args, True),
+                  text_tab.render_sinks(None, *args, True)):  # fmt: skip
+        assert quiet == text_tab.TextView()  # nothing changes: no late redraw
+    result = ImageResult(_result(image=True), Image.new("RGB", (60, 40)))
+    drawn = image_tab.render_image_sinks(result, ["macs"], 1, 0.5, True, True)
+    assert np.array_equal(
+        np.asarray(drawn.overlay), np.asarray(image_tab.render_image(result, ["macs"], 1, 0.5, True, True).overlay)
+    )
+    assert image_tab.render_image_sinks(result, ["macs"], 1, 0.5, True, False) == image_tab.ImageView()
