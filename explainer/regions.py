@@ -101,12 +101,16 @@ def region_strengths(
     return {m: region_strength(attr, m, positions, over) for m in methods if m in attr.methods}
 
 
-def image_region_strengths(attr: Attribution, methods: Sequence[str], cells: Iterable[Cell]) -> dict[str, np.ndarray]:
-    """Per method, (K,) mean z-score over the cells' image tokens, z-scored over the image's tokens as its overlay."""
+def image_region_strengths(
+    attr: Attribution, methods: Sequence[str], cells: Iterable[Cell], index: int = 0
+) -> dict[str, np.ndarray]:
+    """Per method, (K,) mean z-score over the cells' image tokens of image `index`, z-scored over the tokens of
+    every image, as the overlays are."""
     if not attr.image:
         raise InputError("This result has no image: select words of the question instead.")
-    over = list(attr.image["token_positions"])
-    return region_strengths(attr, methods, cell_positions(attr.image, cells), over)
+    if not 0 <= index < len(attr.images):
+        raise InputError(f"No image {index + 1}: this result has {len(attr.images)}.")
+    return region_strengths(attr, methods, cell_positions(attr.images[index], cells), attr.image_token_positions)
 
 
 def word_choices(attr: Attribution) -> list[tuple[str, list[int]]]:

@@ -112,8 +112,8 @@ def test_exports_and_reopening_are_wired_after_each_answer(fns):
 def test_method_options_are_inputs_of_both_explain_events(fns):
     keys = options.option_keys()
     assert keys == [(m, o.name) for m in options.method_choices()[0] for o in method_options(m)]
-    assert len(fns["explain"].inputs) == 8 + len(keys) and len(fns["explain_image"].inputs) == 8 + len(keys)
-    assert fns["explain"].inputs[8:] == fns["explain_image"].inputs[8:]  # one set of widgets for both tabs
+    assert len(fns["explain"].inputs) == 8 + len(keys) and len(fns["explain_image"].inputs) == 9 + len(keys)
+    assert fns["explain"].inputs[8:] == fns["explain_image"].inputs[9:]  # one set of widgets for both tabs
 
 
 def test_macs_and_rollout_are_ticked_on_first_use_in_both_tabs(app):

@@ -52,7 +52,7 @@ def text_seconds(
 
 def image_seconds(
     image: Any, question: str, methods: list[str], max_new_tokens: float, opacity: Any = None, contour: Any = None,
-    max_image_tokens: Any = None, answer: str | None = None, *options: Any, **_: Any,
+    max_image_tokens: Any = None, answer: str | None = None, more_images: Any = None, *options: Any, **_: Any,
 ) -> int:  # fmt: skip
     """GPU seconds for the image tab's `explain_image`: prefill, decoding K answer tokens (a given answer's tokens,
     else `max_new_tokens`, at most the tab's `inputs.IMAGE_NEW_TOKENS`), and AtMan's passes when chosen."""

@@ -40,16 +40,21 @@ EMPTY_QUESTION = "<p>Upload an image, ask a question and press <b>Ask</b>: the q
 
 @dataclass(frozen=True)
 class ImageResult:
-    """An image tab result in the visitor's State: the attributions and the image they are about (loaded once)."""
+    """An image tab result in the visitor's State: the attributions and the image they are about (loaded once; a
+    list of images, in order, when the question had several)."""
 
     attr: Attribution
-    image: Image.Image
+    image: Image.Image | list[Image.Image]
     question: str = ""  # as asked: the faithfulness panel encodes the same prompt again
     max_image_tokens: int | None = None  # the image budget it was asked with (None: the model's default)
 
     # Unhashable, like the `Attribution` it holds: Gradio tells a State changed by hashing hashable values, and a
     # frozen dataclass's generated hash would fail on the Attribution (every image question ended in an error).
     __hash__ = None  # type: ignore[assignment]
+
+    @property
+    def images(self) -> list[Image.Image]:
+        return list(self.image) if isinstance(self.image, list) else [self.image]
 
 
 @dataclass
@@ -148,6 +153,14 @@ def open_image(image: Any) -> Image.Image:
     return load_image(image, name=name)
 
 
+def open_images(image: Any, more: Any = None) -> Image.Image | list[Image.Image]:
+    """The upload, or it and the gallery's images in order (`open_image` each)."""
+    extra = [item.get("image", item) if isinstance(item, dict) else item for item in more or []]  # {image, caption}
+    extra = [item[0] if isinstance(item, list | tuple) else item for item in extra]  # (path, caption) when direct
+    opened = [open_image(one) for one in [image, *extra]]
+    return opened if len(opened) > 1 else opened[0]
+
+
 def _shown(result: ImageResult, methods: list[str], opacity: float, contour: bool, live: bool, **fields: Any):
     step = step_slider(result.attr, live)
     view = render_image(result, methods, step["value"], opacity, contour)
@@ -164,12 +177,13 @@ async def explain_image(
     contour: bool,
     max_image_tokens: float | None = None,
     answer: str | None = None,
+    more_images: Any = None,
     *options: Any,
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Answer a question about an image (or explain the given `answer`, teacher-forced), yielding overlays as tokens
-    arrive. `max_image_tokens` bounds the image's resolution (merged image tokens; more means finer maps and a
-    slower answer).
+    arrive. `max_image_tokens` bounds the images' resolution (merged image tokens, shared by all images; more means
+    finer maps and a slower answer). `more_images` (the gallery's raw payload) follow the first image.
 
     The event runs with `preprocess=False`: `gr.Image` would open every upload with PIL before this handler runs
     (even with `type="filepath"`), and a broken file would fail there with Gradio's generic error. So `image` is
@@ -185,7 +199,7 @@ async def explain_image(
     if max_image_tokens is not None:
         max_image_tokens = inputs.whole(max_image_tokens, "Image detail", inputs.IMAGE_TOKENS)
     opacity, answer = inputs.fraction(opacity, "Overlay opacity"), inputs.answer_text(answer)
-    image = await anyio.to_thread.run_sync(open_image, image)  # decoding a large photo takes a while
+    image = await anyio.to_thread.run_sync(open_images, image, more_images)  # decoding a large photo takes a while
     bundle = models.get_vl_bundle()
     updates = explain_updates(
         bundle, question, methods, max_new_tokens, answer, options, progress, image=image,
@@ -262,6 +276,10 @@ def example_images() -> list[Path]:
 
 def _question_column(c: Components) -> None:
     c["image"] = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
+    c["more_images"] = gr.Gallery(
+        label="More images (optional: asked about together, after the first; they share the image detail)",
+        type="filepath", interactive=True, height=120, columns=6, file_types=["image"],
+    )  # fmt: skip
     c["question_box"] = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
     c["given_answer"] = gr.Textbox(
         label="Answer (optional)", lines=1, placeholder="Leave empty to generate, or give an answer to explain."
@@ -318,7 +336,17 @@ def create_ui() -> Components:
 
 def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     """Wire the image tab's events; `option_widgets` are the "Method options" widgets."""
-    asked = c("image", "question_box", "methods", "max_new", "opacity", "contour", "image_tokens", "given_answer")
+    asked = c(
+        "image",
+        "question_box",
+        "methods",
+        "max_new",
+        "opacity",
+        "contour",
+        "image_tokens",
+        "given_answer",
+        "more_images",
+    )
     event = c["ask"].click(
         **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
         inputs=asked + option_widgets,

@@ -7,6 +7,7 @@ two clicks, opposite corners, and selects every cell between. Never runs the mod
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ TEXT_NOTE = (
     "these words."
 )
 NO_RESULT = "Generate an answer first."
-EMPTY_SELECTION = {"cells": [], "corner": None}
+EMPTY_SELECTION = {"cells": [], "corner": None, "image": 0}
 
 
 @dataclass
@@ -42,7 +43,8 @@ class RegionView:
     """What the accordions' handlers change; `KEEP` leaves a component as it is."""
 
     picker: Any = KEEP  # the image with its grid and selection (image tab)
-    selection: Any = KEEP  # {"cells": [[row, col], ...], "corner": [row, col] | None}
+    selection: Any = KEEP  # {"cells": [[row, col], ...], "corner": [row, col] | None, "image": index}
+    which: Any = KEEP  # the image chooser's update, shown with several images
     words: Any = KEEP  # the word dropdown's update (text tab)
     plot: Any = KEEP
     note: Any = KEEP
@@ -56,23 +58,32 @@ def _attr(result: Any) -> Attribution | None:
 def apply_click(selection: dict | None, cell: tuple[int, int], mode: str) -> dict:
     """The selection after a click on `cell`: toggled in "Pick cells" mode; in rectangle mode the first click marks a
     corner and the second selects the rectangle between the two."""
-    cells = [tuple(c) for c in (selection or EMPTY_SELECTION)["cells"]]
-    corner = (selection or EMPTY_SELECTION).get("corner")
+    selection = selection or EMPTY_SELECTION
+    cells, corner, image = [tuple(c) for c in selection["cells"]], selection.get("corner"), selection.get("image", 0)
     if mode == MODES[1]:
         if corner is None:
-            return {"cells": [list(c) for c in cells], "corner": list(cell)}
+            return {"cells": [list(c) for c in cells], "corner": list(cell), "image": image}
         box = cells_in_box(tuple(corner), cell)
-        return {"cells": [list(c) for c in box], "corner": None}
+        return {"cells": [list(c) for c in box], "corner": None, "image": image}
     cells = [c for c in cells if c != cell] if cell in cells else [*cells, cell]
-    return {"cells": [list(c) for c in cells], "corner": None}
+    return {"cells": [list(c) for c in cells], "corner": None, "image": image}
 
 
-def _valid(selection: dict | None, grid: list[int]) -> dict:
-    """The selection with cells outside `grid` dropped (a new image may have another grid)."""
-    h, w = grid
-    inside = [list(c) for c in (selection or EMPTY_SELECTION)["cells"] if 0 <= c[0] < h and 0 <= c[1] < w]
-    corner = (selection or EMPTY_SELECTION).get("corner")
-    return {"cells": inside, "corner": corner if corner and corner[0] < h and corner[1] < w else None}
+def _valid(selection: dict | None, attr: Attribution) -> dict:
+    """The selection with an image of this result and cells inside its grid (a new question may have other
+    images)."""
+    selection = selection or EMPTY_SELECTION
+    image = selection.get("image", 0) if 0 <= selection.get("image", 0) < len(attr.images) else 0
+    h, w = attr.images[image]["grid"]
+    inside = [list(c) for c in selection["cells"] if 0 <= c[0] < h and 0 <= c[1] < w]
+    corner = selection.get("corner")
+    corner = corner if corner and corner[0] < h and corner[1] < w and image == selection.get("image", 0) else None
+    return {"cells": inside if image == selection.get("image", 0) else [], "corner": corner, "image": image}
+
+
+def _chooser(attr: Attribution, image: int) -> dict:
+    names = [f"image {i + 1}" for i in range(len(attr.images))]
+    return gr.update(choices=names, value=names[image], visible=len(names) > 1)
 
 
 @user_errors
@@ -80,17 +91,17 @@ def render_image_region(result: Any, selection: dict | None, methods: list[str],
     """The picker and, once cells are selected, the chart for the image tab's result."""
     attr = _attr(result)
     if attr is None or not attr.image or not attr.num_steps:
-        return RegionView(picker=None, plot=None, note=NO_RESULT)
-    selection = _valid(selection, list(attr.image["grid"]))
-    cells = [tuple(c) for c in selection["cells"]]
-    picker = grid_picker(result.image, attr.image["grid"], cells, selection["corner"])
+        return RegionView(picker=None, plot=None, note=NO_RESULT, which=gr.update(visible=False))
+    selection = _valid(selection, attr)
+    cells, image = [tuple(c) for c in selection["cells"]], selection["image"]
+    picker = grid_picker(result.images[image], attr.images[image]["grid"], cells, selection["corner"])
+    shown = RegionView(picker=picker, selection=selection, plot=None, note=IMAGE_NOTE, which=_chooser(attr, image))
     if not cells:
-        return RegionView(picker=picker, selection=selection, plot=None, note=IMAGE_NOTE)
-    strengths = image_region_strengths(attr, methods or list(attr.methods), cells)
-    shown = clamp_step(inputs.step_index(step), attr.num_steps)
-    plot = region_figure(attr, strengths, shown)
+        return shown
+    strengths = image_region_strengths(attr, methods or list(attr.methods), cells, image)
+    plot = region_figure(attr, strengths, clamp_step(inputs.step_index(step), attr.num_steps))
     count = f"{len(cells)} cell{'s' * (len(cells) != 1)}"
-    return RegionView(picker=picker, selection=selection, plot=plot, note=f"{IMAGE_NOTE} **{count}.**")
+    return dataclasses.replace(shown, plot=plot, note=f"{IMAGE_NOTE} **{count}.**")
 
 
 def pick_cell(
@@ -100,13 +111,22 @@ def pick_cell(
     attr = _attr(result)
     if attr is None or not attr.image:
         return RegionView(note=NO_RESULT)
-    size = picker_size(attr.image["size"])
-    cell = cell_at({"grid": attr.image["grid"], "size": size}, *evt.index[:2])
-    return render_image_region(result, apply_click(_valid(selection, attr.image["grid"]), cell, mode), methods, step)
+    selection = _valid(selection, attr)
+    record = attr.images[selection["image"]]
+    cell = cell_at({"grid": record["grid"], "size": picker_size(record["size"])}, *evt.index[:2])
+    return render_image_region(result, apply_click(selection, cell, mode), methods, step)
 
 
-def clear_region(result: Any, methods: list[str], step: float | None) -> RegionView:
-    return render_image_region(result, EMPTY_SELECTION, methods, step)
+def clear_region(result: Any, selection: dict | None, methods: list[str], step: float | None) -> RegionView:
+    """No cells selected, on the same image."""
+    image = (selection or EMPTY_SELECTION).get("image", 0)
+    return render_image_region(result, {**EMPTY_SELECTION, "image": image}, methods, step)
+
+
+def choose_image(result: Any, which: str | None, methods: list[str], step: float | None) -> RegionView:
+    """Another image of the question ("image 2"): its grid, nothing selected."""
+    index = int(str(which).split()[-1]) - 1 if which else 0
+    return render_image_region(result, {**EMPTY_SELECTION, "image": index}, methods, step)
 
 
 @user_errors
@@ -137,6 +157,7 @@ def create_ui(image: bool, elem_id: str) -> Components:
             with gr.Row():
                 c["picker"] = gr.Image(label="Click the grid", interactive=False, type="pil", height=360)
                 with gr.Column():
+                    c["which"] = gr.Radio(["image 1"], value="image 1", label="Image", visible=False)
                     c["mode"] = gr.Radio(list(MODES), value=MODES[0], label="A click")
                     c["clear"] = gr.Button("Clear the selection")
         else:
@@ -150,7 +171,7 @@ def create_event_handlers(c: Components, tab: Components, api: str) -> None:
     watched = [tab["result"].change, tab["step"].change, tab["methods"].change]
     hidden = {"show_progress": "hidden", "trigger_mode": "always_last", **FOLLOWS_STEP}
     if "picker" in c:
-        shown = ("picker", "selection", "plot", "note")
+        shown = ("picker", "selection", "which", "plot", "note")
         gr.on(
             triggers=watched, **c.bind(render_image_region, shown),
             inputs=[tab["result"], c["selection"], tab["methods"], tab["step"]], api_name=api, **hidden,
@@ -160,8 +181,12 @@ def create_event_handlers(c: Components, tab: Components, api: str) -> None:
             api_name=f"{api}_pick", show_progress="hidden",
         )  # fmt: skip
         c["clear"].click(
-            **c.bind(clear_region, shown), inputs=[tab["result"], tab["methods"], tab["step"]],
+            **c.bind(clear_region, shown), inputs=[tab["result"], c["selection"], tab["methods"], tab["step"]],
             api_name=f"{api}_clear", show_progress="hidden",
+        )  # fmt: skip
+        c["which"].input(
+            **c.bind(choose_image, shown), inputs=[tab["result"], c["which"], tab["methods"], tab["step"]],
+            api_name=f"{api}_image", show_progress="hidden",
         )  # fmt: skip
         return
     shown = ("words", "plot", "note")

@@ -142,10 +142,15 @@ def fake(monkeypatch):
     models.forget_models()
 
 
-def image_attr(k: int, methods) -> Attribution:
-    """A fake image-prompt result: 2 x 3 image tokens after two template tokens, then the question."""
-    tokens = ["<|im_start|>", "<|vision_start|>", *["<|image_pad|>"] * 6, "<|vision_end|>", " What", "?"]
+def image_attr(k: int, methods, two_images: bool = False) -> Attribution:
+    """A fake image-prompt result: 2 x 3 image tokens after two template tokens, then the question; with
+    `two_images` a second image of 1 x 2 tokens (20 x 10 pixels) before the question."""
+    second = ["<|vision_start|>", "<|image_pad|>", "<|image_pad|>", "<|vision_end|>"] if two_images else []
+    tokens = ["<|im_start|>", "<|vision_start|>", *["<|image_pad|>"] * 6, "<|vision_end|>", *second, " What", "?"]
     raw = np.random.default_rng(0).random((k, len(tokens))).astype(np.float32)  # (K, N)
+    image = {"token_positions": list(range(2, 8)), "grid": [2, 3], "size": [45, 31]}
+    if two_images:
+        image = {**image, "images": [image, {"token_positions": [10, 11], "grid": [1, 2], "size": [20, 10]}]}
     return Attribution(
         model="fake-vlm",
         prompt_token_ids=list(range(len(tokens))),
@@ -153,9 +158,9 @@ def image_attr(k: int, methods) -> Attribution:
         generated_token_ids=list(range(k)),
         generated_tokens=ANSWER[:k],
         methods={m: MethodScores.from_raw(raw) for m in methods},
-        user_positions=[9, 10],
+        user_positions=[len(tokens) - 2, len(tokens) - 1],
         meta={"status": f"fake step {k}"},
-        image={"token_positions": list(range(2, 8)), "grid": [2, 3], "size": [45, 31]},
+        image=image,
     )
 
 
@@ -169,7 +174,7 @@ class VLFake:
         self.calls.append(
             {"prompt": prompt, "image": image, "methods": list(methods), "max_new_tokens": max_new_tokens, **kw}
         )
-        return FakeStream(image_attr(k, methods) for k in range(1, 4))
+        return FakeStream(image_attr(k, methods, isinstance(image, list)) for k in range(1, 4))
 
 
 @pytest.fixture

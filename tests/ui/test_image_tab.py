@@ -38,7 +38,7 @@ def shown_tokens(fragment: str) -> int:
 
 
 def asked(path, *args, new=3, answer=None) -> list[image_tab.ImageView]:
-    return collect(image_tab.explain_image(str(path), "What?", ["macs"], new, 0.5, True, 64, answer, *args))
+    return collect(image_tab.explain_image(str(path), "What?", ["macs"], new, 0.5, True, 64, answer, None, *args))
 
 
 def test_image_tab_without_a_vision_model_says_how_to_set_one(fake, monkeypatch):
@@ -189,3 +189,19 @@ def test_image_exports_add_the_gif_and_the_overlays(vl_fake, tmp_path):
     off = image_tab.export_image_files(None, ["macs"], 0.5, True)
     assert all(getattr(off, name)["value"] is None for name in ("json_file", "report_file", "gif_file"))
     assert all(getattr(image_tab.clear_downloads(), name)["value"] is None for name in image_tab.FILES)
+
+
+def test_more_images_from_the_gallery_follow_the_first(vl_fake, tmp_path):
+    paths = [tmp_path / "a.png", tmp_path / "b.png"]
+    Image.new("RGB", (45, 31), (40, 90, 200)).save(paths[0])
+    Image.new("RGB", (20, 10), (200, 30, 30)).save(paths[1])
+    gallery = [{"image": {"path": str(paths[1]), "orig_name": "b.png"}, "caption": None}]  # the gallery's raw payload
+    outs = collect(image_tab.explain_image(str(paths[0]), "What?", ["macs"], 3, 0.5, True, 64, None, gallery))
+    given = vl_fake.calls[0]["image"]
+    assert [img.size for img in given] == [(45, 31), (20, 10)] and given[1].getpixel((0, 0)) == (200, 30, 30)
+    last = outs[-1]
+    assert last.result.images == given and len(last.result.attr.images) == 2
+    assert last.overlay.height > 2 * 18 + 31  # a row of overlays per image
+    assert image_tab.open_images(str(paths[0]), []).size == (45, 31)  # an empty gallery: one image, not a list
+    with pytest.raises(gr.Error, match="not an image|cannot be read|Image"):
+        collect(image_tab.explain_image(str(paths[0]), "What?", ["macs"], 3, 0.5, True, 64, None, [{"path": "/nope"}]))

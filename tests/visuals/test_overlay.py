@@ -149,3 +149,24 @@ def test_maps_upsample_to_the_image():
     assert heat.shape == (30, 50) and heat.dtype == np.float32
     r, c = np.unravel_index(int(heat.argmax()), heat.shape)
     assert 20 <= r < 30 and 30 <= c < 40  # the peak cell (row 2, column 3 of a 3 x 5 grid over 50 x 30 pixels)
+
+
+def test_two_images_get_one_row_each_on_one_colour_scale():
+    first = {"token_positions": [1, 2, 3, 4], "grid": [2, 2], "size": [40, 40]}
+    second = {"token_positions": [6, 7], "grid": [1, 2], "size": [60, 30]}
+    raw = np.zeros((1, 9), dtype=np.float32)
+    raw[0, [1, 2, 3, 4]] = [0.0, 0.1, 0.2, 0.3]  # the first image's tokens low,
+    raw[0, [6, 7]] = [5.0, 6.0]  # the second's high
+    attr = Attribution(
+        model="fake", prompt_token_ids=list(range(9)), prompt_tokens=[f"t{i}" for i in range(9)],
+        generated_token_ids=[1], generated_tokens=[" A"], methods={"macs": MethodScores.from_raw(raw)},
+        image={**first, "images": [first, second]},
+    )  # fmt: skip
+    low, high = heat_map(attr, "macs", 0, (40, 40), index=0), heat_map(attr, "macs", 0, (60, 30), index=1)
+    assert low.max() < 0.2 and high.min() > 0.8  # one scale: the first image is dark next to the second
+    images = [Image.new("RGB", (40, 40), "white"), Image.new("RGB", (60, 30), "white")]
+    grid = overlay_grid(images, attr, ["macs"], 0, max_side=60)
+    one_row = overlay_grid(images[1], Attribution(**{**attr.__dict__, "image": second}), ["macs"], 0, max_side=60)
+    assert grid.height > 40 + 30 and grid.width >= one_row.width
+    with pytest.raises(ValueError, match="1 images given for a result about 2"):
+        overlay_grid(images[0], attr, ["macs"], 0)
