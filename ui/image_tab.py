@@ -278,7 +278,7 @@ def _question_column(c: Components) -> None:
     c["image"] = gr.Image(type="filepath", label="Image", height=280, sources=["upload", "clipboard"])
     c["more_images"] = gr.Gallery(
         label="More images (optional: asked about together, after the first; they share the image detail)",
-        type="filepath", interactive=True, height=120, columns=6, file_types=["image"],
+        type="filepath", interactive=True, height=180, columns=4, file_types=["image"], object_fit="contain",
     )  # fmt: skip
     c["question_box"] = gr.Textbox(label="Question", lines=2, value=DEFAULT_QUESTION)
     c["given_answer"] = gr.Textbox(
@@ -326,7 +326,7 @@ def create_ui() -> Components:
     c["step"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
     )
-    c["overlay"] = gr.Image(label="Image regions each method credits for this token", interactive=False)
+    c["overlay"] = gr.Image(label="Image regions each method credits for this token", interactive=False, height=420)
     c["question"] = gr.HTML(label="Question tokens")
     with gr.Row():
         for name, what in zip(FILES, ("JSON", "HTML report", "PNG of this view", "GIF")):

@@ -208,8 +208,17 @@ def _overlay_row(
             panel = Image.new("RGB", tile.size, (220, 220, 220))
             label = f"{prefix}{method} · pending"
         canvas.paste(panel, (x, _LABEL_HEIGHT))
-        draw.text((x + 2, 3), label[:60], fill=(31, 35, 40))
+        draw.text((x + 2, 3), _fitted(draw, label[:60], tile.width - 4), fill=(31, 35, 40))
     return canvas
+
+
+def _fitted(draw: ImageDraw.ImageDraw, label: str, width: int) -> str:
+    """`label` shortened with "…" until it fits `width` pixels (it would run into the next tile)."""
+    if draw.textlength(label) <= width:
+        return label
+    while label and draw.textlength(label + "…") > width:
+        label = label[:-1]
+    return label + "…"
 
 
 def _gif(frames: list[Image.Image], frame_ms: int) -> bytes:

@@ -321,7 +321,11 @@ class AppPage:
         """In the image tab: upload `images`, type the question, set the answer length and methods, press "Ask about
         the image" and wait until done; returns the status line."""
         panel = self.page.locator('[role="tabpanel"]:visible')
-        panel.locator("input[type=file]").first.set_input_files([str(p) for p in images])
+        panel.locator("input[type=file]").first.set_input_files(str(images[0]))
+        if len(images) > 1:  # the rest into the "More images" gallery
+            gallery = panel.locator("div.block", has_text="More images").locator("input[type=file]").first
+            gallery.set_input_files([str(p) for p in images[1:]])
+            panel.locator("div.block", has_text="More images").locator("img").nth(len(images) - 2).wait_for()
         panel.get_by_label("Question", exact=True).fill(question)
         box = panel.get_by_label("number input for Max new tokens")
         box.fill(str(max_new_tokens))
@@ -335,6 +339,7 @@ class AppPage:
         block = self.page.locator("div.block:visible", has_text="Image regions each method credits for this token")
         overlay = block.locator("img").first
         overlay.wait_for()
+        self.page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=overlay.element_handle())
         return tuple(overlay.evaluate("img => [img.naturalWidth, img.naturalHeight]"))
 
     def click_image_at(self, image: Any, fx: float, fy: float) -> None:

@@ -53,3 +53,38 @@ def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(
     vl_app.page.get_by_text(re.compile(r"[2-9]\d* cells\.")).wait_for()  # the rectangle's cells
     vl_app.page.locator("#image-region").scroll_into_view_if_needed()
     vl_app.shot("image-tab-region")
+
+
+def test_two_images_get_a_row_of_overlays_each_and_the_sink_toggle_redraws(vl_app, tmp_path):
+    first = _image(tmp_path)
+    second = tmp_path / "stripes.png"
+    pixels = np.zeros((56, 84, 3), dtype=np.uint8)
+    pixels[:, ::14] = (250, 250, 0)  # yellow stripes on black
+    Image.fromarray(pixels).save(second)
+    status = vl_app.ask_image([first, second], "What is in the image?", 2, ["macs", "rollout"])
+    assert re.match(r"Done: \d+ tokens", status), status
+    width, height = vl_app.image_overlay_size()
+    assert height > 84 + 56  # one row per image, one under the other
+    vl_app.shot("image-tab-two-images")
+
+    vl_app.open_accordion("Which answer tokens used this?")
+    chooser = vl_app.page.get_by_label("image 2", exact=True)
+    chooser.check()  # the second image's grid
+    picker = vl_app.page.locator("#image-region img").first
+    vl_app.page.wait_for_function(
+        "el => el.naturalWidth > 0 && el.naturalWidth / el.naturalHeight > 1.4", arg=picker.element_handle()
+    )  # 84 x 56: wider than the first image's 112 x 84 grid picker ratio
+    vl_app.click_image_at(picker, 0.5, 0.5)
+    vl_app.page.get_by_text(re.compile(r"1 cell\.")).wait_for()
+    bars = vl_app.region_bars("image-region")
+    assert set(bars) == {"macs", "rollout"}
+    vl_app.page.locator("#image-region").scroll_into_view_if_needed()
+    vl_app.shot("image-tab-two-images-region")
+
+    toggle = vl_app.page.get_by_label("Leave out attention sinks (both tabs)")
+    with vl_app.page.expect_request(lambda r: "queue/join" in r.url) as redraw:
+        toggle.check()  # the tiny random model has no sinks: the overlays are drawn again, unhatched
+    assert '"data"' in (redraw.value.post_data or "")
+    vl_app.page.wait_for_timeout(1500)
+    assert vl_app.image_overlay_size()[1] > 84 + 56 and "sink" not in vl_app.status()
+    assert not vl_app.page.locator(".toast-body").count()  # no error on the way
