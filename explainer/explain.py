@@ -451,7 +451,8 @@ def _run_post_hoc(
         run_inputs = full_sequence_inputs(extra_inputs, attr.num_steps)
     run = GenerationRun(
         model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress, extra_inputs=run_inputs,
-        foils=foil_vector(foils, attr.num_steps, full_ids.device),
+        foils=foil_vector(foils, attr.num_steps, full_ids.device), prompt_tokens=list(attr.prompt_tokens),
+        user_positions=list(attr.user_positions) or None,
     )  # fmt: skip
     for m in instances:
         if m.streaming:

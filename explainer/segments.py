@@ -302,3 +302,33 @@ def sentence_groups(tokens: Sequence[str], positions: Sequence[int] | np.ndarray
             run.append(p)
     flush()
     return out
+
+
+_BLANK_LINE = re.compile(r"\n[^\S\n]*\n")
+
+
+def paragraph_groups(tokens: Sequence[str], positions: Sequence[int] | np.ndarray | None = None) -> list[Group]:
+    """The tokens cut into paragraphs: consecutive sentences (`sentence_groups`) up to and including one that ends
+    with a blank line; special tokens, role names and gaps in `positions` also end a paragraph and stay groups
+    alone. A paragraph's kind is "paragraph" ("space" when it is whitespace only)."""
+    out: list[Group] = []
+    current: list[Group] = []
+
+    def close() -> None:
+        if current:
+            text = "".join(g.text for g in current)
+            out.append(Group(current[0].start, current[-1].stop, text, "paragraph" if text.strip() else "space"))
+            current.clear()
+
+    for group in sentence_groups(tokens, positions):
+        if group.kind in ("special", "role"):
+            close()
+            out.append(group)
+            continue
+        if current and current[-1].stop != group.start:
+            close()
+        current.append(group)
+        if _BLANK_LINE.search(group.text):
+            close()
+    close()
+    return out

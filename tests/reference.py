@@ -87,7 +87,7 @@ def suppressed_eager_attention(config):
         scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask  # (1, H, T, T), eager mask
         for j, factor in factors.items():
             for h in range(heads):
-                scores[0, h, :, j] += math.log(factor)  # every query's score for key j: weight * factor after softmax
+                scores[0, h, :, j] += math.log(factor) if factor > 0 else -1e4  # factor 0: masked (Sources)
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 

@@ -30,13 +30,14 @@ def method_from_spec(spec: str):
     return from_spec(spec)
 
 
-def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
+def make_runner(model: Any, method_name: str, tokens: list[str] | None = None) -> Callable[[Any, int], int]:
     """A callable `run(input_ids (1, N), K) -> tokens generated` for the baseline or a registered method.
 
     The kind of run depends only on the method's `streaming` flag, so newly registered methods are benchmarked as
-    they are. Every run holds the model (`session.hold`), like any request.
+    they are. `tokens`: the readable tokens of the longest prompt the runner gets (Sources cuts them into
+    sentences; a shorter prompt is their prefix). Every run holds the model (`session.hold`), like any request.
     """
-    runner = _make_runner(model, method_name)
+    runner = _make_runner(model, method_name, tokens)
 
     def held(input_ids, k: int) -> int:
         with hold(model):
@@ -45,7 +46,7 @@ def make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
     return held
 
 
-def _make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
+def _make_runner(model: Any, method_name: str, prompt_tokens: list[str] | None) -> Callable[[Any, int], int]:
     import torch
 
     from ..explain import generate_steps
@@ -74,7 +75,9 @@ def _make_runner(model: Any, method_name: str) -> Callable[[Any, int], int]:
         tokens = [s.token_id for s in generate_steps(model, input_ids, [], k, eos_token_ids=())]
         generated = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)  # (1, K)
         full = torch.cat([input_ids, generated], dim=1)  # (1, N + K)
-        method.explain(GenerationRun(model=model, input_ids=full, num_prompt_tokens=input_ids.shape[1]))
+        n = input_ids.shape[1]
+        shown = prompt_tokens[:n] if prompt_tokens is not None else None
+        method.explain(GenerationRun(model=model, input_ids=full, num_prompt_tokens=n, prompt_tokens=shown))
         return len(tokens)
 
     return run_posthoc
@@ -114,7 +117,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     data, text = spec.get("data"), spec.get("prompt_file")
     ids, source = prompt_ids(bundle.tokenizer, n, Path(data) if data else None, Path(text) if text else None)
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
-    run = make_runner(bundle.model, spec["method"])
+    run = make_runner(bundle.model, spec["method"], bundle.readable(ids))
     posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, min(WARMUP_NEW_TOKENS, k))
     gc.collect()

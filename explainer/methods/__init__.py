@@ -23,6 +23,7 @@ from .input_x_gradient import InputXGradient, InputXGradientConfig
 from .macs import MACS, MACSConfig
 from .random import RandomBaseline, RandomConfig
 from .rollout import Rollout, RolloutConfig
+from .sources import Sources, SourcesConfig
 
 METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
@@ -32,6 +33,7 @@ METHODS: dict[str, type[AttributionMethod]] = {
     GradELLM.name: GradELLM,
     InputXGradient.name: InputXGradient,
     RandomBaseline.name: RandomBaseline,
+    Sources.name: Sources,
 }
 
 
@@ -201,6 +203,8 @@ __all__ = [
     "RandomConfig",
     "Rollout",
     "RolloutConfig",
+    "Sources",
+    "SourcesConfig",
     "AttributionMethod",
     "Cost",
     "CostRequest",

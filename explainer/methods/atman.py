@@ -176,11 +176,11 @@ def _check_manipulated(state: _Suppression) -> None:
         )
 
 
-def _report(progress: ProgressFn | None, done: int, total: int) -> None:
+def _report(progress: ProgressFn | None, done: int, total: int, label: str = "AtMan") -> None:
     """After every forward pass: progress, and a stop if the request was cancelled."""
     check_cancelled()
     if progress is not None:
-        progress(done / total, f"AtMan: {done}/{total} passes")
+        progress(done / total, f"{label}: {done}/{total} passes")
 
 
 @dataclass
@@ -276,23 +276,25 @@ def _naive_scores(
     progress: ProgressFn | None,
     extra_inputs: dict,
     foils: torch.Tensor | None = None,
+    label: str = "AtMan",
 ) -> np.ndarray:
-    """One full forward per prompt token at batch size 1 from the original inputs (an image prompt runs its vision
-    tower every time), every logit computed; the reference for `_fast_scores`."""
+    """One full forward per suppression row (one per prompt token for AtMan; one per unit for Sources) at batch size
+    1 from the original inputs (an image prompt runs its vision tower every time), every logit computed; the
+    reference for `_fast_scores`. Returns (K, R) for the R rows of `log_bias`."""
     t = input_ids.shape[1]
     targets = input_ids[0, n:]  # (K,)
-    scores = np.zeros((t - n, n), dtype=np.float32)  # (K, N)
+    scores = np.zeros((t - n, log_bias.shape[0]), dtype=np.float32)  # (K, R)
     with attention_suppression(model) as state:
         state.bias = torch.zeros_like(log_bias[:1])  # (1, T): the same computation as the perturbed passes
         logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
         base = _cross_entropy(logits, targets, foils)
         _check_manipulated(state)
-        _report(progress, 1, n + 1)
-        for i in range(n):
+        _report(progress, 1, log_bias.shape[0] + 1, label)
+        for i in range(log_bias.shape[0]):
             state.bias = log_bias[i : i + 1]  # (1, T)
             logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
             scores[:, i] = to_numpy((_cross_entropy(logits, targets, foils) - base)[0])
-            _report(progress, i + 2, n + 1)
+            _report(progress, i + 2, log_bias.shape[0] + 1, label)
     return scores
 
 
@@ -305,8 +307,10 @@ def _fast_scores(
     progress: ProgressFn | None,
     extra_inputs: dict,
     foils: torch.Tensor | None = None,
+    label: str = "AtMan",
 ) -> np.ndarray:
-    """Batched perturbed passes over the suffix after a shared unperturbed prefix cache; equal rows run once."""
+    """Batched perturbed passes over the suffix after a shared unperturbed prefix cache; equal rows run once.
+    Returns (K, R): one column per row of `log_bias` (R = N for AtMan)."""
     t = seq.input_ids.shape[1]
     k = t - n
     targets = seq.input_ids[0, n:]  # (K,)
@@ -331,7 +335,7 @@ def _fast_scores(
         model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
         _check_manipulated(state)
         if reusable(cache, t - 1):
-            _report(progress, 1, total)
+            _report(progress, 1, total, label)
             for done, group in enumerate(groups, start=2):
                 start = int(first[group].min())  # positions before it are identical in every sequence of the group
                 b = len(group) + 1
@@ -344,10 +348,10 @@ def _fast_scores(
                 )
                 ce = _cross_entropy(out.logits, targets, foils)  # (B, K)
                 columns[:, group] = (ce[1:] - ce[:1]).T  # (K, B - 1)
-                _report(progress, done, total)
+                _report(progress, done, total, label)
             return to_numpy(columns[:, column_of])  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
-    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils)
+    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils, label)
 
 
 class AtMan(AttributionMethod):

@@ -35,6 +35,8 @@ class GenerationRun:
             methods that pass them on set `explains_images = True`; the others are refused for image prompts.
         foils: contrastive steps, (K,) long with the foil's id at a contrasted step and -1 elsewhere, or None
             (`explainer/contrast.py`). Methods with `contrastive = True` explain l_A - l_B there.
+        prompt_tokens: the N readable prompt tokens, for methods that work on words or sentences (Sources).
+        user_positions: the positions of the user's own text (not the chat template); None: all.
     """
 
     model: torch.nn.Module
@@ -43,6 +45,8 @@ class GenerationRun:
     progress: ProgressFn | None = None
     extra_inputs: dict[str, Any] | None = None
     foils: torch.Tensor | None = None
+    prompt_tokens: list[str] | None = None
+    user_positions: list[int] | None = None
 
     @property
     def num_steps(self) -> int:

@@ -181,12 +181,13 @@ def test_evaluation_benchmark_and_estimate_run_under_the_guard(bundle):
     }
     cfg = EvalConfig(methods=("macs", "rollout", "atman"), max_new_tokens=3)
     ids = bundle.encode("Paris is the capital").input_ids
+    tokens = bundle.readable(ids[0].tolist())  # Sources cuts them into sentences
     attr = explain(bundle, PROMPT, methods=["macs", "atman"], max_new_tokens=3)
     plain = evaluate_sample(bundle, row, cfg)
     with factory_guard() as hits:
         guarded = evaluate_sample(bundle, row, cfg)
         for method in (BASELINE, *METHODS):
-            assert make_runner(bundle.model, method)(ids, 2) == 2
+            assert make_runner(bundle.model, method, tokens)(ids, 2) == 2
         estimates = estimate(bundle, PROMPT, max_new_tokens=3, wait=None)
         calibrate(bundle, attr)
     assert hits == []

@@ -1,0 +1,165 @@
+"""Sources: which passages of the prompt support the answer, measured by hiding whole units (perturbation over units).
+
+Answers the retrieval-augmented-generation question "which sentences support this answer?" the way ContextCite
+(Cohen-Wang et al., 2024: sentence ablations) and AttriBoT (Liu et al., 2024: leave-one-out made fast by reusing the
+KV cache and refining hierarchically) do, per answer token:
+
+- a unit (paragraph, sentence or word of the user's text, `explainer/segments.py`) is hidden from every query by
+  attention masking (its keys get a large negative pre-softmax bias in every layer and head; with
+  `suppression_factor` > 0, AtMan's softer suppression: the weights are multiplied by it), and its score at answer
+  token k is the change of k's teacher-forced cross-entropy: score[k, u] = CE_k(hide u) - CE_k(original) (AtMan
+  paper, Eq. 3, with a unit in place of a token). Positive: the unit supports that answer token.
+- hierarchically (`depth` levels coarser than `unit`): paragraphs first, then the sentences of the `keep` strongest
+  paragraphs (mean score over the answer), then the words of the strongest sentences, as AttriBoT does; a unit that
+  is not refined keeps its parent's score.
+- each unit's score goes to every one of its tokens, so the token, word and sentence views and every export show
+  it unchanged (a sentence's mean is its score).
+
+Speed: the passes are AtMan's (`atman._fast_scores`): one unperturbed pass caches every position's keys and values;
+a unit's pass reuses that cache up to the unit's first token and recomputes only the rest, several units per batch
+(rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's `meta` lists the
+top units with their scores and token spans (`sources` in the JSON) and how many forward positions it used.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..errors import InputError
+from ..segments import Group, paragraph_groups, sentence_groups, word_groups
+from ..session import hold
+from .atman import CPU_BATCH_ROWS, _fast_scores, _naive_scores, _Sequence
+from .base import AttributionMethod, GenerationRun
+from .cost import Cost, CostRequest
+
+LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
+MASK_BIAS = -1e4  # pre-softmax bias of a hidden key: exp(-1e4) is 0 in every float format, and no row is all -inf
+TOP_SOURCES = 10  # units listed in the method's meta
+
+
+@dataclass
+class SourcesConfig:
+    unit: str = field(default="sentence", metadata={"choices": LEVELS})  # the finest unit scored
+    depth: int = 1  # levels refined down to `unit` (sentence, depth 1: paragraphs, then sentences); 0: flat
+    keep: int = 3  # units of a level whose children are scored at the next level
+    suppression_factor: float = 0.0  # 0: the unit is masked; > 0: its attention weights are scaled by this (AtMan)
+    batch_size: int = 0  # units per batched pass besides the unperturbed row; 0: from the device (8 on a CPU)
+    fast: bool = True  # reuse the prefix cache and batch; False: one full forward per unit (the reference)
+
+    def __post_init__(self) -> None:
+        if self.unit not in LEVELS:
+            raise ValueError(f"unit must be one of {', '.join(LEVELS)}, got {self.unit!r}")
+        if not 0 <= self.depth <= LEVELS.index(self.unit):
+            raise ValueError(f"depth must lie between 0 and {LEVELS.index(self.unit)} for unit {self.unit!r}")
+        if self.keep < 1:
+            raise ValueError(f"keep must be at least 1, got {self.keep}")
+        if not 0 <= self.suppression_factor < 1:
+            raise ValueError(f"suppression_factor must lie in [0, 1), got {self.suppression_factor}")
+        if self.batch_size < 0:
+            raise ValueError(f"batch_size must be 0 (from the device) or more, got {self.batch_size}")
+
+
+_GROUPS = {"paragraph": paragraph_groups, "sentence": sentence_groups, "word": word_groups}
+_KINDS = {"paragraph": ("paragraph",), "sentence": ("sentence",), "word": ("word", "punct")}
+
+
+def units(tokens: list[str], positions: list[int], level: str) -> list[Group]:
+    """The units of `level` over `positions` (whitespace, chat-template and role groups left out)."""
+    return [g for g in _GROUPS[level](tokens, positions) if g.kind in _KINDS[level]]
+
+
+def _inside(children: list[Group], parents: list[Group]) -> list[Group]:
+    """The children that lie within one of `parents`."""
+    return [c for c in children if any(p.start <= c.start and c.stop <= p.stop for p in parents)]
+
+
+class Sources(AttributionMethod):
+    name = "sources"
+    display_name = "Sources"
+    streaming = False
+    Config = SourcesConfig
+
+    def __init__(self, config: SourcesConfig | None = None, **options) -> None:
+        super().__init__(config, **options)
+        self._meta: dict = {}
+
+    @classmethod
+    def cost(cls, request: CostRequest, config: SourcesConfig) -> Cost:
+        """A rough count: about one unit per 25 prompt tokens (sentences) or 4 (words), a paragraph level of about a
+        tenth of that, each pass over the suffix after its unit (half the sequence on average) in batches."""
+        n, k, t = request.n, request.num_new_tokens, request.t
+        if k <= 0 or n == 0:
+            return Cost()
+        per_unit = {"paragraph": 250, "sentence": 25, "word": 4}[config.unit]
+        count = max(1, n // per_unit)
+        if config.depth:
+            count = max(1, n // 250) + min(count, config.keep * max(1, count // 10))
+        rows = config.batch_size or request.batch_rows or CPU_BATCH_ROWS
+        return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * (t - 1) // 2)
+
+    def explain(self, run: GenerationRun) -> np.ndarray:
+        if run.prompt_tokens is None:
+            raise InputError("Sources needs the prompt's tokens to find its sentences; run it through explain().")
+        with hold(run.model):
+            return self._explain(run)
+
+    def _explain(self, run: GenerationRun) -> np.ndarray:
+        cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
+        tokens, positions = run.prompt_tokens, run.user_positions or list(range(n))
+        raw = np.zeros((k, n), dtype=np.float32)  # (K, N)
+        level = LEVELS.index(cfg.unit) - cfg.depth
+        todo = units(tokens, positions, LEVELS[level])
+        scored: list[tuple[Group, np.ndarray]] = []
+        passes = positions_used = 0
+        while todo:
+            scores, used = self._score_units(run, todo)  # (K, U)
+            passes, positions_used = passes + len(todo), positions_used + used
+            for u, group in enumerate(todo):
+                raw[:, group.start : group.stop] = scores[:, u : u + 1]  # finer levels overwrite their parent
+                scored.append((group, scores[:, u]))
+            if level == LEVELS.index(cfg.unit):
+                break
+            strongest = [todo[u] for u in sorted(range(len(todo)), key=lambda u: -float(scores[:, u].mean()))]
+            level += 1
+            todo = _inside(units(tokens, positions, LEVELS[level]), strongest[: cfg.keep])
+            refined = {(g.start, g.stop) for g in strongest[: cfg.keep]}
+            scored = [(g, s) for g, s in scored if (g.start, g.stop) not in refined]  # their children replace them
+        sentences = len(units(tokens, positions, "sentence"))
+        self._meta = _sources_meta(scored, passes, positions_used, sentences, n + k)
+        return raw
+
+    def _score_units(self, run: GenerationRun, todo: list[Group]) -> tuple[np.ndarray, int]:
+        """(K, U) loss changes of hiding each unit, and the forward positions the passes computed (estimated:
+        the unperturbed pass and each unit's suffix)."""
+        cfg, n, ids = self.config, run.num_prompt_tokens, run.input_ids
+        t = ids.shape[1]
+        bias = MASK_BIAS if cfg.suppression_factor == 0 else float(np.log(cfg.suppression_factor))
+        log_bias = torch.zeros(len(todo), t, dtype=torch.float32, device=ids.device)  # (U, T)
+        for u, group in enumerate(todo):
+            log_bias[u, group.start : group.stop] = bias
+        if cfg.fast:
+            columns = _fast_scores(run.model, _Sequence(ids), n, log_bias, cfg.batch_size, run.progress, {}, None,
+                                   "Sources")  # fmt: skip
+            used = (t - 1) + sum(t - 1 - g.start for g in todo)
+        else:
+            columns = _naive_scores(run.model, ids, n, log_bias, run.progress, {}, None, "Sources")
+            used = (len(todo) + 1) * t
+        return np.asarray(columns, dtype=np.float32), used
+
+    def meta(self) -> dict:
+        return {**super().meta(), **self._meta}
+
+
+def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int) -> dict:
+    """The top units by mean score over the answer, and the work done against leave-one-sentence-out without a
+    cache (one full pass per sentence and the original) and ContextCite's 64 ablations (JSON-able)."""
+    ranked = sorted(scored, key=lambda item: -float(item[1].mean()))[:TOP_SOURCES]
+    top = [
+        {"text": g.text.strip(), "kind": g.kind, "start": g.start, "stop": g.stop, "score": float(s.mean())}
+        for g, s in ranked
+    ]
+    return {"sources": top, "units_scored": passes, "forward_positions": used,
+            "leave_one_sentence_out_positions": (sentences + 1) * t, "contextcite_positions": 64 * t}  # fmt: skip
