@@ -20,7 +20,7 @@ import gradio as gr
 from explainer.hardware import hardware_name, zero_gpu
 from explainer.memory import available_bytes, format_bytes
 from explainer.threads import configure_threads
-from ui import contrast, faithfulness, image_tab, layers, models, options, regions, text_tab
+from ui import contrast, faithfulness, image_tab, layers, models, options, regions, sources, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -47,12 +47,13 @@ def build() -> gr.Blocks:
             with gr.Tab("Text prompt"):
                 text = text_tab.create_ui()
                 foil = contrast.create_ui()
-                text_layers = layers.create_ui()
+                layers.create_event_handlers(layers.create_ui(), text)
                 regions.create_event_handlers(regions.create_ui(False, "text-region"), text, "render_word_region")
+                sources.create_event_handlers(sources.create_ui(), text)
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
-                image_layers = layers.create_ui("image-macs-layers")
+                layers.create_event_handlers(layers.create_ui("image-macs-layers"), image, api="render_image_layers")
                 regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
                 image_faith = faithfulness.create_ui(image=True)
         options_box.render()
@@ -62,8 +63,6 @@ def build() -> gr.Blocks:
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         faithfulness.create_event_handlers(image_faith, image["result"], image["methods"], image["step"], "image_")
         image_tab.create_event_handlers(image, option_widgets)
-        layers.create_event_handlers(text_layers, text)
-        layers.create_event_handlers(image_layers, image, api="render_image_layers")
         blocks.load(models.model_info, outputs=text["model"], api_name="model_info")
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
     return blocks.queue(default_concurrency_limit=1)

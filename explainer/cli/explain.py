@@ -49,6 +49,20 @@ def _print_summary(attr, top: int) -> None:
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
                 tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
             print(f"  step {k + 1:3d} {tok!r:>14}: {tops}")
+        _print_sources(scores.meta)
+
+
+def _print_sources(meta: dict) -> None:
+    """Sources' top units over the whole answer (nats: the loss increase when the unit is hidden) and its work."""
+    if not meta.get("sources"):
+        return
+    print("  sources over the answer (loss increase when hidden, nats):")
+    for i, unit in enumerate(meta["sources"][:5]):
+        where = f"{unit['kind']} @{unit['start']}-{unit['stop']}"
+        print(f"  {i + 1:2d}. {unit['score']:+.3f}  {where}: {unit['text'][:90]!r}")
+    loo, cite = meta["leave_one_sentence_out_positions"], meta["contextcite_positions"]
+    print(f"  forward positions: {meta['forward_positions']} (leave-one-sentence-out without a cache: {loo}; "
+          f"ContextCite's 64 ablations: {cite})")  # fmt: skip
 
 
 def _print_step_scores(attr) -> None:

@@ -138,3 +138,14 @@ def test_sources_through_explain_over_the_users_text_only(tokenizer):
     assert meta["sources"] and all(s["start"] >= min(attr.user_positions) for s in meta["sources"])
     again = json.loads(json.dumps(attr.to_dict()))["methods"]["sources"]["meta"]["sources"]
     assert again == meta["sources"]
+
+
+def test_the_command_prints_the_top_sources(tiny_model_dir, capsys):
+    from explainer.cli import main
+
+    prompt = "Paris is the capital of France.\n\nBerlin is big.\n\nWhat is the capital of France?"
+    code = main(["explain", "--model", str(tiny_model_dir), "--prompt", prompt, "--methods", "sources:depth=0",
+                 "--max-new-tokens", "2"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 0 and "sources over the answer" in out and "leave-one-sentence-out without a cache" in out
+    assert "'Paris is the capital of France.'" in out

@@ -1,0 +1,41 @@
+"""The Sources view (`visuals.sources`) on hand-built results: the ranked list with the whole-answer and per-step
+scores, links to marked units in the text, and the note without Sources."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from explainer.result import Attribution, MethodScores
+from visuals.sources import NO_SOURCES, sources_html
+
+TOKENS = ["<|im_start|>", "user", "\n", "Paris", " is", " big", ".", " Rome", " <old>", ".", "<|im_end|>"]
+
+
+def result(with_sources: bool = True) -> Attribution:
+    raw = np.zeros((2, len(TOKENS)), dtype=np.float32)  # (K, N): every token of a unit carries its score
+    raw[:, 3:7] = [[1.5], [0.5]]  # "Paris is big." at steps 1 and 2
+    raw[:, 7:10] = [[-0.2], [0.4]]  # " Rome <old>."
+    listed = [{"text": "Paris is big.", "kind": "sentence", "start": 3, "stop": 7, "score": 1.0},
+              {"text": "Rome <old>.", "kind": "sentence", "start": 7, "stop": 10, "score": 0.1}]  # fmt: skip
+    scores = MethodScores.from_raw(raw, meta={"sources": listed} if with_sources else {})
+    return Attribution(
+        model="fake", prompt_token_ids=list(range(len(TOKENS))), prompt_tokens=TOKENS, generated_token_ids=[1, 2],
+        generated_tokens=[" A", " B"], methods={"sources": scores}, user_positions=list(range(3, 10)),
+    )  # fmt: skip
+
+
+def test_the_ranked_sources_link_to_their_marked_place_in_the_text():
+    page = sources_html(result(), step=0)
+    rows = re.findall(r"<tr><td>(\d)</td><td>([^<]+)</td><td>([^<]+)</td><td><a href=\"#(xai-src-\d+)\">", page)
+    assert rows == [("1", "+1.000", "+1.500", "xai-src-3"), ("2", "+0.100", "-0.200", "xai-src-7")]
+    marks = re.findall(r'<mark id="(xai-src-\d+)" style="background:rgba\((\d+),', page)
+    assert marks == [("xai-src-3", "26"), ("xai-src-7", "215")]  # green: supports; red: against, at step 1
+    assert "Rome &lt;old&gt;." in page and "<old>" not in page  # escaped
+    assert "im_start" not in page.split("xai-sources-text")[1]  # the user's text only
+    assert "step 2 &#x27; B&#x27;" in sources_html(result(), step=None)  # the newest step by default
+
+
+def test_a_note_without_sources():
+    assert sources_html(None) == NO_SOURCES and sources_html(result(with_sources=False)) == NO_SOURCES

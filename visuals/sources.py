@@ -1,0 +1,81 @@
+"""Sources, drawn: the passages of the prompt that support the answer, ranked, each linking to its place in the text.
+
+Reads what the Sources method (`explainer/methods/sources.py`) keeps: its meta's `sources` (the top units with their
+token spans and mean score over the answer: the loss increase, in nats, when the unit is hidden) and its (K, N)
+scores, where every token of a unit carries the unit's score at that step. The list gives each unit's score over the
+whole answer and at the step on the slider; a click scrolls to the unit in the prompt text beneath, where every
+scored unit is tinted by its score at that step.
+
+Pure: an `Attribution` in, HTML out; no model.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+
+from explainer.result import Attribution
+from explainer.steps import clamp_step
+
+NO_SOURCES = (
+    "<p>Tick <b>sources</b> among the methods and generate: it hides each passage of your text in turn and measures "
+    "how much harder the answer becomes.</p>"
+)
+
+
+def _tint(score: float, top: float) -> str:
+    """Green for support (hiding the unit makes the answer less likely), red for the opposite, by magnitude."""
+    a = 0.0 if top <= 0 else min(1.0, abs(score) / top) * 0.55
+    return f"rgba(26,150,65,{a:.2f})" if score >= 0 else f"rgba(215,48,39,{a:.2f})"
+
+
+def sources_html(attr: Attribution | None, step: int | None = None, method: str = "sources") -> str:
+    """The ranked sources of `attr` and its prompt text with them marked; a note when Sources did not run.
+
+    Args:
+        attr: the result.
+        step: 0-based answer step for the per-step column and the tints (None: the newest).
+        method: the method whose meta lists the sources.
+    """
+    scores = attr.methods.get(method) if isinstance(attr, Attribution) else None
+    if scores is None or not scores.meta.get("sources") or scores.raw.shape[0] == 0:
+        return NO_SOURCES
+    k = clamp_step(step, scores.raw.shape[0])
+    raw = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
+    listed = scores.meta["sources"]
+    top = max([abs(s["score"]) for s in listed] + [float(np.abs(raw[k]).max())])
+    token = html.escape(repr(attr.generated_tokens[k]) if k < len(attr.generated_tokens) else "")
+    rows = [
+        f"<tr><td>{i + 1}</td><td>{s['score']:+.3f}</td><td>{raw[k, s['start']]:+.3f}</td>"
+        f'<td><a href="#xai-src-{s["start"]}">{html.escape(s["text"][:160])}</a></td></tr>'
+        for i, s in enumerate(listed)
+    ]
+    table = (
+        '<table class="xai-sources"><thead><tr><th>#</th><th>answer</th>'
+        f"<th>step {k + 1} {token}</th><th>passage (click: show it in the text)</th></tr></thead>"
+        f"<tbody>{''.join(rows)}</tbody></table>"
+    )
+    return table + _text(attr, raw[k], listed, top)
+
+
+def _text(attr: Attribution, row: np.ndarray, listed: list[dict], top: float) -> str:
+    """The user's text with every listed unit marked (an anchor the list links to) and tinted by `row`."""
+    starts = {s["start"]: s["stop"] for s in listed}
+    positions = attr.user_positions or list(range(attr.num_prompt_tokens))
+    lo, hi = min(positions), max(positions) + 1
+    parts, p = [], lo
+    while p < hi:
+        if p in starts:
+            stop = starts[p]
+            text = html.escape("".join(attr.prompt_tokens[p:stop]))
+            parts.append(
+                f'<mark id="xai-src-{p}" style="background:{_tint(float(row[p]), top)}" '
+                f'title="{float(row[p]):+.3f} nats at this step">{text}</mark>'
+            )
+            p = stop
+        else:
+            parts.append(html.escape(attr.prompt_tokens[p]))
+            p += 1
+    style = "white-space:pre-wrap;max-height:320px;overflow:auto"
+    return f'<div class="xai-sources-text" style="{style}">{"".join(parts)}</div>'
