@@ -1,0 +1,36 @@
+"""The Sources accordion in a real browser, with the embedded SmolLM2-135M-Instruct: a prompt of three short
+paragraphs and a question, Sources ticked; the ranked passages appear, and a click shows one in the text."""
+
+from __future__ import annotations
+
+import re
+
+PROMPT = (
+    "Marta Lindqvist founded the bakery in 1987. It is on Harbour Street.\n\n"
+    "The weather in the town is mild. It rains in autumn.\n\n"
+    "The bakery sells rye bread and cinnamon buns.\n\n"
+    "Who founded the bakery?"
+)
+
+
+def test_sources_rank_the_passages_and_a_click_shows_one_in_the_text(app):
+    app.generate(PROMPT, max_new_tokens=6, methods=["macs", "sources"], wait=True)
+    app.open_accordion("Sources: which passages support the answer")
+    rows = app.page.locator("#sources table.xai-sources tbody tr")
+    rows.first.wait_for()
+    assert rows.count() >= 3
+    scores = [float(s) for s in rows.locator("td:nth-child(2)").all_inner_texts()]
+    assert scores == sorted(scores, reverse=True)  # ranked over the whole answer
+    link = rows.first.locator("a")
+    target = link.get_attribute("href")
+    assert re.fullmatch(r"#xai-src-\d+", target)
+    app.page.locator("#sources .xai-sources-text").evaluate("el => el.scrollTop = el.scrollHeight")
+    link.click()
+    mark = app.page.locator(target)
+    mark.wait_for()
+    assert mark.inner_text().strip() in link.inner_text() or link.inner_text().startswith(mark.inner_text()[:40])
+    box = app.page.locator("#sources .xai-sources-text").bounding_box()
+    where = mark.bounding_box()
+    assert box["y"] - 1 <= where["y"] <= box["y"] + box["height"]  # scrolled into the text's view
+    app.page.locator("#sources").scroll_into_view_if_needed()
+    app.shot("sources")
