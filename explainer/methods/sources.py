@@ -103,7 +103,7 @@ class Sources(AttributionMethod):
     def explain(self, run: GenerationRun) -> np.ndarray:
         if run.prompt_tokens is None:
             raise InputError("Sources needs the prompt's tokens to find its sentences; run it through explain().")
-        with hold(run.model):
+        with hold(run.model), torch.inference_mode():  # no autograd graph of the passes (GBs at 1,000 tokens)
             return self._explain(run)
 
     def _explain(self, run: GenerationRun) -> np.ndarray:

@@ -149,3 +149,15 @@ def test_the_command_prints_the_top_sources(tiny_model_dir, capsys):
     out = capsys.readouterr().out
     assert code == 0 and "sources over the answer" in out and "leave-one-sentence-out without a cache" in out
     assert "'Paris is the capital of France.'" in out
+
+
+def test_the_passes_keep_no_autograd_graph(run):
+    """Without inference mode every pass kept its graph: 10 GB at 512 tokens on the embedded model."""
+    r = run["llama"]
+    seen = []
+    handle = r.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_inference_mode_enabled()))
+    try:
+        get_method("sources", depth=0).explain(r)
+    finally:
+        handle.remove()
+    assert seen and all(seen)
