@@ -222,7 +222,7 @@ class SavedResult(_Record):
     prompt_token_ids: PromptIds
     prompt_tokens: PromptTokens
     generated_token_ids: TokenIds = []
-    generated_tokens: GeneratedTokens = []
+    generated_tokens: GeneratedTokens = Field(default=[], validate_default=True)  # K ids need K strings
     user_positions: Positions = []
     methods: dict[Text, MethodRecord] = {}
     meta: dict[str, Any] = {}
