@@ -59,17 +59,21 @@ def _reference_atman(model, ids: torch.Tensor, n: int, correlated=True, cosine_t
     return out, rows
 
 
-@pytest.fixture(scope="module")
-def sequences(tokenizer):
-    """Per tiny model: the model and prompt + K greedy tokens as one (1, N + K) sequence."""
+def greedy_sequences(tokenizer, prompt: str, k: int) -> dict:
+    """Per tiny model: the model and the prompt + k greedy tokens as one (1, N + k) sequence, and N."""
     out = {}
-    prompt = torch.tensor([tokenizer(PROMPT)["input_ids"]])
+    ids = torch.tensor([tokenizer(prompt)["input_ids"]])
     for kind in BUILDERS:
         model = build_model(kind)
         with torch.no_grad():
-            ids = model.generate(prompt, max_new_tokens=K, min_new_tokens=K, do_sample=False, eos_token_id=None)
-        out[kind] = (model, ids, prompt.shape[1])
+            full = model.generate(ids, max_new_tokens=k, min_new_tokens=k, do_sample=False, eos_token_id=None)
+        out[kind] = (model, full, ids.shape[1])
     return out
+
+
+@pytest.fixture(scope="module")
+def sequences(tokenizer):
+    return greedy_sequences(tokenizer, PROMPT, K)
 
 
 def _assert_untouched(model) -> None:

@@ -37,13 +37,13 @@ class CountHostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def reads_per_step(model, n: int, methods: list, steps: int = 6) -> list[int]:
+def reads_per_step(model, n: int, methods: list, steps: int = 6, **options) -> list[int]:
     """Host reads counted in each step of greedy generation from an n-token prompt; `methods` are names or method
-    instances."""
+    instances, `options` further arguments of `generate_steps`."""
     ids = torch.arange(3, 3 + n)[None] % model.config.vocab_size  # (1, n)
     instances = [get_method(m) if isinstance(m, str) else m for m in methods]
     counts = []
-    gen = generate_steps(model, ids, instances, steps)
+    gen = generate_steps(model, ids, instances, steps, **options)
     while True:
         with CountHostReads() as mode:
             try:

@@ -21,7 +21,7 @@ from explainer.sinks import SinkConfig, SinkTracker, detect_sinks, leave_out_sin
 
 from ..conftest import build_model
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
-from .test_host_syncs import CountHostReads
+from .test_host_syncs import reads_per_step
 
 PROMPT = "Paris is the capital of France, and Berlin is the capital of Germany. What is the capital of France?"
 DATA = Path(__file__).parent.parent / "data"
@@ -127,15 +127,7 @@ def test_tracking_changes_no_token_no_host_read_and_leaves_no_hook(kind):
     assert _tokens(model, ids, ["macs"], tracker) == plain == _tokens(model, ids, ["macs"])
     assert tracker.steps == 8 and tracker.norms.shape == (37,) and tracker.record()["steps"] == 8
     assert all(not layer._forward_pre_hooks for layer in model.get_decoder().layers)
-    counts = []
-    gen = generate_steps(model, ids, [get_method("macs")], 6, sinks=SinkTracker(ids.shape[1], model))
-    while True:
-        with CountHostReads() as mode:
-            try:
-                next(gen)
-            except StopIteration:
-                break
-        counts.append(mode.count)
+    counts = reads_per_step(model, ids.shape[1], ["macs"], sinks=SinkTracker(ids.shape[1], model))
     assert counts[1:] == [2] * (len(counts) - 1)  # the token's read and MACS's, as without tracking
 
 

@@ -19,6 +19,7 @@ from explainer.segments import paragraph_groups
 
 from ..conftest import BUILDERS, build_model
 from ..reference import suppressed_eager_attention
+from .test_atman import greedy_sequences
 
 PROMPT = (
     "Paris is the capital of France. The quick brown fox jumps.\n\n"
@@ -51,12 +52,7 @@ def _reference(model, ids: torch.Tensor, n: int, groups, factor: float) -> np.nd
 def run(tokenizer):
     """Per tiny model: a generation run over the prompt (no chat template) and K greedy tokens."""
     out = {}
-    prompt = torch.tensor([tokenizer(PROMPT)["input_ids"]])
-    for kind in BUILDERS:
-        model = build_model(kind)
-        with torch.no_grad():
-            ids = model.generate(prompt, max_new_tokens=K, min_new_tokens=K, do_sample=False, eos_token_id=None)
-        n = prompt.shape[1]
+    for kind, (model, ids, n) in greedy_sequences(tokenizer, PROMPT, K).items():
         tokens = bundle_from_objects(model, tokenizer, name=kind).readable(ids[0, :n].tolist())
         out[kind] = GenerationRun(model=model, input_ids=ids, num_prompt_tokens=n, prompt_tokens=tokens)
     return out
