@@ -35,6 +35,9 @@ class BenchRow:
             (0 = quiet machine); runs above ~0.1 are slowed by contention. None where /proc/stat is unreadable.
         tokens_per_s_ratio, peak_mem_ratio, live_peak_mem_ratio: relative to `none` at the same prompt and
             new-token lengths.
+        positions: forward positions of the last timed run, where counted: `forward_positions` (computed; plain
+            generation's N + K - 1) and, for Sources, what leave-one-sentence-out without a cache and ContextCite's
+            64 ablations would compute (`leave_one_sentence_out_positions`, `contextcite_positions`). None elsewhere.
     """
 
     method: str
@@ -53,6 +56,7 @@ class BenchRow:
     tokens_per_s_ratio: float | None = None
     peak_mem_ratio: float | None = None
     live_peak_mem_ratio: float | None = None
+    positions: dict[str, int] | None = None
 
 
 def with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
@@ -92,8 +96,22 @@ _LIVE_COLUMNS = (
 )
 
 
+def _count(row: BenchRow, key: str) -> str:
+    value = (row.positions or {}).get(key)
+    return "-" if value is None else f"{value:,}"
+
+
+_POSITION_COLUMNS = (
+    ("forward_positions", "forward positions", lambda r: _count(r, "forward_positions")),
+    ("loo_sentence_positions", "leave-one-sentence-out", lambda r: _count(r, "leave_one_sentence_out_positions")),
+    ("contextcite_positions", "ContextCite (64)", lambda r: _count(r, "contextcite_positions")),
+)
+
+
 def _columns(rows: list[BenchRow]) -> tuple:
-    return _COLUMNS + (_LIVE_COLUMNS if any(r.live_peak_mem_mb is not None for r in rows) else ())
+    live = _LIVE_COLUMNS if any(r.live_peak_mem_mb is not None for r in rows) else ()
+    counted = any(r.method != BASELINE and r.positions for r in rows)  # plain generation's alone says nothing
+    return _COLUMNS + live + (_POSITION_COLUMNS if counted else ())
 
 
 def format_table(rows: list[BenchRow]) -> str:

@@ -30,14 +30,19 @@ def method_from_spec(spec: str):
     return from_spec(spec)
 
 
-def make_runner(model: Any, method_name: str, tokens: list[str] | None = None) -> Callable[[Any, int], int]:
+def make_runner(
+    model: Any, method_name: str, tokens: list[str] | None = None, work: dict[str, int] | None = None
+) -> Callable[[Any, int], int]:
     """A callable `run(input_ids (1, N), K) -> tokens generated` for the baseline or a registered method.
 
     The kind of run depends only on the method's `streaming` flag, so newly registered methods are benchmarked as
     they are. `tokens`: the readable tokens of the longest prompt the runner gets (Sources cuts them into
-    sentences; a shorter prompt is their prefix). Every run holds the model (`session.hold`), like any request.
+    sentences; a shorter prompt is their prefix). `work`, if given, gets the forward positions of each run where
+    they are counted: plain generation's (N + K - 1) and those a method's meta reports (its `*_positions` entries,
+    e.g. Sources against leave-one-sentence-out and ContextCite). Every run holds the model (`session.hold`), like
+    any request.
     """
-    runner = _make_runner(model, method_name, tokens)
+    runner = _make_runner(model, method_name, tokens, {} if work is None else work)
 
     def held(input_ids, k: int) -> int:
         with hold(model):
@@ -46,7 +51,9 @@ def make_runner(model: Any, method_name: str, tokens: list[str] | None = None) -
     return held
 
 
-def _make_runner(model: Any, method_name: str, prompt_tokens: list[str] | None) -> Callable[[Any, int], int]:
+def _make_runner(
+    model: Any, method_name: str, prompt_tokens: list[str] | None, work: dict[str, int]
+) -> Callable[[Any, int], int]:
     import torch
 
     from ..explain import generate_steps
@@ -57,6 +64,7 @@ def _make_runner(model: Any, method_name: str, prompt_tokens: list[str] | None) 
         def run_plain(input_ids: torch.Tensor, k: int) -> int:
             with torch.inference_mode():
                 out = model.generate(input_ids, max_new_tokens=k, min_new_tokens=k, do_sample=False)  # (1, N + K)
+            work["forward_positions"] = out.shape[1] - 1  # the prefill's N, then one per decoded token but the last
             return out.shape[1] - input_ids.shape[1]
 
         return run_plain
@@ -78,6 +86,7 @@ def _make_runner(model: Any, method_name: str, prompt_tokens: list[str] | None) 
         n = input_ids.shape[1]
         shown = prompt_tokens[:n] if prompt_tokens is not None else None
         method.explain(GenerationRun(model=model, input_ids=full, num_prompt_tokens=n, prompt_tokens=shown))
+        work.update({key: int(v) for key, v in method.meta().items() if key.endswith("_positions")})
         return len(tokens)
 
     return run_posthoc
@@ -117,12 +126,15 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     data, text = spec.get("data"), spec.get("prompt_file")
     ids, source = prompt_ids(bundle.tokenizer, n, Path(data) if data else None, Path(text) if text else None)
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
-    run = make_runner(bundle.model, spec["method"], bundle.readable(ids))
+    work: dict[str, int] = {}
+    run = make_runner(bundle.model, spec["method"], bundle.readable(ids), work)
     posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, min(WARMUP_NEW_TOKENS, k))
     gc.collect()
 
+    work.clear()  # the warm-up's counts were over a shorter prompt
     row = _timed_runs(spec, bundle.device, run, input_ids, k)
+    row.positions = dict(work) or None
     if spec.get("live_mem") and bundle.device.type == "cpu":
         row.live_peak_mem_mb = _live_peak_mb(run, input_ids, k)
     return {

@@ -235,6 +235,41 @@ def test_bench_end_to_end_on_tiny_llama(tiny_model_dir, tmp_path, capsys):
     assert "tokens_per_s" in printed and "| method |" in printed
 
 
+def test_position_columns_appear_only_when_a_method_counts_them():
+    rows = [_row("none", 2048, 6.0, 800.0), _row("sources", 2048, 0.3, 1400.0)]
+    rows[0].positions = {"forward_positions": 2079}
+    assert "forward positions" not in format_markdown(with_ratios(rows[:1]))  # plain generation's alone: no columns
+    rows[1].positions = {
+        "forward_positions": 33973, "leave_one_sentence_out_positions": 183040, "contextcite_positions": 133120,
+    }  # fmt: skip
+
+    plain = format_table(with_ratios(rows)).splitlines()
+    md = format_markdown(with_ratios(rows)).splitlines()
+
+    assert plain[0].split()[-3:] == ["forward_positions", "loo_sentence_positions", "contextcite_positions"]
+    assert plain[1].split()[-3:] == ["2,079", "-", "-"] and plain[2].split()[-3:] == ["33,973", "183,040", "133,120"]
+    assert md[0].endswith("| forward positions | leave-one-sentence-out | ContextCite (64) |")
+
+
+def test_bench_of_sources_counts_its_forward_positions(tiny_model_dir, tmp_path):
+    """A smoke run of the bench path for Sources (no timing is checked): its seconds against plain generation's and
+    the forward positions it computed against leave-one-sentence-out and ContextCite's 64 ablations."""
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--model", str(tiny_model_dir), "--prompt-tokens", "64", "--new-tokens", "2", "--methods",
+            "none,sources:depth=0:batch_size=2", "--repeats", "1", "--device", "cpu", "--json", str(out)]  # fmt: skip
+
+    assert main(argv) == 0
+
+    plain, sources = json.loads(out.read_text())["rows"]
+    assert plain["positions"] == {"forward_positions": 64 + 2 - 1}
+    assert sources["method"] == "sources:depth=0:batch_size=2" and 0 < sources["tokens_per_s_ratio"]
+    counts = sources["positions"]
+    assert set(counts) == {"forward_positions", "leave_one_sentence_out_positions", "contextcite_positions"}
+    assert counts["contextcite_positions"] == 64 * (64 + 2)  # 64 full passes over the prompt and answer
+    sentences = counts["leave_one_sentence_out_positions"] // (64 + 2) - 1
+    assert sentences >= 2 and counts["forward_positions"] < counts["leave_one_sentence_out_positions"]
+
+
 @pytest.mark.parametrize(
     "flags, message",
     [
