@@ -33,6 +33,16 @@ def image_map(attr: Attribution, method: str, step: int, hide_sinks: bool = Fals
     """
     if not attr.image:
         raise ValueError("This result has no image: it comes from a text prompt.")
+    z = image_zscores(attr, method, step, hide_sinks)  # (T,)
+    record = _record(attr, index)
+    start = sum(len(one["token_positions"]) for one in attr.images[:index])
+    h, w = record["grid"]
+    return z[start : start + h * w].reshape(h, w).astype(np.float32)
+
+
+def image_zscores(attr: Attribution, method: str, step: int, hide_sinks: bool = False) -> np.ndarray:
+    """(T,) float64 z-scores of one step over the tokens of every image, image after image (NaN at sinks left out
+    with `hide_sinks`); `image_map` reshapes one image's part to its grid."""
     if method not in attr.methods:
         raise ValueError(f"No scores for method {method!r}; have {', '.join(attr.methods) or 'none'}.")
     raw = attr.methods[method].raw  # (K, N)
@@ -43,11 +53,7 @@ def image_map(attr: Attribution, method: str, step: int, hide_sinks: bool = Fals
     finite = np.isfinite(row[pos])
     values = np.where(finite, row[pos], 0.0)[None, :]  # (1, T)
     cells = np.flatnonzero(np.isin(pos, sink_positions(attr))) if hide_sinks else []  # sink tokens among them
-    z = leave_out_sinks(values, cells)[0] if len(cells) else zscore(values)[0]  # (T,)
-    record = _record(attr, index)
-    start = sum(len(one["token_positions"]) for one in attr.images[:index])
-    h, w = record["grid"]
-    return z[start : start + h * w].reshape(h, w).astype(np.float32)
+    return leave_out_sinks(values, cells)[0] if len(cells) else zscore(values)[0]
 
 
 def _record(attr: Attribution, index: int) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from explainer.image_maps import image_map, image_sinks, upsample_map
+from explainer.image_maps import image_map, image_sinks, image_zscores, upsample_map
 from explainer.result import Attribution
 from explainer.steps import clamp_step
 
@@ -69,8 +69,8 @@ def heat_map(
     heat = upsample_map(grid, size)  # (H, W)
     lo, hi = float(heat.min()), float(heat.max())
     if len(attr.images) > 1:
-        every = [np.nan_to_num(image_map(attr, method, k, hide_sinks, i), nan=0.0) for i in range(len(attr.images))]
-        lo, hi = min(float(g.min()) for g in every), max(float(g.max()) for g in every)
+        every = np.nan_to_num(image_zscores(attr, method, k, hide_sinks), nan=0.0)  # (T,) all images, as the grids
+        lo, hi = float(every.min()), float(every.max())
         return np.clip((heat - lo) / (hi - lo), 0.0, 1.0) if hi > lo else np.zeros_like(heat)  # bicubic overshoots
     return (heat - lo) / (hi - lo) if hi > lo else np.zeros_like(heat)
 

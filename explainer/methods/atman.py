@@ -247,6 +247,33 @@ def atman_scores(
         )
 
 
+def suppression_scores(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    num_prompt_tokens: int,
+    log_bias: torch.Tensor,
+    fast: bool = True,
+    batch_size: int = 0,
+    progress: ProgressFn | None = None,
+    label: str = "AtMan",
+) -> np.ndarray:
+    """CE_k(row r's suppression) - CE_k(original) of a text sequence for any suppression rows, by AtMan's passes
+    (`fast`: the prefix-cache batched ones; else one full forward per row). Other methods that hide groups of tokens
+    (Sources) call this; the caller holds the model and runs it in inference mode.
+
+    Args:
+        input_ids: (1, N + K) prompt and answer.
+        log_bias: (R, N + K) pre-softmax bias per key position for each row (0: untouched).
+
+    Returns:
+        (K, R) float32.
+    """
+    if fast:
+        return _fast_scores(model, _Sequence(input_ids), num_prompt_tokens, log_bias, batch_size, progress, {}, None,
+                            label)  # fmt: skip
+    return _naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label)
+
+
 def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs, foils=None) -> np.ndarray:
     n, t = num_prompt_tokens, input_ids.shape[1]
     k = t - n

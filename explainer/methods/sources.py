@@ -15,9 +15,9 @@ KV cache and refining hierarchically) do, per answer token:
 - each unit's score goes to every one of its tokens, so the token, word and sentence views and every export show
   it unchanged (a sentence's mean is its score).
 
-Speed: the passes are AtMan's (`atman._fast_scores`): one unperturbed pass caches every position's keys and values;
-a unit's pass reuses that cache up to the unit's first token and recomputes only the rest, several units per batch
-(rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's `meta` lists the
+Speed: the passes are AtMan's (`atman.suppression_scores`): one unperturbed pass caches every position's keys and
+values; a unit's pass reuses that cache up to the unit's first token and recomputes only the rest, several units per
+batch (rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's `meta` lists the
 top units with their scores and token spans (`sources` in the JSON) and how many forward positions it used.
 """
 
@@ -31,7 +31,7 @@ import torch
 from ..errors import InputError
 from ..segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..session import hold
-from .atman import CPU_BATCH_ROWS, _fast_scores, _naive_scores, _Sequence
+from .atman import CPU_BATCH_ROWS, suppression_scores
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
 
@@ -140,13 +140,8 @@ class Sources(AttributionMethod):
         log_bias = torch.zeros(len(todo), t, dtype=torch.float32, device=ids.device)  # (U, T)
         for u, group in enumerate(todo):
             log_bias[u, group.start : group.stop] = bias
-        if cfg.fast:
-            columns = _fast_scores(run.model, _Sequence(ids), n, log_bias, cfg.batch_size, run.progress, {}, None,
-                                   "Sources")  # fmt: skip
-            used = (t - 1) + sum(t - 1 - g.start for g in todo)
-        else:
-            columns = _naive_scores(run.model, ids, n, log_bias, run.progress, {}, None, "Sources")
-            used = (len(todo) + 1) * t
+        columns = suppression_scores(run.model, ids, n, log_bias, cfg.fast, cfg.batch_size, run.progress, "Sources")
+        used = (t - 1) + sum(t - 1 - g.start for g in todo) if cfg.fast else (len(todo) + 1) * t
         return np.asarray(columns, dtype=np.float32), used
 
     def meta(self) -> dict:
