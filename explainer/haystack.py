@@ -89,6 +89,12 @@ def rank_sentences(
     }
 
 
+def method_label(name: str, options: dict[str, Any] | None) -> str:
+    """A method's key in the results: its name, with the options given as on the command line
+    (`sources:scope=all`), so variants of one method run into separate files join as separate rows."""
+    return ":".join([name, *(f"{k}={v}" for k, v in (options or {}).items())])
+
+
 def evaluate_haystack_sample(bundle, row: dict[str, Any], cfg: HaystackConfig) -> dict[str, Any]:
     """One haystack row: the answer, and every method's hits (one JSON-able dict)."""
     from .evaluate import context_positions, qa_prompt
@@ -116,7 +122,8 @@ def evaluate_haystack_sample(bundle, row: dict[str, Any], cfg: HaystackConfig) -
     }  # fmt: skip
     for name, scores in attr.methods.items():
         z = span_scores(attr, name, 0, last, positions)  # (N,), over the context tokens
-        out["methods"][name] = {**rank_sentences(z, sentences, char_spans, row), "seconds": scores.seconds}
+        label = method_label(name, cfg.method_options.get(name))
+        out["methods"][label] = {**rank_sentences(z, sentences, char_spans, row), "seconds": scores.seconds}
     out["seconds"] = time.perf_counter() - t0
     return out
 
@@ -176,16 +183,17 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
 def format_table(summary: dict[str, Any]) -> str:
     """The results table: per method, each hit rate with its 95% interval, and the chance levels."""
     head = f"N = {summary['n']} haystack prompts; rates with 95% Wilson intervals"
-    lines = [head, "", f"{'method':<14}{'top sentence holds answer':>30}{'top sentence in gold paragraph':>34}"
+    w = max([14, *(len(name) + 2 for name in summary["methods"])])  # method names with options are long
+    lines = [head, "", f"{'method':<{w}}{'top sentence holds answer':>30}{'top sentence in gold paragraph':>34}"
              f"{'answer sentence in top 3':>30}"]  # fmt: skip
     for name, e in summary["methods"].items():
         cells = "".join(
             f"{f'{100 * e[h][0]:.1f}% [{100 * e[h][1]:.1f}, {100 * e[h][2]:.1f}]':>{w}}"
             for h, w in zip(HITS, (30, 34, 30))
         )
-        lines.append(f"{name:<14}{cells}")
+        lines.append(f"{name:<{w}}{cells}")
     sentence, paragraph = (f"{100 * summary['chance'][h]:.1f}%" for h in ("sentence_hit", "paragraph_hit"))
-    lines.append(f"{'chance':<14}{sentence:>30}{paragraph:>34}")
+    lines.append(f"{'chance':<{w}}{sentence:>30}{paragraph:>34}")
     return "\n".join(lines)
 
 

@@ -39,6 +39,24 @@ def batch_budget(model: torch.nn.Module, t: int, k: int, rows: int, cpu_rows: in
     return tokens, min(rows, most) if rows else most
 
 
+def packed_positions(model: torch.nn.Module, t: int) -> int:
+    """How many new positions one packed pass (`methods/answer_passes.py`) may compute after a cache of up to T
+    positions: `TOKENS_PER_BATCH` on a CPU; on an accelerator what `BATCH_SHARE` of its free memory holds, at a
+    position's activations and cache, its float32 logits row (twice, for the log-softmax) and its rows of the mask
+    and of one layer's attention scores over all T + new keys (float32, every head)."""
+    from .devices import input_device
+    from .memory import ModelShape, available_bytes
+
+    device = input_device(model)
+    if device.type == "cpu":
+        return TOKENS_PER_BATCH
+    shape = ModelShape.of(model)
+    spend = BATCH_SHARE * (available_bytes(device) or 0)
+    keys = t + MAX_TOKENS_PER_BATCH  # the most keys a query of such a pass can see
+    per_position = shape.position_bytes() + 8 * shape.vocab + 4 * (3 + shape.heads) * keys
+    return int(min(MAX_TOKENS_PER_BATCH, max(TOKENS_PER_BATCH, spend // per_position)))
+
+
 def rows_per_batch(length: int, tokens: int, most: int) -> int:
     """How many sequences of `length` new positions go into one forward: about `tokens` positions, 1..`most` rows."""
     return max(1, min(most, tokens // max(1, length)))

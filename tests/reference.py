@@ -70,10 +70,11 @@ def reference_rollout(attentions, n: int, k_steps: int, residual=0.5, head_fusio
 
 
 @contextlib.contextmanager
-def suppressed_eager_attention(config):
+def suppressed_eager_attention(config, from_query: int = 0):
     """Select, on `config`, eager attention whose scores to chosen keys are edited in a plain loop (AtMan's
-    reference): yields a dict {key position: factor} to fill before each forward; every query's pre-softmax score for
-    that key gets ln(factor) added in every head. On exit the config and registries are restored."""
+    reference): yields a dict {key position: factor} to fill before each forward; the pre-softmax score of every
+    query from position `from_query` on for that key gets ln(factor) added in every head (a full forward, no cache).
+    On exit the config and registries are restored."""
     import torch
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, eager_mask
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
@@ -87,7 +88,8 @@ def suppressed_eager_attention(config):
         scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + attention_mask  # (1, H, T, T), eager mask
         for j, factor in factors.items():
             for h in range(heads):
-                scores[0, h, :, j] += math.log(factor) if factor > 0 else -1e4  # factor 0: masked (Sources)
+                for q in range(from_query, scores.shape[2]):
+                    scores[0, h, q, j] += math.log(factor) if factor > 0 else -1e4  # factor 0: masked (Sources)
         probs = torch.softmax(scores, dim=-1)
         return torch.matmul(probs, value).transpose(1, 2).contiguous(), probs
 

@@ -24,6 +24,13 @@ NO_SOURCES = (
 )
 
 
+SCOPE_NOTES = {
+    "answer": "Each passage was hidden from the answer's own reading (the positions that write it); the rest of the "
+    "prompt still read it. Method options: scope = all removes it from the context instead (slower).",
+    "all": "Each passage was removed from the context: hidden from every later token, the answer's included.",
+}
+
+
 def _tint(score: float, top: float) -> str:
     """Green for support (hiding the unit makes the answer less likely), red for the opposite, by magnitude."""
     a = 0.0 if top <= 0 else min(1.0, abs(score) / top) * 0.55
@@ -56,7 +63,8 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
         f"<th>step {k + 1} {token}</th><th>passage (click: show it in the text)</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
-    return table + _text(attr, raw[k], listed, top)
+    note = SCOPE_NOTES.get(scores.meta.get("scope", "all"), "")
+    return table + f'<p class="xai-sources-note">{html.escape(note)}</p>' + _text(attr, raw[k], listed, top)
 
 
 def _text(attr: Attribution, row: np.ndarray, listed: list[dict], top: float) -> str:

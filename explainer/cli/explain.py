@@ -56,7 +56,8 @@ def _print_sources(meta: dict) -> None:
     """Sources' top units over the whole answer (nats: the loss increase when the unit is hidden) and its work."""
     if not meta.get("sources"):
         return
-    print("  sources over the answer (loss increase when hidden, nats):")
+    hidden = {"answer": "hidden from the answer", "all": "removed from the context"}.get(meta.get("scope", "all"), "")
+    print(f"  sources over the answer (loss increase when {hidden}, nats):")
     for i, unit in enumerate(meta["sources"][:5]):
         where = f"{unit['kind']} @{unit['start']}-{unit['stop']}"
         print(f"  {i + 1:2d}. {unit['score']:+.3f}  {where}: {unit['text'][:90]!r}")

@@ -96,10 +96,14 @@ class _Suppression:
 
     bias: torch.Tensor | None = None
     calls: int = 0
+    from_query: int = 0  # the bias acts on the queries at this position and after only (Sources' answer scope)
+    mask: Callable | None = None  # builds the whole mask from the mask interface's arguments instead (packed passes)
 
 
 def _make_mask_function(state: _Suppression) -> Callable:
     def atman_mask(*, kv_length: int, kv_offset: int = 0, **kwargs) -> torch.Tensor:
+        if state.mask is not None:
+            return state.mask(kv_length=kv_length, kv_offset=kv_offset, **kwargs)
         # The float mask is built once per forward and mask type and shared by all layers, so the bias costs one add.
         mask = eager_mask(kv_length=kv_length, kv_offset=kv_offset, **kwargs)  # (B, 1, Tq, Tk) additive float
         if state.bias is None:
@@ -110,7 +114,12 @@ def _make_mask_function(state: _Suppression) -> Callable:
                 f"This model builds attention masks of shape {tuple(mask.shape)} that AtMan's per-token bias "
                 f"{tuple(bias.shape)} cannot be aligned with."
             )
-        return mask + bias[:, None, None, :]
+        edit = bias[:, None, None, :]  # (B, 1, 1, Tk)
+        q_offset = int(kwargs.get("q_offset", 0))
+        if state.from_query > q_offset:  # queries before `from_query` see every key as usual
+            rows = torch.arange(q_offset, q_offset + mask.shape[2], device=mask.device) >= state.from_query  # (Tq,)
+            edit = torch.where(rows[None, None, :, None], edit, torch.zeros_like(edit))  # (B, 1, Tq, Tk)
+        return mask + edit
 
     return atman_mask
 
@@ -256,6 +265,7 @@ def suppression_scores(
     batch_size: int = 0,
     progress: ProgressFn | None = None,
     label: str = "AtMan",
+    from_query: int = 0,
 ) -> np.ndarray:
     """CE_k(row r's suppression) - CE_k(original) of a text sequence for any suppression rows, by AtMan's passes
     (`fast`: the prefix-cache batched ones; else one full forward per row). Other methods that hide groups of tokens
@@ -264,14 +274,18 @@ def suppression_scores(
     Args:
         input_ids: (1, N + K) prompt and answer.
         log_bias: (R, N + K) pre-softmax bias per key position for each row (0: untouched).
+        from_query: the bias acts on the queries from this position on only; earlier ones attend as usual (the
+            reference of `answer_passes.PackedPasses`; the fast passes do not take it).
 
     Returns:
         (K, R) float32.
     """
+    if fast and from_query:
+        raise ValueError("the batched passes hide keys from every later query; use answer_passes for from_query")
     if fast:
         return _fast_scores(model, _Sequence(input_ids), num_prompt_tokens, log_bias, batch_size, progress, {}, None,
                             label)  # fmt: skip
-    return _naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label)
+    return _naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label, from_query)
 
 
 def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs, foils=None) -> np.ndarray:
@@ -304,6 +318,7 @@ def _naive_scores(
     extra_inputs: dict,
     foils: torch.Tensor | None = None,
     label: str = "AtMan",
+    from_query: int = 0,
 ) -> np.ndarray:
     """One full forward per suppression row (one per prompt token for AtMan; one per unit for Sources) at batch size
     1 from the original inputs (an image prompt runs its vision tower every time), every logit computed; the
@@ -312,6 +327,7 @@ def _naive_scores(
     targets = input_ids[0, n:]  # (K,)
     scores = np.zeros((t - n, log_bias.shape[0]), dtype=np.float32)  # (K, R)
     with attention_suppression(model) as state:
+        state.from_query = from_query
         state.bias = torch.zeros_like(log_bias[:1])  # (1, T): the same computation as the perturbed passes
         logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
         base = _cross_entropy(logits, targets, foils)

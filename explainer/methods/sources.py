@@ -4,11 +4,16 @@ Answers the retrieval-augmented-generation question "which sentences support thi
 (Cohen-Wang et al., 2024: sentence ablations) and AttriBoT (Liu et al., 2024: leave-one-out made fast by reusing the
 KV cache and refining hierarchically) do, per answer token:
 
-- a unit (paragraph, sentence or word of the user's text, `explainer/segments.py`) is hidden from every query by
+- a unit (paragraph, sentence or word of the user's text, `explainer/segments.py`) is hidden from later queries by
   attention masking (its keys get a large negative pre-softmax bias in every layer and head; with
   `suppression_factor` > 0, AtMan's softer suppression: the weights are multiplied by it), and its score at answer
   token k is the change of k's teacher-forced cross-entropy: score[k, u] = CE_k(hide u) - CE_k(original) (AtMan
   paper, Eq. 3, with a unit in place of a token). Positive: the unit supports that answer token.
+- `scope`, which queries the unit is hidden from: "answer" (the default) hides it from the positions that predict
+  the answer only (the last prompt position and the answer's), so the prompt's own tokens keep reading it and the
+  score measures what the answer draws on directly (an attention knockout, as Geva et al., 2023, block the last
+  position's edges to the subject); "all" hides it from every later query, i.e. removes it from the context (the
+  ContextCite / AttriBoT leave-one-out quantity), and also counts what reaches the answer through later tokens.
 - hierarchically (`depth` levels coarser than `unit`): paragraphs first, then the sentences of the `keep` strongest
   paragraphs (mean score over the answer), then the words of the strongest sentences, as AttriBoT does; a unit that
   is not refined keeps its parent's score.
@@ -16,9 +21,11 @@ KV cache and refining hierarchically) do, per answer token:
   it unchanged (a sentence's mean is its score).
 
 Speed: the passes are AtMan's (`atman.suppression_scores`): one unperturbed pass caches every position's keys and
-values; a unit's pass reuses that cache up to the unit's first token and recomputes only the rest, several units per
-batch (rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's `meta` lists the
-top units with their scores and token spans (`sources` in the JSON) and how many forward positions it used.
+values; a unit's pass reuses that cache up to the first query that sees the hiding (with scope "answer" the whole
+prompt, so a unit costs K positions; with "all" up to the unit's first token) and recomputes only the rest, several
+units per batch (rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's
+`meta` lists the top units with their scores and token spans (`sources` in the JSON) and how many forward positions
+it used.
 """
 
 from __future__ import annotations
@@ -31,11 +38,13 @@ import torch
 from ..errors import InputError
 from ..segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..session import hold
+from .answer_passes import PackedPasses
 from .atman import CPU_BATCH_ROWS, suppression_scores
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
+SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
 MASK_BIAS = -1e4  # pre-softmax bias of a hidden key: exp(-1e4) is 0 in every float format, and no row is all -inf
 TOP_SOURCES = 10  # units listed in the method's meta
 
@@ -45,11 +54,16 @@ class SourcesConfig:
     unit: str = field(default="sentence", metadata={"choices": LEVELS})  # the finest unit scored
     depth: int = 1  # levels refined down to `unit` (sentence, depth 1: paragraphs, then sentences); 0: flat
     keep: int = 3  # units of a level whose children are scored at the next level
+    scope: str = field(default="answer", metadata={"choices": SCOPES})  # hidden from the answer's queries only
+    # (the positions that predict it: each unit costs K positions), or from every later query ("all": the unit is
+    # removed from the context, each unit recomputes from its first token, ~20x slower at 2,000 tokens)
     suppression_factor: float = 0.0  # 0: the unit is masked; > 0: its attention weights are scaled by this (AtMan)
     batch_size: int = 0  # units per batched pass besides the unperturbed row; 0: from the device (8 on a CPU)
     fast: bool = True  # reuse the prefix cache and batch; False: one full forward per unit (the reference)
 
     def __post_init__(self) -> None:
+        if self.scope not in SCOPES:
+            raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.unit not in LEVELS:
             raise ValueError(f"unit must be one of {', '.join(LEVELS)}, got {self.unit!r}")
         if not 0 <= self.depth <= LEVELS.index(self.unit):
@@ -98,7 +112,8 @@ class Sources(AttributionMethod):
         if config.depth:
             count = max(1, n // 250) + min(count, config.keep * max(1, count // 10))
         rows = config.batch_size or request.batch_rows or CPU_BATCH_ROWS
-        return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * (t - 1) // 2)
+        per_pass = k if config.scope == "answer" else (t - 1) // 2
+        return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * per_pass)
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         if run.prompt_tokens is None:
@@ -114,8 +129,10 @@ class Sources(AttributionMethod):
         todo = units(tokens, positions, LEVELS[level])
         scored: list[tuple[Group, np.ndarray]] = []
         passes = positions_used = 0
+        start = n - 1 if cfg.scope == "answer" else 0  # the answer's first token is predicted at position N - 1
+        packed = PackedPasses(run.model, run.input_ids, n, start) if start and cfg.fast else None
         while todo:
-            scores, used = self._score_units(run, todo)  # (K, U)
+            scores, used = self._score_units(run, todo, start, packed)  # (K, U)
             passes, positions_used = passes + len(todo), positions_used + used
             for u, group in enumerate(todo):
                 raw[:, group.start : group.stop] = scores[:, u : u + 1]  # finer levels overwrite their parent
@@ -128,20 +145,27 @@ class Sources(AttributionMethod):
             refined = {(g.start, g.stop) for g in strongest[: cfg.keep]}
             scored = [(g, s) for g, s in scored if (g.start, g.stop) not in refined]  # their children replace them
         sentences = len(units(tokens, positions, "sentence"))
-        self._meta = _sources_meta(scored, passes, positions_used, sentences, n + k)
+        positions_used = packed.positions if packed is not None else positions_used
+        self._meta = {**_sources_meta(scored, passes, positions_used, sentences, n + k), "scope": cfg.scope}
         return raw
 
-    def _score_units(self, run: GenerationRun, todo: list[Group]) -> tuple[np.ndarray, int]:
-        """(K, U) loss changes of hiding each unit, and the forward positions the passes computed (estimated:
-        the unperturbed pass and each unit's suffix)."""
+    def _score_units(
+        self, run: GenerationRun, todo: list[Group], start: int, packed: PackedPasses | None
+    ) -> tuple[np.ndarray, int]:
+        """(K, U) loss changes of hiding each unit from the queries from `start` on, and the forward positions the
+        batched passes computed (the unperturbed pass and each unit's suffix; `packed` counts its own)."""
         cfg, n, ids = self.config, run.num_prompt_tokens, run.input_ids
         t = ids.shape[1]
         bias = MASK_BIAS if cfg.suppression_factor == 0 else float(np.log(cfg.suppression_factor))
         log_bias = torch.zeros(len(todo), t, dtype=torch.float32, device=ids.device)  # (U, T)
         for u, group in enumerate(todo):
             log_bias[u, group.start : group.stop] = bias
-        columns = suppression_scores(run.model, ids, n, log_bias, cfg.fast, cfg.batch_size, run.progress, "Sources")
-        used = (t - 1) + sum(t - 1 - g.start for g in todo) if cfg.fast else (len(todo) + 1) * t
+        if packed is not None:
+            return np.asarray(packed.scores(log_bias, cfg.batch_size, run.progress), dtype=np.float32), 0
+        columns = suppression_scores(
+            run.model, ids, n, log_bias, cfg.fast, cfg.batch_size, run.progress, "Sources", from_query=start
+        )
+        used = (t - 1) + sum(t - 1 - max(g.start, start) for g in todo) if cfg.fast else (len(todo) + 1) * t
         return np.asarray(columns, dtype=np.float32), used
 
     def meta(self) -> dict:

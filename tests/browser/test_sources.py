@@ -21,6 +21,7 @@ def test_sources_rank_the_passages_and_a_click_shows_one_in_the_text(app):
     assert rows.count() >= 3
     scores = [float(s) for s in rows.locator("td:nth-child(2)").all_inner_texts()]
     assert scores == sorted(scores, reverse=True)  # ranked over the whole answer
+    assert "hidden from the answer's own reading" in app.page.locator("#sources .xai-sources-note").inner_text()
     link = rows.first.locator("a")
     target = link.get_attribute("href")
     assert re.fullmatch(r"#xai-src-\d+", target)

@@ -93,13 +93,14 @@ def test_haystack_command_runs_resumes_and_reports(tiny_model_dir, tmp_path, cap
     data = tmp_path / "squad.json"
     data.write_text(json.dumps({"rows": squad_rows()}))
     results = tmp_path / "haystack.jsonl"
-    args = ["haystack", "--data", str(data), "--model", str(tiny_model_dir), "--methods", "macs,random",
-            "--paragraphs", "4", "--limit", "2", "--max-new-tokens", "3", "--results", str(results)]  # fmt: skip
+    args = ["haystack", "--data", str(data), "--model", str(tiny_model_dir), "--methods",
+            "macs,random,sources:scope=all:depth=0", "--paragraphs", "4", "--limit", "2", "--max-new-tokens", "3",
+            "--results", str(results)]  # fmt: skip
     assert main(args) == 0
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [r["id"] for r in rows] == ["haystack:q00", "haystack:q01"]
-    for r in rows:
-        assert set(r["methods"]) == {"macs", "random"} and r["n_sentences"] >= 4
+    for r in rows:  # a method run with options is named with them, so variants in separate files stay apart
+        assert set(r["methods"]) == {"macs", "random", "sources:scope=all:depth=0"} and r["n_sentences"] >= 4
         assert {"sentence_hit", "paragraph_hit", "sentence_hit3", "gold_rank", "top"} <= set(r["methods"]["macs"])
     out = capsys.readouterr().out
     assert "N = 2 haystack prompts" in out and "chance" in out

@@ -29,8 +29,9 @@ PROMPT = (
 K = 4
 
 
-def _reference(model, ids: torch.Tensor, n: int, groups, factor: float) -> np.ndarray:
-    """(K, U): CE_k(hide unit u) - CE_k(original), one full eager forward per unit."""
+def _reference(model, ids: torch.Tensor, n: int, groups, factor: float, scope: str = "all") -> np.ndarray:
+    """(K, U): CE_k(hide unit u) - CE_k(original), one full eager forward per unit; the unit hidden from every query
+    (scope "all") or from the queries at positions N - 1 and later only, those that predict the answer ("answer")."""
     t = ids.shape[1]
     targets = ids[0, n:].tolist()
 
@@ -41,7 +42,8 @@ def _reference(model, ids: torch.Tensor, n: int, groups, factor: float) -> np.nd
         return [-float(logp[n - 1 + k, targets[k]]) for k in range(t - n)]
 
     out = np.zeros((t - n, len(groups)))
-    with torch.no_grad(), suppressed_eager_attention(model.config) as factors:
+    from_query = n - 1 if scope == "answer" else 0
+    with torch.no_grad(), suppressed_eager_attention(model.config, from_query) as factors:
         base = np.array(cross_entropy({}))
         for u, group in enumerate(groups):
             out[:, u] = np.array(cross_entropy(dict.fromkeys(range(group.start, group.stop), factor))) - base
@@ -61,16 +63,17 @@ def run(tokenizer):
 @pytest.mark.parametrize("kind", list(BUILDERS))
 @pytest.mark.parametrize("factor", [0.0, 0.1])
 @pytest.mark.parametrize("fast", [True, False])
-def test_flat_sentence_scores_equal_one_full_forward_per_hidden_sentence(run, kind, factor, fast):
+@pytest.mark.parametrize("scope", ["answer", "all"])
+def test_flat_sentence_scores_equal_one_full_forward_per_hidden_sentence(run, kind, factor, fast, scope):
     r = run[kind]
     groups = units(r.prompt_tokens, list(range(r.num_prompt_tokens)), "sentence")
     assert [g.text.strip() for g in groups] == [
         "Paris is the capital of France.", "The quick brown fox jumps.", "Berlin is the capital of Germany.",
         "Numbers 0123456789.", "Question: What is the capital of France?",
     ]  # fmt: skip
-    method = get_method("sources", depth=0, suppression_factor=factor, fast=fast, batch_size=2)
+    method = get_method("sources", depth=0, suppression_factor=factor, fast=fast, batch_size=2, scope=scope)
     raw = method.explain(r)  # (K, N)
-    expected = _reference(r.model, r.input_ids, r.num_prompt_tokens, groups, factor)  # (K, U)
+    expected = _reference(r.model, r.input_ids, r.num_prompt_tokens, groups, factor, scope)  # (K, U)
     for u, group in enumerate(groups):
         for p in range(group.start, group.stop):  # every token of the unit carries the unit's score
             np.testing.assert_allclose(raw[:, p], expected[:, u], atol=1e-4, rtol=0)
@@ -79,17 +82,18 @@ def test_flat_sentence_scores_equal_one_full_forward_per_hidden_sentence(run, ki
     assert registered_names() == [] and r.model.config._attn_implementation == "sdpa"  # nothing left behind
 
 
-def test_paragraphs_first_then_the_sentences_of_the_strongest(run):
+@pytest.mark.parametrize("scope", ["answer", "all"])
+def test_paragraphs_first_then_the_sentences_of_the_strongest(run, scope):
     r = run["llama"]
     positions = list(range(r.num_prompt_tokens))
     paragraphs = units(r.prompt_tokens, positions, "paragraph")
     sentences = units(r.prompt_tokens, positions, "sentence")
     per_paragraph = [len([s for s in sentences if p.start <= s.start < p.stop]) for p in paragraphs]
     assert per_paragraph == [2, 2, 1]
-    method = get_method("sources", depth=1, keep=1, suppression_factor=0.1)
+    method = get_method("sources", depth=1, keep=1, suppression_factor=0.1, scope=scope)
     raw = method.explain(r)
-    para = _reference(r.model, r.input_ids, r.num_prompt_tokens, paragraphs, 0.1)  # (K, 3)
-    flat = _reference(r.model, r.input_ids, r.num_prompt_tokens, sentences, 0.1)  # (K, 5)
+    para = _reference(r.model, r.input_ids, r.num_prompt_tokens, paragraphs, 0.1, scope)  # (K, 3)
+    flat = _reference(r.model, r.input_ids, r.num_prompt_tokens, sentences, 0.1, scope)  # (K, 5)
     strongest = int(np.argmax(para.mean(axis=0)))
     for u, p in enumerate(paragraphs):
         inside = [s for s in range(len(sentences)) if p.start <= sentences[s].start < p.stop]
@@ -111,14 +115,14 @@ def test_paragraphs_first_then_the_sentences_of_the_strongest(run):
 def test_depth_0_paragraphs_are_the_flat_paragraph_scores_and_the_coarse_level_of_the_hierarchy(run, kind):
     r = run[kind]
     paragraphs = units(r.prompt_tokens, list(range(r.num_prompt_tokens)), "paragraph")
-    flat = get_method("sources", unit="paragraph", depth=0, batch_size=2)
+    flat = get_method("sources", unit="paragraph", depth=0, batch_size=2, scope="all")
     raw = flat.explain(r)  # (K, N)
     expected = _reference(r.model, r.input_ids, r.num_prompt_tokens, paragraphs, 0.0)  # (K, 3)
     for u, group in enumerate(paragraphs):
         for p in range(group.start, group.stop):  # every token of the paragraph carries its score
             np.testing.assert_allclose(raw[:, p], expected[:, u], atol=1e-4, rtol=0)
     assert flat.meta()["units_scored"] == len(paragraphs)
-    deep = get_method("sources", unit="sentence", depth=1, keep=1, batch_size=2).explain(r)
+    deep = get_method("sources", unit="sentence", depth=1, keep=1, batch_size=2, scope="all").explain(r)
     strongest = int(np.argmax(expected.mean(axis=0)))
     for u, group in enumerate(paragraphs):  # the paragraphs not refined keep exactly their flat score
         if u != strongest:
@@ -134,7 +138,13 @@ def test_paragraphs_end_at_blank_lines_and_special_tokens():
 
 
 def test_options_are_checked_and_the_tokens_are_needed(run):
-    for bad in ({"unit": "chapter"}, {"unit": "sentence", "depth": 2}, {"keep": 0}, {"suppression_factor": 1.0}):
+    for bad in (
+        {"unit": "chapter"},
+        {"unit": "sentence", "depth": 2},
+        {"keep": 0},
+        {"suppression_factor": 1.0},
+        {"scope": "prompt"},
+    ):
         with pytest.raises(InputError):
             get_method("sources", **bad)
     r = run["llama"]
@@ -162,6 +172,7 @@ def test_the_command_prints_the_top_sources(tiny_model_dir, capsys):
                  "--max-new-tokens", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "sources over the answer" in out and "leave-one-sentence-out without a cache" in out
+    assert "loss increase when hidden from the answer" in out  # the default scope
     assert "'Paris is the capital of France.'" in out
 
 
@@ -175,3 +186,22 @@ def test_the_passes_keep_no_autograd_graph(run):
     finally:
         handle.remove()
     assert seen and all(seen)
+
+
+def test_answer_scope_recomputes_only_the_answer_positions_and_differs_from_removal(run):
+    """Scope "answer" reuses the whole prompt's cache (each unit costs the K positions that predict the answer) and
+    measures something else than removing the unit from the context: the two references differ on the tiny model,
+    so the reference test above would fail if the bias reached the prompt's own queries."""
+    r = run["llama"]
+    n, t = r.num_prompt_tokens, r.input_ids.shape[1]
+    groups = units(r.prompt_tokens, list(range(n)), "sentence")
+    answer = get_method("sources", depth=0, scope="answer", batch_size=2)
+    answer.explain(r)
+    packs = -(-len(groups) // 2)  # passes of 2 units and the baseline segment each, after the prompt's N - 1
+    assert answer.meta()["forward_positions"] == (n - 1) + (len(groups) + packs) * (t - n)
+    everywhere = get_method("sources", depth=0, scope="all")
+    everywhere.explain(r)
+    assert everywhere.meta()["forward_positions"] == (t - 1) + sum(t - 1 - g.start for g in groups)
+    direct = _reference(r.model, r.input_ids, n, groups, 0.0, "answer")
+    removed = _reference(r.model, r.input_ids, n, groups, 0.0, "all")
+    assert np.abs(direct - removed).max() > 1e-2

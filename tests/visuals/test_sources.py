@@ -39,3 +39,13 @@ def test_the_ranked_sources_link_to_their_marked_place_in_the_text():
 
 def test_a_note_without_sources():
     assert sources_html(None) == NO_SOURCES and sources_html(result(with_sources=False)) == NO_SOURCES
+
+
+def test_the_note_says_what_hiding_meant():
+    answer = result()
+    answer.methods["sources"].meta["scope"] = "answer"
+    assert "hidden from the answer&#x27;s own reading" in sources_html(answer)
+    removed = result()
+    removed.methods["sources"].meta["scope"] = "all"
+    assert "removed from the context" in sources_html(removed)
+    assert "removed from the context" in sources_html(result())  # results saved before the option: removal
