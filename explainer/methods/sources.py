@@ -36,10 +36,11 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..memory import MemoryRequest
 from ..segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..session import hold
 from .answer_passes import PackedPasses
-from .atman import CPU_BATCH_ROWS, suppression_scores
+from .atman import CPU_BATCH_ROWS, AtMan, AtManConfig, suppression_scores
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
 
@@ -114,6 +115,18 @@ class Sources(AttributionMethod):
         rows = config.batch_size or request.batch_rows or CPU_BATCH_ROWS
         per_pass = k if config.scope == "answer" else (t - 1) // 2
         return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * per_pass)
+
+    @classmethod
+    def memory(cls, request: MemoryRequest, config: SourcesConfig) -> int:
+        """Scope "all": AtMan's need (the prefix cache and one batched pass). Scope "answer": the prompt's cache and
+        one packed pass of P positions (`kv.packed_positions`; on an accelerator it is sized to fit, so the smallest
+        is counted): their activations and cache, float32 logits twice, and mask and score rows over every key."""
+        if config.scope == "all":
+            return AtMan.memory(request, AtManConfig(batch_size=config.batch_size))
+        s, t, p = request.shape, request.t, request.batch_tokens
+        if config.batch_size:
+            p = min(p, (config.batch_size + 1) * max(1, request.k))
+        return s.kv_bytes(t + p) + p * (s.activation_bytes(1) + 8 * s.vocab + 4 * (3 + s.heads) * (t + p))
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         if run.prompt_tokens is None:

@@ -13,7 +13,7 @@ import torch
 
 from explainer import explain, memory
 from explainer.faithfulness.soft import SoftConfig, soft_curves
-from explainer.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget
+from explainer.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget, packed_positions
 from explainer.memory import MemoryLimitError, MemoryRequest, ModelShape, parse_bytes, request_bytes
 from explainer.methods import get_method
 from explainer.methods.atman import AtManConfig, atman_scores
@@ -127,8 +127,10 @@ def test_a_budget_too_small_for_generation_itself(bundle, monkeypatch):
 
 def test_gradient_methods_and_atman_state_a_need(bundle):
     request = MemoryRequest(ModelShape.of(bundle.model), 100, 10)
-    for name in ("attnlrp", "grad_ellm", "input_x_gradient", "atman"):
+    for name in ("attnlrp", "grad_ellm", "input_x_gradient", "atman", "sources"):
         assert request_bytes(request, [get_method(name)])[name] > 0
+    removal = request_bytes(request, [get_method("sources", scope="all")])["sources"]
+    assert removal == request_bytes(request, [get_method("atman", batch_size=0)])["atman"]  # AtMan's passes
     longer = MemoryRequest(ModelShape.of(bundle.model), 400, 10)
     assert Rollout.memory(longer, None) > 10 * Rollout.memory(request, None)  # quadratic in N
 
@@ -172,6 +174,21 @@ def test_batch_budget_on_an_accelerator_follows_its_free_memory(bundle, monkeypa
     per_row = shape.kv_bytes(300) + 8 * 20 * shape.vocab
     assert big[1] == min(1024, int(0.25 * 10**9 // per_row))
     assert batch_budget(bundle.model, 300, 20, 5, 8) == (big[0], 5)
+
+
+def test_packed_passes_on_a_cpu_and_on_an_accelerator(bundle, monkeypatch):
+    """Sources' packed passes take the CPU figure on a CPU; on a (pretended) GPU as many positions as a quarter of
+    the free memory holds at a position's activations, cache, logits and mask and score rows, within bounds."""
+    import explainer.devices as devices
+
+    assert packed_positions(bundle.model, 300) == TOKENS_PER_BATCH
+    monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**11)
+    shape = ModelShape.of(bundle.model)
+    per_position = shape.position_bytes() + 8 * shape.vocab + 4 * (3 + shape.heads) * (300 + MAX_TOKENS_PER_BATCH)
+    assert packed_positions(bundle.model, 300) == min(MAX_TOKENS_PER_BATCH, int(0.25 * 10**11 // per_position))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: 10**6)
+    assert packed_positions(bundle.model, 300) == TOKENS_PER_BATCH  # never below the CPU figure
 
 
 def test_atman_from_the_device_equals_the_cpu_figure(bundle):
