@@ -239,3 +239,22 @@ def test_soft_baseline_shares_the_pass_of_its_rows(tokenizer, routing):
         with layout_sensitive(model), routing_block:
             dist = _distances(model, emb, pos, keep, prefix, size=2)
     assert (dist[:3] == 0).all() and (dist[3:] > 0).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
+def test_every_registered_method_explains_a_half_precision_model(tokenizer, dtype):
+    """All registered methods side by side on a bfloat16 / float16 tiny Qwen2 (sliding-window layers included): the
+    tokens of the model's own `generate`, and every map finite, of shape (K, N), float32, and not all zero (random
+    aside, each depends on the model). The text's units for Sources come from a prompt of three sentences."""
+    from explainer.methods import available_methods
+
+    bundle = bundle_from_objects(build_model("qwen2_sliding").to(dtype), tokenizer, name="tiny-qwen2")
+    prompt = "Paris is the capital of France. The quick brown fox jumps. What is the capital of France?"
+    attr = explain(bundle, prompt, methods=available_methods(), max_new_tokens=4)
+    ids = bundle.encode(prompt, max_new_tokens=4).input_ids
+    _assert_same_tokens(attr, _plain_generate(bundle, ids, 4), bundle.eos_token_ids)
+    assert set(attr.methods) == set(available_methods())
+    for name, scores in attr.methods.items():
+        raw = scores.raw
+        assert raw.dtype == np.float32 and raw.shape == (attr.num_steps, attr.num_prompt_tokens), name
+        assert np.isfinite(raw).all() and np.abs(raw).max() > 0, name
