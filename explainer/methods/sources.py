@@ -104,7 +104,9 @@ class Sources(AttributionMethod):
     @classmethod
     def cost(cls, request: CostRequest, config: SourcesConfig) -> Cost:
         """A rough count: about one unit per 25 prompt tokens (sentences) or 4 (words), a paragraph level of about a
-        tenth of that, each pass over the suffix after its unit (half the sequence on average) in batches."""
+        tenth of that; scope "all": each unit's pass over the suffix after it (half the sequence on average) in
+        batches of rows; scope "answer": the prompt once, then K positions per unit (and a baseline segment per
+        pass) packed into passes of about `batch_tokens` positions."""
         n, k, t = request.n, request.num_new_tokens, request.t
         if k <= 0 or n == 0:
             return Cost()
@@ -112,9 +114,12 @@ class Sources(AttributionMethod):
         count = max(1, n // per_unit)
         if config.depth:
             count = max(1, n // 250) + min(count, config.keep * max(1, count // 10))
+        if config.scope == "answer":
+            rows = config.batch_size or max(1, request.batch_tokens // k - 1)
+            passes = -(-count // rows)
+            return Cost(forward_passes=1 + passes, forward_tokens=n - 1 + (count + passes) * k)
         rows = config.batch_size or request.batch_rows or CPU_BATCH_ROWS
-        per_pass = k if config.scope == "answer" else (t - 1) // 2
-        return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * per_pass)
+        return Cost(forward_passes=1 + -(-count // rows), forward_tokens=t - 1 + count * (t - 1) // 2)
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: SourcesConfig) -> int:

@@ -205,3 +205,20 @@ def test_answer_scope_recomputes_only_the_answer_positions_and_differs_from_remo
     direct = _reference(r.model, r.input_ids, n, groups, 0.0, "answer")
     removed = _reference(r.model, r.input_ids, n, groups, 0.0, "all")
     assert np.abs(direct - removed).max() > 1e-2
+
+
+def test_answer_scope_counts_the_positions_its_forwards_computed(run):
+    """meta.forward_positions of scope "answer" is what the model's forwards ran (batch x length, counted by a hook),
+    with both levels of the hierarchy sharing one pass over the prompt."""
+    r = run["qwen2"]
+    seen = []
+    handle = r.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        method = get_method("sources", depth=1, keep=1, scope="answer", batch_size=2)
+        method.explain(r)
+    finally:
+        handle.remove()
+    assert sum(seen) == method.meta()["forward_positions"]
+    assert seen[0] == r.num_prompt_tokens - 1 and len(seen) > 2  # the prompt once, then the packed passes
