@@ -17,6 +17,18 @@ MAX_ROWS_PER_BATCH = 1024
 BATCH_SHARE = 0.25  # share of the device's free memory one batched pass may take
 
 
+def _accelerator_spend(model: torch.nn.Module):
+    """(the model's shape, the bytes one batched pass may take: `BATCH_SHARE` of the free memory) on an
+    accelerator; None on a CPU, where the passes take fixed sizes."""
+    from .devices import input_device
+    from .memory import ModelShape, available_bytes
+
+    device = input_device(model)
+    if device.type == "cpu":
+        return None
+    return ModelShape.of(model), BATCH_SHARE * (available_bytes(device) or 0)
+
+
 def batch_budget(model: torch.nn.Module, t: int, k: int, rows: int, cpu_rows: int) -> tuple[int, int]:
     """How big the perturbation methods' batched passes over a T-position sequence scoring K positions may be:
     (positions per pass, most rows per pass).
@@ -26,14 +38,10 @@ def batch_budget(model: torch.nn.Module, t: int, k: int, rows: int, cpu_rows: in
     `ModelShape.position_bytes` per position and, per row, a KV cache of T positions and K float32 logits rows (twice,
     for the log-softmax); `rows` > 0 caps the rows.
     """
-    from .devices import input_device
-    from .memory import ModelShape, available_bytes
-
-    device = input_device(model)
-    if device.type == "cpu":
+    spending = _accelerator_spend(model)
+    if spending is None:
         return TOKENS_PER_BATCH, rows or cpu_rows
-    shape = ModelShape.of(model)
-    spend = BATCH_SHARE * (available_bytes(device) or 0)
+    shape, spend = spending
     tokens = int(min(MAX_TOKENS_PER_BATCH, max(TOKENS_PER_BATCH, spend // shape.position_bytes())))
     most = int(min(MAX_ROWS_PER_BATCH, max(1, spend // (shape.kv_bytes(t) + 8 * max(1, k) * shape.vocab))))
     return tokens, min(rows, most) if rows else most
@@ -44,14 +52,10 @@ def packed_positions(model: torch.nn.Module, t: int) -> int:
     positions: `TOKENS_PER_BATCH` on a CPU; on an accelerator what `BATCH_SHARE` of its free memory holds, at a
     position's activations and cache, its float32 logits row (twice, for the log-softmax) and its rows of the mask
     and of one layer's attention scores over all T + new keys (float32, every head)."""
-    from .devices import input_device
-    from .memory import ModelShape, available_bytes
-
-    device = input_device(model)
-    if device.type == "cpu":
+    spending = _accelerator_spend(model)
+    if spending is None:
         return TOKENS_PER_BATCH
-    shape = ModelShape.of(model)
-    spend = BATCH_SHARE * (available_bytes(device) or 0)
+    shape, spend = spending
     keys = t + MAX_TOKENS_PER_BATCH  # the most keys a query of such a pass can see
     per_position = shape.position_bytes() + 8 * shape.vocab + 4 * (3 + shape.heads) * keys
     return int(min(MAX_TOKENS_PER_BATCH, max(TOKENS_PER_BATCH, spend // per_position)))

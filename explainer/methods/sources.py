@@ -20,12 +20,12 @@ KV cache and refining hierarchically) do, per answer token:
 - each unit's score goes to every one of its tokens, so the token, word and sentence views and every export show
   it unchanged (a sentence's mean is its score).
 
-Speed: the passes are AtMan's (`atman.suppression_scores`): one unperturbed pass caches every position's keys and
-values; a unit's pass reuses that cache up to the first query that sees the hiding (with scope "answer" the whole
-prompt, so a unit costs K positions; with "all" up to the unit's first token) and recomputes only the rest, several
-units per batch (rows per batch from the device, `kv.batch_budget`), sorted by their first position. The method's
-`meta` lists the top units with their scores and token spans (`sources` in the JSON) and how many forward positions
-it used.
+Speed: scope "all" runs AtMan's passes (`atman.suppression_scores`): one unperturbed pass caches every position's
+keys and values; a unit's pass reuses that cache up to the unit's first token and recomputes only the rest, several
+units per batch (rows per batch from the device, `kv.batch_budget`), sorted by their first position. Scope "answer"
+runs packed passes (`answer_passes.PackedPasses`): the prompt's cache once for every level, then each unit's K
+answer positions as one segment of a shared pass (`kv.packed_positions`). The method's `meta` lists the top units
+with their scores and token spans (`sources` in the JSON), the scope, and how many forward positions it used.
 """
 
 from __future__ import annotations
