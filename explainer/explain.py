@@ -27,7 +27,7 @@ from .answer import MAX_NEW_TOKENS_LIMIT, answer_token_ids
 from .capture import capture_attention
 from .contrast import TOP_ALTERNATIVES, alternatives_record, foil_vector, resolve_contrast
 from .errors import InputError
-from .kv import batch_budget
+from .kv import batch_budget, full_row_chunk
 from .memory import check_request
 from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models import ModelBundle
@@ -168,7 +168,8 @@ def _forward(
     if consumer is False:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1], None
-    with capture_attention(model, full_row_consumer=consumer) as recorder:
+    chunk = full_row_chunk(total, ids.device.type)  # (H, chunk, T) rows per consumer call: sized by the device
+    with capture_attention(model, full_row_consumer=consumer, full_row_chunk=chunk) as recorder:
         with sinks.probing_norms(model) if sinks is not None and prefill else contextlib.nullcontext():
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         rows = recorder.stacked(total)[:, 0]  # (L, H, total)

@@ -14,6 +14,9 @@ TOKENS_PER_BATCH = 1024  # perturbed positions per forward on a CPU: throughput 
 # pass of ~1,000 positions takes a couple of seconds on 2 cores, which bounds how long a cancelled request keeps running
 MAX_TOKENS_PER_BATCH = 1 << 16  # on an accelerator: a pass of at most this many positions (a few ms to a second)
 MAX_ROWS_PER_BATCH = 1024
+FULL_ROW_CHUNK = 128  # prefill query rows per chunk of full attention rows on a CPU: a chunk's (H, 128, T)
+# probabilities stay in the L3 cache at 4k tokens
+MAX_FULL_ROW_CHUNK = 2048
 BATCH_SHARE = 0.25  # share of the device's free memory one batched pass may take
 
 
@@ -27,6 +30,16 @@ def _accelerator_spend(model: torch.nn.Module):
     if device.type == "cpu":
         return None
     return ModelShape.of(model), BATCH_SHARE * (available_bytes(device) or 0)
+
+
+def full_row_chunk(n: int, device_type: str) -> int:
+    """Query rows per chunk in which an N-token prefill hands its full attention rows to consumers such as Rollout:
+    `FULL_ROW_CHUNK` on a CPU; on an accelerator N / 32 (from `FULL_ROW_CHUNK` to `MAX_FULL_ROW_CHUNK`), so a layer
+    comes in about 32 chunks whatever N: fewer, larger kernels, and Rollout's blocks (each as wide as its last row)
+    hold at most ~1/64 more than the N^2 / 2 triangle."""
+    if device_type == "cpu":
+        return FULL_ROW_CHUNK
+    return int(min(MAX_FULL_ROW_CHUNK, max(FULL_ROW_CHUNK, n // 32)))
 
 
 def batch_budget(model: torch.nn.Module, t: int, k: int, rows: int, cpu_rows: int) -> tuple[int, int]:

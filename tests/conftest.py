@@ -151,6 +151,19 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
     return path
 
 
+def _cuda_param():
+    return pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device: runs on a GPU machine")
+    )
+
+
+# Device parametrisation (tests/explainer/test_on_device.py): DEVICES for behaviour that must hold everywhere,
+# ACCELERATORS for comparisons of an accelerator run against the same call on the CPU. Where torch sees no CUDA
+# device the `cuda` cases are skipped with the reason; select them alone with `-k cuda`.
+DEVICES = ["cpu", _cuda_param()]
+ACCELERATORS = [_cuda_param()]
+
+
 CPU_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f"  # a CPU without native bf16 (no avx512_bf16, no amx_bf16)
 
 

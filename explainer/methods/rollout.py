@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from ..host import to_numpy
+from ..kv import full_row_chunk
 from ..memory import MemoryRequest
 from .base import AttributionMethod
 
@@ -54,10 +55,20 @@ class Rollout(AttributionMethod):
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: RolloutConfig) -> int:
-        """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2) and the
-        generated rows (L x K x T, in buffers that double)."""
+        """`kept_bytes` and, while the prefill runs, one chunk's probabilities, scores and fused rows (float32)."""
+        return (
+            cls.kept_bytes(request)
+            + 4 * 3 * request.shape.heads * min(request.n, full_row_chunk(request.n, request.device_type)) * request.n
+        )
+
+    @staticmethod
+    def kept_bytes(request: MemoryRequest) -> int:
+        """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
+        of `kv.full_row_chunk` rows as wide as their last row: up to N x chunk / 2 more) and the generated rows
+        (L x K x T, in buffers that double)."""
         s, n, k = request.shape, request.n, request.k
-        return 4 * s.layers * (n * (n + 1) // 2 + 2 * k * (n + 2 * k))
+        chunk = min(n, full_row_chunk(n, request.device_type))
+        return 4 * s.layers * (n * (n + 1) // 2 + n * chunk // 2 + 2 * k * (n + 2 * k))
 
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens
