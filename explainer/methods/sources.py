@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..kv import TOKENS_PER_BATCH
 from ..memory import MemoryRequest
 from ..segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..session import hold
@@ -128,7 +129,9 @@ class Sources(AttributionMethod):
         is counted): their activations and cache, float32 logits twice, and mask and score rows over every key."""
         if config.scope == "all":
             return AtMan.memory(request, AtManConfig(batch_size=config.batch_size))
-        s, t, p = request.shape, request.t, request.batch_tokens
+        # `request.batch_tokens` sizes AtMan's passes (up to 65,536 positions on an accelerator); a packed pass is
+        # sized by `kv.packed_positions` instead, never below `TOKENS_PER_BATCH`, which is what must fit.
+        s, t, p = request.shape, request.t, min(request.batch_tokens, TOKENS_PER_BATCH)
         if config.batch_size:
             p = min(p, (config.batch_size + 1) * max(1, request.k))
         return s.kv_bytes(t + p) + p * (s.activation_bytes(1) + 8 * s.vocab + 4 * (3 + s.heads) * (t + p))

@@ -198,3 +198,27 @@ def test_atman_from_the_device_equals_the_cpu_figure(bundle):
     auto = atman_scores(bundle.model, ids, attr.num_prompt_tokens, AtManConfig())
     eight = atman_scores(bundle.model, ids, attr.num_prompt_tokens, AtManConfig(batch_size=8))
     np.testing.assert_array_equal(auto, eight)
+
+
+def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
+    """Found on an H200: with the model on a GPU, `explain --methods` of every method (39 prompt tokens, 24 new,
+    SmolLM2-135M's shape) was refused because Sources counted a packed pass of AtMan's accelerator batch (65,536
+    positions, 234 GB). A packed pass is sized by `kv.packed_positions`, never below the CPU figure: that is its need,
+    on any device."""
+    import explainer.devices as devices
+    from explainer.memory import check_request
+    from explainer.methods import available_methods
+
+    monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
+    monkeypatch.setattr(memory, "available_bytes", lambda device: int(134.3e9))  # what the H200 had free
+    smollm2 = ModelShape(layers=30, heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, vocab=49152,
+                         dtype_bytes=2)  # fmt: skip
+    monkeypatch.setattr(ModelShape, "of", classmethod(lambda cls, model: smollm2))
+    tokens = batch_budget(bundle.model, 39 + 24, 24, 0, 0)[0]
+    assert tokens == MAX_TOKENS_PER_BATCH  # AtMan's passes on such a GPU
+    instances = [get_method(m) for m in available_methods()]
+    gpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cuda", tokens), instances)
+    cpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cpu", TOKENS_PER_BATCH), instances)
+    assert gpu["sources"] == cpu["sources"] < 2e9
+    assert sum(gpu.values()) < 5e9
+    check_request(bundle.model, instances, 39, 24, tokens)  # no MemoryLimitError
