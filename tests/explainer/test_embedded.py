@@ -36,8 +36,9 @@ def test_embedded_model_loads_and_answers(embedded):
 
 def test_embedded_macs_matches_eager_reference(embedded):
     attr = explain(embedded, QA, methods=["macs"], max_new_tokens=5)
-    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids], device=embedded.device)
     attentions, _ = eager_attentions(embedded.model, ids)
+    attentions = tuple(a.float().cpu() for a in attentions)  # the reference runs on the host
     _, ref_z = reference_macs(attentions, attr.num_prompt_tokens, attr.num_steps)
     np.testing.assert_allclose(attr.methods["macs"].z, np.array(ref_z), atol=1e-4)
     assert embedded.model.config._attn_implementation == "sdpa"
@@ -53,8 +54,9 @@ def test_embedded_gradient_methods_and_attnlrp_conservation(embedded):
     for m in methods:
         raw = attr.methods[m].raw
         assert raw.shape == (k, n) and np.isfinite(raw).all() and (np.abs(raw).sum(axis=1) > 0).all(), m
-    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids], device=embedded.device)
     relevance, logits = attnlrp_relevance(GenerationRun(embedded.model, ids, n))
+    relevance, logits = relevance.cpu(), logits.cpu()
     ratio = (relevance.sum(1) / logits).numpy()
     assert np.all((ratio > 0.15) & (ratio < 0.8)), ratio
     np.testing.assert_allclose(attr.methods["attnlrp"].raw, relevance[:, :n].numpy(), rtol=1e-4, atol=1e-5)

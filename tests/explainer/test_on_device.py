@@ -77,8 +77,21 @@ def test_every_method_on_the_device_equals_the_cpu(tokenizer, device, kind, meth
     _assert_close_maps(on_device, on_cpu, method)
 
 
+@pytest.fixture
+def full_float32_convolutions():
+    """cuDNN convolutions in float32, not TF32 (PyTorch's default on CUDA), for the comparison: Qwen2.5-VL's patch
+    embedding is a convolution, and TF32's ~1e-3 relative rounding there moved AtMan's image scores by up to 1e-3 on
+    an H200, beyond float32 tolerance; the comparison is of the library's arithmetic, not of that choice."""
+    previous = torch.backends.cudnn.allow_tf32
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cudnn.allow_tf32 = previous
+
+
 @pytest.mark.parametrize("device", ACCELERATORS)
-def test_image_prompts_on_the_device_equal_the_cpu(device):
+def test_image_prompts_on_the_device_equal_the_cpu(device, full_float32_convolutions):
     tokenizer = make_vl_tokenizer()
     methods = [m for m, cls in METHODS.items() if cls.explains_images]
     runs = {}
@@ -247,7 +260,7 @@ def test_stated_memory_covers_the_measured_peak(tokenizer, device, method):
     """The bytes a request is checked against before it runs cover what CUDA's allocator saw it take above the
     model's weights (a few MB of kernel workspace aside), at 1,500 prompt tokens."""
     bundle = bundle_from_objects(_long_llama(device), tokenizer, max_prompt_tokens=4096)
-    prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 150)
+    prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 40)  # 1,399 tokens
     n = bundle.encode(prompt, chat_template=False).input_ids.shape[1]
     assert n > 1000
     batch_tokens = batch_budget(bundle.model, n + K, K, 0, 0)[0]  # what `explain` checks the request with

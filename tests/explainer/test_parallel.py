@@ -41,7 +41,8 @@ def _eval_command(launcher: list[str], data: Path, model: Path, results: Path) -
 
 def _run(command: list[str], **env: str) -> subprocess.CompletedProcess:
     # One thread per process, as torchrun sets it: both runs compute with the same reductions.
-    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), **env}
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)  # packages found so far too
+    environ = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path, **env}
     proc = subprocess.run(command, cwd=ROOT, env=environ, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc

@@ -134,7 +134,17 @@ def test_load_model_takes_a_dtype_or_its_name(tiny_model_dir):
 
 def test_explain_bfloat16_records_the_precision_in_the_json(tiny_model_dir, tmp_path, capsys):
     out = tmp_path / "r.json"
-    argv = ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "3"]
+    argv = [
+        "explain",
+        "--model",
+        str(tiny_model_dir),
+        "--prompt",
+        "Paris is",
+        "--max-new-tokens",
+        "3",
+        "--device",
+        "cpu",
+    ]
     assert main([*argv, "--dtype", "bfloat16", "--json", str(out)]) == 0
     meta = json.loads(out.read_text())["meta"]
     assert meta["dtype"] == "bfloat16" and meta["device"] == "cpu"
@@ -148,7 +158,8 @@ def test_explain_bfloat16_records_the_precision_in_the_json(tiny_model_dir, tmp_
 def test_faithfulness_json_records_the_precision(tiny_model_dir, tmp_path):
     out = tmp_path / "f.json"
     argv = ["faithfulness", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "2",
-            "--methods", "macs", "--soft", "off", "--dtype", "bfloat16", "--json", str(out)]  # fmt: skip
+            "--methods", "macs", "--soft", "off", "--dtype", "bfloat16", "--device", "cpu",
+            "--json", str(out)]  # fmt: skip
     assert main(argv) == 0
     d = json.loads(out.read_text())
     assert d["dtype"] == "bfloat16" and d["device"] == "cpu"
