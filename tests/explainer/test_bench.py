@@ -373,3 +373,11 @@ def test_reports_combine_later_rows_win_and_ratios_are_recomputed(tmp_path, caps
     assert main(["bench", "--report", str(tmp_path / "missing.json")]) == 2
     assert main(["bench", "--report", str(a), "--plot", str(tmp_path / "plot.svg")]) == 2
     assert ".html or .png" in capsys.readouterr().err
+
+
+def test_the_warm_up_generates_every_token_on_an_accelerator():
+    from explainer.bench.worker import WARMUP_NEW_TOKENS, warmup_new_tokens
+
+    assert warmup_new_tokens("cpu", 32) == WARMUP_NEW_TOKENS < 32
+    assert warmup_new_tokens("cpu", 1) == 1
+    assert warmup_new_tokens("cuda", 32) == 32
