@@ -81,7 +81,10 @@ class AttentionRecorder:
         device = self.device if self.device is not None else rows[0].device
         rows = [r.to(device) for r in rows]  # no-op on one device
         total = total_len if total_len is not None else max(r.shape[-1] for r in rows)
-        return torch.stack([torch.nn.functional.pad(r, (total - r.shape[-1], 0)) for r in rows])
+        # Padding only the short rows: on a GPU every pad is a kernel launch per layer and token.
+        return torch.stack(
+            [r if r.shape[-1] == total else torch.nn.functional.pad(r, (total - r.shape[-1], 0)) for r in rows]
+        )
 
 
 def _additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
