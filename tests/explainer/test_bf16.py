@@ -2,8 +2,8 @@
 exactly zero.
 
 - With capture on (MACS and Rollout streaming), greedy generation gives exactly the tokens of the same model's
-  `generate(do_sample=False)` in the same dtype, float32 and bfloat16, on the embedded model, a tiny Qwen2 and a tiny
-  Qwen2.5-VL with an image.
+  `generate(do_sample=False)` in the same dtype, float32 and bfloat16, on the embedded model and a tiny Qwen2 (the
+  tiny Qwen2.5-VL with an image, on every device: `test_on_device.py`).
 - AtMan with `suppression_factor=1` and pi-Soft with a mask of ones perturb nothing: their baselines run in the same
   batched layout as the perturbed rows, so the scores and distances are exactly zero, in bfloat16 too.
 """
@@ -15,7 +15,6 @@ import contextlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from transformers import DynamicCache
 
 from explainer import explain, load_model
@@ -30,10 +29,8 @@ from explainer.faithfulness.soft import (
 from explainer.methods.atman import AtManConfig, _fast_scores, _Sequence, atman_scores
 from explainer.models import bundle_from_objects
 from explainer.result import MethodScores
-from explainer.vision import encode_image_prompt
 
 from ..conftest import build_model
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 DTYPES = [torch.float32, torch.bfloat16]
 K = 12
@@ -81,27 +78,6 @@ def test_tiny_qwen2_capture_keeps_the_tokens_of_generate(tokenizer, dtype):
         attr = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=K)
         ids = bundle.encode(prompt, max_new_tokens=K).input_ids
         _assert_same_tokens(attr, _plain_generate(bundle, ids, K), bundle.eos_token_ids)
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-def test_tiny_qwen2_vl_capture_keeps_the_tokens_of_generate(dtype):
-    tokenizer = make_vl_tokenizer()
-    model = build_vl_model(tokenizer).to(dtype)
-    bundle = vl_bundle(model, tokenizer)
-    rng = np.random.default_rng(1)
-    image = Image.fromarray(rng.integers(0, 255, (70, 120, 3)).astype(np.uint8))
-    question = "What is in the image?"
-    attr = explain(bundle, question, image=image, methods=["macs", "rollout"], max_new_tokens=K)
-    enc = encode_image_prompt(bundle, image, question)
-    try:
-        plain = _plain_generate(
-            bundle, enc.input_ids, K, pixel_values=enc.prefill_inputs["pixel_values"],
-            image_grid_thw=enc.prefill_inputs["image_grid_thw"],
-            mm_token_type_ids=(enc.input_ids == model.config.image_token_id).int(),
-        )  # fmt: skip
-    finally:
-        model.model.rope_deltas = None  # generate caches it on the model
-    _assert_same_tokens(attr, plain, bundle.eos_token_ids)
 
 
 def test_capture_probabilities_are_computed_in_float32():

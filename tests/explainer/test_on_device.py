@@ -174,11 +174,12 @@ def test_every_method_in_half_precision(tokenizer, device, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_image_capture_keeps_the_tokens_of_generate_in_bfloat16(device):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_image_capture_keeps_the_tokens_of_generate(device, dtype):
     from explainer.vision import encode_image_prompt
 
     tokenizer = make_vl_tokenizer()
-    model = build_vl_model(tokenizer).to(device=device, dtype=torch.bfloat16)
+    model = build_vl_model(tokenizer).to(device=device, dtype=dtype)
     bundle = vl_bundle(model, tokenizer)
     question = "What is in the image?"
     attr = explain(bundle, question, image=_image(), methods=["macs", "rollout"], max_new_tokens=8)
