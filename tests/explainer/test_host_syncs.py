@@ -12,12 +12,14 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from explainer.explain import generate_steps
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 
-from ..conftest import build_model
+from ..conftest import _COMMON, build_model
 
 HOST_READS = frozenset(
     {"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "numpy", "nonzero", "__array__"}
@@ -75,3 +77,53 @@ def test_the_count_catches_a_sync_per_layer(monkeypatch):
     monkeypatch.setattr(MACS, "step", syncing_step)
     counts = reads_per_step(model, 7, ["macs"])
     assert counts[1] == 2 + model.config.num_hidden_layers
+
+
+# --- device work per token: kernels the capture adds per layer ----------------------------------------------------
+
+VIEW_OPS = frozenset(
+    {"view", "_unsafe_view", "reshape", "transpose", "t", "permute", "slice", "select", "unsqueeze", "squeeze",
+     "expand", "as_strided", "alias", "detach", "split", "unbind", "lift_fresh", "resolve_conj", "resolve_neg"}
+)  # fmt: skip
+
+
+class CountKernels(TorchDispatchMode):
+    """Counts the ATen ops that compute (a kernel launch each on a GPU); views and no-op conversions are free."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        if name not in VIEW_OPS and not (name == "to" and out is args[0]):
+            self.count += 1
+        return out
+
+
+def _decode_kernels(layers: int, methods: list, dtype: torch.dtype) -> int:
+    torch.manual_seed(0)
+    cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**_COMMON, "num_hidden_layers": layers})
+    model = LlamaForCausalLM(cfg).eval().to(dtype)
+    gen = generate_steps(model, torch.arange(3, 30)[None], [get_method(m) for m in methods], 4)
+    for _ in range(3):  # the prefill and two decode steps
+        next(gen)
+    with CountKernels() as mode:
+        next(gen)
+    return mode.count
+
+
+@pytest.mark.parametrize("dtype, per_layer", [(torch.float32, 3), (torch.bfloat16, 5)], ids=["float32", "bfloat16"])
+def test_macs_adds_few_kernels_per_layer_and_token(dtype, per_layer):
+    """On a GPU a small model's decode step is bound by kernel launches (~55 tokens/s for SmolLM2-135M on an H200,
+    docs/gpu.md), so what MACS costs there is the kernels its capture adds per layer: the last query's scores against
+    the keys and their softmax (and, for a half-precision model, the float32 copies of q and k); plus a few per token
+    for MACS's own reduction. Counted on the CPU as the ATen ops that compute, per decode step, from a 2- and a
+    4-layer model."""
+    plain = {layers: _decode_kernels(layers, [], dtype) for layers in (2, 4)}
+    macs = {layers: _decode_kernels(layers, ["macs"], dtype) for layers in (2, 4)}
+    extra_per_layer = ((macs[4] - macs[2]) - (plain[4] - plain[2])) / 2
+    extra_per_token = (macs[2] - plain[2]) - 2 * extra_per_layer
+    assert extra_per_layer <= per_layer, (plain, macs)
+    assert extra_per_token <= 12, (plain, macs)
