@@ -45,6 +45,11 @@ class RolloutConfig:
             raise ValueError(f"residual must lie in [0, 1], got {self.residual}")
 
 
+def _prefill_chunk(request: MemoryRequest) -> int:
+    """Query rows per chunk the prefill hands over for this request (`kv.full_row_chunk`, at most N)."""
+    return min(request.n, full_row_chunk(request.n, request.device_type))
+
+
 class Rollout(AttributionMethod):
     name = "rollout"
     display_name = "Attention Rollout"
@@ -56,10 +61,7 @@ class Rollout(AttributionMethod):
     @classmethod
     def memory(cls, request: MemoryRequest, config: RolloutConfig) -> int:
         """`kept_bytes` and, while the prefill runs, one chunk's probabilities, scores and fused rows (float32)."""
-        return (
-            cls.kept_bytes(request)
-            + 4 * 3 * request.shape.heads * min(request.n, full_row_chunk(request.n, request.device_type)) * request.n
-        )
+        return cls.kept_bytes(request) + 4 * 3 * request.shape.heads * _prefill_chunk(request) * request.n
 
     @staticmethod
     def kept_bytes(request: MemoryRequest) -> int:
@@ -67,8 +69,7 @@ class Rollout(AttributionMethod):
         of `kv.full_row_chunk` rows as wide as their last row: up to N x chunk / 2 more) and the generated rows
         (L x K x T, in buffers that double)."""
         s, n, k = request.shape, request.n, request.k
-        chunk = min(n, full_row_chunk(n, request.device_type))
-        return 4 * s.layers * (n * (n + 1) // 2 + n * chunk // 2 + 2 * k * (n + 2 * k))
+        return 4 * s.layers * (n * (n + 1) // 2 + n * _prefill_chunk(request) // 2 + 2 * k * (n + 2 * k))
 
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens
