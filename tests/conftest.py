@@ -80,22 +80,22 @@ _COMMON = dict(
 )
 
 
-def _llama():
-    return LlamaForCausalLM(LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **_COMMON))
+def _llama(**overrides):
+    return LlamaForCausalLM(LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**_COMMON, **overrides}))
 
 
-def _qwen2():
-    return Qwen2ForCausalLM(Qwen2Config(num_attention_heads=4, num_key_value_heads=1, **_COMMON))
+def _qwen2(**overrides):
+    return Qwen2ForCausalLM(Qwen2Config(num_attention_heads=4, num_key_value_heads=1, **{**_COMMON, **overrides}))
 
 
-def _qwen2_sliding():
+def _qwen2_sliding(**overrides):
     cfg = Qwen2Config(
         num_attention_heads=4,
         num_key_value_heads=2,
         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
         sliding_window=6,
         use_sliding_window=True,
-        **_COMMON,
+        **{**_COMMON, **overrides},
     )
     return Qwen2ForCausalLM(cfg)
 
@@ -103,11 +103,20 @@ def _qwen2_sliding():
 BUILDERS = {"llama": _llama, "qwen2": _qwen2, "qwen2_sliding": _qwen2_sliding}
 
 
-def build_model(kind: str, seed: int = 0):
+def build_model(kind: str, seed: int = 0, **overrides):
+    """A seeded tiny model of `kind`; `overrides` change its config (num_hidden_layers, max_position_embeddings...)."""
     torch.manual_seed(seed)
-    model = BUILDERS[kind]()
+    model = BUILDERS[kind](**overrides)
     model.set_attn_implementation("sdpa")
     return model.eval()
+
+
+QA_ROW = {
+    "id": "q1",
+    "question": "What is the capital of France?",
+    "context": "Paris is the capital of France.",
+    "answers": [{"text": "Paris", "answer_start": 0}],
+}  # one SQuAD-style row for evaluation tests
 
 
 @pytest.fixture(scope="session")

@@ -2,8 +2,9 @@
 exactly zero.
 
 - With capture on (MACS and Rollout streaming), greedy generation gives exactly the tokens of the same model's
-  `generate(do_sample=False)` in the same dtype, float32 and bfloat16, on the embedded model and a tiny Qwen2 (the
-  tiny Qwen2.5-VL with an image, on every device: `test_on_device.py`).
+  `generate(do_sample=False)` in the same dtype, float32 and bfloat16, on the embedded model, and every registered
+  method explains it in bfloat16 (the tiny models, text and image, in every precision and on every device:
+  `test_on_device.py`).
 - AtMan with `suppression_factor=1` and pi-Soft with a mask of ones perturb nothing: their baselines run in the same
   batched layout as the perturbed rows, so the scores and distances are exactly zero, in bfloat16 too.
 """
@@ -69,15 +70,6 @@ def test_embedded_capture_keeps_the_tokens_of_generate(embedded, prompt):
     assert attr.num_steps > 3
     for m in ("macs", "rollout"):
         assert np.isfinite(attr.methods[m].raw).all()
-
-
-@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "bfloat16"])
-def test_tiny_qwen2_capture_keeps_the_tokens_of_generate(tokenizer, dtype):
-    bundle = bundle_from_objects(build_model("qwen2_sliding").to(dtype), tokenizer, name="tiny-qwen2")
-    for prompt in ("The quick brown fox", "What is the capital of France? Context: France is a country."):
-        attr = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=K)
-        ids = bundle.encode(prompt, max_new_tokens=K).input_ids
-        _assert_same_tokens(attr, _plain_generate(bundle, ids, K), bundle.eos_token_ids)
 
 
 def test_capture_probabilities_are_computed_in_float32():
@@ -217,19 +209,18 @@ def test_soft_baseline_shares_the_pass_of_its_rows(tokenizer, routing):
     assert (dist[:3] == 0).all() and (dist[3:] > 0).all()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bfloat16", "float16"])
-def test_every_registered_method_explains_a_half_precision_model(tokenizer, dtype):
-    """All registered methods side by side on a bfloat16 / float16 tiny Qwen2 (sliding-window layers included): the
-    tokens of the model's own `generate`, and every map finite, of shape (K, N), float32, and not all zero (random
-    aside, each depends on the model). The text's units for Sources come from a prompt of three sentences."""
+def test_every_registered_method_on_the_embedded_model_in_bfloat16():
+    """`explain --dtype bfloat16` on the embedded model: the tokens of its own bf16 `generate`, and every registered
+    method's map finite, float32, of shape (K, N) and not all zero (random aside, each depends on the model). On a GPU
+    this once failed before running: Sources' memory statement refused the request (tests/explainer/test_memory.py)."""
     from explainer.methods import available_methods
 
-    bundle = bundle_from_objects(build_model("qwen2_sliding").to(dtype), tokenizer, name="tiny-qwen2")
-    prompt = "Paris is the capital of France. The quick brown fox jumps. What is the capital of France?"
+    bundle = load_model(None, dtype="bfloat16")
+    prompt = "Paris is the capital of France. What is 12 times 7?"
     attr = explain(bundle, prompt, methods=available_methods(), max_new_tokens=4)
     ids = bundle.encode(prompt, max_new_tokens=4).input_ids
     _assert_same_tokens(attr, _plain_generate(bundle, ids, 4), bundle.eos_token_ids)
-    assert set(attr.methods) == set(available_methods())
+    assert attr.meta["dtype"] == "bfloat16" and set(attr.methods) == set(available_methods())
     for name, scores in attr.methods.items():
         raw = scores.raw
         assert raw.dtype == np.float32 and raw.shape == (attr.num_steps, attr.num_prompt_tokens), name

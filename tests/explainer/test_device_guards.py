@@ -24,7 +24,7 @@ from explainer.faithfulness.soft import SoftConfig
 from explainer.methods import METHODS
 from explainer.models import bundle_from_objects
 
-from ..conftest import build_model
+from ..conftest import QA_ROW, build_model
 from ..device_guard import FACTORIES, factory_guard, in_library, library_numpy_calls, numpy_calls
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
@@ -173,19 +173,13 @@ def test_faithfulness_runs_under_the_guard(bundle):
 
 
 def test_evaluation_benchmark_and_estimate_run_under_the_guard(bundle):
-    row = {
-        "id": "q1",
-        "question": "What is the capital of France?",
-        "context": "Paris is the capital of France.",
-        "answers": [{"text": "Paris", "answer_start": 0}],
-    }
     cfg = EvalConfig(methods=("macs", "rollout", "atman"), max_new_tokens=3)
     ids = bundle.encode("Paris is the capital").input_ids
     tokens = bundle.readable(ids[0].tolist())  # Sources cuts them into sentences
     attr = explain(bundle, PROMPT, methods=["macs", "atman"], max_new_tokens=3)
-    plain = evaluate_sample(bundle, row, cfg)
+    plain = evaluate_sample(bundle, QA_ROW, cfg)
     with factory_guard() as hits:
-        guarded = evaluate_sample(bundle, row, cfg)
+        guarded = evaluate_sample(bundle, QA_ROW, cfg)
         for method in (BASELINE, *METHODS):
             assert make_runner(bundle.model, method, tokens)(ids, 2) == 2
         estimates = estimate(bundle, PROMPT, max_new_tokens=3, wait=None)

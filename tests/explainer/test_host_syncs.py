@@ -13,13 +13,12 @@ import pytest
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from explainer.explain import generate_steps
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 
-from ..conftest import _COMMON, build_model
+from ..conftest import build_model
 
 HOST_READS = frozenset(
     {"item", "tolist", "__int__", "__float__", "__bool__", "__index__", "numpy", "nonzero", "__array__"}
@@ -103,9 +102,7 @@ class CountKernels(TorchDispatchMode):
 
 
 def _decode_kernels(layers: int, methods: list, dtype: torch.dtype) -> int:
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**_COMMON, "num_hidden_layers": layers})
-    model = LlamaForCausalLM(cfg).eval().to(dtype)
+    model = build_model("llama", num_hidden_layers=layers).to(dtype)
     gen = generate_steps(model, torch.arange(3, 30)[None], [get_method(m) for m in methods], 4)
     for _ in range(3):  # the prefill and two decode steps
         next(gen)

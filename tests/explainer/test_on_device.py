@@ -3,9 +3,9 @@ runners, parametrised by device (`conftest.DEVICES`, `conftest.ACCELERATORS`).
 
 - On an accelerator, every registered method on each tiny model gives the tokens and, to float32 rounding, the maps of
   the same call on the CPU; so do image prompts, removal curves, pi-Soft and an evaluation row.
-- On every device, in bfloat16 and float16: capture keeps the tokens of the model's own `generate`, every method
-  gives finite float32 maps, and no-op perturbations (AtMan without suppression, a pi-Soft mask of ones) give
-  exactly zero.
+- On every device, in bfloat16 and float16: capture keeps the tokens of the model's own `generate` (float32 too,
+  text and image prompts) and every method gives finite float32 maps; on an accelerator no-op perturbations (AtMan
+  without suppression, a pi-Soft mask of ones) give exactly zero in bfloat16 (on the CPU: `test_bf16.py`).
 - On CUDA, the synchronisations the driver itself reports (`torch.cuda.set_sync_debug_mode`) per generated token are
   few and do not grow with the prompt or the step, and the memory each method states before it runs covers the peak
   the allocator measured.
@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 import torch
 from PIL import Image
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
@@ -37,7 +36,7 @@ from explainer.methods.atman import AtManConfig, atman_scores
 from explainer.models import bundle_from_objects
 from explainer.result import MethodScores
 
-from ..conftest import _COMMON, ACCELERATORS, BUILDERS, DEVICES, build_model
+from ..conftest import ACCELERATORS, BUILDERS, DEVICES, QA_ROW, build_model
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 from .test_bf16 import _assert_same_tokens, _plain_generate
 
@@ -127,19 +126,14 @@ def test_faithfulness_on_the_device_equals_the_cpu(tokenizer, device):
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_evaluation_and_bench_runners_on_the_device(tokenizer, device):
-    row = {
-        "id": "q1",
-        "question": "What is the capital of France?",
-        "context": "Paris is the capital of France. Berlin is the capital of Germany.",
-        "answers": [{"text": "Paris", "answer_start": 0}],
-    }
     cfg = EvalConfig(methods=("macs", "rollout", "atman"), max_new_tokens=3)
-    rows = {where: evaluate_sample(_bundle(tokenizer, "llama", where), row, cfg) for where in ("cpu", device)}
+    rows = {where: evaluate_sample(_bundle(tokenizer, "llama", where), QA_ROW, cfg) for where in ("cpu", device)}
     assert rows[device]["answer"] == rows["cpu"]["answer"]
     for m, values in rows["cpu"]["methods"].items():
         for key, value in values.items():
             if key != "seconds" and isinstance(value, float):
-                assert rows[device]["methods"][m][key] == pytest.approx(value, rel=1e-3, abs=1e-4), (m, key)
+                expected = pytest.approx(value, rel=1e-3, abs=1e-4, nan_ok=True)  # NaN where a curve is undefined
+                assert rows[device]["methods"][m][key] == expected, (m, key)
     bundle = _bundle(tokenizer, "llama", device)
     ids = bundle.encode(PROMPT).input_ids
     for method in (BASELINE, *METHODS):
@@ -195,7 +189,7 @@ def test_image_capture_keeps_the_tokens_of_generate(device, dtype):
     _assert_same_tokens(attr, plain, bundle.eos_token_ids)
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device", ACCELERATORS)  # on the CPU: test_bf16.py, under simulated layout-dependent rounding
 def test_no_op_perturbations_give_exactly_zero_in_bfloat16(tokenizer, device):
     bundle = _bundle(tokenizer, "qwen2_sliding", device, torch.bfloat16)
     attr = explain(bundle, PROMPT, methods=["random"], max_new_tokens=5)
@@ -247,20 +241,13 @@ def test_cuda_syncs_per_token_are_few_and_constant(device):
     assert decode[0] <= decode_plain[0] + 2, (plain, streaming)  # one read per streaming method at most
 
 
-def _long_llama(device: str):
-    torch.manual_seed(0)
-    cfg = LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **{**_COMMON, "max_position_embeddings": 4096})
-    model = LlamaForCausalLM(cfg)
-    model.set_attn_implementation("sdpa")
-    return model.eval().to(device)
-
-
 @pytest.mark.parametrize("device", ACCELERATORS)
 @pytest.mark.parametrize("method", ["macs", "rollout", "atman", "attnlrp", "grad_ellm", "input_x_gradient"])
 def test_stated_memory_covers_the_measured_peak(tokenizer, device, method):
     """The bytes a request is checked against before it runs cover what CUDA's allocator saw it take above the
     model's weights (a few MB of kernel workspace aside), at 1,500 prompt tokens."""
-    bundle = bundle_from_objects(_long_llama(device), tokenizer, max_prompt_tokens=4096)
+    model = build_model("llama", max_position_embeddings=4096).to(device)
+    bundle = bundle_from_objects(model, tokenizer, max_prompt_tokens=4096)
     prompt = " ".join(["The quick brown fox jumps over the lazy dog."] * 40)  # 1,399 tokens
     n = bundle.encode(prompt, chat_template=False).input_ids.shape[1]
     assert n > 1000
