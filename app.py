@@ -17,9 +17,9 @@ import os
 
 import gradio as gr
 
-from explainer.hardware import hardware_name, zero_gpu
-from explainer.memory import available_bytes, format_bytes
-from explainer.threads import configure_threads
+from explainer.runtime.hardware import hardware_name, zero_gpu
+from explainer.runtime.memory import available_bytes, format_bytes
+from explainer.runtime.threads import configure_threads
 from ui import contrast, faithfulness, image_tab, layers, models, options, regions, sources, text_tab
 
 TITLE = "Why did the model write that?"

@@ -1,10 +1,11 @@
 """Explain why a language model wrote what it wrote: per-token attribution maps (MACS and peers) while it generates."""
 
+from .decode import generate_steps
 from .errors import ExplainerError, InputError, ModelLoadError, UnknownMethodError, UnsupportedModelError
-from .explain import explain, generate_steps, stream_explain
+from .explain import explain, stream_explain
 from .methods import METHODS, available_methods, get_method
-from .models import EMBEDDED_MODEL, ModelBundle, bundle_from_objects, load_model
-from .result import Attribution, MethodScores, zscore
+from .models.loading import EMBEDDED_MODEL, ModelBundle, bundle_from_objects, load_model
+from .result.attribution import Attribution, MethodScores, zscore
 
 __all__ = [
     "Attribution",

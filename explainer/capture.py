@@ -30,9 +30,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from .devices import input_device
 from .errors import UnsupportedModelError
-from .session import hold
+from .runtime.devices import input_device
+from .runtime.session import hold
 
 _NAME_PREFIX = "explainer_capture_"
 _counter = itertools.count()

@@ -53,13 +53,13 @@ import torch
 
 from .capture import language_config
 from .errors import Cancelled, InputError
-from .kv import TOKENS_PER_BATCH, batch_budget
 from .methods import METHODS, method_class, method_config, method_options
 from .methods.cost import Cost, CostRequest
 from .methods.gradients import gradients_enabled
-from .models import ModelBundle
-from .result import Attribution
-from .session import CancelToken, hold
+from .models.loading import ModelBundle
+from .result.attribution import Attribution
+from .runtime.kv import TOKENS_PER_BATCH, batch_budget
+from .runtime.session import CancelToken, hold
 
 PROBE_TOKENS = 128  # positions of the speed probe's sequence (fewer if the model's context is shorter)
 PROBE_WAIT = 0.5  # seconds the probe waits for a busy model before giving up (the caller shows no figure yet)

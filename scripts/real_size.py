@@ -63,7 +63,7 @@ def build(model_id: str, folder: Path, dtype: str, layers: int | None, vision_de
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from explainer.fit import bundled_config
+    from explainer.runtime.fit import bundled_config
 
     config = bundled_config(model_id)
     tok = _tokenizer()

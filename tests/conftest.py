@@ -180,7 +180,7 @@ CPU_FLAGS = "flags\t\t: fpu sse2 avx2 avx512f"  # a CPU without native bf16 (no 
 def plain_cpu(tmp_path_factory):
     """The CPU flags `precision.default_dtype` reads, the same on every machine and for fixtures of every scope: no
     native bf16, so `auto` is float32 on the CPU. Yields the file (`cpu_flags` rewrites it for one test)."""
-    from explainer import precision
+    from explainer.runtime import precision
 
     path = tmp_path_factory.mktemp("cpuinfo") / "cpuinfo"
     path.write_text(f"processor\t: 0\n{CPU_FLAGS}\n")

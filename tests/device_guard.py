@@ -98,7 +98,7 @@ def factory_guard(inside: Callable[[str], bool] = in_library) -> Iterator[list[s
         caller = sys._getframe(1).f_code.co_filename
         if inside(caller) and Path(caller).resolve() != HOST:
             hits.append(f"Tensor.numpy at {caller}")
-            raise RuntimeError(f"Tensor.numpy() called in {caller}: use explainer.host.to_numpy")
+            raise RuntimeError(f"Tensor.numpy() called in {caller}: use explainer.runtime.host.to_numpy")
         return original_numpy(self, *args, **kwargs)
 
     try:

@@ -35,7 +35,7 @@ def fns(app) -> dict:
 
 def test_importing_the_app_loads_no_model_and_asks_no_hub():
     code = (
-        "import explainer.models as m\n"
+        "import explainer.models.loading as m\n"
         "def no_network(*args, **kwargs): raise AssertionError('the Hub was asked at import')\n"
         "m._open_url = no_network\n"
         "import app\n"

@@ -17,7 +17,8 @@ import anyio
 import gradio as gr
 import pytest
 
-from explainer import hardware, models
+from explainer.models.loading import loading as models
+from explainer.runtime import hardware
 
 REPO = Path(__file__).resolve().parents[1]
 # the events that run the model
@@ -76,7 +77,7 @@ def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub
     neither (each loads with its tab's first request). The 2 CPUs' thread count: tests/explainer/test_threads.py."""
     import torch
 
-    from explainer import fit
+    from explainer.runtime import fit
     from ui import models as ui_models
 
     monkeypatch.setenv("EXPLAINER_MEMORY_BUDGET", "16GB")
@@ -97,7 +98,7 @@ def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub
 def test_online_gpu_defaults_to_the_larger_model(hub, monkeypatch, how):
     if how == "cuda":
         monkeypatch.setattr(models.torch.cuda, "is_available", lambda: True)
-        monkeypatch.setattr("explainer.memory.available_bytes", lambda device: 40 * 10**9)  # a 40 GB GPU, free
+        monkeypatch.setattr("explainer.runtime.memory.available_bytes", lambda device: 40 * 10**9)  # a 40 GB GPU, free
     else:  # ZeroGPU: no GPU is visible before a request, the variable says one will be
         monkeypatch.setenv("SPACES_ZERO_GPU", "true")
     assert models.default_model_ids() == ("Qwen/Qwen2.5-1.5B-Instruct", "Qwen/Qwen2.5-VL-3B-Instruct")

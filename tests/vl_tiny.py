@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-from explainer.models import bundle_from_objects
-from explainer.vision import load_image_processor
+from explainer.models.loading import bundle_from_objects
+from explainer.models.vision import load_image_processor
 
 from .conftest import CORPUS, make_tokenizer
 

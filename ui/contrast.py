@@ -16,8 +16,8 @@ from typing import Any
 import gradio as gr
 
 from explainer.errors import InputError
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step
 
 from . import gpu_time, inputs, models
 from .errors import user_errors

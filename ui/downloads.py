@@ -15,7 +15,7 @@ from pathlib import Path
 
 import gradio as gr
 
-from explainer.result import Attribution
+from explainer.result.attribution import Attribution
 
 KEEP_DOWNLOADS = 32  # files kept in the process's download folder
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")

@@ -9,8 +9,8 @@ import gradio as gr
 from explainer import available_methods
 from explainer.errors import ExplainerError
 from explainer.estimate import calibrate, estimate
-from explainer.hardware import zero_gpu
-from explainer.result import Attribution
+from explainer.result.attribution import Attribution
+from explainer.runtime.hardware import zero_gpu
 
 from . import inputs, models
 from .errors import user_errors

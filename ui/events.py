@@ -15,7 +15,7 @@ from typing import Any
 
 import gradio as gr
 
-from explainer.hardware import on_gpu
+from explainer.runtime.hardware import on_gpu
 
 from .errors import wrap_handler
 

@@ -13,8 +13,8 @@ from explainer.errors import InputError
 from explainer.estimate import seconds_at
 from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
 from explainer.faithfulness.common import RANKED
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
 
 from . import gpu_time, inputs, models
@@ -124,7 +124,7 @@ def _image_request(result: Any, rank: str) -> tuple[Any, list[int], dict]:
     """The vision model, the ranked positions and the prompt's image inputs of an image-tab result (its question
     and image encoded again, as asked)."""
     from explainer.faithfulness.common import image_ranked_positions
-    from explainer.vision import encode_image_prompt
+    from explainer.models.vision import encode_image_prompt
 
     attr, bundle = result.attr, models.get_vl_bundle()
     encoded = encode_image_prompt(

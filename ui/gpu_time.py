@@ -15,8 +15,8 @@ from explainer.errors import ExplainerError
 from explainer.estimate import ASSUMED_SPEED, answer_steps, estimate
 from explainer.faithfulness import QUICK_SOFT
 from explainer.faithfulness.soft import soft_cost
-from explainer.hardware import gpu_duration
 from explainer.methods import METHODS
+from explainer.runtime.hardware import gpu_duration
 
 from . import inputs, models
 from .options import chosen_options

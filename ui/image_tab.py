@@ -14,11 +14,11 @@ import gradio as gr
 from PIL import Image
 
 from explainer.errors import InputError
-from explainer.fit import default_image_tokens
-from explainer.models import gpu_available
-from explainer.result import Attribution
-from explainer.sinks import sink_positions
-from explainer.vision import data_url_bytes, load_image
+from explainer.models.loading import gpu_available
+from explainer.models.vision import data_url_bytes, load_image
+from explainer.result.attribution import Attribution
+from explainer.result.sinks import sink_positions
+from explainer.runtime.fit import default_image_tokens
 from visuals import answer_html, overlay_grid, side_by_side_html
 from visuals.export import export_filename, png_bytes, result_json
 from visuals.overlay import gif_bytes

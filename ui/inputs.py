@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 from explainer.errors import InputError
-from explainer.spans import GRANULARITIES
+from explainer.result.spans import GRANULARITIES
 
 # Slider bounds, (min, max): handlers refuse values outside them with a message (API callers can send anything).
 NEW_TOKENS = (1, 256)  # text tab: max new tokens

@@ -12,7 +12,7 @@ from typing import Any
 
 import gradio as gr
 
-from explainer.result import Attribution
+from explainer.result.attribution import Attribution
 from visuals.layers import has_layers, layer_figure, layer_positions
 
 from . import inputs

@@ -1,7 +1,7 @@
 """The models the app runs: chosen and loaded in this one place, once per process, and shared read-only.
 
 `EXPLAINER_MODEL` / `EXPLAINER_VLM` choose them, else Hub models chosen by the hardware's memory when the Hub answers,
-else the embedded model and no image tab (`explainer.models.default_model_ids`). The Hub is asked when a model is
+else the embedded model and no image tab (`models.loading.default_model_ids`). The Hub is asked when a model is
 first needed (or by `main()`), never at import. `get_bundle()` / `get_vl_bundle()` load on a tab's first request,
 serialised by a lock; a page visit loads nothing, and one id is loaded once (one vision-language model may serve both
 tabs). A loaded bundle is handed out without taking any lock.
@@ -21,8 +21,7 @@ import threading
 
 from explainer import load_model
 from explainer.errors import ExplainerError, InputError, ModelLoadError
-from explainer.hardware import zero_gpu
-from explainer.models import (
+from explainer.models.loading import (
     EMBEDDED_MODEL,
     HUB_VISION_MODEL,
     ModelBundle,
@@ -30,7 +29,8 @@ from explainer.models import (
     load_dtype,
     parse_device_map,
 )
-from explainer.precision import dtype_name, model_dtype, precision_label
+from explainer.runtime.hardware import zero_gpu
+from explainer.runtime.precision import dtype_name, model_dtype, precision_label
 
 from .errors import user_errors
 

@@ -1,5 +1,5 @@
 """The "Which answer tokens used this?" accordions: select an image region (image tab) or words of the prompt (text
-tab), and see per method how strongly each answer token drew on them (`explainer.regions`, `visuals.regions`).
+tab), and see per method how strongly each answer token drew on them (`explainer.result.regions`, `visuals.regions`).
 
 In the image tab the visitor clicks the image's patch grid: "Pick cells" toggles the clicked cell, "Rectangle" takes
 two clicks, opposite corners, and selects every cell between. Never runs the model.
@@ -13,9 +13,9 @@ from typing import Any
 
 import gradio as gr
 
-from explainer.regions import cell_at, cells_in_box, image_region_strengths, word_choices, word_region_strengths
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.regions import cell_at, cells_in_box, image_region_strengths, word_choices, word_region_strengths
+from explainer.result.steps import clamp_step
 from visuals.regions import grid_picker, picker_size, region_figure
 
 from . import inputs

@@ -1,6 +1,6 @@
 """Following the library's streams in a handler: updates merged to a few a second, cancellation, the request state.
 
-The work runs in the library's worker thread, which holds the model (`explainer.session`). A handler drives it with
+The work runs in the library's worker thread, which holds the model (`runtime.session`). A handler drives it with
 `run_stream` (or `explain_updates`, the explain request both tabs send) and renders each `Update`. Every update
 carries the request's `RequestState`, which the handler keeps in a `gr.State`; the handler that Gradio runs after the
 request, however it ended, reads it to say what happened: a request still "in flight" there was
@@ -21,12 +21,12 @@ import anyio
 import gradio as gr
 
 from explainer import stream_explain
-from explainer.answer import answer_budget
 from explainer.errors import InputError
-from explainer.models import ModelBundle
-from explainer.result import Attribution
-from explainer.session import CancelToken, WorkerStream, model_lock
-from explainer.steps import last_content_step
+from explainer.models.answer import answer_budget
+from explainer.models.loading import ModelBundle
+from explainer.result.attribution import Attribution
+from explainer.result.steps import last_content_step
+from explainer.runtime.session import CancelToken, WorkerStream, model_lock
 
 from .options import chosen_options
 
@@ -198,7 +198,7 @@ def finished(attr: Any) -> bool:
 # Events that follow the step slider (its change, or the result's) take their inputs unprocessed: a new request shrinks
 # the slider while such events, sent by the page before that update arrived, still carry the old step, and Gradio's
 # bounds check refused them with "Value 12 is greater than maximum value 2" error toasts after every Cancel or long
-# answer. The views clamp every step (`explainer.steps.clamp_step`); such events read only States, sliders,
+# answer. The views clamp every step (`explainer.result.steps.clamp_step`); such events read only States, sliders,
 # checkboxes, radios and dropdowns, whose raw values are their values.
 FOLLOWS_STEP = {"preprocess": False}
 

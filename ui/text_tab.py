@@ -15,10 +15,10 @@ from typing import Any
 
 import gradio as gr
 
-from explainer.result import Attribution
-from explainer.sinks import sink_positions
-from explainer.spans import GRANULARITIES
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.sinks import sink_positions
+from explainer.result.spans import GRANULARITIES
+from explainer.result.steps import clamp_step
 from visuals import answer_html, side_by_side_html, top_tokens_rows
 from visuals.export import export_filename, load_result, png_bytes, result_json
 from visuals.granularity import span_side_by_side_html, top_sentences_html

@@ -11,7 +11,7 @@ import io
 import re
 from typing import Any
 
-from explainer.result import MAX_RESULT_BYTES, Attribution, load_result, result_json
+from explainer.result.attribution import MAX_RESULT_BYTES, Attribution, load_result, result_json
 
 __all__ = [
     "MAX_RESULT_BYTES",

@@ -1,14 +1,14 @@
 """The prompt heatmap at token, word or sentence granularity, for one answer step or a span of them, and the top
 supporting sentences per method.
 
-Pure functions over an `Attribution` (scores from `explainer.spans`). The HTML reuses the token heatmap's colour
+Pure functions over an `Attribution` (scores from `explainer.result.spans`). The HTML reuses the token heatmap's colour
 bins, stylesheet and legend, so the views look and read alike: each unit is `<i class=r3 title=+1.23>text</i>`
 (colour bin as class, score as hover title), its text stays selectable, and a panel's `data-pos` holds its prompt
 positions as ranges. At word and sentence granularity `data-groups` lists each unit's positions (`3-4,5,6-9`), so
 a click can be mapped back to tokens.
 
-Scores: a unit's score is the mean z-score of its tokens (`explainer.spans.group_scores`); over a span of steps,
-the token z-scores are first averaged over the steps (`explainer.spans.span_scores`). User text is shown with its
+Scores: a unit's score is the mean z-score of its tokens (`explainer.result.spans.group_scores`); over a span of steps,
+the token z-scores are first averaged over the steps (`explainer.result.spans.span_scores`). User text is shown with its
 control characters and bidirectional overrides made visible (`␀`, `⟨U+202E⟩`), so a hostile prompt cannot hide
 text or reorder the rest of the panel.
 """
@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 
 from explainer.errors import InputError
-from explainer.result import Attribution
-from explainer.sinks import scored_positions
-from explainer.spans import (
+from explainer.result.attribution import Attribution
+from explainer.result.sinks import scored_positions
+from explainer.result.spans import (
     GRANULARITIES,
     Group,
     ScoredGroup,
@@ -143,7 +143,7 @@ def span_side_by_side_html(
         methods: method names, one panel each; a method with no scores up to `last` gets a neutral "pending" panel.
         first: first answer step, 0-based; None is the newest.
         last: last answer step, inclusive; None means `first` (one step, as in the token heatmap).
-        granularity: "token", "word" or "sentence" (see `explainer.spans.word_groups` / `sentence_groups`).
+        granularity: "token", "word" or "sentence" (see `explainer.result.spans.word_groups` / `sentence_groups`).
         user_only: show only the user's text with z re-standardised over it per step (as the token heatmap does);
             False shows all N tokens with the stored z-scores.
         zmax: shared half-width of the colour range; None uses the largest |score| shown, within
@@ -155,7 +155,7 @@ def span_side_by_side_html(
         titled with method name and seconds, one legend.
 
     Raises:
-        InputError: an unknown granularity, or a span outside the answer (see `explainer.spans.span_range`).
+        InputError: an unknown granularity, or a span outside the answer (see `explainer.result.spans.span_range`).
     """
     granularity = _granularity(granularity)
     methods = list(methods)
@@ -282,14 +282,14 @@ def top_sentences_html(
         user_only: only the user's text, z re-standardised over it per step (as in the token heatmap).
         zmax: half-width of the colour range of the score badges; None uses the largest |score| listed, within
             [`ZMIN_AUTO`, `Z_CLIP`] (pass the heatmap's to match its colours).
-        hide_sinks: leave the attention sinks out of each step's z-scores (`explainer.spans.top_sentences`).
+        hide_sinks: leave the attention sinks out of each step's z-scores (`explainer.result.spans.top_sentences`).
 
     Returns:
         An HTML fragment: a caption, then per method a table with rank, score (a badge coloured like the heatmap,
         with its number written out) and the sentence (its prompt positions in the row's `data-pos`).
 
     Raises:
-        InputError: a span outside the answer (see `explainer.spans.span_range`).
+        InputError: a span outside the answer (see `explainer.result.spans.span_range`).
     """
     methods = list(methods)
     if not methods:

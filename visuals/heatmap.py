@@ -21,10 +21,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from explainer.contrast import contrasted_steps, is_blank
-from explainer.result import Attribution, zscore
-from explainer.sinks import scored_positions
-from explainer.spans import shown_positions
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution, zscore
+from explainer.result.sinks import scored_positions
+from explainer.result.spans import shown_positions
+from explainer.result.steps import clamp_step
 
 Z_CLIP = 3.0  # default colour range is the largest |z| shown, capped here so one outlier does not wash out the rest
 
@@ -270,7 +270,7 @@ def side_by_side_html(
         user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
             when there are none); False shows all N tokens with the stored `z`.
         zmax: shared half-width of the colour range; None uses the largest |z| over all panels, capped at `Z_CLIP`.
-        hide_sinks: leave the result's attention sinks (`explainer.sinks.sink_positions`) out of each step's
+        hide_sinks: leave the result's attention sinks (`explainer.result.sinks.sink_positions`) out of each step's
             z-scores and the colour range; they are drawn hatched, with no score.
 
     Returns:

@@ -18,9 +18,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from explainer.result import Attribution
-from explainer.spans import shown_positions
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.spans import shown_positions
+from explainer.result.steps import clamp_step
 from visuals.heatmap import visible_whitespace
 
 MAX_TICKS = 60  # token labels on the axis; every token keeps its hover

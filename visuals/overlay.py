@@ -1,7 +1,7 @@
 """Image overlays of an `Attribution` from an image prompt: one step's image map on top of the image.
 
 Pure functions (`Attribution`, PIL image -> PIL image). The map is the step's scores at the image tokens, z-scored
-over those tokens (`explainer.image_maps.image_map`), upsampled bicubically to the image's pixels, scaled to [0, 1]
+over those tokens (`result.image_maps.image_map`), upsampled bicubically to the image's pixels, scaled to [0, 1]
 per map (lowest -> dark, highest -> bright), coloured with an inferno-like perceptual colormap and blended with the
 image. Optionally the top p% of pixels are outlined. With `hide_sinks`, image tokens that are attention sinks are
 left out of the z-scores and the colour scale, and their cells are hatched grey over the image. Steps are 0-based;
@@ -16,9 +16,9 @@ from collections.abc import Sequence
 import numpy as np
 from PIL import Image, ImageDraw
 
-from explainer.image_maps import image_map, image_sinks, image_zscores, upsample_map
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.image_maps import image_map, image_sinks, image_zscores, upsample_map
+from explainer.result.steps import clamp_step
 
 # Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
 _INFERNO = np.array(

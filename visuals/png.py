@@ -20,8 +20,8 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step
 from visuals.efficiency import _font
 from visuals.heatmap import (
     _BOLD_BIN,

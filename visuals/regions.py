@@ -1,7 +1,7 @@
 """Region -> answer tokens, drawn: which answer tokens used the selected image region or words.
 
 `region_figure` is a small bar chart, one group of bars per answer token and one bar per method, of the mean z-score
-over the selection (`explainer.regions`); the step on the slider is marked. `grid_picker` draws the image with its
+over the selection (`result.regions`); the step on the slider is marked. `grid_picker` draws the image with its
 merged patch grid and the selected cells, for the visitor to click cells on.
 
 Pure: results and images in, a Plotly figure or a PIL image out; no model.
@@ -16,8 +16,8 @@ import numpy as np
 import plotly.graph_objects as go
 from PIL import Image, ImageDraw
 
-from explainer.regions import Cell
-from explainer.result import Attribution
+from explainer.result.attribution import Attribution
+from explainer.result.regions import Cell
 from visuals.curves import method_colors
 from visuals.heatmap import visible_whitespace
 

@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 
 from explainer.contrast import contrasted_steps, is_blank
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step
 from visuals.export import png_bytes
 from visuals.heatmap import (
     _CARD,

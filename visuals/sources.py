@@ -15,8 +15,8 @@ import html
 
 import numpy as np
 
-from explainer.result import Attribution
-from explainer.steps import clamp_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step
 
 NO_SOURCES = (
     "<p>Tick <b>sources</b> among the methods and generate: it hides each passage of your text in turn and measures "

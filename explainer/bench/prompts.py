@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from ..evaluate import load_squad
+from ..eval.evaluate import load_squad
 
 DEFAULT_TEXT: Traversable = resources.files("explainer").joinpath("data", "bench_text.txt")  # package data
 DEFAULT_TEXT_NAME = "explainer/data/bench_text.txt"  # how reports name it

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ExplainerError, InputError
-from ..session import hold
+from ..runtime.session import hold
 from .probes import _ContentionProbe, _live_peak_mb, _MemoryProbe
 from .prompts import prompt_ids
 from .report import BASELINE, BenchRow
@@ -63,7 +63,7 @@ def _make_runner(
 ) -> Callable[[Any, int], int]:
     import torch
 
-    from ..explain import generate_steps
+    from ..decode import generate_steps
     from ..methods import GenerationRun
 
     if method_name == BASELINE:
@@ -114,8 +114,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     """
     import torch
 
-    from ..models import load_model
-    from ..precision import dtype_name
+    from ..models.loading import load_model
+    from ..runtime.precision import dtype_name
 
     n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
     if spec.get("threads"):

@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from ..errors import ExplainerError, InputError
-from ..precision import DTYPE_CHOICES
+from ..runtime.precision import DTYPE_CHOICES
 
 EXIT_USER_ERROR = 2
 
@@ -98,7 +98,7 @@ def add_device_map_option(p: argparse.ArgumentParser) -> None:
 
 def placement(args: argparse.Namespace) -> dict:
     """`load_model` keywords for `--device` / `--device-map`."""
-    from ..models import parse_device_map
+    from ..models.loading import parse_device_map
 
     return {"device": args.device, "device_map": parse_device_map(getattr(args, "device_map", None))}
 

@@ -1,6 +1,6 @@
 """The `agreement` command: per-step agreement of each method's low-precision maps with its float32 maps.
 
-The method and the statistics live in `explainer.agreement`; this module reads the options, loads the prompts and
+The method and the statistics live in `explainer.eval.agreement`; this module reads the options, loads the prompts and
 both models once, and prints the table.
 """
 
@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from ..agreement import (
+from ..errors import InputError
+from ..eval.agreement import (
     POSITIONS,
     AgreementConfig,
     example_prompts,
@@ -19,15 +20,14 @@ from ..agreement import (
     squad_prompts,
     summarise,
 )
-from ..datasets import SQUAD_V2_DEV, resolve_data
-from ..errors import InputError
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    from ..evaluate import load_squad, read_results
+    from ..eval.evaluate import load_squad, read_results
     from ..methods import parse_methods
-    from ..models import load_model
-    from ..precision import dtype_name, parse_dtype
+    from ..models.loading import load_model
+    from ..runtime.precision import dtype_name, parse_dtype
 
     if args.report:
         rows: dict[str, dict] = {}  # by prompt id: a later file's row wins

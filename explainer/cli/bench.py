@@ -22,9 +22,9 @@ from ..bench import (
     prompt_text,
     run_bench,
 )
-from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError, UnknownMethodError
-from ..precision import parse_dtype
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..runtime.precision import parse_dtype
 from . import add_device_map_option, dtype_option, methods_help, placement
 
 

@@ -1,4 +1,4 @@
-"""The `eval` command: the MACS paper's QA evaluation on a SQuAD file (the logic lives in `explainer.evaluate`)."""
+"""The `eval` command: the MACS paper's QA evaluation on a SQuAD file (the logic lives in `explainer.eval.evaluate`)."""
 
 from __future__ import annotations
 
@@ -9,18 +9,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..datasets import SQUAD_V2_DEV, resolve_data
 from ..errors import InputError
-from ..evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
-from ..parallel import Rank, rank_from_env, rank_path, shard
-from ..precision import precision_meta
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..eval.evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
+from ..eval.parallel import Rank, rank_from_env, rank_path, shard
+from ..runtime.precision import precision_meta
 from . import add_device_map_option, dtype_option, methods_help, placement
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
     from ..methods import parse_methods
-    from ..models import load_model
-    from ..precision import parse_dtype
+    from ..models.loading import load_model
+    from ..runtime.precision import parse_dtype
 
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     dtype = parse_dtype(args.dtype)

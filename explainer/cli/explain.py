@@ -29,7 +29,7 @@ def _print_summary(attr, top: int) -> None:
     _print_step_scores(attr)
     user = attr.user_positions or None
     from ..methods import METHODS
-    from ..result import zscore
+    from ..result.attribution import zscore
 
     for name, scores in attr.methods.items():
         label = f" {METHODS[name].display_name}" if name in METHODS else ""
@@ -43,7 +43,7 @@ def _print_summary(attr, top: int) -> None:
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
             if attr.image:
-                from ..image_maps import image_map
+                from ..result.image_maps import image_map
 
                 cells = image_map(attr, name, k)  # (h, w)
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
@@ -85,8 +85,8 @@ def _print_step_scores(attr) -> None:
 
 def cmd_explain(args: argparse.Namespace) -> int:
     from ..explain import explain
-    from ..models import load_model
-    from ..precision import parse_dtype
+    from ..models.loading import load_model
+    from ..runtime.precision import parse_dtype
 
     prompt = _read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
@@ -182,8 +182,8 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     from ..explain import explain
     from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
     from ..methods import parse_methods
-    from ..models import load_model
-    from ..precision import parse_dtype
+    from ..models.loading import load_model
+    from ..runtime.precision import parse_dtype
 
     prompt = _read_prompt(args)
     if not prompt.strip():
@@ -244,7 +244,7 @@ def _load_image(paths: list[str] | None):
     """`--image` (repeatable): None, one image, or a list of them in order."""
     if not paths:
         return None
-    from ..vision import load_image
+    from ..models.vision import load_image
 
     images = [load_image(path) for path in paths]
     return images[0] if len(images) == 1 else images
@@ -253,7 +253,7 @@ def _load_image(paths: list[str] | None):
 def _image_ranking(bundle, attr, prompt: str, image, args: argparse.Namespace) -> tuple[list[int], dict]:
     """The positions an image question's removal curves rank (`--rank`) and the prompt's image inputs."""
     from ..faithfulness.common import image_ranked_positions
-    from ..vision import encode_image_prompt
+    from ..models.vision import encode_image_prompt
 
     encoded = encode_image_prompt(
         bundle, image, prompt, chat_template=not args.no_chat_template, max_new_tokens=args.max_new_tokens

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..errors import InputError
-from ..models import ModelBundle
-from ..result import Attribution, zscore
+from ..models.loading import ModelBundle
+from ..result.attribution import Attribution, zscore
 
 RANDOM = "random"
 

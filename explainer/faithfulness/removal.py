@@ -37,13 +37,13 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InputError
-from ..host import to_numpy
-from ..kv import batch_budget, prefix_cache, right_aligned, rows_per_batch
+from ..eval.metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 from ..methods.base import ProgressFn
-from ..metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
-from ..models import ModelBundle
-from ..result import Attribution
-from ..session import check_cancelled, hold
+from ..models.loading import ModelBundle
+from ..result.attribution import Attribution
+from ..runtime.host import to_numpy
+from ..runtime.kv import batch_budget, prefix_cache, right_aligned, rows_per_batch
+from ..runtime.session import check_cancelled, hold
 from .common import (
     RANDOM,
     check_result,
@@ -365,7 +365,7 @@ def image_sequence(bundle: ModelBundle, attr: Attribution, image_inputs: dict[st
         InputError: the image inputs do not belong to this result (another image size or prompt).
     """
     from ..methods.inputs import decoder_input_embeddings
-    from ..vision import full_sequence_inputs
+    from ..models.vision import full_sequence_inputs
 
     grid = image_inputs.get("image_grid_thw")
     merge = bundle.model.config.vision_config.spatial_merge_size

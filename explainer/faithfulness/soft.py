@@ -34,16 +34,16 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import _additive_mask, _probs, attention_function_selected
-from ..devices import input_device
 from ..errors import InputError
-from ..host import to_numpy
-from ..kv import TOKENS_PER_BATCH, batch_budget, prefix_cache, rows_per_batch
-from ..memory import ModelShape, check_fits
+from ..eval.metrics import PI_GRID, calibrate, hellinger, minmax
 from ..methods.base import ProgressFn
-from ..metrics import PI_GRID, calibrate, hellinger, minmax
-from ..models import ModelBundle
-from ..result import Attribution
-from ..session import check_cancelled, hold
+from ..models.loading import ModelBundle
+from ..result.attribution import Attribution
+from ..runtime.devices import input_device
+from ..runtime.host import to_numpy
+from ..runtime.kv import TOKENS_PER_BATCH, batch_budget, prefix_cache, rows_per_batch
+from ..runtime.memory import ModelShape, check_fits
+from ..runtime.session import check_cancelled, hold
 from .common import check_result, evaluated_positions
 
 CPU_ROWS = 16  # perturbed inputs per forward on a CPU

@@ -21,9 +21,9 @@ from transformers import DynamicCache
 from transformers.masking_utils import causal_mask_function
 
 from ..errors import UnsupportedModelError
-from ..host import to_numpy
-from ..kv import packed_positions, prefix_cache, reusable
-from .atman import _check_manipulated, _cross_entropy, _naive_scores, _report, attention_suppression
+from ..runtime.host import to_numpy
+from ..runtime.kv import packed_positions, prefix_cache, reusable
+from .atman.method import _check_manipulated, _cross_entropy, _naive_scores, _report, attention_suppression
 from .base import ProgressFn
 
 

@@ -45,11 +45,11 @@ from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as qwen2_5_vl
 from transformers.models.qwen2_vl import modeling_qwen2_vl as qwen2_vl
 
 from ..capture import attention_function_selected, check_attention_kwargs
-from ..devices import parameter_value
 from ..errors import UnsupportedModelError
-from ..host import to_numpy
-from ..memory import MemoryRequest, graph_bytes
-from ..session import hold
+from ..runtime.devices import parameter_value
+from ..runtime.host import to_numpy
+from ..runtime.memory import MemoryRequest, graph_bytes
+from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
 from .gradients import gradients_enabled

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from ..memory import MemoryRequest
+from ..runtime.memory import MemoryRequest
 from .cost import UNKNOWN, Cost, CostRequest
 
 # progress(fraction in [0, 1], message)

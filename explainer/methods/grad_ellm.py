@@ -36,9 +36,9 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import attention_function_selected, check_attention_kwargs
 from ..errors import UnsupportedModelError
-from ..host import to_numpy
-from ..memory import MemoryRequest, graph_bytes
-from ..session import hold
+from ..runtime.host import to_numpy
+from ..runtime.memory import MemoryRequest, graph_bytes
+from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
 from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..contrast import foil_values
-from ..session import check_cancelled
+from ..runtime.session import check_cancelled
 from .base import GenerationRun, ProgressFn
 from .inputs import decoder_input_embeddings
 

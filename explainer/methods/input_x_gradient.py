@@ -20,9 +20,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..host import to_numpy
-from ..memory import MemoryRequest, graph_bytes
-from ..session import hold
+from ..runtime.host import to_numpy
+from ..runtime.memory import MemoryRequest, graph_bytes
+from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
 from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..host import to_numpy
-from ..memory import MemoryRequest
+from ..runtime.host import to_numpy
+from ..runtime.memory import MemoryRequest
 from .base import AttributionMethod
 
 _LOG_FLOAT32_TINY = float(np.log(np.finfo(np.float32).tiny))

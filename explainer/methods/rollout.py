@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..host import to_numpy
-from ..kv import full_row_chunk
-from ..memory import MemoryRequest
+from ..runtime.host import to_numpy
+from ..runtime.kv import full_row_chunk
+from ..runtime.memory import MemoryRequest
 from .base import AttributionMethod
 
 _FUSION = {

@@ -36,12 +36,13 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..kv import TOKENS_PER_BATCH
-from ..memory import MemoryRequest
-from ..segments import Group, paragraph_groups, sentence_groups, word_groups
-from ..session import hold
+from ..result.segments import Group, paragraph_groups, sentence_groups, word_groups
+from ..runtime.kv import TOKENS_PER_BATCH
+from ..runtime.memory import MemoryRequest
+from ..runtime.session import hold
 from .answer_passes import PackedPasses
-from .atman import CPU_BATCH_ROWS, AtMan, AtManConfig, suppression_scores
+from .atman import AtMan, AtManConfig, suppression_scores
+from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
 

@@ -155,8 +155,8 @@ class AppPage:
 
     def last_content_step(self) -> int:
         """0-based step of the answer's last content token, where a finished answer opens: trailing special tokens
-        (`<|im_end|>`) and whitespace (a newline shows as ⏎) are skipped (`explainer.steps.last_content_step`)."""
-        from explainer.spans import is_special
+        (`<|im_end|>`) and whitespace (a newline shows as ⏎) are skipped (`result.steps.last_content_step`)."""
+        from explainer.result.spans import is_special
 
         tokens = [t.replace("⏎", "").strip() for t in self.answer_tokens()]
         return next((i for i in range(len(tokens) - 1, -1, -1) if tokens[i] and not is_special(tokens[i])), 0)

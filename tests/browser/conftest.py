@@ -77,7 +77,7 @@ def missing_piece() -> str | None:
     if chromium_path() is None:
         return "no Chromium binary (apt-get install chromium, or set EXPLAINER_CHROMIUM)"
     from explainer.errors import ModelLoadError
-    from explainer.models import embedded_gguf_path
+    from explainer.models.loading import embedded_gguf_path
 
     try:
         embedded_gguf_path()
@@ -186,7 +186,7 @@ def app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 @pytest.fixture(scope="session")
 def vl_app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
     """A second app whose image tab has the tiny random Qwen2.5-VL (no real weights offline), saved as a folder."""
-    from tests.vl_tiny import build_vl_model, make_vl_tokenizer
+    from ..vl_tiny import build_vl_model, make_vl_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
     tokenizer = make_vl_tokenizer()

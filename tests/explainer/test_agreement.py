@@ -8,7 +8,9 @@ import json
 import numpy as np
 import pytest
 
-from explainer.agreement import (
+from explainer.cli import main
+from explainer.errors import InputError
+from explainer.eval.agreement import (
     AgreementConfig,
     average_ranks,
     compare_rows,
@@ -20,9 +22,7 @@ from explainer.agreement import (
     top_k,
     top_k_overlap,
 )
-from explainer.cli import main
-from explainer.errors import InputError
-from explainer.models import load_model
+from explainer.models.loading import load_model
 
 
 def brute_ranks(x: np.ndarray) -> np.ndarray:

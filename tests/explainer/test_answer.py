@@ -17,12 +17,12 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
 from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
-from explainer.answer import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids
 from explainer.capture import registered_names
 from explainer.faithfulness import QUICK_SOFT, measure_faithfulness
 from explainer.methods import METHODS, available_methods, get_method
-from explainer.result import Attribution
-from explainer.vision import encode_image_prompt, full_sequence_inputs
+from explainer.models.answer import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids
+from explainer.models.vision import encode_image_prompt, full_sequence_inputs
+from explainer.result.attribution import Attribution
 
 from ..conftest import BUILDERS, CHAT_TEMPLATE, CORPUS, VOCAB, build_model, eager_attentions
 from ..reference import reference_macs

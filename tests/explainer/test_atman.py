@@ -14,12 +14,8 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from explainer import METHODS, UnsupportedModelError, bundle_from_objects, explain, get_method
 from explainer.capture import registered_names
-from explainer.methods.atman import (
-    AtMan,
-    AtManConfig,
-    atman_scores,
-    suppression_factors,
-)
+from explainer.methods.atman import AtMan, AtManConfig, atman_scores
+from explainer.methods.atman.factors import suppression_factors
 
 from ..conftest import BUILDERS, build_model
 from ..reference import reference_suppression_rows, suppressed_eager_attention

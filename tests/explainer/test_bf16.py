@@ -27,9 +27,10 @@ from explainer.faithfulness.soft import (
     fixed_routing,
     soft_curves,
 )
-from explainer.methods.atman import AtManConfig, _fast_scores, _Sequence, atman_scores
-from explainer.models import bundle_from_objects
-from explainer.result import MethodScores
+from explainer.methods.atman import AtManConfig, atman_scores
+from explainer.methods.atman.method import _fast_scores, _Sequence
+from explainer.models.loading import bundle_from_objects
+from explainer.result.attribution import MethodScores
 
 from ..conftest import build_model
 

@@ -17,12 +17,12 @@ from PIL import Image
 
 from explainer.bench.worker import BASELINE, make_runner
 from explainer.estimate import calibrate, estimate
-from explainer.evaluate import EvalConfig, evaluate_sample
+from explainer.eval.evaluate import EvalConfig, evaluate_sample
 from explainer.explain import explain
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
 from explainer.methods import METHODS
-from explainer.models import bundle_from_objects
+from explainer.models.loading import bundle_from_objects
 
 from ..conftest import QA_ROW, build_model
 from ..device_guard import FACTORIES, factory_guard, in_library, library_numpy_calls, numpy_calls

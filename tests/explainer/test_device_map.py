@@ -13,11 +13,11 @@ import torch
 from explainer import explain, load_model
 from explainer.capture import AttentionRecorder, registered_names
 from explainer.cli import EXIT_USER_ERROR, main
-from explainer.devices import input_device, parameter_value
 from explainer.errors import InputError, ModelLoadError
 from explainer.faithfulness import SoftConfig, removal_curves, soft_curves
 from explainer.methods import METHODS
-from explainer.models import parse_device_map
+from explainer.models.loading import parse_device_map
+from explainer.runtime.devices import input_device, parameter_value
 
 PROMPT = "The capital of France is"
 NEW_TOKENS = 6

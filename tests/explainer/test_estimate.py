@@ -17,8 +17,8 @@ from explainer import bundle_from_objects, explain
 from explainer import estimate as est
 from explainer.errors import InputError, UnknownMethodError
 from explainer.methods import METHODS, GenerationRun, get_method, method_config
-from explainer.result import Attribution
-from explainer.session import hold
+from explainer.result.attribution import Attribution
+from explainer.runtime.session import hold
 
 from ..conftest import build_model, make_tokenizer
 

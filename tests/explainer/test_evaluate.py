@@ -11,7 +11,7 @@ import pytest
 from explainer import bundle_from_objects
 from explainer.cli import EXIT_USER_ERROR, main
 from explainer.errors import InputError
-from explainer.evaluate import (
+from explainer.eval.evaluate import (
     QA_PROMPT,
     EvalConfig,
     answer_step,
@@ -205,7 +205,7 @@ def _official(rows: list[dict] = ROWS, impossible: int = 1) -> dict:
 
 
 def test_official_layout_converts_to_our_rows():
-    from explainer.datasets import is_official_layout, rows_from_official
+    from explainer.eval.datasets import is_official_layout, rows_from_official
 
     data = _official()
     rows = rows_from_official(data)
@@ -264,7 +264,7 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_squad_v2_dev_downloads_once_then_reuses_the_cache(cache, monkeypatch):
-    from explainer import datasets
+    from explainer.eval import datasets
 
     calls = []
 
@@ -299,7 +299,7 @@ def test_squad_v2_dev_downloads_once_then_reuses_the_cache(cache, monkeypatch):
     ],
 )
 def test_failed_download_says_what_to_do_and_leaves_no_cache(cache, monkeypatch, failure):
-    from explainer import datasets
+    from explainer.eval import datasets
 
     def opener(url, timeout):
         if isinstance(failure, bytes):
@@ -317,7 +317,7 @@ def test_failed_download_says_what_to_do_and_leaves_no_cache(cache, monkeypatch,
 
 
 def test_eval_cli_downloads_squad_v2_dev_and_reads_the_official_layout(tiny_model_dir, cache, tmp_path, monkeypatch):
-    from explainer import datasets
+    from explainer.eval import datasets
 
     monkeypatch.setattr(datasets, "_open_url", lambda url, timeout: _FakeResponse(json.dumps(_official()).encode()))
     out = tmp_path / "e.json"
@@ -333,7 +333,7 @@ def test_eval_cli_downloads_squad_v2_dev_and_reads_the_official_layout(tiny_mode
 
 
 def test_eval_cli_offline_is_one_line(tiny_model_dir, cache, monkeypatch, capsys):
-    from explainer import datasets
+    from explainer.eval import datasets
 
     def offline(url, timeout):
         raise urllib.error.URLError("Name or service not known")

@@ -9,7 +9,7 @@ from transformers import MambaConfig, MambaForCausalLM
 
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_names
-from explainer.session import model_lock
+from explainer.runtime.session import model_lock
 
 from ..conftest import FailingMACS, build_model
 

@@ -14,7 +14,7 @@ from explainer.capture import registered_names
 from explainer.faithfulness import RemovalConfig, removal_curves, removal_runs
 from explainer.faithfulness.common import image_ranked_positions
 from explainer.faithfulness.removal import image_sequence
-from explainer.vision import encode_image_prompt, full_sequence_inputs
+from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explainer import fit, load_model
-from explainer.memory import BUDGET_ENV, MemoryLimitError
+from explainer import load_model
+from explainer.runtime import fit
+from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
 
 # Parameters of the real models (their model cards and safetensors indexes), counted here from the shipped configs.
 REAL_PARAMETERS = {

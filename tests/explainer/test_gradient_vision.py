@@ -18,7 +18,7 @@ from explainer.methods import AttnLRP, GradELLM, InputXGradient
 from explainer.methods import attnlrp as attnlrp_module
 from explainer.methods.attnlrp import attnlrp_relevance
 from explainer.methods.base import GenerationRun
-from explainer.vision import encode_image_prompt, full_sequence_inputs
+from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 
 from ..conftest import eager
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from explainer.cli import main
-from explainer.datasets import haystack_rows
 from explainer.errors import InputError
-from explainer.haystack import rank_sentences, wilson
-from explainer.segments import Group
+from explainer.eval.datasets import haystack_rows
+from explainer.eval.haystack import rank_sentences, wilson
+from explainer.result.segments import Group
 
 
 def squad_rows(articles: int = 3, paragraphs: int = 3) -> list[dict]:
@@ -110,7 +110,7 @@ def test_haystack_command_runs_resumes_and_reports(tiny_model_dir, tmp_path, cap
 
 
 def test_merge_rows_joins_methods_of_the_prompts_every_file_finished():
-    from explainer.haystack import merge_rows
+    from explainer.eval.haystack import merge_rows
 
     first = [{"id": "a", "answer": "x", "methods": {"macs": 1}}, {"id": "b", "answer": "y", "methods": {"macs": 2}},
              {"id": "c", "error": "too long"}]  # fmt: skip

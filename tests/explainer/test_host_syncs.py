@@ -14,7 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from explainer.explain import generate_steps
+from explainer.decode import generate_steps
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 

@@ -14,9 +14,9 @@ from PIL import Image
 from explainer import bundle_from_objects, explain
 from explainer.cli import EXIT_USER_ERROR, main
 from explainer.errors import InputError
-from explainer.memory import MemoryRequest, ModelShape, request_bytes
 from explainer.methods import MACS, MACSConfig, get_method
-from explainer.result import load_result, result_json, zscore
+from explainer.result.attribution import load_result, result_json, zscore
+from explainer.runtime.memory import MemoryRequest, ModelShape, request_bytes
 
 from ..conftest import build_model, eager_attentions
 from .test_host_syncs import CountHostReads, reads_per_step

@@ -11,14 +11,15 @@ import numpy as np
 import pytest
 import torch
 
-from explainer import explain, memory
+from explainer import explain
 from explainer.faithfulness.soft import SoftConfig, soft_curves
-from explainer.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget, packed_positions
-from explainer.memory import MemoryLimitError, MemoryRequest, ModelShape, parse_bytes, request_bytes
 from explainer.methods import get_method
 from explainer.methods.atman import AtManConfig, atman_scores
 from explainer.methods.rollout import Rollout
-from explainer.models import bundle_from_objects
+from explainer.models.loading import bundle_from_objects
+from explainer.runtime import memory
+from explainer.runtime.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget, packed_positions
+from explainer.runtime.memory import MemoryLimitError, MemoryRequest, ModelShape, parse_bytes, request_bytes
 
 from ..conftest import build_model
 
@@ -160,7 +161,7 @@ def test_batch_budget_on_a_cpu_is_the_cpu_figure(bundle):
 def test_batch_budget_on_an_accelerator_follows_its_free_memory(bundle, monkeypatch):
     """With the model on a (pretended) GPU, positions and rows per pass grow with the free memory, within bounds,
     and a row cap still applies."""
-    import explainer.devices as devices
+    import explainer.runtime.devices as devices
 
     monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
     shape = ModelShape.of(bundle.model)
@@ -180,7 +181,7 @@ def test_batch_budget_on_an_accelerator_follows_its_free_memory(bundle, monkeypa
 def test_packed_passes_on_a_cpu_and_on_an_accelerator(bundle, monkeypatch):
     """Sources' packed passes take the CPU figure on a CPU; on a (pretended) GPU as many positions as a quarter of
     the free memory holds at a position's activations, cache, logits and mask and score rows, within bounds."""
-    import explainer.devices as devices
+    import explainer.runtime.devices as devices
 
     assert packed_positions(bundle.model, 300) == TOKENS_PER_BATCH
     monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
@@ -205,9 +206,9 @@ def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     SmolLM2-135M's shape) was refused because Sources counted a packed pass of AtMan's accelerator batch (65,536
     positions, 234 GB). A packed pass is sized by `kv.packed_positions`, never below the CPU figure: that is its need,
     on any device."""
-    import explainer.devices as devices
-    from explainer.memory import check_request
+    import explainer.runtime.devices as devices
     from explainer.methods import available_methods
+    from explainer.runtime.memory import check_request
 
     monkeypatch.setattr(devices, "input_device", lambda model: torch.device("cuda", 0))
     monkeypatch.setattr(memory, "available_bytes", lambda device: int(134.3e9))  # what the H200 had free

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from explainer.metrics import (
+from explainer.eval.metrics import (
     PI_GRID,
     REMOVAL_FRACTIONS,
     average_precision,

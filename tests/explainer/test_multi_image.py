@@ -16,8 +16,8 @@ from explainer.errors import InputError
 from explainer.faithfulness import RemovalConfig, removal_curves
 from explainer.faithfulness.common import image_ranked_positions
 from explainer.methods import method_choices
-from explainer.result import Attribution
-from explainer.vision import encode_image_prompt
+from explainer.models.vision import encode_image_prompt
+from explainer.result.attribution import Attribution
 
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 

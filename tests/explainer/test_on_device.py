@@ -25,16 +25,16 @@ from PIL import Image
 
 from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
-from explainer.evaluate import EvalConfig, evaluate_sample
-from explainer.explain import generate_steps
+from explainer.decode import generate_steps
+from explainer.eval.evaluate import EvalConfig, evaluate_sample
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
-from explainer.kv import batch_budget
-from explainer.memory import MemoryRequest, ModelShape, request_bytes
 from explainer.methods import METHODS, available_methods, get_method
 from explainer.methods.atman import AtManConfig, atman_scores
-from explainer.models import bundle_from_objects
-from explainer.result import MethodScores
+from explainer.models.loading import bundle_from_objects
+from explainer.result.attribution import MethodScores
+from explainer.runtime.kv import batch_budget
+from explainer.runtime.memory import MemoryRequest, ModelShape, request_bytes
 
 from ..conftest import ACCELERATORS, BUILDERS, DEVICES, QA_ROW, build_model
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
@@ -170,7 +170,7 @@ def test_every_method_in_half_precision(tokenizer, device, dtype):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
 def test_image_capture_keeps_the_tokens_of_generate(device, dtype):
-    from explainer.vision import encode_image_prompt
+    from explainer.models.vision import encode_image_prompt
 
     tokenizer = make_vl_tokenizer()
     model = build_vl_model(tokenizer).to(device=device, dtype=dtype)

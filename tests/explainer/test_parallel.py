@@ -13,7 +13,7 @@ import pytest
 
 from explainer.cli import EXIT_USER_ERROR, main
 from explainer.errors import InputError
-from explainer.parallel import Rank, rank_from_env, rank_path, results_files, shard
+from explainer.eval.parallel import Rank, rank_from_env, rank_path, results_files, shard
 
 ROOT = Path(__file__).resolve().parents[2]
 FACTS = [

@@ -10,9 +10,9 @@ import torch
 
 from explainer.cli import build_parser, main
 from explainer.errors import InputError
-from explainer.evaluate import check_precision, merge_results
-from explainer.models import load_model
-from explainer.precision import (
+from explainer.eval.evaluate import check_precision, merge_results
+from explainer.models.loading import load_model
+from explainer.runtime.precision import (
     DTYPE_CHOICES,
     cpu_has_native_bf16,
     default_dtype,
@@ -72,7 +72,7 @@ def test_native_bf16_from_cpuinfo(tmp_path):
 def test_the_cli_and_the_app_load_auto_in_the_same_dtype(cpu_flags, monkeypatch, tiny_model_dir, tmp_path, flag, dtype):
     """`load_model(dtype=None)` (the CLI's `--dtype auto`) and the app (EXPLAINER_DTYPE unset) follow the CPU's flags,
     as the app's default-model choice (`fit.choose_defaults`) does."""
-    from explainer import models as library
+    from explainer.models.loading import loading as library
     from ui import models as app_models
 
     cpu_flags(flag)

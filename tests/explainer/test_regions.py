@@ -1,4 +1,4 @@
-"""Region -> answer tokens (`explainer.regions`) against plain loops over hand-built results: cells under clicks,
+"""Region -> answer tokens (`explainer.result.regions`) against plain loops over hand-built results: cells under clicks,
 rectangles, their image tokens, and the per-step mean z-score of a selection."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from explainer.errors import InputError
-from explainer.regions import (
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.result.regions import (
     cell_at,
     cell_positions,
     cells_in_box,
@@ -18,7 +19,6 @@ from explainer.regions import (
     word_choices,
     word_region_strengths,
 )
-from explainer.result import Attribution, MethodScores
 
 IMAGE = {"token_positions": [2, 3, 4, 5, 6, 7], "grid": [2, 3], "size": [60, 40]}  # 2 rows x 3 columns, 60 x 40 px
 

@@ -11,8 +11,8 @@ import pytest
 
 from explainer.cli import main
 from explainer.errors import InputError
-from explainer.result import Attribution, load_result, result_json
-from explainer.result_schema import FORMAT_VERSION
+from explainer.result.attribution import Attribution, load_result, result_json
+from explainer.result.schema import FORMAT_VERSION
 
 DATA = Path(__file__).parent.parent / "data"
 OLD_FILES = {"cli": ("result-v0-cli.json", {"macs", "random"}), "app": ("result-v0-app.json", {"macs", "rollout"})}

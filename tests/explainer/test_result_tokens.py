@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from explainer.errors import InputError
-from explainer.result import Attribution, MethodScores, zscore
-from explainer.tokens import check_encodable, readable_tokens
+from explainer.models.tokens import check_encodable, readable_tokens
+from explainer.result.attribution import Attribution, MethodScores, zscore
 
 
 def test_zscore_matches_definition_and_handles_flat_rows():

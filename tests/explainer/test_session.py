@@ -16,7 +16,7 @@ from explainer.capture import capture_attention, registered_names
 from explainer.errors import Cancelled
 from explainer.faithfulness import RemovalConfig, SoftConfig, measure_faithfulness, stream_faithfulness
 from explainer.methods import MACS
-from explainer.session import CancelToken, check_cancelled, hold, model_lock, run_in_worker
+from explainer.runtime.session import CancelToken, check_cancelled, hold, model_lock, run_in_worker
 
 from ..conftest import build_model
 

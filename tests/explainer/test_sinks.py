@@ -12,12 +12,13 @@ import pytest
 import torch
 from PIL import Image
 
-from explainer.explain import explain, generate_steps
-from explainer.image_maps import image_sinks
+from explainer import explain
+from explainer.decode import generate_steps
 from explainer.methods import get_method
-from explainer.models import bundle_from_objects
-from explainer.result import Attribution, load_result, result_json, zscore
-from explainer.sinks import SinkConfig, SinkTracker, detect_sinks, leave_out_sinks, sink_positions
+from explainer.models.loading import bundle_from_objects
+from explainer.result.attribution import Attribution, load_result, result_json, zscore
+from explainer.result.image_maps import image_sinks
+from explainer.result.sinks import SinkConfig, SinkTracker, detect_sinks, leave_out_sinks, sink_positions
 
 from ..conftest import build_model
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle

@@ -15,7 +15,7 @@ from explainer.capture import registered_names
 from explainer.errors import InputError
 from explainer.methods import GenerationRun
 from explainer.methods.sources import units
-from explainer.segments import paragraph_groups
+from explainer.result.segments import paragraph_groups
 
 from ..conftest import BUILDERS, build_model
 from ..reference import suppressed_eager_attention

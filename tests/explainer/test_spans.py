@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from explainer.errors import InputError
-from explainer.result import Attribution, MethodScores
-from explainer.spans import (
+from explainer.models.tokens import readable_tokens
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.result.spans import (
     Group,
     check_span,
     group_scores,
@@ -25,7 +26,6 @@ from explainer.spans import (
     top_sentences,
     word_groups,
 )
-from explainer.tokens import readable_tokens
 
 RNG = np.random.default_rng(7)
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from explainer.result import Attribution
-from explainer.steps import clamp_step, last_content_step
+from explainer.result.attribution import Attribution
+from explainer.result.steps import clamp_step, last_content_step
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from explainer.threads import cgroup_cpus, configure_threads, cpu_quota
+from explainer.runtime.threads import cgroup_cpus, configure_threads, cpu_quota
 
 
 def test_cgroup_v2_quota(tmp_path):

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from explainer.errors import InputError
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from ui import models, stream
 
 ANSWER = [" It", " is", " Paris", "<|im_end|>"]
@@ -28,7 +28,7 @@ class FakeBundle:
 
 
 class FakeStream:
-    """The part of `explainer.session.WorkerStream` the UI uses, over a plain iterator, one item per call."""
+    """The part of `explainer.runtime.session.WorkerStream` the UI uses, over a plain iterator, one item per call."""
 
     def __init__(self, items, on_cancel=None):
         self._items = iter(items)

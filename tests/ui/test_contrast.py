@@ -7,7 +7,7 @@ import gradio as gr
 import numpy as np
 import pytest
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from ui import contrast, models, stream
 
 from .conftest import FakeBundle, FakeStream, collect

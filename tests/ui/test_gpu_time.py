@@ -9,9 +9,9 @@ import pytest
 
 from explainer.estimate import estimate
 from explainer.faithfulness import QUICK_SOFT, soft_cost
-from explainer.hardware import gpu_duration
-from explainer.models import bundle_from_objects
-from explainer.result import Attribution, MethodScores
+from explainer.models.loading import bundle_from_objects
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.runtime.hardware import gpu_duration
 from ui import gpu_time, inputs, models
 from ui.faithfulness import SOFT_CHOICES
 

@@ -8,7 +8,7 @@ import dataclasses
 import gradio as gr
 import numpy as np
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from ui import layers, options
 
 STEPS, LAYERS, N = 3, 4, 6

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from explainer.errors import InputError
-from explainer.models import HUB_VISION_MODEL
+from explainer.models.loading import HUB_VISION_MODEL
 from ui import models
 
 from .conftest import FakeBundle
@@ -70,8 +70,8 @@ def test_a_model_that_cannot_load_is_named(fake, monkeypatch):
 def test_model_line_names_the_precision_set_by_explainer_dtype(fake, monkeypatch):
     import torch
 
-    from explainer.models import bundle_from_objects, load_model
-    from explainer.precision import parse_dtype
+    from explainer.models.loading import bundle_from_objects, load_model
+    from explainer.runtime.precision import parse_dtype
 
     from ..conftest import build_model, make_tokenizer
 
@@ -226,7 +226,7 @@ def test_a_gpu_worker_forked_while_locks_are_held_gets_its_bundle_and_estimates(
 def test_the_model_lines_on_zerogpu_name_it_not_the_cpu(fake, monkeypatch):
     import torch
 
-    from explainer.models import bundle_from_objects
+    from explainer.models.loading import bundle_from_objects
 
     from ..conftest import build_model, make_tokenizer
 

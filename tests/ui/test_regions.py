@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.regions import image_region_strengths, word_region_strengths
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.result.regions import image_region_strengths, word_region_strengths
 from ui import regions
 from ui.image_tab import ImageResult
 from ui.regions import EMPTY_SELECTION, MODES

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from ui import image_tab, options, text_tab
 from ui.image_tab import ImageResult
 

@@ -10,8 +10,8 @@ import pytest
 
 from explainer import bundle_from_objects, explain
 from explainer.errors import InputError
-from explainer.result import Attribution
-from explainer.session import model_lock, run_in_worker
+from explainer.result.attribution import Attribution
+from explainer.runtime.session import model_lock, run_in_worker
 from ui import models, stream, text_tab
 from ui.events import Components
 from ui.stream import Phase, RequestState, Update

@@ -12,7 +12,7 @@ import pytest
 
 from explainer.errors import ModelLoadError
 from explainer.explain import MAX_NEW_TOKENS_LIMIT
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from ui import inputs, models, options, stream, text_tab
 from ui.events import KEEP
 from ui.stream import Phase, RequestState

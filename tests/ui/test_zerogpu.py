@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..vl_tiny import build_vl_model, make_vl_tokenizer
 
-GPU_SECONDS_BOUNDS = (20, 300)  # explainer.hardware.GPU_SECONDS_BOUNDS (written out: the test also runs on old code)
+GPU_SECONDS_BOUNDS = (20, 300)  # runtime.hardware.GPU_SECONDS_BOUNDS (written out: the test also runs on old code)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -164,7 +164,7 @@ import zerogpu_emulation
 record = zerogpu_emulation.install()
 import torch
 from explainer.errors import ModelLoadError
-from explainer.models import load_model
+from explainer.models.loading import load_model
 out = {}
 def worker():
     try:

@@ -19,8 +19,7 @@ from PIL import Image
 
 from explainer import bundle_from_objects, explain
 from explainer.errors import InputError
-from explainer.result import Attribution, MethodScores, zscore
-from tests.conftest import build_model
+from explainer.result.attribution import Attribution, MethodScores, zscore
 from visuals.export import (
     MAX_RESULT_BYTES,
     export_filename,
@@ -32,6 +31,8 @@ from visuals.heatmap import Z_CLIP, answer_html, bin_class, bin_color, side_by_s
 from visuals.overlay import gif_bytes, gif_steps, overlay_grid
 from visuals.png import _draw_view, view_png
 from visuals.report import report_html, report_script
+
+from ..conftest import build_model
 
 HOSTILE = [
     "<|im_start|>",

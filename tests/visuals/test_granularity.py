@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from explainer.errors import InputError
-from explainer.result import Attribution, MethodScores
-from explainer.spans import group_scores, sentence_groups, top_sentences, word_groups
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.result.spans import group_scores, sentence_groups, top_sentences, word_groups
 from visuals.granularity import safe_text, span_side_by_side_html, top_sentences_html
 from visuals.heatmap import Z_CLIP, bin_class, side_by_side_html
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from visuals.layers import MAX_TICKS, has_layers, layer_figure, layer_positions
 
 from .test_export import HOSTILE

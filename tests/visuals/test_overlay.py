@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.image_maps import image_map, upsample_map
-from explainer.metrics import average_precision
-from explainer.result import Attribution, MethodScores
+from explainer.eval.metrics import average_precision
+from explainer.result.attribution import Attribution, MethodScores
+from explainer.result.image_maps import image_map, upsample_map
 from visuals.overlay import colormap, gif_bytes, heat_map, image_overlay, overlay_grid
 
 GRID = (3, 5)  # merged patch grid (h, w)

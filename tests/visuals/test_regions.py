@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from visuals.regions import PICKER_SIDE, grid_picker, picker_size, region_figure
 
 

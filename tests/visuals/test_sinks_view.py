@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from explainer.image_maps import image_map, image_sinks
-from explainer.result import Attribution, MethodScores, zscore
-from explainer.spans import top_sentences
+from explainer.result.attribution import Attribution, MethodScores, zscore
+from explainer.result.image_maps import image_map, image_sinks
+from explainer.result.spans import top_sentences
 from visuals import Z_CLIP, side_by_side_html, top_tokens_rows
 from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.heatmap import SINK_TITLE

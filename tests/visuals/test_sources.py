@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from visuals.sources import NO_SOURCES, sources_html
 
 TOKENS = ["<|im_start|>", "user", "\n", "Paris", " is", " big", ".", " Rome", " <old>", ".", "<|im_end|>"]

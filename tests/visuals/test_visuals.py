@@ -9,7 +9,7 @@ import re
 import numpy as np
 import pytest
 
-from explainer.result import Attribution, MethodScores
+from explainer.result.attribution import Attribution, MethodScores
 from visuals import (
     Z_CLIP,
     answer_html,

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import InputError
+from ..errors import InputError
 
 T = TypeVar("T")
 

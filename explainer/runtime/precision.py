@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 DTYPES: dict[str, torch.dtype] = {  # the values `--dtype` and EXPLAINER_DTYPE accept, besides "auto"
     "float32": torch.float32,

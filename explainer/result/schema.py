@@ -38,8 +38,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from .errors import InputError
-from .tokens import encoding_problem
+from ..errors import InputError
+from ..models.tokens import encoding_problem
 
 FORMAT_VERSION = 1  # written by this version; files of versions 0..FORMAT_VERSION are read
 

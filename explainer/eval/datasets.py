@@ -22,7 +22,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .errors import InputError
+from ..errors import InputError
 
 SQUAD_V2_DEV = "squad_v2-dev"
 DOWNLOADS = {  # data set name -> official file (CC BY-SA 4.0)
@@ -76,7 +76,7 @@ def rows_from_official(data: dict[str, Any], answerable_only: bool = True) -> li
 
 def cached_file(name: str) -> Path:
     """Where the converted copy of a named data set is kept (it may not exist yet)."""
-    from .models import cache_root
+    from ..models.loading import cache_root
 
     return cache_root() / "data" / f"{name}-answerable.json"
 
@@ -142,7 +142,7 @@ HAYSTACK_SEPARATOR = "\n\n"
 
 def _sentence_span(text: str, start: int) -> tuple[int, int]:
     """(start, end) characters of the sentence of `text` holding character `start` (`segments.sentence_starts`)."""
-    from .segments import sentence_starts
+    from ..result.segments import sentence_starts
 
     starts = [s for s in sentence_starts(text) if 0 < s < len(text)]
     begin = max([0, *[s for s in starts if s <= start]])

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from ..kv import batches_by_first
-from .atman import CPU_BATCH_ROWS, AtManConfig, distinct_suppression_factors
-from .cost import Cost, CostRequest
+from ...runtime.kv import batches_by_first
+from ..cost import Cost, CostRequest
+from .config import CPU_BATCH_ROWS, AtManConfig
+from .factors import distinct_suppression_factors
 
 
 def first_suppressed(request: CostRequest, config: AtManConfig) -> list[int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import re
 
-from .errors import InputError
+from ..errors import InputError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SURROGATE = re.compile("[\ud800-\udfff]")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .models import ModelBundle
+from .loading import ModelBundle
 
 MAX_NEW_TOKENS_LIMIT = 1024
 ANSWER_BOUNDARY_TOKENS = 4  # an answer's tokens in context may differ from its own at the prompt boundary

@@ -27,7 +27,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
-from .errors import Cancelled
+from ..errors import Cancelled
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)

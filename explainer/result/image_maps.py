@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
-from .result import Attribution, zscore
+from .attribution import Attribution, zscore
 from .sinks import leave_out_sinks, sink_positions
 
 

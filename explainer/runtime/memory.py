@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from .errors import InputError
+from ..errors import InputError
 
 BUDGET_ENV = "EXPLAINER_MEMORY_BUDGET"
 USABLE = 0.9  # share of the free memory a request may plan to use
@@ -142,7 +142,7 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
-        from .capture import language_config
+        from ..capture import language_config
 
         c = language_config(model)
         heads = int(c.num_attention_heads)

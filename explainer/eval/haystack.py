@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
+from ..errors import InputError
+from ..result.segments import Group, sentence_groups
+from ..result.spans import group_scores, span_scores
+from ..result.steps import last_content_step
 from .resumable import measure_rows, read_results
-from .segments import Group, sentence_groups
-from .spans import group_scores, span_scores
-from .steps import last_content_step
 
 HITS = ("sentence_hit", "paragraph_hit", "sentence_hit3")
 
@@ -97,8 +97,8 @@ def method_label(name: str, options: dict[str, Any] | None) -> str:
 
 def evaluate_haystack_sample(bundle, row: dict[str, Any], cfg: HaystackConfig) -> dict[str, Any]:
     """One haystack row: the answer, and every method's hits (one JSON-able dict)."""
+    from ..explain import explain
     from .evaluate import context_positions, qa_prompt
-    from .explain import explain
 
     t0 = time.perf_counter()
     prompt, context_start = qa_prompt(row)

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InputError
-from .result import Attribution, zscore
+from ..errors import InputError
+from .attribution import Attribution, zscore
 from .segments import Group, is_special, sentence_groups, sentence_starts, token_groups, word_groups
 from .sinks import scored_positions
 

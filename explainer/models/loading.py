@@ -23,10 +23,10 @@ from typing import Any
 
 import torch
 
-from .devices import input_device
-from .errors import InputError, ModelLoadError
-from .fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults
-from .precision import cpu_has_native_bf16, default_dtype, parse_dtype
+from ..errors import InputError, ModelLoadError
+from ..runtime.devices import input_device
+from ..runtime.fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults
+from ..runtime.precision import cpu_has_native_bf16, default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,7 @@ def gpu_available() -> bool:
 def hardware_defaults() -> Defaults:
     """`fit.choose_defaults` for this machine: its GPU (ZeroGPU's is attached per call, large, and not asked) or its
     CPU memory, the cgroup limit included."""
-    from .memory import available_bytes
+    from ..runtime.memory import available_bytes
 
     if _env_flag("SPACES_ZERO_GPU"):
         return choose_defaults(None, gpu=True)

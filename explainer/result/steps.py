@@ -5,7 +5,7 @@ Steps are 0-based indices into the generated tokens, as everywhere in the librar
 
 from __future__ import annotations
 
-from .result import Attribution
+from .attribution import Attribution
 from .spans import is_special
 
 

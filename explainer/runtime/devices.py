@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from .errors import UnsupportedModelError
+from ..errors import UnsupportedModelError
 
 
 def _hooks(module: torch.nn.Module) -> list[Any]:

@@ -41,8 +41,8 @@ def measure_rows(
     Raises:
         Cancelled: `cancel` fired (finished rows are already in `path`, so a rerun resumes).
     """
-    from .errors import Cancelled, ExplainerError
-    from .session import hold
+    from ..errors import Cancelled, ExplainerError
+    from ..runtime.session import hold
 
     todo = [r for r in rows if r["id"] not in done]
     results = ResultsLog(path, len(todo), log)

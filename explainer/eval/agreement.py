@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ExplainerError, InputError
+from ..errors import ExplainerError, InputError
 
 TOP_K = 5
 GOOD_OVERLAP = 4  # a step whose top-5 sets share at least this many tokens counts as agreeing
-EXAMPLES_FILE = Path(__file__).resolve().parents[1] / "assets" / "examples.json"  # the app's example prompts
+EXAMPLES_FILE = Path(__file__).resolve().parents[2] / "assets" / "examples.json"  # the app's example prompts
 POSITIONS = ("prompt", "user")  # the token sets the rows are compared over
 
 
@@ -191,7 +191,7 @@ def measure_prompt(reference, low, prompt: str, cfg: AgreementConfig) -> dict[st
         {"reference_dtype", "dtype", "prompt_tokens", "answer", "answer_tokens", "methods": {name: {"spearman",
         "top5"}}, "user_methods": the same over the user's text, "seconds": {"reference", "low"}}.
     """
-    from .explain import explain
+    from ..explain import explain
 
     options = dict(methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens, method_options=cfg.method_options)
     t0 = time.perf_counter()
@@ -254,6 +254,6 @@ def run_agreement(
 
 
 def _dtype(bundle) -> str | None:
-    from .precision import precision_meta
+    from ..runtime.precision import precision_meta
 
     return precision_meta(bundle.model).get("dtype")

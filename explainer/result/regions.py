@@ -18,8 +18,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .errors import InputError
-from .result import Attribution, zscore
+from ..errors import InputError
+from .attribution import Attribution, zscore
 from .segments import word_groups
 from .spans import shown_positions
 

@@ -25,13 +25,13 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import InputError
+from ..runtime.precision import precision_meta
+from ..runtime.session import CancelToken
 from .datasets import is_official_layout, rows_from_official
-from .errors import InputError
 from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
 from .parallel import results_files
-from .precision import precision_meta
 from .resumable import measure_rows, read_results
-from .session import CancelToken
 
 QA_PROMPT = (
     "Answer the question based on the following text. Keep your response short and simple. "
@@ -102,7 +102,7 @@ def load_squad(
 
 def make_methods(cfg: EvalConfig) -> list:
     """Method instances, with distinct names for the MACS ablation variants."""
-    from .methods import MACS, MACSConfig, get_method
+    from ..methods import MACS, MACSConfig, get_method
 
     if not cfg.ablation:
         return [get_method(m, **cfg.method_options.get(m, {})) for m in cfg.methods]
@@ -160,8 +160,8 @@ def qa_prompt(row: dict[str, Any]) -> tuple[str, int]:
 
 def evaluate_sample(bundle, row: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
     """Everything the tables need for one SQuAD row (one JSON-able dict)."""
-    from .explain import explain
-    from .faithfulness import RemovalConfig, removal_curves
+    from ..explain import explain
+    from ..faithfulness import RemovalConfig, removal_curves
 
     t0 = time.perf_counter()
     prompt, context_start = qa_prompt(row)

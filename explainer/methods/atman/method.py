@@ -48,41 +48,21 @@ from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import eager_mask
 
-from ..capture import attention_function_selected, check_attention_kwargs
-from ..contrast import foil_values
-from ..errors import UnsupportedModelError
-from ..host import to_numpy
-from ..kv import batch_budget, batches_by_first, prefix_cache, reusable
-from ..memory import MemoryRequest
-from ..session import check_cancelled, hold
-from .atman_factors import distinct_suppression_factors, suppression_factors  # noqa: F401 (re-exported)
-from .base import AttributionMethod, GenerationRun, ProgressFn
-from .cost import Cost, CostRequest
-from .inputs import decoder_input_embeddings
+from ...capture import attention_function_selected, check_attention_kwargs
+from ...contrast import foil_values
+from ...errors import UnsupportedModelError
+from ...runtime.host import to_numpy
+from ...runtime.kv import batch_budget, batches_by_first, prefix_cache, reusable
+from ...runtime.memory import MemoryRequest
+from ...runtime.session import check_cancelled, hold
+from ..base import AttributionMethod, GenerationRun, ProgressFn
+from ..cost import Cost, CostRequest
+from ..inputs import decoder_input_embeddings
+from .config import CPU_BATCH_ROWS, AtManConfig
+from .cost import atman_cost
+from .factors import suppression_factors
 
 _NAME_PREFIX = "explainer_atman_"
-
-
-CPU_BATCH_ROWS = 8  # perturbed rows per pass on a CPU, where throughput peaks well before
-
-
-@dataclass
-class AtManConfig:
-    suppression_factor: float = 0.1  # attention weight to a suppressed token is scaled by this before renormalising;
-    # 1 suppresses nothing (every score is exactly 0)
-    correlated: bool = True  # section 3.3: also suppress prompt tokens with similar input embeddings
-    cosine_threshold: float = 0.6  # kappa: embedding cosine similarity from which a prompt token counts as correlated
-    batch_size: int = 0  # most perturbed sequences per forward pass, besides its one unperturbed row; 0: from the
-    # device (`kv.batch_budget`: 8 on a CPU, from the free memory on a GPU); fewer when they are long
-    fast: bool = True  # reuse the unperturbed prefix cache and batch; False: one full forward per token (reference)
-
-    def __post_init__(self) -> None:
-        if not self.suppression_factor > 0:
-            raise ValueError(f"suppression_factor must be positive, got {self.suppression_factor}")
-        if not -1.0 <= self.cosine_threshold <= 1.0:
-            raise ValueError(f"cosine_threshold must lie in [-1, 1], got {self.cosine_threshold}")
-        if self.batch_size < 0:
-            raise ValueError(f"batch_size must be 0 (from the device) or more, got {self.batch_size}")
 
 
 @dataclass
@@ -408,8 +388,6 @@ class AtMan(AttributionMethod):
 
     @classmethod
     def cost(cls, request: CostRequest, config: AtManConfig) -> Cost:
-        from .atman_cost import atman_cost  # it reads this module's suppression rows
-
         return atman_cost(request, config)
 
     @classmethod

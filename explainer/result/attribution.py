@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import InputError
-from .result_schema import FORMAT_VERSION, parse_saved
+from ..errors import InputError
+from .schema import FORMAT_VERSION, parse_saved
 
 STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores` (see there)
 # A saved result of the app's largest usual request (2,000 prompt tokens x 200 steps x 4 methods, raw and z) is
