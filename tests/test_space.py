@@ -17,7 +17,7 @@ import anyio
 import gradio as gr
 import pytest
 
-from explainer.models.loading import loading as models
+from explainer.models import loading as models
 from explainer.runtime import hardware
 
 REPO = Path(__file__).resolve().parents[1]

@@ -72,7 +72,7 @@ def test_native_bf16_from_cpuinfo(tmp_path):
 def test_the_cli_and_the_app_load_auto_in_the_same_dtype(cpu_flags, monkeypatch, tiny_model_dir, tmp_path, flag, dtype):
     """`load_model(dtype=None)` (the CLI's `--dtype auto`) and the app (EXPLAINER_DTYPE unset) follow the CPU's flags,
     as the app's default-model choice (`fit.choose_defaults`) does."""
-    from explainer.models.loading import loading as library
+    from explainer.models import loading as library
     from ui import models as app_models
 
     cpu_flags(flag)

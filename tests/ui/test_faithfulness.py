@@ -128,7 +128,7 @@ def test_a_measurement_that_did_not_finish_says_so_after_it_stops():
 def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatch, tmp_path):
     import torch
 
-    from explainer.models.loading import vision
+    from explainer.models import vision
     from ui import gpu_time, image_tab
 
     image = Image.new("RGB", (45, 31), (40, 90, 200))
