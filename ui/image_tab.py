@@ -19,6 +19,7 @@ from explainer.models.vision import data_url_bytes, load_image
 from explainer.result.attribution import Attribution
 from explainer.result.sinks import sink_positions
 from explainer.runtime.fit import default_image_tokens
+from explainer.runtime.precision import cpu_has_native_bf16
 from visuals import answer_html, overlay_grid, side_by_side_html
 from visuals.export import export_filename, png_bytes, result_json
 from visuals.overlay import gif_bytes
@@ -304,7 +305,7 @@ def _settings_column(c: Components) -> None:
     )
     c["image_tokens"] = gr.Slider(
         *inputs.IMAGE_TOKENS,
-        value=default_image_tokens(gpu_available()),  # 64 on a CPU: an image question within ~30 s
+        value=default_image_tokens(gpu_available(), cpu_has_native_bf16()),  # 64 on a CPU without native bf16
         step=16,
         label="Image detail: at most this many image tokens (finer maps, slower answers)",
     )

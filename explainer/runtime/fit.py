@@ -7,9 +7,11 @@ per parameter, plus `ACTIVATIONS` of that for one request at the default sizes a
 before it reads a weight. The defaults' configurations ship with the package (`explainer/data/configs`), so the app
 decides without a download.
 
-The defaults (`choose_defaults`) come from measurements with real-size random-weight models on a 2-vCPU machine
-(`scripts/real_size.py`, docs/deployment.md): on a CPU the image model is Qwen2-VL-2B with a smaller image budget,
-since Qwen2.5-VL-3B takes over a minute per image question there and 15 GB in float32; on a GPU the larger ones.
+The defaults (`choose_defaults`) come from measurements with real-size random-weight models on 2-vCPU machines
+(`scripts/real_size.py`, docs/deployment.md, which says which kind of CPU each row came from). On a CPU with native
+bf16 (avx512_bf16 / amx_bf16) the mission's Qwen2.5-VL-3B runs in bfloat16 at 256 image tokens (an image question in
+about 17 s, 8.4 GB); on a CPU without it bfloat16 is ~5x slower than float32 and Qwen2.5-VL-3B takes 15 GB in
+float32, so the image model there is Qwen2-VL-2B in float32 with a smaller image budget; on a GPU the larger ones.
 """
 
 from __future__ import annotations
@@ -31,13 +33,15 @@ TEXT_CPU = "Qwen/Qwen2.5-0.5B-Instruct"
 TEXT_GPU = "Qwen/Qwen2.5-1.5B-Instruct"
 VISION_CPU = "Qwen/Qwen2-VL-2B-Instruct"
 VISION_GPU = "Qwen/Qwen2.5-VL-3B-Instruct"
-CPU_IMAGE_TOKENS = 64  # merged image tokens on a CPU (about 224 x 224 pixels): an image question within ~30 s
-GPU_IMAGE_TOKENS = 256
+TEXT_CPU_BF16 = TEXT_CPU  # the text model of a CPU with native bf16 (measured: docs/deployment.md)
+CPU_IMAGE_TOKENS = 64  # merged image tokens on a CPU without native bf16 (about 224 x 224 pixels): ~16 s a question
+GPU_IMAGE_TOKENS = 256  # on a GPU, and on a CPU with native bf16 (Qwen2.5-VL-3B in bf16: ~17 s a question)
 
 
-def default_image_tokens(gpu: bool) -> int:
-    """The image budget a visitor starts with: `GPU_IMAGE_TOKENS` on a GPU, `CPU_IMAGE_TOKENS` on a CPU."""
-    return GPU_IMAGE_TOKENS if gpu else CPU_IMAGE_TOKENS
+def default_image_tokens(gpu: bool, native_bf16: bool = False) -> int:
+    """The image budget a visitor starts with: `GPU_IMAGE_TOKENS` on a GPU or a CPU with native bf16,
+    `CPU_IMAGE_TOKENS` on other CPUs."""
+    return GPU_IMAGE_TOKENS if gpu or native_bf16 else CPU_IMAGE_TOKENS
 
 
 def bundled_config(model_id: str) -> Any | None:
@@ -107,15 +111,17 @@ class Defaults:
 def choose_defaults(free: int | None, gpu: bool, native_bf16: bool = False) -> Defaults:
     """The default models for hardware with `free` bytes of (GPU or CPU) memory.
 
-    GPU: Qwen2.5-1.5B and Qwen2.5-VL-3B in bfloat16, 256 image tokens. CPU: Qwen2.5-0.5B and Qwen2-VL-2B, in
-    bfloat16 only where the CPU has native bf16 (float32 otherwise), 64 image tokens. When both do not fit, the
-    vision-language model alone serves both tabs; when even that does not fit, the text model alone.
+    GPU: Qwen2.5-1.5B and Qwen2.5-VL-3B in bfloat16, 256 image tokens. CPU with native bf16: `TEXT_CPU_BF16` and
+    Qwen2.5-VL-3B in bfloat16, 256 image tokens. Other CPUs: Qwen2.5-0.5B and Qwen2-VL-2B in float32, 64 image
+    tokens. When both do not fit, the vision-language model alone serves both tabs; when even that does not fit,
+    the text model alone.
     """
     if gpu:
         text, vision, dtype, image_tokens = TEXT_GPU, VISION_GPU, torch.bfloat16, GPU_IMAGE_TOKENS
+    elif native_bf16:
+        text, vision, dtype, image_tokens = TEXT_CPU_BF16, VISION_GPU, torch.bfloat16, GPU_IMAGE_TOKENS
     else:
-        dtype = torch.bfloat16 if native_bf16 else torch.float32
-        text, vision, image_tokens = TEXT_CPU, VISION_CPU, CPU_IMAGE_TOKENS
+        text, vision, dtype, image_tokens = TEXT_CPU, VISION_CPU, torch.float32, CPU_IMAGE_TOKENS
     need = {m: model_bytes(bundled_config(m), dtype) for m in (text, vision)}
     where = "GPU" if gpu else "CPU"
     name = str(dtype).removeprefix("torch.")

@@ -45,7 +45,11 @@ def test_a_free_cpu_space_gets_both_small_models_with_room_to_spare():
 
 
 def test_native_bf16_cpu_and_gpu_defaults():
-    assert fit.choose_defaults(16 * GB, gpu=False, native_bf16=True).dtype == "bfloat16"
+    cpu = fit.choose_defaults(16 * GB, gpu=False, native_bf16=True)  # a free CPU Space whose CPU has native bf16
+    assert (cpu.text, cpu.vision, cpu.dtype) == (fit.TEXT_CPU_BF16, fit.VISION_GPU, "bfloat16")
+    assert cpu.vision == "Qwen/Qwen2.5-VL-3B-Instruct" and cpu.max_image_tokens >= 256
+    assert fit.default_image_tokens(gpu=False, native_bf16=True) == cpu.max_image_tokens
+    assert fit.default_image_tokens(gpu=False) == fit.CPU_IMAGE_TOKENS == 64
     d = fit.choose_defaults(40 * GB, gpu=True)
     assert (d.text, d.vision, d.dtype, d.max_image_tokens) == (fit.TEXT_GPU, fit.VISION_GPU, "bfloat16", 256)
     assert fit.choose_defaults(None, gpu=True).vision == fit.VISION_GPU  # ZeroGPU: not asked
