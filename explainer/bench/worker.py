@@ -13,7 +13,7 @@ from typing import Any
 
 from ..errors import ExplainerError, InputError
 from ..runtime.session import hold
-from .probes import _ContentionProbe, _live_peak_mb, _MemoryProbe
+from .probes import ContentionProbe, MemoryProbe, live_peak_mb
 from .prompts import prompt_ids
 from .report import BASELINE, BenchRow
 
@@ -143,7 +143,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     row = _timed_runs(spec, bundle.device, run, input_ids, k)
     row.positions = dict(work) or None
     if spec.get("live_mem") and bundle.device.type == "cpu":
-        row.live_peak_mem_mb = _live_peak_mb(run, input_ids, k)
+        row.live_peak_mem_mb = live_peak_mb(run, input_ids, k)
     return {
         "row": asdict(row),
         "model": bundle.name,
@@ -159,9 +159,9 @@ def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: 
     CPU time other processes took meanwhile."""
     import torch
 
-    probe = _MemoryProbe(device)
+    probe = MemoryProbe(device)
     seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
-    contention = _ContentionProbe()
+    contention = ContentionProbe()
     for i in range(int(spec["repeats"])):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
