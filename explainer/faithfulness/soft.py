@@ -49,7 +49,7 @@ from .common import check_result, evaluated_positions
 CPU_ROWS = 16  # perturbed inputs per forward on a CPU
 
 
-@dataclass
+@dataclass(frozen=True)
 class SoftConfig:
     samples: int = 15  # Monte-Carlo masks per pi (Grad-ELLM paper, section 4.3)
     pis: tuple[float, ...] = PI_GRID  # target retaining probabilities 0.05 ... 0.95
