@@ -103,6 +103,22 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
     return run_bench(bench_config(args), log=lambda line: print(line, file=sys.stderr, flush=True))
 
 
+def _text_options(p: argparse.ArgumentParser) -> None:
+    """Where the prompt text comes from: a text file or a SQuAD file, not both (default: the shipped essays)."""
+    text = p.add_mutually_exclusive_group()
+    text.add_argument(
+        "--prompt-file",
+        default=None,
+        help=f"plain text file whose tokens are repeated and cut to each prompt length (default: the essays in "
+        f"{DEFAULT_TEXT_NAME})",
+    )
+    text.add_argument(
+        "--data",
+        default=None,
+        help=f"SQuAD JSON file whose contexts are the prompt text, or {SQUAD_V2_DEV} (downloaded once into the cache)",
+    )
+
+
 def add_bench_parser(sub: Any) -> None:
     """Register `bench` on the CLI's subparsers."""
     p = sub.add_parser(
@@ -131,18 +147,7 @@ def add_bench_parser(sub: Any) -> None:
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     dtype_option(p)
     add_device_map_option(p)
-    text = p.add_mutually_exclusive_group()
-    text.add_argument(
-        "--prompt-file",
-        default=None,
-        help=f"plain text file whose tokens are repeated and cut to each prompt length (default: the essays in "
-        f"{DEFAULT_TEXT_NAME})",
-    )
-    text.add_argument(
-        "--data",
-        default=None,
-        help=f"SQuAD JSON file whose contexts are the prompt text, or {SQUAD_V2_DEV} (downloaded once into the cache)",
-    )
+    _text_options(p)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",
