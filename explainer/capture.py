@@ -87,7 +87,7 @@ class AttentionRecorder:
         )
 
 
-def _additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Bool (True = attend) or additive float mask -> additive float mask; None stays None."""
     if attention_mask is None:
         return None
@@ -98,7 +98,7 @@ def _additive_mask(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return attention_mask.to(dtype)
 
 
-def _probs(
+def attention_probs(
     query: torch.Tensor,
     key: torch.Tensor,
     mask: torch.Tensor | None,
@@ -187,7 +187,7 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
             if attention_mask is None:
                 return None
             rows = attention_mask if attention_mask.shape[-2] == 1 else attention_mask[..., start:stop, :]
-            return _additive_mask(rows, torch.float32)  # converted per chunk: never a full (Tq, Tk) float copy
+            return additive_mask(rows, torch.float32)  # converted per chunk: never a full (Tq, Tk) float copy
 
         # Without a mask the model relies on causality; the last query then sees every key (it is the newest).
         offset = tk - tq
@@ -197,7 +197,7 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         key = key.float()  # once per layer, not per chunk (a no-op for a float32 model)
-        last = _probs(query[:, :, -1:, :], key, mask_rows(tq - 1, tq), scale, tk - 1)  # (B, H, 1, Tk)
+        last = attention_probs(query[:, :, -1:, :], key, mask_rows(tq - 1, tq), scale, tk - 1)  # (B, H, 1, Tk)
         recorder.rows[module.layer_idx] = last[:, :, 0, :]
         if recorder.full_row_consumer is not None and tq > 1:  # prefill passes only
             step = max(1, recorder.full_row_chunk)
@@ -207,7 +207,8 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
                 # Keys no query of the chunk can see have probability 0: they are left out of the chunk's rows.
                 width = _visible_keys(chunk_mask, offset + start, stop - start, tk)
                 chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]
-                chunk = _probs(query[:, :, start:stop, :], key[:, :, :width], chunk_mask, scale, offset + start)
+                q = query[:, :, start:stop, :]  # (B, H, chunk, D)
+                chunk = attention_probs(q, key[:, :, :width], chunk_mask, scale, offset + start)
                 if recorder.device is not None:
                     chunk = chunk.to(recorder.device)  # every layer's chunks on one device
                 recorder.full_row_consumer(module.layer_idx, offset + start, chunk)

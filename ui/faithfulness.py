@@ -14,17 +14,16 @@ from explainer.estimate import seconds_at
 from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
 from explainer.faithfulness.common import RANKED
 from explainer.result.attribution import Attribution
-from explainer.result.steps import clamp_step
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
 
-from . import gpu_time, inputs, models
+from . import gpu_time, models
 from .errors import user_errors
 from .events import KEEP, Components
+from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured, soft_steps
 from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 
 REMOVAL_METRIC_KEYS = {m.label: m.key for m in REMOVAL_METRICS}  # the metric menu's labels -> the library's keys
 MEASURING = "Measuring the removal curves…"  # the status note until the first report
-SOFT_CHOICES = ("the step on the slider", "every 5th step", "skip π-Soft")
 NOTE = (
     "**Removal curves** (MACS paper, App. A.2): 0-20% of your text's tokens are hidden by attention masking, most "
     "(MIF) or least (LIF) influential first by the method's step-averaged score, and the answer is re-generated; "
@@ -73,15 +72,6 @@ def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> Faith
     return FaithfulnessView(removal=removal, soft=soft, table=faithfulness_rows(report))
 
 
-def soft_steps(result: Attribution, choice: str, step: float | None) -> list[int] | None | bool:
-    """0-based steps for pi-Soft from the panel's choice: [the slider's step], None (every 5th) or False (skip)."""
-    if choice == SOFT_CHOICES[2]:
-        return False
-    if choice == SOFT_CHOICES[1]:
-        return None
-    return [clamp_step(inputs.step_index(step), result.num_steps)]
-
-
 def _soft_seconds(result: Attribution, methods: list[str], steps: Any, report: FaithfulnessReport | None) -> Any:
     """pi-Soft's expected time at the speed the removal curves ran at (None before they ran)."""
     speed = report.removal.tokens_per_second if report is not None and report.removal is not None else None
@@ -120,10 +110,9 @@ def _measured(result: Attribution, chosen: list[str], report: FaithfulnessReport
     return f"Removal curves ready ({seconds}); π-Soft running" + (f", ~{eta:.0f} s" if eta else "") + "…"
 
 
-def _image_request(result: Any, rank: str) -> tuple[Any, list[int], dict]:
-    """The vision model, the ranked positions and the prompt's image inputs of an image-tab result (its question
-    and image encoded again, as asked)."""
-    from explainer.faithfulness.common import image_ranked_positions
+def _image_inputs(result: Any) -> tuple[Any, dict]:
+    """The vision model and the prompt's image inputs of an image-tab result (its question and image encoded again,
+    as asked)."""
     from explainer.models.vision import encode_image_prompt
 
     attr, bundle = result.attr, models.get_vl_bundle()
@@ -133,7 +122,7 @@ def _image_request(result: Any, rank: str) -> tuple[Any, list[int], dict]:
     )  # fmt: skip
     if encoded.input_ids[0].tolist() != attr.prompt_token_ids:
         raise InputError("The image or question no longer match the answer shown: ask again, then measure.")
-    return bundle, image_ranked_positions(attr, rank), encoded.prefill_inputs
+    return bundle, encoded.prefill_inputs
 
 
 @user_errors
@@ -143,7 +132,7 @@ async def faithfulness(
     metric: str,
     soft_choice: str = SOFT_CHOICES[0],
     step: float | None = None,
-    rank: str = "image",
+    rank: str = RANKED[0],
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
@@ -153,23 +142,18 @@ async def faithfulness(
     Yields:
         `FaithfulnessView`s with the `SHOWN` fields: the status note first, then the report as it grows.
     """
-    image = isinstance(getattr(result, "attr", None), Attribution)
-    attr = result.attr if image else result
-    if attr is None or not attr.num_steps:
-        raise InputError("Generate an answer first: faithfulness is measured on the current result.")
-    chosen = [m for m in (methods or []) if m in attr.methods]
-    if not chosen:
-        raise InputError("Select at least one attribution method that was run for this answer, then measure again.")
-    steps = False if image else soft_steps(attr, soft_choice, step)
-    bundle, positions, image_inputs = _image_request(result, rank) if image else (models.get_bundle(), None, None)
-
-    image_request = {"positions": positions, "image_inputs": image_inputs} if image else {}
+    request = faithfulness_request(result, methods, soft_choice, step, rank)  # `gpu_time` sizes the call from it too
+    attr, chosen = measured(result), list(request.methods)
+    if is_image_result(result):
+        bundle, image_inputs = _image_inputs(result)
+        request = dataclasses.replace(request, image_inputs=image_inputs)
+    else:
+        bundle = models.get_bundle()
 
     def start(cancel: Any) -> Any:
         return stream_faithfulness(
-            bundle, attr, chosen, soft=None if steps is False else QUICK_SOFT, steps=steps or None,
-            progress=lambda f, message: progress(f, desc=message), cancel=cancel, **image_request,
-        )  # fmt: skip
+            bundle, attr, request, progress=lambda f, message: progress(f, desc=message), cancel=cancel
+        )
 
     async with aclosing(run_stream(bundle, start, "Faithfulness produced no result.")) as updates:
         async for update in updates:
@@ -178,8 +162,8 @@ async def faithfulness(
                 note = update.note and (update.note if update.request.phase is Phase.WAITING else MEASURING)
                 yield FaithfulnessView(status=note or KEEP, request=update.request)
                 continue
-            done = update.request.phase is Phase.DONE or report.status == "done" or steps is False
-            status = _measured(attr, chosen, report, steps, done)
+            done = update.request.phase is Phase.DONE or report.status == "done" or request.soft is None
+            status = _measured(attr, chosen, report, request.steps, done)
             view = render_faithfulness(report, metric)
             yield dataclasses.replace(view, status=status, report=report, request=update.request)
 

@@ -13,12 +13,14 @@ from typing import Any
 
 from explainer.errors import ExplainerError
 from explainer.estimate import ASSUMED_SPEED, answer_steps, estimate
-from explainer.faithfulness import QUICK_SOFT
-from explainer.faithfulness.soft import soft_cost
+from explainer.faithfulness import FaithfulnessRequest, soft_cost
+from explainer.faithfulness.common import RANKED
 from explainer.methods import METHODS
+from explainer.result.attribution import Attribution
 from explainer.runtime.hardware import gpu_duration
 
 from . import inputs, models
+from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured
 from .options import chosen_options
 
 DECODE_TOKENS_PER_S = 10.0  # a GPU's greedy decoding with capture on, at worst (first request included)
@@ -67,25 +69,30 @@ def image_seconds(
 
 
 def faithfulness_seconds(
-    result: Any, methods: list[str], metric: str = "", soft_choice: str = "", step: Any = None, *_: Any, **__: Any
+    result: Any, methods: list[str], metric: str = "", soft_choice: str = SOFT_CHOICES[0], step: Any = None,
+    rank: str = RANKED[0],
+    *_: Any, **__: Any,
 ) -> int:  # fmt: skip
-    """GPU seconds for the faithfulness panel: removal curves per answer token and method, and pi-Soft's positions at
-    the assumed forward speed for the steps `soft_choice` picks (none when it skips pi-Soft)."""
-    from .faithfulness import soft_steps  # that module binds its handler with this function: imported when called
-
-    image = getattr(result, "attr", None) is not None  # an image-tab result: its vision prefill, and no pi-Soft
-    result = result.attr if image else result
-    steps = getattr(result, "num_steps", 0) or 0
-    chosen = [m for m in methods or [] if m in getattr(result, "methods", {})]
-    if not steps or not chosen:
-        return gpu_duration(0)
-    seconds = REMOVAL_SECONDS_PER_STEP * steps * (len(chosen) + 1)  # + the random baseline
-    if image:
-        return gpu_duration(seconds + IMAGE_PREFILL_SECONDS)
+    """GPU seconds for the faithfulness panel's `faithfulness` with these arguments: the request its handler builds
+    from them (`measurement.faithfulness_request`), sized by `request_seconds`."""
     try:
-        soft = soft_steps(result, soft_choice, step)
-        if soft is not False:
-            seconds += soft_cost(result, chosen, QUICK_SOFT, soft)["tokens"] / ASSUMED_SPEED.forward_tokens_per_s
+        request = faithfulness_request(result, methods, soft_choice, step, rank)
     except (ExplainerError, ValueError):
-        pass
-    return gpu_duration(seconds)
+        return gpu_duration(0)  # the handler refuses the same request at once
+    try:
+        return gpu_duration(request_seconds(measured(result), request, image=is_image_result(result)))
+    except ExplainerError:
+        return gpu_duration(None)
+
+
+def request_seconds(attr: Attribution, request: FaithfulnessRequest, image: bool = False) -> float:
+    """Expected seconds of a faithfulness request on a GPU: removal curves per answer token and method (and the
+    random baseline), an image result's vision prefill, and pi-Soft's positions at the assumed forward speed."""
+    methods = list(request.methods or attr.methods)
+    seconds = REMOVAL_SECONDS_PER_STEP * attr.num_steps * (len(methods) + 1) if request.include_removal else 0.0
+    if image:
+        seconds += IMAGE_PREFILL_SECONDS
+    if request.soft is not None:
+        tokens = soft_cost(attr, methods, request.soft, request.steps, request.positions)["tokens"]
+        seconds += tokens / ASSUMED_SPEED.forward_tokens_per_s
+    return seconds

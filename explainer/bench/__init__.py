@@ -21,11 +21,13 @@ Prompts are real text, tokenised without chat template and cut to exactly N toke
 `explainer/data/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`,
 e.g. `squad_v2-dev`); the report names the source.
 
-Modules, one job each: `prompts` (the prompt text), `probes` (peak memory and CPU contention), `worker` (the timing
-inside a worker process), `runner` (one fresh process per configuration, the report), `report` (rows, ratios,
-tables, merging saved reports). The command line is `explainer/cli/bench.py`.
+Modules, one job each: `config` (`BenchConfig`, one run's settings, checked once and sent whole to every worker),
+`prompts` (the prompt text), `probes` (peak memory and CPU contention), `worker` (the timing inside a worker
+process), `runner` (one fresh process per configuration, the report), `report` (rows, ratios, tables, merging saved
+reports). The command line is `explainer/cli/bench.py`.
 """
 
+from .config import BenchConfig
 from .probes import BUSY_WARNING
 from .prompts import DEFAULT_TEXT, DEFAULT_TEXT_NAME, prompt_ids, prompt_text
 from .report import (
@@ -46,6 +48,7 @@ from .worker import WARMUP_NEW_TOKENS, WARMUP_POSTHOC_PROMPT_TOKENS, make_runner
 __all__ = [
     "BASELINE",
     "BUSY_WARNING",
+    "BenchConfig",
     "DEFAULT_TEXT",
     "DEFAULT_TEXT_NAME",
     "WARMUP_NEW_TOKENS",

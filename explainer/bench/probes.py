@@ -15,7 +15,7 @@ BUSY_WARNING = 0.10  # share of the CPUs used by other processes above which tim
 _MIB = 1024 * 1024
 
 
-class _ContentionProbe:
+class ContentionProbe:
     """CPU time the rest of the machine spends while we time: system busy time from /proc/stat minus our own."""
 
     def __init__(self) -> None:
@@ -41,7 +41,7 @@ class _ContentionProbe:
             if self.fraction is None or self.fraction <= BUSY_WARNING:
                 return
 
-    def __enter__(self) -> _ContentionProbe:
+    def __enter__(self) -> ContentionProbe:
         self._busy0, self._own0, self._t0 = self._busy_seconds(), time.process_time(), time.perf_counter()
         return self
 
@@ -65,7 +65,7 @@ _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 _LIVE_MMAP_THRESHOLD = 64 * 1024  # blocks this size or larger are mmap-ed and unmapped on free
 
 
-def _live_peak_mb(run: Callable[[Any, int], int], input_ids: Any, k: int) -> float | None:
+def live_peak_mb(run: Callable[[Any, int], int], input_ids: Any, k: int) -> float | None:
     """Peak RSS (MiB) of one run with glibc caching switched off for blocks >= 64 KiB; None off glibc/Linux.
 
     Changes the allocator of this process for good, so it must be the last thing a worker measures.
@@ -96,7 +96,7 @@ def _malloc_trim() -> bool:
         return False
 
 
-class _MemoryProbe:
+class MemoryProbe:
     """Peak memory of the code run between `reset()` and `peak_mb()`.
 
     CUDA: peak allocated memory (`vmhwm` is meaningless there). CPU: the kernel's resident-set high-water mark,

@@ -25,7 +25,7 @@ class BenchRow:
             few percent (glibc keeps freed blocks resident by chance); `peak_mem_mb_all` shows the spread.
         peak_mem_mb_all: the peak of each timed run (the high-water mark is reset before every run).
         seconds_all: wall time of every timed run.
-        mem_method: how peak memory was measured (see `_MemoryProbe`).
+        mem_method: how peak memory was measured (see `MemoryProbe`).
         base_mem_mb: memory in use when the high-water mark was first reset (after loading and warm-up).
         cpu_seconds_all: CPU time (all threads) of this process in every timed run.
         live_peak_mem_mb: with `--live-mem` on CPU, peak resident memory of one extra untimed run in which glibc

@@ -17,6 +17,7 @@ from typing import Any
 
 from .. import errors
 from ..errors import ExplainerError
+from .config import BenchConfig
 from .probes import BUSY_WARNING
 from .report import BenchRow, with_ratios
 
@@ -25,7 +26,8 @@ _WORKER_CODE = "import sys; from explainer.bench.worker import worker_main; sys.
 
 
 def _spawn(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run `measure(spec)` in a fresh interpreter; re-raise its user-facing errors here."""
+    """Run `worker.measure` of one pair (`spec`: the config as JSON, the method and the prompt length) in a fresh
+    interpreter; re-raise its user-facing errors here."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(_REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     with tempfile.TemporaryDirectory(prefix="explainer-bench-") as tmp:
@@ -94,62 +96,36 @@ def _log_row(log: Callable[[str], None], counter: str, row: BenchRow, seconds: f
         )
 
 
-def run_bench(
-    model: str | None,
-    prompt_lengths: list[int],
-    new_tokens: int,
-    methods: list[str],
-    repeats: int,
-    device: str | None = None,
-    dtype: str = "auto",
-    device_map: str | dict[str, Any] | None = None,
-    data_path: Path | None = None,
-    prompt_file: Path | None = None,
-    quiet_wait: float = 0.0,
-    threads: int | None = None,
-    live_mem: bool = False,
-    log: Callable[[str], None] | None = None,
-) -> dict[str, Any]:
-    """Measure every (prompt length, method) pair, each in its own process, with the weights in `dtype` (a name
-    that `precision.parse_dtype` reads; every worker parses it).
+def run_bench(config: BenchConfig, log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every (prompt length, method) pair of `config`, each in its own process, which gets the config whole.
+
+    Args:
+        config: what to measure and how (`BenchConfig`, checked when it was built).
+        log: gets one line per measured pair (and a warning when other processes took the CPUs meanwhile).
 
     Returns:
-        The report: {"rows": [...], "machine": {...}, "model", "date", "text_source", "new_tokens"}.
+        The report: {"rows": [...], "machine": {...}, "model", "dtype", "text_source", "new_tokens", "quiet_wait_s",
+        "date"}.
     """
     date = datetime.now().astimezone().isoformat(timespec="seconds")
     rows: list[BenchRow] = []
     info: dict[str, Any] = {}
-    configs = [(n, m) for n in prompt_lengths for m in methods]
-    for i, (n, m) in enumerate(configs, 1):
-        spec = {
-            "model": model,
-            "device": device,
-            "dtype": dtype,
-            "device_map": device_map,
-            "method": m,
-            "prompt_tokens": n,
-            "new_tokens": new_tokens,
-            "repeats": repeats,
-            "data": str(data_path) if data_path else None,
-            "prompt_file": str(prompt_file) if prompt_file else None,
-            "quiet_wait": quiet_wait,
-            "threads": threads,
-            "live_mem": live_mem,
-        }
+    pairs = [(n, m) for n in config.prompt_lengths for m in config.methods]
+    for i, (n, m) in enumerate(pairs, 1):
         t0 = time.perf_counter()
-        result = _spawn(spec)
+        result = _spawn({"config": config.to_json(), "method": m, "prompt_tokens": n})
         row = BenchRow(**{f.name: result["row"][f.name] for f in fields(BenchRow)})
         rows.append(row)
         info = result
         if log:
-            _log_row(log, f"[{i}/{len(configs)}]", row, time.perf_counter() - t0)
+            _log_row(log, f"[{i}/{len(pairs)}]", row, time.perf_counter() - t0)
     return {
         "rows": [asdict(r) for r in with_ratios(rows)],
-        "machine": machine_info(info.get("device", device or ""), info.get("torch_threads")),
-        "model": info.get("model", model),
-        "dtype": info.get("dtype", dtype),
+        "machine": machine_info(info.get("device", config.device or ""), info.get("torch_threads")),
+        "model": info.get("model", config.model),
+        "dtype": info.get("dtype", config.dtype),
         "text_source": info.get("text_source"),
-        "new_tokens": new_tokens,
-        "quiet_wait_s": quiet_wait,
+        "new_tokens": config.new_tokens,
+        "quiet_wait_s": config.quiet_wait,
         "date": date,
     }

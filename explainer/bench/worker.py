@@ -13,7 +13,8 @@ from typing import Any
 
 from ..errors import ExplainerError, InputError
 from ..runtime.session import hold
-from .probes import _ContentionProbe, _live_peak_mb, _MemoryProbe
+from .config import BenchConfig
+from .probes import ContentionProbe, MemoryProbe, live_peak_mb
 from .prompts import prompt_ids
 from .report import BASELINE, BenchRow
 
@@ -99,15 +100,9 @@ def _make_runner(
     return run_posthoc
 
 
-def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    """Load the model, warm up, time `repeats` runs of one configuration; runs inside a fresh worker process.
-
-    Args:
-        spec: model, device, device_map (see `models.load_model`), dtype (a name, see `precision.parse_dtype`; None
-            or "auto": the device's default), method, prompt_tokens, new_tokens, repeats, data and prompt_file
-            (paths or None, see `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to
-            wait, before each timed run, for other processes to leave the CPUs alone), live_mem (also measure
-            `BenchRow.live_peak_mem_mb`).
+def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, Any]:
+    """Load the model, warm up, time `config.repeats` runs of one (method, prompt length) pair of `config`; runs
+    inside a fresh worker process.
 
     Returns:
         A `BenchRow` as a dict plus `model`, `device`, `dtype`, `torch_threads` and `text_source`.
@@ -117,33 +112,31 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     from ..models.loading import load_model
     from ..runtime.precision import dtype_name
 
-    n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
-    if spec.get("threads"):
-        torch.set_num_threads(int(spec["threads"]))
+    n, k = prompt_tokens, config.new_tokens
+    if config.threads:
+        torch.set_num_threads(config.threads)
     bundle = load_model(
-        spec["model"], device=spec["device"], device_map=spec.get("device_map"), dtype=spec.get("dtype"),
-        max_prompt_tokens=n,
-    )  # fmt: skip
+        config.model, device=config.device, device_map=config.device_map, dtype=config.dtype, max_prompt_tokens=n
+    )
     context = bundle.context_length
     if context is not None and n + k > context:
         raise InputError(
             f"{n} prompt tokens + {k} new tokens exceed the context of {bundle.name} ({context} tokens). "
             "Ask for shorter prompts or fewer new tokens."
         )
-    data, text = spec.get("data"), spec.get("prompt_file")
-    ids, source = prompt_ids(bundle.tokenizer, n, Path(data) if data else None, Path(text) if text else None)
+    ids, source = prompt_ids(bundle.tokenizer, n, config.data_path, config.prompt_file)
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
     work: dict[str, int] = {}
-    run = make_runner(bundle.model, spec["method"], bundle.readable(ids), work)
-    posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming
+    run = make_runner(bundle.model, method, bundle.readable(ids), work)
+    posthoc = method != BASELINE and not method_from_spec(method).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(bundle.device.type, k))
     gc.collect()
 
     work.clear()  # the warm-up's counts were over a shorter prompt
-    row = _timed_runs(spec, bundle.device, run, input_ids, k)
+    row = _timed_runs(config, method, bundle.device, run, input_ids)
     row.positions = dict(work) or None
-    if spec.get("live_mem") and bundle.device.type == "cpu":
-        row.live_peak_mem_mb = _live_peak_mb(run, input_ids, k)
+    if config.live_mem and bundle.device.type == "cpu":
+        row.live_peak_mem_mb = live_peak_mb(run, input_ids, k)
     return {
         "row": asdict(row),
         "model": bundle.name,
@@ -154,18 +147,19 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: int) -> BenchRow:
-    """`spec["repeats"]` timed runs of `run` over `input_ids` (K new tokens each), with their memory peaks and the
-    CPU time other processes took meanwhile."""
+def _timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_ids: Any) -> BenchRow:
+    """`config.repeats` timed runs of `run` over `input_ids` (1, N) with K new tokens each, with their memory peaks
+    and the CPU time other processes took meanwhile."""
     import torch
 
-    probe = _MemoryProbe(device)
+    probe = MemoryProbe(device)
     seconds, cpu_seconds, other_cpu, peaks, bases = [], [], [], [], []
-    contention = _ContentionProbe()
-    for i in range(int(spec["repeats"])):
+    contention = ContentionProbe()
+    k = config.new_tokens
+    for i in range(config.repeats):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        contention.wait_quiet(float(spec.get("quiet_wait", 0.0)))
+        contention.wait_quiet(config.quiet_wait)
         # Trimming only once: a trim before every run would make each run fault its pages in again, inside the timing.
         bases.append(probe.reset(trim=i == 0))
         with contention:
@@ -178,9 +172,9 @@ def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: 
         other_cpu.append(contention.fraction)
         peaks.append(probe.peak_mb())
         if produced != k:
-            raise RuntimeError(f"{spec['method']} generated {produced} tokens instead of {k}")
+            raise RuntimeError(f"{method} generated {produced} tokens instead of {k}")
     return BenchRow(
-        method=spec["method"], prompt_tokens=int(spec["prompt_tokens"]), new_tokens=k,
+        method=method, prompt_tokens=int(input_ids.shape[1]), new_tokens=k,
         tokens_per_s=statistics.median(k / s for s in seconds), peak_mem_mb=max(peaks), repeats=len(seconds),
         seconds_all=seconds, peak_mem_mb_all=peaks, mem_method=probe.method, base_mem_mb=bases[0],
         cpu_seconds_all=cpu_seconds, other_cpu_frac_all=other_cpu, live_peak_mem_mb=None,
@@ -188,10 +182,12 @@ def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: 
 
 
 def worker_main(argv: list[str]) -> int:
-    """Entry point of a worker process: `argv` = [spec JSON, output path]. Writes the result or the error there."""
+    """Entry point of a worker process: `argv` = [spec JSON, output path], the spec holding the whole config
+    (`BenchConfig.to_json`), the method and the prompt length. Writes the result or the error there."""
     spec, out_path = json.loads(argv[0]), Path(argv[1])
     try:
-        result = measure(spec)
+        config = BenchConfig.from_json(spec["config"])
+        result = measure(config, spec["method"], int(spec["prompt_tokens"]))
     except ExplainerError as e:
         out_path.write_text(json.dumps({"error": str(e), "error_type": type(e).__name__}), encoding="utf-8")
         return 2

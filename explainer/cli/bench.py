@@ -10,49 +10,30 @@ from typing import Any
 
 from .. import bench
 from ..bench import (
-    BASELINE,
     DEFAULT_TEXT_NAME,
+    BenchConfig,
     BenchRow,
     format_efficiency,
     format_markdown,
     format_table,
     load_reports,
     markdown_caption,
-    method_from_spec,
-    prompt_text,
     run_bench,
 )
-from ..errors import InputError, UnknownMethodError
+from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
-from ..runtime.precision import parse_dtype
 from . import add_device_map_option, dtype_option, methods_help, placement
+
+
+def _split(text: str) -> list[str]:
+    return [v.strip() for v in text.split(",") if v.strip()]
 
 
 def _parse_lengths(text: str) -> list[int]:
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return [int(v) for v in _split(text)]
     except ValueError as e:
         raise InputError(f"--prompt-tokens must be comma-separated integers, got {text!r}.") from e
-    if not values or min(values) < 1:
-        raise InputError(f"--prompt-tokens needs positive lengths, got {text!r}.")
-    return list(dict.fromkeys(values))
-
-
-def _parse_methods(text: str) -> list[str]:
-    from ..methods import METHODS
-
-    names = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
-    if not names:
-        raise InputError("--methods needs at least one name, e.g. none,macs.")
-    for name in names:
-        if name == BASELINE:
-            continue
-        try:
-            method_from_spec(name)
-        except UnknownMethodError as e:
-            valid = ", ".join([BASELINE, *METHODS])
-            raise UnknownMethodError(f"Unknown method {name!r}. Available for bench: {valid}.") from e
-    return names
 
 
 def write_plot(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
@@ -108,62 +89,22 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
-    parse_dtype(args.dtype)  # a bad name fails here, before any worker starts; workers get the name
-    lengths = _parse_lengths(args.prompt_tokens)
-    methods = _parse_methods(args.methods)
-    if args.new_tokens < 1:
-        raise InputError(f"--new-tokens must be at least 1, got {args.new_tokens}.")
-    if args.repeats < 1:
-        raise InputError(f"--repeats must be at least 1, got {args.repeats}.")
-    if args.threads is not None and args.threads < 1:
-        raise InputError(f"--threads must be at least 1, got {args.threads}.")
-    if args.quiet_wait < 0:
-        raise InputError(f"--quiet-wait must be zero or more seconds, got {args.quiet_wait}.")
+def bench_config(args: argparse.Namespace) -> BenchConfig:
+    """The run the options ask for, checked before any worker starts (`BenchConfig`)."""
     data = resolve_data(args.data) if args.data else None  # squad_v2-dev: downloaded once, then the cached copy
-    prompt_file = Path(args.prompt_file) if args.prompt_file else None
-    if prompt_file is not None and not prompt_file.is_file():
-        raise InputError(f"Benchmark text file {args.prompt_file!r} does not exist.")
-    prompt_text(data, prompt_file)  # an unreadable or empty file fails here, before any worker starts
-    return run_bench(
-        args.model,
-        lengths,
-        args.new_tokens,
-        methods,
-        args.repeats,
-        **placement(args),
-        dtype=args.dtype,
-        data_path=data,
-        prompt_file=prompt_file,
-        quiet_wait=args.quiet_wait,
-        threads=args.threads,
-        live_mem=args.live_mem,
-        log=lambda line: print(line, file=sys.stderr, flush=True),
-    )
+    return BenchConfig(
+        model=args.model, prompt_lengths=_parse_lengths(args.prompt_tokens), new_tokens=args.new_tokens,
+        methods=_split(args.methods), repeats=args.repeats, **placement(args), dtype=args.dtype, data_path=data,
+        prompt_file=args.prompt_file, quiet_wait=args.quiet_wait, threads=args.threads, live_mem=args.live_mem,
+    )  # fmt: skip
 
 
-def add_bench_parser(sub: Any) -> None:
-    """Register `bench` on the CLI's subparsers."""
-    p = sub.add_parser(
-        "bench",
-        help="tokens/s and peak memory of attribution methods against plain generate",
-        description=bench.__doc__.splitlines()[0],
-    )
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--prompt-tokens", default="256,1024,2048", help="comma-separated prompt lengths in tokens")
-    p.add_argument("--new-tokens", type=int, default=32, help="tokens generated per run (EOS does not stop early)")
-    p.add_argument(
-        "--methods",
-        default="none,macs",
-        help=methods_help(
-            "comma-separated: none (plain generate) and registered method names, each optionally with options "
-            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
-        ),
-    )
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
+def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
+    return run_bench(bench_config(args), log=lambda line: print(line, file=sys.stderr, flush=True))
+
+
+def _text_options(p: argparse.ArgumentParser) -> None:
+    """Where the prompt text comes from: a text file or a SQuAD file, not both (default: the shipped essays)."""
     text = p.add_mutually_exclusive_group()
     text.add_argument(
         "--prompt-file",
@@ -176,6 +117,37 @@ def add_bench_parser(sub: Any) -> None:
         default=None,
         help=f"SQuAD JSON file whose contexts are the prompt text, or {SQUAD_V2_DEV} (downloaded once into the cache)",
     )
+
+
+def add_bench_parser(sub: Any) -> None:
+    """Register `bench` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "bench",
+        help="tokens/s and peak memory of attribution methods against plain generate",
+        description=bench.__doc__.splitlines()[0],
+    )
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    defaults = BenchConfig  # the dataclass's defaults, one place for them
+    lengths = ",".join(map(str, defaults.prompt_lengths))
+    p.add_argument("--prompt-tokens", default=lengths, help="comma-separated prompt lengths in tokens")
+    p.add_argument(
+        "--new-tokens", type=int, default=defaults.new_tokens, help="tokens generated per run (EOS does not stop early)"
+    )
+    p.add_argument(
+        "--methods",
+        default=",".join(defaults.methods),
+        help=methods_help(
+            "comma-separated: none (plain generate) and registered method names, each optionally with options "
+            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
+        ),
+    )
+    p.add_argument(
+        "--repeats", type=int, default=defaults.repeats, help="timed runs per configuration; the median is reported"
+    )
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    dtype_option(p)
+    add_device_map_option(p)
+    _text_options(p)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",

@@ -177,10 +177,8 @@ def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
-    import time
-
     from ..explain import explain
-    from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
+    from ..faithfulness import FaithfulnessRequest, RemovalConfig, measure_faithfulness
     from ..methods import parse_methods
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
@@ -202,24 +200,19 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     )  # fmt: skip
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
     attr = explain(bundle, prompt, methods=methods, answer=answer, **options)  # removal teacher-forces its tokens
-    seconds = {"generation": float(attr.meta["generation_seconds"])}
     steps = None
-    if not args.all_steps:
+    if not args.all_steps and soft is not None:
         k = attr.num_steps if args.step is None else args.step
         if not 1 <= k <= attr.num_steps:
             raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
         steps = [k - 1]
-    report = FaithfulnessReport()
     positions, image_inputs = _image_ranking(bundle, attr, prompt, image, args) if image is not None else (None, None)
-    t0 = time.perf_counter()
-    report.removal = removal_curves(
-        bundle, attr, methods, positions, RemovalConfig(seed=args.seed), image_inputs=image_inputs
-    )
-    seconds["removal"] = time.perf_counter() - t0
-    if soft is not None:
-        t0 = time.perf_counter()
-        report.soft = soft_curves(bundle, attr, methods, config=soft, steps=steps)
-        seconds["soft"] = time.perf_counter() - t0
+    request = FaithfulnessRequest(
+        methods=methods, positions=positions, removal=RemovalConfig(seed=args.seed), soft=soft, steps=steps,
+        image_inputs=image_inputs,
+    )  # fmt: skip
+    report = measure_faithfulness(bundle, attr, request)
+    seconds = {"generation": float(attr.meta["generation_seconds"]), **report.seconds}
     print(_format_faithfulness(report, attr, seconds))
     if args.json:
         ranked = {"ranked": args.rank if image is not None else "text", "ranked_positions": positions}

@@ -2,16 +2,18 @@
 
 - `removal`: MACS paper, Appendix A.2 (attention-masking removal, regeneration, SRG);
 - `soft`: Grad-ELLM paper, section 3.1 (Bernoulli-masked input embeddings, Hellinger distances);
-- `common`: evaluated positions, rankings and batching that both use.
+- `common`: evaluated positions, rankings and batching that both use;
+- `request`: `FaithfulnessRequest`, what one measurement asks for, checked once when built.
 
-`measure_faithfulness` runs both and returns one report; `stream_faithfulness` runs them in a worker that holds the
-model and yields the report as it grows (removal curves first, pi-Soft after), and stops when cancelled.
+`measure_faithfulness(bundle, attr, request)` runs both and returns one report; `stream_faithfulness` runs them in a
+worker that holds the model and yields the report as it grows (removal curves first, pi-Soft after), and stops when
+cancelled.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
 from ..eval.metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS
@@ -21,6 +23,7 @@ from ..result.attribution import Attribution
 from ..runtime.session import CancelToken, WorkerStream, hold, run_in_worker
 from .common import RANDOM, evaluated_positions, ranking_scores, removal_orderings
 from .removal import RemovalConfig, RemovalReport, removal_curves, removal_runs
+from .request import FaithfulnessRequest
 from .soft import PAPER_SOFT, QUICK_SOFT, SoftConfig, SoftReport, fixed_routing, soft_cost, soft_curves, soft_steps
 
 
@@ -41,25 +44,18 @@ def _part(progress: ProgressFn | None, lo: float, hi: float) -> Callable[[float,
 
 
 def _faithfulness_parts(
-    bundle: ModelBundle,
-    attr: Attribution,
-    methods: Sequence[str] | None,
-    positions: Sequence[int] | None,
-    removal: RemovalConfig | None,
-    soft: SoftConfig | None,
-    progress: ProgressFn | None,
-    include_removal: bool,
-    steps: Sequence[int] | None,
-    image_inputs: dict | None = None,
+    bundle: ModelBundle, attr: Attribution, request: FaithfulnessRequest, progress: ProgressFn | None
 ) -> Iterator[FaithfulnessReport]:
-    split = 0.5 if include_removal and soft is not None else (1.0 if include_removal else 0.0)
+    methods, positions, soft, steps = request.methods, request.positions, request.soft, request.steps
+    split = 0.5 if request.include_removal and soft is not None else (1.0 if request.include_removal else 0.0)
     report = FaithfulnessReport()
-    if include_removal:
+    if request.include_removal:
         report.status = "measuring removal curves"
         t0 = time.perf_counter()
         report.removal = removal_curves(
-            bundle, attr, methods, positions, removal, progress=_part(progress, 0, split), image_inputs=image_inputs
-        )
+            bundle, attr, methods, positions, request.removal, progress=_part(progress, 0, split),
+            image_inputs=request.image_inputs,
+        )  # fmt: skip
         report.seconds["removal"] = time.perf_counter() - t0
         report.status = "removal curves done" + ("; measuring pi-Soft" if soft is not None else "")
         yield replace(report, seconds=dict(report.seconds))
@@ -74,55 +70,45 @@ def _faithfulness_parts(
 def measure_faithfulness(
     bundle: ModelBundle,
     attr: Attribution,
-    methods: Sequence[str] | None = None,
-    positions: Sequence[int] | None = None,
-    removal: RemovalConfig | None = None,
-    soft: SoftConfig | None = QUICK_SOFT,
+    request: FaithfulnessRequest | None = None,
     progress: ProgressFn | None = None,
-    include_removal: bool = True,
-    steps: Sequence[int] | None = None,
     cancel: CancelToken | None = None,
 ) -> FaithfulnessReport:
     """Removal curves and pi-Soft curves of one result, with one progress callback over both.
 
-    `soft=None` skips pi-Soft; `include_removal=False` skips the removal curves; `steps` (0-based) picks the steps
-    pi-Soft evaluates (None: every `soft.step_stride`-th). Holds the model for the whole call; `cancel` stops it
-    between forward passes (`Cancelled` is raised).
+    Args:
+        bundle: the model that produced `attr`.
+        attr: a finished result.
+        request: what to measure (`FaithfulnessRequest`; None: its defaults, removal curves and quick pi-Soft over
+            every method of the result).
+        progress: progress(fraction, message) over both parts.
+        cancel: stops the work between forward passes (`Cancelled` is raised).
+
+    Holds the model for the whole call.
     """
+    request = request or FaithfulnessRequest()
     with hold(bundle.model, cancel):
-        parts = list(
-            _faithfulness_parts(bundle, attr, methods, positions, removal, soft, progress, include_removal, steps)
-        )
+        parts = list(_faithfulness_parts(bundle, attr, request, progress))
     return parts[-1] if parts else FaithfulnessReport()
 
 
 def stream_faithfulness(
     bundle: ModelBundle,
     attr: Attribution,
-    methods: Sequence[str] | None = None,
-    positions: Sequence[int] | None = None,
-    removal: RemovalConfig | None = None,
-    soft: SoftConfig | None = QUICK_SOFT,
+    request: FaithfulnessRequest | None = None,
     progress: ProgressFn | None = None,
-    include_removal: bool = True,
-    steps: Sequence[int] | None = None,
     cancel: CancelToken | None = None,
-    image_inputs: dict | None = None,
 ) -> WorkerStream[FaithfulnessReport]:
-    """Like `measure_faithfulness`, in a worker thread: yields the report after the removal curves and again after
-    pi-Soft. Closing or cancelling the stream stops the work within one forward pass. An image result needs
-    `image_inputs` (see `removal_curves`) and `soft=None`."""
-    return run_in_worker(
-        lambda: _faithfulness_parts(
-            bundle, attr, methods, positions, removal, soft, progress, include_removal, steps, image_inputs
-        ),
-        bundle.model,
-        cancel,
-    )
+    """Like `measure_faithfulness`, in a worker thread that gets the request whole: yields the report after the
+    removal curves and again after pi-Soft. Closing or cancelling the stream stops the work within one forward pass.
+    """
+    request = request or FaithfulnessRequest()
+    return run_in_worker(lambda: _faithfulness_parts(bundle, attr, request, progress), bundle.model, cancel)
 
 
 __all__ = [
     "FaithfulnessReport",
+    "FaithfulnessRequest",
     "PAPER_SOFT",
     "QUICK_SOFT",
     "RANDOM",

@@ -55,7 +55,7 @@ from .common import (
 CPU_ROWS = 16  # perturbed runs per forward on a CPU
 
 
-@dataclass
+@dataclass(frozen=True)
 class RemovalConfig:
     fractions: tuple[float, ...] = REMOVAL_FRACTIONS  # MACS paper A.2.1; the first must be 0 (the baseline run)
     max_new_tokens: int | None = None  # regeneration length; None: the original run's limit (attr.meta)

@@ -33,7 +33,7 @@ import torch
 from transformers import DynamicCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..capture import _additive_mask, _probs, attention_function_selected
+from ..capture import additive_mask, attention_function_selected, attention_probs
 from ..errors import InputError
 from ..eval.metrics import PI_GRID, calibrate, hellinger, minmax
 from ..methods.base import ProgressFn
@@ -49,7 +49,7 @@ from .common import check_result, evaluated_positions
 CPU_ROWS = 16  # perturbed inputs per forward on a CPU
 
 
-@dataclass
+@dataclass(frozen=True)
 class SoftConfig:
     samples: int = 15  # Monte-Carlo masks per pi (Grad-ELLM paper, section 4.3)
     pis: tuple[float, ...] = PI_GRID  # target retaining probabilities 0.05 ... 0.95
@@ -152,7 +152,8 @@ def _recording(model: torch.nn.Module, store: dict[int, torch.Tensor]) -> Iterat
         tq, tk = query.shape[2], key.shape[2]
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         # the model's own mask (causal, sliding window) when it builds one, else causality
-        store[module.layer_idx] = _probs(query, key, _additive_mask(attention_mask, torch.float32), scale, tk - tq)
+        mask = additive_mask(attention_mask, torch.float32)
+        store[module.layer_idx] = attention_probs(query, key, mask, scale, tk - tq)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)  # fmt: skip
 

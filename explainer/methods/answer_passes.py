@@ -8,7 +8,7 @@ head group), one forward of batch 1 runs S segments after that cache: segment s 
 segment only, with its unit's keys masked. The block-diagonal mask is built from the model's own mask function on the
 true positions, so sliding windows hold. Segment 0 hides nothing: the baseline, in the same pass and layout as the
 segments it is subtracted from. A unit then costs L = T - 1 - start new positions and the prompt's cache is read,
-never copied. The reference is one full forward per unit (`atman._naive_scores` with `from_query`).
+never copied. The reference is one full forward per unit (`atman.naive_scores` with `from_query`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from transformers.masking_utils import causal_mask_function
 from ..errors import UnsupportedModelError
 from ..runtime.host import to_numpy
 from ..runtime.kv import packed_positions, prefix_cache, reusable
-from .atman.method import _check_manipulated, _cross_entropy, _naive_scores, _report, attention_suppression
+from .atman.method import attention_suppression, check_manipulated, cross_entropy, naive_scores, report_progress
 from .base import ProgressFn
 
 
@@ -101,7 +101,7 @@ class PackedPasses:
         cache = self._prefix()
         if cache is None:  # a cache layout we cannot slice (e.g. recurrent layers): one full forward per row
             self.positions += (r + 1) * t
-            return _naive_scores(self.model, ids, n, log_bias, progress, {}, None, label, start)
+            return naive_scores(self.model, ids, n, log_bias, progress, {}, None, label, start)
         per_pass = segments or max(1, packed_positions(self.model, t) // length - 1)
         chunks = [list(range(i, min(r, i + per_pass))) for i in range(0, r, per_pass)]
         targets = ids[0, n:]  # (K,)
@@ -117,9 +117,9 @@ class PackedPasses:
                     use_cache=True,
                     logits_to_keep=s * length,
                 )
-                _check_manipulated(state)
-                ce = _cross_entropy(out.logits.view(s, length, -1)[:, length - k :], targets)  # (S, K)
+                check_manipulated(state)
+                ce = cross_entropy(out.logits.view(s, length, -1)[:, length - k :], targets)  # (S, K)
                 columns[:, chunk] = (ce[1:] - ce[:1]).T.to(columns.device)  # (K, S - 1)
                 self.positions += s * length
-                _report(progress, done, len(chunks), label)
+                report_progress(progress, done, len(chunks), label)
         return to_numpy(columns)

@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
 from explainer.capture import registered_names
-from explainer.faithfulness import QUICK_SOFT, measure_faithfulness
+from explainer.faithfulness import QUICK_SOFT, FaithfulnessRequest, measure_faithfulness
 from explainer.methods import METHODS, available_methods, get_method
 from explainer.models.answer import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids
 from explainer.models.vision import encode_image_prompt, full_sequence_inputs
@@ -238,7 +238,7 @@ def test_faithfulness_works_on_a_forced_answer(tokenizer):
     prompt = "Question: What is the capital of France? Context: France is a country in Europe."
     attr = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=8, answer="Paris.")
     greedy = explain(bundle, prompt, methods=["random"], max_new_tokens=8)
-    report = measure_faithfulness(bundle, attr, ["macs", "rollout"], soft=QUICK_SOFT)
+    report = measure_faithfulness(bundle, attr, FaithfulnessRequest(methods=["macs", "rollout"], soft=QUICK_SOFT))
     for m in ("macs", "rollout", "random"):
         assert report.removal.curves[m]["logit"]["mif"][0] == pytest.approx(1.0)
         assert all(np.isfinite(v) for v in report.removal.auc[m]["ppl"].values())

@@ -76,13 +76,13 @@ def test_embedded_capture_keeps_the_tokens_of_generate(embedded, prompt):
 def test_capture_probabilities_are_computed_in_float32():
     """Scores of 20-40 from bfloat16 q and k: the captured probabilities equal a float64 softmax of the same q and k
     to float32 precision (scores rounded to bfloat16 would be off by percents)."""
-    from explainer.capture import _probs
+    from explainer.capture import attention_probs
 
     g = torch.Generator().manual_seed(0)
     q = (torch.randn(1, 4, 3, 64, generator=g) * 3).to(torch.bfloat16)  # (B, H, Tq, D)
     k = (torch.randn(1, 2, 40, 64, generator=g) * 3).to(torch.bfloat16)  # (B, KVH, Tk, D)
     scale = 64**-0.5
-    probs = _probs(q, k, None, scale, None)  # (B, H, Tq, Tk)
+    probs = attention_probs(q, k, None, scale, None)  # (B, H, Tq, Tk)
     keys = k.double().repeat_interleave(2, dim=1)  # (B, H, Tk, D)
     scores = q.double() @ keys.transpose(-1, -2) * scale
     assert scores.abs().max() > 20

@@ -11,6 +11,7 @@ from explainer import bundle_from_objects, explain
 from explainer.capture import registered_names
 from explainer.errors import InputError
 from explainer.faithfulness import (
+    FaithfulnessRequest,
     RemovalConfig,
     SoftConfig,
     fixed_routing,
@@ -167,10 +168,9 @@ def test_soft_fixed_routing_runs(bundle, attr):
 
 def test_measure_faithfulness_reports_progress(bundle, attr):
     seen = []
-    report = measure_faithfulness(
-        bundle, attr, ["macs"], removal=RemovalConfig(max_new_tokens=2),
-        soft=SoftConfig(samples=2, pis=(0.5,), step_stride=10), progress=lambda f, msg: seen.append(f),
-    )  # fmt: skip
+    soft = SoftConfig(samples=2, pis=(0.5,), step_stride=10)
+    request = FaithfulnessRequest(methods=["macs"], removal=RemovalConfig(max_new_tokens=2), soft=soft)
+    report = measure_faithfulness(bundle, attr, request, progress=lambda f, msg: seen.append(f))
     assert report.removal is not None and report.soft is not None
     assert seen and seen == sorted(seen) and seen[-1] == pytest.approx(1.0)
 
@@ -178,10 +178,11 @@ def test_measure_faithfulness_reports_progress(bundle, attr):
 def test_curve_figures_colour_per_method_and_dashed_random(bundle, attr):
     from visuals.curves import faithfulness_rows, removal_figure, soft_figure
 
-    report = measure_faithfulness(
-        bundle, attr, ["macs", "rollout"], removal=RemovalConfig(max_new_tokens=2),
+    request = FaithfulnessRequest(
+        methods=["macs", "rollout"], removal=RemovalConfig(max_new_tokens=2),
         soft=SoftConfig(samples=2, pis=(0.3, 0.7), step_stride=10),
     )  # fmt: skip
+    report = measure_faithfulness(bundle, attr, request)
     fig = removal_figure(report.removal, "ppl")
     assert len(fig.data) == 2 * 3  # MIF and LIF panels, three methods
     dashes = {t.legendgroup: t.line.dash for t in fig.data}

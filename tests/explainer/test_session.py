@@ -14,7 +14,13 @@ import torch
 from explainer import bundle_from_objects, explain, stream_explain
 from explainer.capture import capture_attention, registered_names
 from explainer.errors import Cancelled
-from explainer.faithfulness import RemovalConfig, SoftConfig, measure_faithfulness, stream_faithfulness
+from explainer.faithfulness import (
+    FaithfulnessRequest,
+    RemovalConfig,
+    SoftConfig,
+    measure_faithfulness,
+    stream_faithfulness,
+)
 from explainer.methods import MACS
 from explainer.runtime.session import CancelToken, check_cancelled, hold, model_lock, run_in_worker
 
@@ -201,16 +207,17 @@ def test_atman_is_cancelled_between_passes(bundle):
 
 def test_faithfulness_is_cancellable_and_streams_removal_first(bundle):
     attr = explain(bundle, PROMPTS[1], methods=["macs"], max_new_tokens=6)
-    stream = stream_faithfulness(
-        bundle, attr, ["macs"], removal=RemovalConfig(max_new_tokens=4), soft=SoftConfig(samples=2, pis=(0.5,)),
-    )  # fmt: skip
+    request = FaithfulnessRequest(
+        methods=["macs"], removal=RemovalConfig(max_new_tokens=4), soft=SoftConfig(samples=2, pis=(0.5,))
+    )
+    stream = stream_faithfulness(bundle, attr, request)
     parts = list(stream)
     assert parts[0].removal is not None and parts[0].soft is None and "removal" in parts[0].seconds
     assert parts[-1].soft is not None and set(parts[-1].seconds) == {"removal", "soft"}
     token = CancelToken()
     token.cancel()
     with pytest.raises(Cancelled):
-        measure_faithfulness(bundle, attr, ["macs"], cancel=token)
+        measure_faithfulness(bundle, attr, FaithfulnessRequest(methods=["macs"]), cancel=token)
     _clean(bundle)
 
 

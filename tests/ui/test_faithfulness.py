@@ -12,7 +12,7 @@ from PIL import Image
 
 from explainer.errors import InputError
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, RemovalReport, SoftReport
-from ui import faithfulness, text_tab
+from ui import faithfulness, measurement, text_tab
 from ui.events import KEEP
 from ui.faithfulness import SOFT_CHOICES, FaithfulnessView
 from ui.stream import Phase, RequestState
@@ -43,15 +43,15 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
     full.seconds, full.status = {"removal": 1.0, "soft": 2.0}, "done"
     first = replace(full, soft=None, seconds={"removal": 1.0}, status="removal curves done")
 
-    def fake_stream(bundle, result, methods, soft=None, steps=None, progress=None, cancel=None):
-        calls.append((result, methods, soft, steps))
+    def fake_stream(bundle, result, request, progress=None, cancel=None):
+        calls.append((result, request.methods, request.soft, request.steps))
         progress(0.5, "halfway")
         return FakeStream([first, full])
 
     monkeypatch.setattr(faithfulness, "stream_faithfulness", fake_stream)
     outs = collect(faithfulness.faithfulness(answer, ["macs", "rollout"], "perplexity", SOFT_CHOICES[0], 2))
-    assert calls[0][1] == ["macs"] and calls[0][2] is QUICK_SOFT  # only methods of this result
-    assert calls[0][3] == [1]  # the slider's step (1-based) as a 0-based step
+    assert calls[0][1] == ("macs",) and calls[0][2] is QUICK_SOFT  # only methods of this result
+    assert calls[0][3] == (1,)  # the slider's step (1-based) as a 0-based step
     start, removal_ready, *_, last = outs
     assert start == FaithfulnessView(status=faithfulness.MEASURING, request=RequestState(Phase.STARTING))
     assert removal_ready.removal is not None and removal_ready.soft is None  # removal curves come first
@@ -85,9 +85,9 @@ def test_soft_cost_is_shown_before_it_starts(answer):
 
 @pytest.mark.parametrize("step, steps", [(None, [3]), (1, [0]), (0, [0]), (10**6, [3]), (2.0, [1])])
 def test_soft_steps_follow_the_slider_clamped(answer, step, steps):
-    assert faithfulness.soft_steps(answer, SOFT_CHOICES[0], step) == steps
-    assert faithfulness.soft_steps(answer, SOFT_CHOICES[1], step) is None
-    assert faithfulness.soft_steps(answer, SOFT_CHOICES[2], step) is False
+    assert measurement.soft_steps(answer, SOFT_CHOICES[0], step) == steps
+    assert measurement.soft_steps(answer, SOFT_CHOICES[1], step) is None
+    assert measurement.soft_steps(answer, SOFT_CHOICES[2], step) is False
 
 
 def test_faithfulness_errors_become_gr_errors_and_are_recorded(answer, monkeypatch):
@@ -140,8 +140,8 @@ def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatc
         ids = torch.tensor([result.attr.prompt_token_ids if question == "What?" else [0, 1]])
         return SimpleNamespace(input_ids=ids, prefill_inputs={"pixel_values": "pixels"})
 
-    def fake_stream(bundle, attr, methods, soft=None, steps=None, progress=None, cancel=None, **image_request):
-        calls.append((attr, methods, soft, steps, image_request))
+    def fake_stream(bundle, attr, request, progress=None, cancel=None):
+        calls.append((attr, request.methods, request.soft, request.steps, request))
         full = fake_report()
         return FakeStream([replace(full, soft=None, status="removal curves done")])
 
@@ -150,13 +150,13 @@ def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatc
     outs = collect(faithfulness.faithfulness(result, ["macs", "rollout"], "BLEU", SOFT_CHOICES[2], 2))
     assert encoded == [(image, "What?", 3, 64)]  # the question and image as asked, with the same image budget
     attr, methods, soft, steps, request = calls[0]
-    assert attr is result.attr and methods == ["macs"] and soft is None and steps is None  # no pi-Soft on images
-    assert request == {"positions": [2, 3, 4, 5, 6, 7], "image_inputs": {"pixel_values": "pixels"}}
+    assert attr is result.attr and methods == ("macs",) and soft is None and steps is None  # no pi-Soft on images
+    assert request.positions == (2, 3, 4, 5, 6, 7) and request.image_inputs == {"pixel_values": "pixels"}
     last = outs[-1]
     assert last.removal is not None and last.soft is None and last.request == RequestState(Phase.DONE)
     assert "π-Soft" not in last.status
     collect(faithfulness.faithfulness(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2, "image+question"))
-    assert calls[-1][2] is None and calls[-1][4]["positions"] == [2, 3, 4, 5, 6, 7, 9, 10]  # and the question's
+    assert calls[-1][2] is None and calls[-1][4].positions == (2, 3, 4, 5, 6, 7, 9, 10)  # and the question's
     with pytest.raises(gr.Error, match="Unknown choice"):
         collect(faithfulness.faithfulness(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2, "question"))
     stale = image_tab.ImageResult(result.attr, image, "Other?", 64)  # the prompt encodes to other tokens
@@ -166,3 +166,37 @@ def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatc
     assert faithfulness.soft_cost_note(result, ["macs"], SOFT_CHOICES[0], 2, None).cost == ""  # no pi-Soft cost
     text = gpu_time.faithfulness_seconds(result.attr, ["macs"], "BLEU", SOFT_CHOICES[2], 2)
     assert gpu_time.faithfulness_seconds(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2) > text  # + vision prefill
+
+
+def test_the_gpu_time_asked_is_that_of_the_request_the_handler_runs(answer, vl_fake, monkeypatch):
+    """`gpu_time.faithfulness_seconds` gets the handler's own arguments: it must size the request the handler then
+    streams, for every widget setting (a handler and a duration function that read the widgets differently fail)."""
+    import torch
+
+    from explainer.models import vision
+    from ui import gpu_time, image_tab
+
+    streamed = []
+
+    def fake_stream(bundle, attr, request, progress=None, cancel=None):
+        streamed.append(request)
+        return FakeStream([replace(fake_report(), status="done")])
+
+    image = Image.new("RGB", (45, 31), (40, 90, 200))
+    shown = collect(image_tab.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))[-1].result
+    ids = torch.tensor([shown.attr.prompt_token_ids])
+    encoded = SimpleNamespace(input_ids=ids, prefill_inputs={"pixel_values": "pixels"})
+    monkeypatch.setattr(vision, "encode_image_prompt", lambda *args, **kwargs: encoded)
+    monkeypatch.setattr(faithfulness, "stream_faithfulness", fake_stream)
+    monkeypatch.setattr(gpu_time, "gpu_duration", lambda seconds: seconds)  # the estimate itself, not rounded up
+    asked = []
+    settings = [(answer, ["macs", "rollout"], "BLEU", choice, step) for choice in SOFT_CHOICES for step in (1, 3, None)]
+    settings += [(shown, ["macs", "random"], "BLEU", SOFT_CHOICES[0], 2, rank) for rank in ("image", "image+question")]
+    for args in settings:
+        collect(faithfulness.faithfulness(*args))
+        request, image_result = streamed[-1], args[0] is shown
+        assert request == measurement.faithfulness_request(*args[:2], *args[3:])
+        expected = gpu_time.request_seconds(measurement.measured(args[0]), request, image_result)
+        assert gpu_time.faithfulness_seconds(*args) == expected
+        asked.append(expected)
+    assert len(streamed) == len(settings) and len(set(asked)) == 5  # skip; steps 1 (= every 5th), 3, the newest; image

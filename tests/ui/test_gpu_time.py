@@ -13,7 +13,7 @@ from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import Attribution, MethodScores
 from explainer.runtime.hardware import gpu_duration
 from ui import gpu_time, inputs, models
-from ui.faithfulness import SOFT_CHOICES
+from ui.measurement import SOFT_CHOICES
 
 from ..conftest import build_model, make_tokenizer
 

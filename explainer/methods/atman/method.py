@@ -147,7 +147,7 @@ def attention_suppression(model: torch.nn.Module) -> Iterator[_Suppression]:
         state.bias = None
 
 
-def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, foils: torch.Tensor | None = None) -> torch.Tensor:
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, foils: torch.Tensor | None = None) -> torch.Tensor:
     """(B, K, V) logits and (K,) targets -> (B, K) float32 cross-entropy; at a contrasted step (`foils`, see
     `explainer/contrast.py`) CE_A - CE_B = log p(B) - log p(A), AtMan's loss difference for A against B."""
     logp = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
@@ -157,7 +157,7 @@ def _cross_entropy(logits: torch.Tensor, targets: torch.Tensor, foils: torch.Ten
     return ce if foil is None else ce + foil
 
 
-def _check_manipulated(state: _Suppression) -> None:
+def check_manipulated(state: _Suppression) -> None:
     if state.calls == 0:
         raise UnsupportedModelError(
             "AtMan found no attention layers that use transformers' AttentionInterface in this model, so it cannot "
@@ -165,7 +165,7 @@ def _check_manipulated(state: _Suppression) -> None:
         )
 
 
-def _report(progress: ProgressFn | None, done: int, total: int, label: str = "AtMan") -> None:
+def report_progress(progress: ProgressFn | None, done: int, total: int, label: str = "AtMan") -> None:
     """After every forward pass: progress, and a stop if the request was cancelled."""
     check_cancelled()
     if progress is not None:
@@ -265,7 +265,7 @@ def suppression_scores(
     if fast:
         return _fast_scores(model, _Sequence(input_ids), num_prompt_tokens, log_bias, batch_size, progress, {}, None,
                             label)  # fmt: skip
-    return _naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label, from_query)
+    return naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label, from_query)
 
 
 def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inputs, foils=None) -> np.ndarray:
@@ -286,10 +286,10 @@ def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inpu
     log_bias[:, :n] = torch.log(factors)
     if cfg.fast:
         return _fast_scores(model, seq, n, log_bias, cfg.batch_size, progress, extra_inputs or {}, foils)
-    return _naive_scores(model, input_ids, n, log_bias, progress, extra_inputs or {}, foils)
+    return naive_scores(model, input_ids, n, log_bias, progress, extra_inputs or {}, foils)
 
 
-def _naive_scores(
+def naive_scores(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
     n: int,
@@ -310,14 +310,14 @@ def _naive_scores(
         state.from_query = from_query
         state.bias = torch.zeros_like(log_bias[:1])  # (1, T): the same computation as the perturbed passes
         logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
-        base = _cross_entropy(logits, targets, foils)
-        _check_manipulated(state)
-        _report(progress, 1, log_bias.shape[0] + 1, label)
+        base = cross_entropy(logits, targets, foils)
+        check_manipulated(state)
+        report_progress(progress, 1, log_bias.shape[0] + 1, label)
         for i in range(log_bias.shape[0]):
             state.bias = log_bias[i : i + 1]  # (1, T)
             logits = model(input_ids=input_ids, use_cache=False, **extra_inputs).logits[:, n - 1 : t - 1]  # (1, K, V)
-            scores[:, i] = to_numpy((_cross_entropy(logits, targets, foils) - base)[0])
-            _report(progress, i + 2, log_bias.shape[0] + 1, label)
+            scores[:, i] = to_numpy((cross_entropy(logits, targets, foils) - base)[0])
+            report_progress(progress, i + 2, log_bias.shape[0] + 1, label)
     return scores
 
 
@@ -356,9 +356,9 @@ def _fast_scores(
     with attention_suppression(model) as state:
         cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
         model(**seq.inputs(0, t - 1, 1), past_key_values=cache, use_cache=True, logits_to_keep=1)
-        _check_manipulated(state)
+        check_manipulated(state)
         if reusable(cache, t - 1):
-            _report(progress, 1, total, label)
+            report_progress(progress, 1, total, label)
             for done, group in enumerate(groups, start=2):
                 start = int(first[group].min())  # positions before it are identical in every sequence of the group
                 b = len(group) + 1
@@ -369,19 +369,19 @@ def _fast_scores(
                     use_cache=True,
                     logits_to_keep=k,
                 )
-                ce = _cross_entropy(out.logits, targets, foils)  # (B, K)
+                ce = cross_entropy(out.logits, targets, foils)  # (B, K)
                 columns[:, group] = (ce[1:] - ce[:1]).T  # (K, B - 1)
-                _report(progress, done, total, label)
+                report_progress(progress, done, total, label)
             return to_numpy(columns[:, column_of])  # (K, N)
     # A cache layout we cannot slice (e.g. recurrent layers): recompute every pass in full.
-    return _naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils, label)
+    return naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils, label)
 
 
 class AtMan(AttributionMethod):
     name = "atman"
     display_name = "AtMan"
     streaming = False
-    contrastive = True  # CE_A - CE_B at contrasted steps (`_cross_entropy`)
+    contrastive = True  # CE_A - CE_B at contrasted steps (`cross_entropy`)
     explains_images = True
     needs_prompt_embeddings = True  # correlated suppression: which tokens suppress each other sets the cost
     Config = AtManConfig
