@@ -59,8 +59,7 @@ def stream_explain(
     contrast: dict[int, str | int] | None = None,
     reliance: bool = True,
 ) -> Iterator[Attribution]:
-    """Generate (or take) an answer and yield a growing `Attribution` after every token, then after each post-hoc
-    method.
+    """Generate (or take) an answer; yield a growing `Attribution` after every token and after each post-hoc method.
 
     Args:
         bundle: loaded model.
@@ -84,11 +83,9 @@ def stream_explain(
             "given" or "generated", `meta["answer_tokenization"]` says how a text answer was split.
         contrast: {0-based step: foil (token id or one-token text)}: there the contrastive methods explain
             l_A - l_B ("why A rather than B?"); `meta["contrast"]` records it (see `explainer/contrast.py`).
-        reliance: for an image prompt, measure after the methods how much each answer token relied on the image
-            (`Attribution.reliance`: one knockout pass over the answer, `explainer/reliance.py`); False skips it.
+        reliance: for an image prompt, measure `Attribution.reliance` after the methods (`explainer/reliance.py`).
 
-    Every result has `step_scores`: the probability the model gave each answer token and the entropy of that
-    step's next-token distribution (nats).
+    Every result has `step_scores`: the probability the model gave each answer token and its step's entropy (nats).
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
     last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
