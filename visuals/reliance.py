@@ -123,7 +123,8 @@ def reliance_html(attr: Attribution | None, step: int | None = None) -> str:
     rel = _usable(attr)
     if rel is None:
         live = attr.meta.get("status", "done") != "done"
-        return f'<div class="xai-reliance" style="{_CARD}">{head}{_note(LIVE if live else NOT_MEASURED)}</div>'
+        why = LIVE if live else str(attr.meta.get("reliance_error") or NOT_MEASURED)
+        return f'<div class="xai-reliance" style="{_CARD}">{head}{_note(why)}</div>'
     s = clamp_step(step, rel.num_steps)
     tokens = "".join(_token_html(attr, rel, i, i == s) for i in range(rel.num_steps))
     return (

@@ -193,12 +193,25 @@ def test_a_malformed_reliance_is_refused_naming_the_field(setup, edit, message):
 
 def test_off_on_request_and_for_text_prompts(setup, tokenizer):
     _, bundle, _, _ = setup
-    assert explain(bundle, QUESTION, image=_image(), methods=["macs"], max_new_tokens=2, reliance=False).reliance is None
+    off = explain(bundle, QUESTION, image=_image(), methods=["macs"], max_new_tokens=2, reliance=False)
+    assert off.reliance is None and "reliance_seconds" not in off.meta
     from explainer import bundle_from_objects
 
     text = bundle_from_objects(build_model("llama"), tokenizer, name="tiny")
     attr = explain(text, "the cat sat", methods=["macs"], max_new_tokens=2)
     assert attr.reliance is None and "reliance" not in json.loads(result_json(attr))
+
+
+def test_a_model_whose_attention_cannot_be_edited_keeps_its_maps(setup, monkeypatch):
+    from explainer.errors import UnsupportedModelError
+
+    def refuse(*args, **kwargs):
+        raise UnsupportedModelError("no attention layer to edit")
+
+    monkeypatch.setattr(reliance_module, "image_knockout", refuse)
+    attr = explain(setup[1], QUESTION, image=_image(), methods=["macs"], max_new_tokens=2)
+    assert attr.reliance is None and attr.meta["reliance_error"] == "no attention layer to edit"
+    assert attr.meta["status"] == "done" and attr.methods["macs"].raw.shape[0] == attr.num_steps
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +227,8 @@ def test_explain_image_json_has_reliance_for_every_step_and_prints_it(tmp_path, 
     img_path, out = tmp_path / "shape.png", tmp_path / "out.json"
     _image(3).save(img_path)
     args = ["explain", "--model", str(vl_model_dir), "--image", str(img_path), "--prompt", QUESTION,
-            "--max-new-tokens", "3", "--max-pixels", str(12 * (PATCH * MERGE) ** 2), "--methods", "macs,random"]  # fmt: skip
+            "--max-new-tokens", "3", "--max-pixels", str(12 * (PATCH * MERGE) ** 2),
+            "--methods", "macs,random"]  # fmt: skip
     assert cli_main([*args, "--json", str(out)]) == 0, capsys.readouterr().err
     data = json.loads(out.read_text())
     k = len(data["generated_token_ids"])

@@ -66,9 +66,13 @@ def test_notes_without_reliance():
     del old.meta["status"]  # files saved before the status was kept are finished
     assert html.escape(NOT_MEASURED) in reliance_html(old)
     assert reliance_lines(result(reliance=False)) == []
+    failed = result(reliance=False)
+    failed.meta["reliance_error"] = "This model's attention cannot be edited."
+    assert "This model&#x27;s attention cannot be edited." in reliance_html(failed)
 
 
 def test_the_text_has_a_line_per_token():
     lines = reliance_lines(result())
     assert len(lines) == 2 + len(ANSWER) and "(an even spread: 0.50)" in lines[1]
-    assert lines[2] == "  step   1         ' red': log p   -0.105 /   -4.605  drop  +4.500  | share macs 0.90  random 0.50"
+    step_1 = "  step   1         ' red': log p   -0.105 /   -4.605  drop  +4.500  | share macs 0.90  random 0.50"
+    assert lines[2] == step_1
