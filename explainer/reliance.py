@@ -149,16 +149,17 @@ def add_reliance(
     extra_inputs: dict[str, Any] | None,
     enabled: bool = True,
 ) -> Iterator[Attribution]:
-    """The request's last step for an image question (`explain.stream_explain`, after every method): `attr.reliance`
-    and a snapshot with it. Nothing for a text prompt, an empty answer, or with `enabled` False. A model whose
-    attention cannot be edited keeps its maps: `meta["reliance_error"]` says why there is no reliance."""
+    """The request's last step for an image question (`explain.stream_explain`, after every method): a snapshot that
+    says it runs, then `attr.reliance` (the caller's next snapshot has it). Nothing for a text prompt, an empty
+    answer, or with `enabled` False. A model whose attention cannot be edited keeps its maps:
+    `meta["reliance_error"]` says why there is no reliance."""
     if not enabled or attr.image is None or extra_inputs is None or attr.num_steps == 0:
         return
     attr.meta["status"] = "measuring image reliance"
+    yield attr.snapshot()
     t0 = time.perf_counter()
     try:
         attr.reliance = measure_reliance(model, attr, methods, extra_inputs)
     except UnsupportedModelError as e:  # an extra measure: the methods' maps stand without it
         attr.meta["reliance_error"] = str(e)
     attr.meta["reliance_seconds"] = time.perf_counter() - t0
-    yield attr.snapshot()
