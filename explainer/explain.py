@@ -19,6 +19,7 @@ from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
 from .models.answer import MAX_NEW_TOKENS_LIMIT, answer_token_ids
 from .models.loading import ModelBundle
 from .models.tokens import check_encodable
+from .reliance import add_reliance
 from .result.attribution import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .result.sinks import SinkTracker
 from .runtime.kv import batch_budget
@@ -56,9 +57,9 @@ def stream_explain(
     cancel: CancelToken | None = None,
     answer: str | Sequence[int] | None = None,
     contrast: dict[int, str | int] | None = None,
+    reliance: bool = True,
 ) -> Iterator[Attribution]:
-    """Generate (or take) an answer and yield a growing `Attribution` after every token, then after each post-hoc
-    method.
+    """Generate (or take) an answer; yield a growing `Attribution` after every token and after each post-hoc method.
 
     Args:
         bundle: loaded model.
@@ -82,9 +83,9 @@ def stream_explain(
             "given" or "generated", `meta["answer_tokenization"]` says how a text answer was split.
         contrast: {0-based step: foil (token id or one-token text)}: there the contrastive methods explain
             l_A - l_B ("why A rather than B?"); `meta["contrast"]` records it (see `explainer/contrast.py`).
+        reliance: for an image prompt, measure `Attribution.reliance` after the methods (`explainer/reliance.py`).
 
-    Every result has `step_scores`: the probability the model gave each answer token and the entropy of that
-    step's next-token distribution (nats).
+    Every result has `step_scores`: the probability the model gave each answer token and its step's entropy (nats).
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
     last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
@@ -98,7 +99,7 @@ def stream_explain(
     kwargs = dict(
         prompt=prompt, methods=methods, max_new_tokens=max_new_tokens, chat_template=chat_template,
         method_options=method_options, progress=progress, image=image, max_image_tokens=max_image_tokens,
-        answer=answer, contrast=contrast,
+        answer=answer, contrast=contrast, reliance=reliance,
     )  # fmt: skip
     if holds(bundle.model):
         return _inline(bundle, cancel, kwargs)
@@ -123,6 +124,7 @@ def _stream_explain(
     max_image_tokens: int | None,
     answer: str | Sequence[int] | None,
     contrast: dict[int, str | int] | None = None,
+    reliance: bool = True,
 ) -> Iterator[Attribution]:
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
@@ -155,6 +157,7 @@ def _stream_explain(
     yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
     foils = resolve_contrast(bundle, attr, contrast, instances)  # {step: foil id}; sets meta["contrast"]
     yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs, foils)
+    yield from add_reliance(bundle.model, attr, instances, extra_inputs, reliance)  # image prompts
     attr.meta["status"] = "done"
     yield attr.snapshot()
 

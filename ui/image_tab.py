@@ -26,7 +26,7 @@ from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import gpu_time, inputs, models
+from . import gpu_time, inputs, models, reliance
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -327,6 +327,7 @@ def create_ui() -> Components:
     c["step"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
     )
+    reliance.attach(c)  # the reliance strip, above the overlays (ui/reliance.py)
     c["overlay"] = gr.Image(label="Image regions each method credits for this token", interactive=False, height=420)
     c["question"] = gr.HTML(label="Question tokens")
     with gr.Row():

@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         "about L times MACS's scores); the product over layers is MACS's raw score",
     )
     p.add_argument("--gif", help="with --image: write an animated GIF of the overlays over the steps to this path")
+    p.add_argument(
+        "--no-reliance", action="store_true",
+        help="with --image: skip the image reliance (each answer token's log p with the image hidden from the answer, "
+        "and each method's share on the image; one more pass over the answer)",
+    )  # fmt: skip
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
     _contrast_options(p)
     p.set_defaults(func=cmd_explain)

@@ -27,6 +27,7 @@ def _print_summary(attr, top: int) -> None:
         name = "image" if len(attr.images) == 1 else f"image {i + 1}"
         print(f"{name}: {width}x{height} px, {h}x{w} grid of image tokens (row, col)")
     _print_step_scores(attr)
+    _print_reliance(attr)
     user = attr.user_positions or None
     from ..methods import METHODS
     from ..result.attribution import zscore
@@ -64,6 +65,15 @@ def _print_sources(meta: dict) -> None:
     loo, cite = meta["leave_one_sentence_out_positions"], meta["contextcite_positions"]
     print(f"  forward positions: {meta['forward_positions']} (leave-one-sentence-out without a cache: {loo}; "
           f"ContextCite's 64 ablations: {cite})")  # fmt: skip
+
+
+def _print_reliance(attr) -> None:
+    """An image question's reliance per step (`visuals.reliance`): log p with the image visible and hidden, shares."""
+    from visuals.reliance import reliance_lines
+
+    lines = reliance_lines(attr)
+    if lines:
+        print("\n" + "\n".join(lines))
 
 
 def _print_step_scores(attr) -> None:
@@ -115,7 +125,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
     )  # fmt: skip
     attr = explain(
         bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        image=image, method_options=method_options, answer=answer, contrast=contrast,
+        image=image, method_options=method_options, answer=answer, contrast=contrast, reliance=not args.no_reliance,
     )  # fmt: skip
     if args.json:
         try:

@@ -123,6 +123,12 @@ class AttributionMethod:
         """Scores for all steps of a finished generation: (K, N)."""
         raise NotImplementedError
 
+    def raw_floor(self, num_steps: int, num_layers: int) -> np.ndarray:
+        """(K,) the raw score each step gives a prompt token this method found no evidence for: what an image share
+        counts from (`result/reliance.py`). 0, the default, for scores whose zero means "no effect"; NaN where a step's
+        floor is unknown. `num_layers`: the language model's decoder layers."""
+        return np.zeros(num_steps, dtype=np.float64)
+
     def options(self) -> dict[str, Any]:
         """The config as plain data."""
         return dict(vars(self.config))

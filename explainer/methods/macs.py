@@ -81,6 +81,13 @@ class MACS(AttributionMethod):
     def meta(self) -> dict:
         return {**self.options(), "rescaled_steps": list(self.rescaled_steps)}
 
+    def raw_floor(self, num_steps: int, num_layers: int) -> np.ndarray:
+        """(1 - alpha)^L, the raw score of a token no layer attends to (Eq. 6 floored, Eq. 7 multiplied), at every
+        step but the rescaled ones, whose row was divided by a constant that is not kept (NaN there)."""
+        floor = np.full(num_steps, (1.0 - self.config.alpha) ** num_layers, dtype=np.float64)
+        floor[[s for s in getattr(self, "rescaled_steps", []) if s < num_steps]] = np.nan
+        return floor
+
     def step(self, rows: torch.Tensor) -> np.ndarray:
         cfg, n = self.config, self.n
         a = rows.to(torch.float64)  # (L, H, T), T = N + k

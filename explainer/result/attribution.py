@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .reliance import Reliance
 from .schema import FORMAT_VERSION, parse_saved
 
 STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores` (see there)
@@ -138,6 +139,9 @@ class Attribution:
         step_scores: per answer token (K values each): "probability", the softmax probability the model gave that
             token at its step (teacher-forced tokens included), and "entropy", the entropy in nats of that step's
             next-token distribution (0: certain; ln V at most). Empty for results saved before they existed.
+        reliance: for image prompts, how much each answer token relied on the image (`result/reliance.py`): its
+            log-probability with the image hidden from the answer, and each method's share on the image; None for
+            text prompts, when turned off, while the answer is being generated, and in files saved before it.
     """
 
     model: str
@@ -150,6 +154,7 @@ class Attribution:
     meta: dict[str, Any] = field(default_factory=dict)
     image: dict[str, Any] | None = None
     step_scores: dict[str, list[float]] = field(default_factory=dict)
+    reliance: Reliance | None = None
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -218,6 +223,7 @@ class Attribution:
             "meta": self.meta,
             "step_scores": {key: [float(v) for v in values] for key, values in self.step_scores.items()},
             **({"image": _image_json(self.image)} if self.image else {}),
+            **({"reliance": self.reliance.to_dict()} if self.reliance is not None else {}),
         }
 
     @classmethod
@@ -248,6 +254,7 @@ class Attribution:
             meta=dict(saved.meta),
             image=saved.image.model_dump(exclude_none=True) if saved.image is not None else None,
             step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
+            reliance=Reliance.from_dict(saved.reliance.model_dump()) if saved.reliance is not None else None,
         )
 
     def save_json(self, path: str | Path, layers: bool = False) -> None:

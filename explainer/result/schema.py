@@ -6,7 +6,8 @@ A file is one JSON object:
     {"format_version": 1, "model": str, "prompt_token_ids": [N ids], "prompt_tokens": [N str],
      "generated_token_ids": [K ids], "generated_tokens": [K str], "user_positions": [prompt positions],
      "methods": {name: {"raw": K x N numbers, "z": K x N numbers, "seconds": s, "meta": {...}}},
-     "meta": {...}, "step_scores": {"probability": [K], "entropy": [K]}, "image": {...} (image prompts only)}
+     "meta": {...}, "step_scores": {"probability": [K], "entropy": [K]}, "image": {...} (image prompts only),
+     "reliance": {"logprob": [K], "image_hidden_logprob": [K], "image_share": {method: [K]}, ...} (image prompts)}
 
 Scores may be NaN (no score) and are read as float32. Keys a reader does not know are ignored. A method may also
 carry `"layers"`: K x L x N numbers, its per-layer scores (MACS's factors of Eq. 6 with `keep_layers`, written only
@@ -16,6 +17,9 @@ Format versions:
     0: no `format_version` field: files written before it existed, by `explain --json` (float64 digits) and by the
        app's download (float32 shortest digits); the layout is that of version 1.
     1: adds `format_version`; the CLI and the app write the same text (`result.result_json`).
+
+`reliance` (how much each answer token relied on the image, `result/reliance.py`) was added within version 1: it is
+optional, and a reader that does not know it ignores it.
 
 Every field's constraint lives in its type below; a file that breaks one is refused with an `InputError` that names
 the field (`parse_saved`). Constraints that depend on N and K read them from the validation context.
@@ -214,6 +218,38 @@ class StepScores(_Record):
     entropy: Entropies | None = None
 
 
+def _share_out_of_range(values: list[float], _: dict) -> Any:
+    return next((v for v in values if not (v != v or 0 <= v <= 1)), None)  # NaN: no evidence at that step
+
+
+LogProbs = _described(
+    list[float],  # NaN: the model gave no number; -inf: probability 0
+    "must be a list of {k} log-probabilities, one per answer token.",
+    "must hold log-probabilities (0 or less), found {found}.",
+    check=_length("k"),
+    item_check=lambda values, _: next((v for v in values if v > 0), None),
+)
+Shares = _described(
+    list[float],
+    "must be a list of {k} shares, one per answer token.",
+    "must hold shares from 0 to 1 (or NaN), found {found}.",
+    check=_length("k"),
+    item_check=_share_out_of_range,
+)
+
+
+class RelianceRecord(_Record):
+    """How much each answer token relied on the image (`result/reliance.py`): log p with the image visible and
+    hidden from the answer, and each method's share of its evidence on the image against the question's text."""
+
+    logprob: LogProbs
+    image_hidden_logprob: LogProbs
+    image_share: dict[Text, Shares] = {}
+    image_positions: Positions = []
+    text_positions: Positions = []
+    share_floor: dict[Text, float] = {}
+
+
 class SavedResult(_Record):
     """A saved result, as `result.result_json` writes it (and, without `format_version`, older versions did)."""
 
@@ -228,9 +264,10 @@ class SavedResult(_Record):
     meta: dict[str, Any] = {}
     step_scores: StepScores = StepScores()
     image: ImageRecord | None = None
+    reliance: RelianceRecord | None = None
 
 
-_DICT_FIELDS = {"methods", "step_scores"}  # their keys are names, shown as ['name']
+_DICT_FIELDS = {"methods", "step_scores", "image_share", "share_floor"}  # their keys are names, shown as ['name']
 _GENERIC = {"missing": "is missing.", "string_type": "must be a string", "dict_type": "must be an object",
             "model_type": "must be an object", "list_type": "must be a list", "int_type": "must be a whole number",
             "float_type": "must be a number", "bool_type": "must be true or false"}  # fmt: skip
