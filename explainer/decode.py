@@ -199,4 +199,3 @@ def _method_scores(
         if method_seconds is not None:
             method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
     return scores
-
