@@ -115,6 +115,11 @@ class ExplainRequest:
         return self.images[0] if len(self.images) == 1 else list(self.images)
 
     @property
+    def method_names(self) -> tuple[str, ...]:
+        """The methods' names, in order."""
+        return tuple(_name(m) for m in self.methods)
+
+    @property
     def num_steps(self) -> int:
         """The most answer tokens the request can explain: a given answer's ids, else `max_new_tokens`."""
         return len(self.answer) if isinstance(self.answer, tuple) else self.max_new_tokens

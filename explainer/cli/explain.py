@@ -84,27 +84,18 @@ def _print_step_scores(attr) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import explain
+    from ..explain import explain_request
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
 
-    prompt = _read_prompt(args)
-    if not prompt.strip():  # checked before the (slow) model load
-        raise InputError("The prompt is empty: type a question or some text to continue.")
-    answer = _read_answer(args)
-    from ..methods import parse_methods
-
-    methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    _macs_layers(args, methods, method_options)
-    contrast = contrast_of(args)
+    request = explain_request_of(args)  # every field checked before the (slow) model load
     dtype = parse_dtype(args.dtype)
     if args.json:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
             raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    image = _load_image(args.image)  # checked before the (slow) model load
     if args.gif:
-        if image is None:
+        if not request.images:
             raise InputError("--gif animates image overlays; it needs --image.")
         if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
@@ -113,10 +104,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
     )  # fmt: skip
-    attr = explain(
-        bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        image=image, method_options=method_options, answer=answer, contrast=contrast,
-    )  # fmt: skip
+    attr = explain_request(bundle, request)
     if args.json:
         try:
             attr.save_json(args.json, layers=True)  # a method's per-layer scores, where kept (--macs-layers)
@@ -126,8 +114,24 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_summary(attr, args.top)
     if args.gif:
-        _write_gif(args.gif, image, attr, methods)
+        _write_gif(args.gif, request.image, attr, list(request.method_names))
     return 0
+
+
+def explain_request_of(args: argparse.Namespace):
+    """The `explain` command's `ExplainRequest` from its arguments (images loaded and checked; no model needed)."""
+    from ..methods import parse_methods
+    from ..request import ExplainRequest
+
+    prompt = _read_prompt(args)
+    answer = _read_answer(args)
+    methods, method_options = parse_methods(args.methods)
+    _macs_layers(args, methods, method_options)
+    image = _load_image(args.image)
+    return ExplainRequest.build(
+        prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
+        method_options=method_options, image=image, answer=answer, contrast=contrast_of(args),
+    )  # fmt: skip
 
 
 def _macs_layers(args: argparse.Namespace, methods: list[str], options: dict) -> None:
