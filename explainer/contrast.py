@@ -28,15 +28,13 @@ TOP_ALTERNATIVES = 5  # alternatives kept per step (the model's most probable to
 
 
 def foil_id(bundle: Any, foil: str | int, alternatives: list[dict] | None = None) -> int:
-    """The token id of a foil: an id as it is, or a text that is one of the step's alternatives (as shown) or
-    tokenises to exactly one token.
+    """The token id of a foil (a non-negative id or a non-empty text, as `ExplainRequest` checked): an id as it is,
+    or a text that is one of the step's alternatives (as shown) or tokenises to exactly one token.
 
     Raises:
         InputError: not a single token of the vocabulary.
     """
     vocab = bundle.model.get_input_embeddings().num_embeddings
-    if isinstance(foil, bool) or not isinstance(foil, (int, str)):
-        raise InputError(f"A foil is a token id or a token's text, got {type(foil).__name__}.")
     if isinstance(foil, int):
         if not 0 <= foil < vocab:
             raise InputError(f"Foil id {foil} is outside the vocabulary (0 to {vocab - 1}).")
@@ -44,8 +42,6 @@ def foil_id(bundle: Any, foil: str | int, alternatives: list[dict] | None = None
     for alt in alternatives or []:
         if alt["token"] == foil:
             return int(alt["id"])
-    if not foil:
-        raise InputError("The foil is empty: pick one of the model's alternatives or type a token.")
     ids = bundle.tokenizer.encode(foil, add_special_tokens=False)
     if len(ids) != 1:
         shown = ", ".join(repr(t) for t in bundle.readable(ids))
@@ -65,20 +61,20 @@ def alternatives_record(bundle: Any, alternatives: list[tuple[int, float]]) -> l
 def resolve_contrast(
     bundle: Any, attr: Any, contrast: Mapping[int, str | int] | None, methods: list | None = None
 ) -> dict[int, int]:
-    """{0-based step: foil id} for a finished generation, checked against its answer; with contrast, records it in
-    `attr.meta["contrast"]` (`contrast_meta`), naming those of `methods` that cannot be contrastive.
+    """{0-based step: foil id} for a finished generation, checked against its answer (the request checked the rest:
+    `ExplainRequest.contrast`); with contrast, records it in `attr.meta["contrast"]` (`contrast_meta`), naming those
+    of `methods` that cannot be contrastive.
 
     Raises:
-        InputError: a step outside the answer, or a foil that is not one token or equals the step's own token.
+        InputError: a step past the answer (which ended before `max_new_tokens`), or a foil that is not one token of
+            the vocabulary or equals the step's own token.
     """
     if not contrast:
         return {}
-    if not isinstance(contrast, Mapping):
-        raise InputError("contrast maps steps to foils, e.g. {0: ' London'}.")
     alternatives = attr.meta.get("alternatives") or []
     out = {}
     for step, foil in contrast.items():
-        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < attr.num_steps:
+        if step >= attr.num_steps:
             raise InputError(
                 f"Contrast step {step!r} is not a step of the answer (steps 1 to {attr.num_steps}; 0-based in Python)."
             )

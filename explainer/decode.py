@@ -75,49 +75,76 @@ def _full_row_consumer(methods: Sequence[AttributionMethod]):
     return consume
 
 
-@torch.inference_mode()
-def generate_steps(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    methods: Sequence[AttributionMethod],
-    max_new_tokens: int,
-    eos_token_ids: Iterable[int] = (),
-    method_seconds: dict[str, float] | None = None,
-    extra_inputs: dict[str, Any] | None = None,
-    forced_ids: Sequence[int] | None = None,
-    sinks: SinkTracker | None = None,
-) -> Iterator[Step]:
-    """Greedy decoding that yields each token with the streaming methods' scores.
+@dataclass(frozen=True, eq=False)
+class DecodeJob:
+    """What the decode loop runs: a prompt's ids, the methods, and the answer's bound or the given answer.
 
-    Args:
-        model: causal LM.
-        input_ids: (1, N) prompt.
-        methods: streaming methods (post-hoc ones are ignored here).
-        max_new_tokens: upper bound on K.
+    `explain.py` makes one from an `ExplainRequest` once it has met the model (its ids encoded, a given answer
+    tokenised and checked); tests and benchmarks make one from raw ids, e.g. `DecodeJob(ids, [get_method("macs")], 4)`.
+
+    Attributes:
+        input_ids: (1, N) the prompt.
+        methods: the request's methods; the streaming ones score each step, the post-hoc ones are left out here.
+        max_new_tokens: generation stops after this many tokens, or after an end-of-sequence token.
+        forced_ids: a given answer: step k yields `forced_ids[k]` instead of the argmax and feeds it to the next pass
+            (the forward passes are those of generation); all K = len(forced_ids) steps run, an end-of-sequence id
+            inside the answer included, and `max_new_tokens` does not apply (the request checked that it fits).
         eos_token_ids: generation stops after producing one of these (it is yielded as the last step).
-        method_seconds: if given, accumulates per-method time spent in `step`.
         extra_inputs: keyword inputs of the prefill forward only (e.g. a vision-language model's `pixel_values`,
             `image_grid_thw`). When they hold explicit `position_ids` (..., N), decode steps continue from the last
             prompt position in every axis (Qwen's 3D mRoPE), so no position state is read from or left in the model.
-        forced_ids: a given answer (K ids, K <= max_new_tokens): step k yields `forced_ids[k]` instead of the argmax
-            and feeds it to the next pass; otherwise the forward passes are those of generation. All K steps run, an
-            end-of-sequence id inside the answer included.
+    """
+
+    input_ids: torch.Tensor
+    methods: Sequence[AttributionMethod]
+    max_new_tokens: int
+    forced_ids: Sequence[int] | None = None
+    eos_token_ids: Iterable[int] = ()
+    extra_inputs: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        if self.input_ids.ndim != 2 or self.input_ids.shape[0] != 1:
+            raise InputError(f"expected input_ids of shape (1, N), got {tuple(self.input_ids.shape)}")
+        object.__setattr__(self, "methods", tuple(self.methods))
+        object.__setattr__(self, "eos_token_ids", frozenset(self.eos_token_ids))
+        if self.forced_ids is not None:
+            object.__setattr__(self, "forced_ids", tuple(int(t) for t in self.forced_ids))
+
+    @property
+    def num_steps(self) -> int:
+        """K: the given answer's length, else the bound `max_new_tokens` (generation may stop earlier)."""
+        return self.max_new_tokens if self.forced_ids is None else len(self.forced_ids)
+
+
+@torch.inference_mode()
+def generate_steps(
+    model: torch.nn.Module,
+    job: DecodeJob,
+    method_seconds: dict[str, float] | None = None,
+    sinks: SinkTracker | None = None,
+) -> Iterator[Step]:
+    """Greedy decoding (or the job's given answer, teacher-forced) that yields each token with the streaming
+    methods' scores.
+
+    Args:
+        model: causal LM.
+        job: the prompt, methods and answer (`DecodeJob`).
+        method_seconds: if given, accumulates per-method time spent in `step`.
         sinks: gathers, on the device, what attention-sink detection needs when a streaming method captures rows.
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
-    forced_ids, max_new_tokens = _check_request(model, input_ids, forced_ids, max_new_tokens)
+    input_ids, forced_ids = job.input_ids, job.forced_ids
     n = input_ids.shape[1]
-    streaming = [m for m in methods if m.streaming]
+    streaming = [m for m in job.methods if m.streaming]
     for m in streaming:
         m.begin(n)
     capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
-    eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)
     next_input = input_ids
-    inputs = dict(extra_inputs or {})  # prefill only
+    inputs = dict(job.extra_inputs or {})  # prefill only
     prompt_positions = inputs.get("position_ids")  # (..., N) or None
-    for k in range(max_new_tokens):
+    for k in range(job.num_steps):
         check_cancelled()
         t0 = time.perf_counter()
         if k > 0:
@@ -130,23 +157,9 @@ def generate_steps(
             index=k, token_id=token, scores=scores, seconds=forward_seconds, probability=probability, entropy=entropy,
             alternatives=alternatives,
         )  # fmt: skip
-        if forced_ids is None and token in eos:
+        if forced_ids is None and token in job.eos_token_ids:
             break
         next_input = torch.tensor([[token]], dtype=input_ids.dtype, device=input_ids.device)  # (1, 1)
-
-
-def _check_request(
-    model: torch.nn.Module, input_ids: torch.Tensor, forced_ids: Sequence[int] | None, max_new_tokens: int
-) -> tuple[list[int] | None, int]:
-    """(the forced ids checked, the number of steps): K = len(forced_ids) when an answer is given."""
-    if input_ids.ndim != 2 or input_ids.shape[0] != 1:
-        raise InputError(f"expected input_ids of shape (1, N), got {tuple(input_ids.shape)}")
-    if forced_ids is None:
-        return None, max_new_tokens
-    forced = check_token_ids(forced_ids, model.get_input_embeddings().num_embeddings)
-    if len(forced) > max_new_tokens:
-        raise InputError(f"The answer has {len(forced)} tokens, more than max_new_tokens ({max_new_tokens}).")
-    return forced, len(forced)
 
 
 def _forward(
@@ -186,17 +199,3 @@ def _method_scores(
         if method_seconds is not None:
             method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
     return scores
-
-
-def check_token_ids(ids: Any, vocab_size: int) -> list[int]:
-    """A non-empty list of ids the model's embedding holds, or an InputError (never an index error on the device)."""
-    if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence | np.ndarray | torch.Tensor):
-        raise InputError(f"Answer token ids must be a list of whole numbers, got {type(ids).__name__}.")
-    out = []
-    for t in list(ids.tolist() if isinstance(ids, np.ndarray | torch.Tensor) else ids):
-        if isinstance(t, bool) or not isinstance(t, int | np.integer) or not 0 <= int(t) < vocab_size:
-            raise InputError(f"Answer token ids must be whole numbers from 0 to {vocab_size - 1}, found {t!r:.40}.")
-        out.append(int(t))
-    if not out:
-        raise InputError("The answer has no tokens: give at least one token id, or no answer to generate one.")
-    return out

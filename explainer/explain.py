@@ -1,5 +1,6 @@
-"""One explain request from start to end: encode the prompt (and images), run the decode loop (`decode.py`) with the
-streaming methods, then the post-hoc methods, yielding a growing `Attribution` snapshot after every step.
+"""One explain request from start to end: the request (`request.ExplainRequest`, validated when it was built) meets
+the model, the decode loop (`decode.py`) runs with the streaming methods, then the post-hoc methods, yielding a
+growing `Attribution` snapshot after every step.
 
 A given answer is teacher-forced through exactly the forward passes of generation (`decode.generate_steps`).
 """
@@ -13,35 +14,18 @@ from typing import Any
 import torch
 
 from .contrast import alternatives_record, foil_vector, resolve_contrast
-from .decode import check_token_ids, generate_steps
-from .errors import InputError
-from .methods import AttributionMethod, GenerationRun, ProgressFn, get_method
-from .models.answer import MAX_NEW_TOKENS_LIMIT, answer_token_ids
+from .decode import DecodeJob, generate_steps
+from .methods import AttributionMethod, GenerationRun, ProgressFn
+from .models.answer import answer_token_ids
 from .models.loading import ModelBundle
-from .models.tokens import check_encodable
 from .reliance import add_reliance
+from .request import ExplainRequest, answer_too_long, check_vocabulary
 from .result.attribution import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .result.sinks import SinkTracker
 from .runtime.kv import batch_budget
 from .runtime.memory import check_request
 from .runtime.precision import precision_meta
 from .runtime.session import CancelToken, hold, holds, run_in_worker
-
-
-def _instantiate(methods: Sequence[str | AttributionMethod], options: dict[str, dict[str, Any]] | None):
-    options = options or {}
-    if not isinstance(options, dict) or not all(isinstance(v, dict) for v in options.values()):
-        raise InputError("method_options must map method names to dicts of options, e.g. {'macs': {'alpha': 0.5}}.")
-    out: list[AttributionMethod] = []
-    seen = set()
-    for m in methods:
-        inst = m if isinstance(m, AttributionMethod) else get_method(m, **options.get(m, {}))
-        if inst.name not in seen:
-            seen.add(inst.name)
-            out.append(inst)
-    if not out:
-        raise InputError("Choose at least one attribution method.")
-    return out
 
 
 def stream_explain(
@@ -59,7 +43,8 @@ def stream_explain(
     contrast: dict[int, str | int] | None = None,
     reliance: bool = True,
 ) -> Iterator[Attribution]:
-    """Generate (or take) an answer; yield a growing `Attribution` after every token and after each post-hoc method.
+    """Generate (or take) an answer and yield a growing `Attribution` after every token, then after each post-hoc
+    method.
 
     Args:
         bundle: loaded model.
@@ -85,106 +70,113 @@ def stream_explain(
             l_A - l_B ("why A rather than B?"); `meta["contrast"]` records it (see `explainer/contrast.py`).
         reliance: for an image prompt, measure `Attribution.reliance` after the methods (`explainer/reliance.py`).
 
-    Every result has `step_scores`: the probability the model gave each answer token and its step's entropy (nats).
+    Every result has `step_scores`: the probability the model gave each answer token and the entropy of that
+    step's next-token distribution (nats).
+
+    The keywords become an `ExplainRequest`, checked here, before any model work; `stream_request` runs it (in the
+    model's worker thread; closing the stream cancels the work).
+
+    Raises:
+        InputError: bad prompt, answer, image or settings (an answer longer than `max_new_tokens` included).
+        UnknownMethodError: unknown method name. UnsupportedModelError: the model's attention cannot be captured.
+    """
+    request = ExplainRequest.build(
+        prompt, methods, max_new_tokens, chat_template, method_options, image, max_image_tokens, answer, contrast,
+        reliance=reliance,
+    )
+    return stream_request(bundle, request, progress, cancel)
+
+
+def stream_request(
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+) -> Iterator[Attribution]:
+    """Run a request (`ExplainRequest`, validated when it was built) on `bundle`: the stream of `stream_explain`.
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
     last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
     update is a snapshot that the work does not change afterwards. Closing the returned stream (or dropping it)
     cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
 
-    Raises:
-        InputError: bad prompt, answer, image or settings (an answer longer than `max_new_tokens` included).
-        UnknownMethodError: unknown method name. UnsupportedModelError: the model's attention cannot be captured.
+    Args:
+        bundle: loaded model.
+        request: what to explain and how.
+        progress: callback for post-hoc methods' progress: (fraction, message).
+        cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
     """
-    kwargs = dict(
-        prompt=prompt, methods=methods, max_new_tokens=max_new_tokens, chat_template=chat_template,
-        method_options=method_options, progress=progress, image=image, max_image_tokens=max_image_tokens,
-        answer=answer, contrast=contrast, reliance=reliance,
-    )  # fmt: skip
     if holds(bundle.model):
-        return _inline(bundle, cancel, kwargs)
-    return run_in_worker(lambda: _stream_explain(bundle, **kwargs), bundle.model, cancel)
+        return _inline(bundle, request, progress, cancel)
+    return run_in_worker(lambda: _run(bundle, request, progress), bundle.model, cancel)
 
 
-def _inline(bundle: ModelBundle, cancel: CancelToken | None, kwargs: dict[str, Any]) -> Iterator[Attribution]:
-    """`_stream_explain` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
-    with hold(bundle.model, cancel):
-        yield from _stream_explain(bundle, **kwargs)
+def explain_request(
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None = None, cancel: CancelToken | None = None
+) -> Attribution:
+    """Run `stream_request` to the end and return the final `Attribution`."""
+    final = None
+    for update in stream_request(bundle, request, progress, cancel):
+        final = update
+    assert final is not None
+    return final
 
 
-def _stream_explain(
-    bundle: ModelBundle,
-    prompt: str,
-    methods: Sequence[str | AttributionMethod],
-    max_new_tokens: int,
-    chat_template: bool,
-    method_options: dict[str, dict[str, Any]] | None,
-    progress: ProgressFn | None,
-    image: Any,
-    max_image_tokens: int | None,
-    answer: str | Sequence[int] | None,
-    contrast: dict[int, str | int] | None = None,
-    reliance: bool = True,
+def _inline(
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, cancel: CancelToken | None
 ) -> Iterator[Attribution]:
-    if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
-        raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
-    if isinstance(answer, str):
-        check_encodable(answer, "The answer")  # before the (slow) image preprocessing
-        if not answer.strip():
-            answer = None  # an empty answer box: generate
-    elif answer is not None:
-        answer = check_token_ids(answer, bundle.model.get_input_embeddings().num_embeddings)
-    instances = _instantiate(methods, method_options)
-    attr, input_ids, extra_inputs, context = _encode_request(
-        bundle, prompt, instances, max_new_tokens, chat_template, image, max_image_tokens
-    )
-    forced = None
-    if answer is None:
-        attr.meta["answer"] = "generated"
-    else:
-        forced, how = (answer, "ids") if not isinstance(answer, str) else answer_token_ids(bundle, answer, *context)
-        if len(forced) > max_new_tokens:
-            raise InputError(
-                f"The answer has {len(forced)} tokens, more than max_new_tokens ({max_new_tokens}). Raise max new "
-                f"tokens (at most {MAX_NEW_TOKENS_LIMIT}, and prompt plus answer must fit the model's context) or "
-                "shorten the answer."
-            )
-        attr.meta.update(answer="given", answer_tokenization=how)
-    k = max_new_tokens if forced is None else len(forced)
-    check_request(
-        bundle.model, instances, input_ids.shape[1], k, batch_budget(bundle.model, input_ids.shape[1] + k, k, 0, 0)[0]
-    )
-    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
-    foils = resolve_contrast(bundle, attr, contrast, instances)  # {step: foil id}; sets meta["contrast"]
-    yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs, foils)
-    yield from add_reliance(bundle.model, attr, instances, extra_inputs, reliance)  # image prompts
+    """`_run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
+    with hold(bundle.model, cancel):
+        yield from _run(bundle, request, progress)
+
+
+def _run(bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None) -> Iterator[Attribution]:
+    instances = request.instances()
+    attr, job = _meet(bundle, request, instances)
+    yield from _generate(bundle, attr, job)
+    foils = resolve_contrast(bundle, attr, request.contrast, instances)  # {step: foil id}; sets meta["contrast"]
+    yield from _run_post_hoc(bundle, attr, instances, progress, job.extra_inputs, foils)
+    yield from add_reliance(bundle.model, attr, instances, job.extra_inputs, request.reliance)  # image prompts
     attr.meta["status"] = "done"
     yield attr.snapshot()
 
 
+def _meet(
+    bundle: ModelBundle, request: ExplainRequest, instances: list[AttributionMethod]
+) -> tuple[Attribution, DecodeJob]:
+    """Where a request meets the model, and the only place the checks that need it are made: answer ids inside the
+    vocabulary, the prompt (plus `max_new_tokens`) within the context, a text answer's tokens within
+    `max_new_tokens`, and the memory the request needs. Returns the empty result and the decode loop's job."""
+    answer = request.answer
+    if isinstance(answer, tuple):  # before the (slow) image preprocessing
+        check_vocabulary(answer, bundle.model.get_input_embeddings().num_embeddings)
+    attr, input_ids, extra_inputs, context = _encode_request(bundle, request)
+    forced = None
+    if answer is None:
+        attr.meta["answer"] = "generated"
+    else:
+        forced, how = (list(answer), "ids") if isinstance(answer, tuple) else answer_token_ids(bundle, answer, *context)
+        if len(forced) > request.max_new_tokens:  # text: known once tokenised (ids were checked when built)
+            raise answer_too_long(len(forced), request.max_new_tokens)
+        attr.meta.update(answer="given", answer_tokenization=how)
+    job = DecodeJob(input_ids, instances, request.max_new_tokens, forced, bundle.eos_token_ids, extra_inputs)
+    n, k = input_ids.shape[1], job.num_steps
+    check_request(bundle.model, instances, n, k, batch_budget(bundle.model, n + k, k, 0, 0)[0])
+    return attr, job
+
+
 def _encode_request(
-    bundle: ModelBundle,
-    prompt: str,
-    instances: list[AttributionMethod],
-    max_new_tokens: int,
-    chat_template: bool,
-    image: Any,
-    max_image_tokens: int | None,
+    bundle: ModelBundle, request: ExplainRequest
 ) -> tuple[Attribution, torch.Tensor, dict[str, Any] | None, tuple[list[int], str, bool]]:
     """The empty result of a request, its (1, N) prompt ids, for an image prompt the prefill's extra inputs, and the
     prompt as `answer_token_ids` continues it: (ids, the text they were tokenised from, whether special tokens were
     added)."""
     extra_inputs = None
     image_record = None
-    if image is not None:
+    prompt, chat_template, max_new_tokens = request.prompt, request.chat_template, request.max_new_tokens
+    if request.images:
         from .models.vision import encode_image_prompt
 
-        refused = [m.name for m in instances if not getattr(m, "explains_images", m.streaming)]
-        if refused:
-            raise InputError(f"{', '.join(refused)} cannot explain image prompts; choose other methods.")
         encoded = encode_image_prompt(
-            bundle, image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens,
-            max_image_tokens=max_image_tokens,
+            bundle, request.image, prompt, chat_template=chat_template, max_new_tokens=max_new_tokens,
+            max_image_tokens=request.max_image_tokens,
         )  # fmt: skip
         extra_inputs = encoded.prefill_inputs
         text, add_special = encoded.expanded_text(), False  # as tokenised
@@ -208,29 +200,19 @@ def _encode_request(
     return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)
 
 
-def _generate(
-    bundle: ModelBundle,
-    attr: Attribution,
-    input_ids: torch.Tensor,
-    instances: list[AttributionMethod],
-    max_new_tokens: int,
-    extra_inputs: dict[str, Any] | None,
-    forced_ids: list[int] | None = None,
-) -> Iterator[Attribution]:
-    """Greedy generation (or the teacher-forced `forced_ids`) into `attr`, with the streaming methods' rows and the
+def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob) -> Iterator[Attribution]:
+    """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
     step scores: a snapshot after every token."""
-    streaming = [m for m in instances if m.streaming]
+    streaming = [m for m in job.methods if m.streaming]
+    forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
-    capacity = min(max_new_tokens, 64) if forced_ids is None else len(forced_ids)
+    capacity = min(job.max_new_tokens, 64) if forced_ids is None else len(forced_ids)
     rows = {m.name: ScoreRows(attr.num_prompt_tokens, capacity) for m in streaming}  # O(N) host work per token
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
-    for step in generate_steps(
-        bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs,
-        forced_ids, sinks,
-    ):  # fmt: skip
+    for step in generate_steps(bundle.model, job, method_seconds, sinks):
         forward_seconds += step.seconds
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))

@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 
 from explainer.methods import method_options
-from ui import estimates, faithfulness, image_tab, models, options, text_tab
+from ui import estimates, faithfulness, image_tab, models, options, requests, text_tab
 
 from . import upload_files
 
@@ -146,7 +146,7 @@ def test_the_upload_reaches_the_image_handler_unopened(fns, tmp_path):
         # what the visitor saw before: gr.Image opens it and fails without a reason
         fns["explain_image"].inputs[0].preprocess(ImageData(path=str(broken), orig_name="notes.png"))
     with pytest.raises(Exception, match="Image 'notes.png' is not an image file"):
-        image_tab.open_image(ImageData(path=str(broken), orig_name="notes.png").model_dump())
+        requests.open_image(ImageData(path=str(broken), orig_name="notes.png").model_dump())
 
 
 def test_the_model_lines_are_refreshed_after_each_request(app, fns):

@@ -16,12 +16,14 @@ from typing import Any
 import gradio as gr
 
 from explainer.errors import InputError
+from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
 from . import gpu_time, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components
+from .options import chosen_options
 from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
 from .text_tab import SHOWN, TextView, _shown, _then_export, after_explain, render
 
@@ -72,6 +74,28 @@ def _foil(picked: Any, typed: Any) -> int | str:
         raise InputError(f"Not a token id: {picked!r}.") from None
 
 
+def contrast_request(
+    prompt: str, methods: list[str], chat_template: bool, show_all: bool, granularity: str, result: Any,
+    step: float | None, picked: Any, typed: Any, *options: Any,
+) -> ExplainRequest:  # fmt: skip
+    """The accordion's request (the arguments of `explain_contrast`, which `contrast_seconds` reads too): the answer
+    shown, teacher-forced (its ids), the prompt in the box, and the step on the slider contrastive against the foil.
+
+    Raises:
+        InputError: no finished result, no foil, no method, or what the request refuses (`ExplainRequest`).
+    """
+    if not isinstance(result, Attribution) or not finished(result) or result.num_steps == 0:
+        raise InputError(NO_RESULT)
+    index = clamp_step(inputs.step_index(step), result.num_steps)
+    foil = _foil(picked, typed)
+    methods = inputs.chosen_methods(methods)
+    return ExplainRequest(
+        prompt, methods, chosen_options(methods, options), max_new_tokens=result.num_steps,
+        chat_template=bool(chat_template), answer=tuple(result.generated_token_ids), contrast={index: foil},
+        unit=granularity or "token",
+    )  # fmt: skip
+
+
 @user_errors
 async def explain_contrast(
     prompt: str,
@@ -87,17 +111,13 @@ async def explain_contrast(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Explain the answer shown again (teacher-forced, the prompt in the box) with the step on the slider
-    contrastive against the chosen foil; yields text-tab views (`text_tab.SHOWN`), the last one on that step."""
-    if not isinstance(result, Attribution) or not finished(result) or result.num_steps == 0:
-        raise InputError(NO_RESULT)
-    index = clamp_step(inputs.step_index(step), result.num_steps)
-    foil = _foil(picked, typed)
-    methods = inputs.chosen_methods(methods)
-    granularity = inputs.granularity(granularity)
-    updates = explain_updates(
-        models.get_bundle(), prompt, methods, result.num_steps, list(result.generated_token_ids), options, progress,
-        chat_template=bool(chat_template), contrast={index: foil},
-    )  # fmt: skip
+    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`text_tab.SHOWN`), the last one
+    on that step."""
+    asked = (prompt, methods, chat_template, show_all, granularity, result, step, picked, typed)
+    request = contrast_request(*asked, *options)
+    (index,) = request.contrast
+    methods, granularity = list(request.method_names), request.unit
+    updates = explain_updates(models.get_bundle(), request, progress)
     async with aclosing(updates):
         async for update in updates:
             if update.item is None:
@@ -114,11 +134,9 @@ async def explain_contrast(
             yield dataclasses.replace(view, request=update.request)
 
 
-def contrast_seconds(prompt: str, methods: list[str], chat_template: bool, show_all: bool, granularity: str,
-                     result: Any, *rest: Any, **_: Any) -> int:  # fmt: skip
-    """GPU seconds for `explain_contrast`: a teacher-forced request as long as the answer shown."""
-    steps = getattr(result, "num_steps", 1) or 1
-    return gpu_time.text_seconds(prompt, methods, steps, chat_template, False, None, False, "token", *rest[3:])
+def contrast_seconds(*asked: Any, **_: Any) -> int:
+    """GPU seconds for `explain_contrast`: its request (`contrast_request`), as long as the answer shown."""
+    return gpu_time.seconds_of(lambda: contrast_request(*asked))
 
 
 def create_ui() -> Components:

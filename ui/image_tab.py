@@ -13,9 +13,7 @@ import anyio
 import gradio as gr
 from PIL import Image
 
-from explainer.errors import InputError
 from explainer.models.loading import gpu_available
-from explainer.models.vision import data_url_bytes, load_image
 from explainer.result.attribution import Attribution
 from explainer.result.sinks import sink_positions
 from explainer.runtime.fit import default_image_tokens
@@ -31,6 +29,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
 from .options import method_choices
+from .requests import image_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
 IMAGES_DIR = Path(__file__).resolve().parents[1] / "assets" / "images"
@@ -131,37 +130,6 @@ def render_image_sinks(
     return render_image(result, methods, step, opacity, contour, hide)
 
 
-def open_image(image: Any) -> Image.Image:
-    """The upload as a checked RGB PIL image, named by its file name in messages.
-
-    Args:
-        image: Gradio's raw upload payload (a dict with the file's path, or an inline data: URL sent through the
-            API), or a path, bytes or PIL image when called directly.
-
-    Raises:
-        InputError: what is wrong with the upload (`vision.load_image` checks the image itself).
-    """
-    name = Path(image).name if isinstance(image, str | Path) else None
-    if isinstance(image, dict):  # gradio's payload: {"path": ..., "url": ..., "orig_name": ...}
-        url = image.get("url") or ""
-        name = image.get("orig_name") or (Path(image["path"]).name if image.get("path") else None)
-        if url.startswith("data:"):
-            image = data_url_bytes(url)
-        elif image.get("path"):
-            image = str(image["path"])
-        else:
-            raise InputError("The image upload carries no file: upload it again.")
-    return load_image(image, name=name)
-
-
-def open_images(image: Any, more: Any = None) -> Image.Image | list[Image.Image]:
-    """The upload, or it and the gallery's images in order (`open_image` each)."""
-    extra = [item.get("image", item) if isinstance(item, dict) else item for item in more or []]  # {image, caption}
-    extra = [item[0] if isinstance(item, list | tuple) else item for item in extra]  # (path, caption) when direct
-    opened = [open_image(one) for one in [image, *extra]]
-    return opened if len(opened) > 1 else opened[0]
-
-
 def _shown(result: ImageResult, methods: list[str], opacity: float, contour: bool, live: bool, **fields: Any):
     step = step_slider(result.attr, live)
     view = render_image(result, methods, step["value"], opacity, contour)
@@ -188,31 +156,25 @@ async def explain_image(
 
     The event runs with `preprocess=False`: `gr.Image` would open every upload with PIL before this handler runs
     (even with `type="filepath"`), and a broken file would fail there with Gradio's generic error. So `image` is
-    the upload's raw payload, which `open_image` opens, saying what is wrong with a broken file.
+    the upload's raw payload, which `requests.open_image` opens, saying what is wrong with a broken file. The
+    request is `requests.image_request` of these arguments, as `gpu_time.image_seconds` reads it.
 
     Yields:
         `ImageView`s with the `SHOWN` fields, as `text_tab.explain` does.
     """
-    methods = inputs.chosen_methods(methods)
-    if image is None:
-        raise InputError("Upload an image (or pick an example) first.")
-    max_new_tokens = inputs.whole(max_new_tokens, "Max new tokens", inputs.IMAGE_NEW_TOKENS)
-    if max_image_tokens is not None:
-        max_image_tokens = inputs.whole(max_image_tokens, "Image detail", inputs.IMAGE_TOKENS)
-    opacity, answer = inputs.fraction(opacity, "Overlay opacity"), inputs.answer_text(answer)
-    image = await anyio.to_thread.run_sync(open_images, image, more_images)  # decoding a large photo takes a while
+    opacity = inputs.fraction(opacity, "Overlay opacity")
+    values = (image, question, methods, max_new_tokens, opacity, contour, max_image_tokens, answer, more_images)
+    request = await anyio.to_thread.run_sync(lambda: image_request(*values, *options))  # decoding photos takes a while
     bundle = models.get_vl_bundle()
-    updates = explain_updates(
-        bundle, question, methods, max_new_tokens, answer, options, progress, image=image,
-        max_image_tokens=max_image_tokens,
-    )  # fmt: skip
+    updates = explain_updates(bundle, request, progress)
+    methods = list(request.method_names)
     async with aclosing(updates):  # as in text_tab.explain
         async for update in updates:
             if update.item is None:
                 yield ImageView(status=update.note or KEEP, request=update.request)
             else:
                 live = update.request.phase is not Phase.DONE and not finished(update.item)
-                result = ImageResult(update.item, image, question, max_image_tokens)
+                result = ImageResult(update.item, request.image, request.prompt, request.max_image_tokens)
                 yield _shown(result, methods, opacity, contour, live, request=update.request)
 
 

@@ -1,7 +1,7 @@
 """Following the library's streams in a handler: updates merged to a few a second, cancellation, the request state.
 
 The work runs in the library's worker thread, which holds the model (`runtime.session`). A handler drives it with
-`run_stream` (or `explain_updates`, the explain request both tabs send) and renders each `Update`. Every update
+`run_stream` (or `explain_updates`, for the explain request both tabs send) and renders each `Update`. Every update
 carries the request's `RequestState`, which the handler keeps in a `gr.State`; the handler that Gradio runs after the
 request, however it ended, reads it to say what happened: a request still "in flight" there was
 cancelled, or failed if it recorded an error (`stopped`).
@@ -20,15 +20,14 @@ from typing import Any, Generic, TypeVar
 import anyio
 import gradio as gr
 
-from explainer import stream_explain
 from explainer.errors import InputError
+from explainer.explain import stream_request
 from explainer.models.answer import answer_budget
 from explainer.models.loading import ModelBundle
+from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import last_content_step
 from explainer.runtime.session import CancelToken, WorkerStream, model_lock
-
-from .options import chosen_options
 
 T = TypeVar("T")
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
@@ -133,7 +132,7 @@ async def run_stream(
 
     Args:
         bundle: the model the work holds (for the waiting note).
-        start: starts the work with the request's cancel token (e.g. `stream_explain(..., cancel=token)`).
+        start: starts the work with the request's cancel token (e.g. `stream_request(..., cancel=token)`).
         empty: the message when the work ends without a single update.
     """
     note = waiting_note(bundle)
@@ -156,34 +155,20 @@ async def run_stream(
 
 
 async def explain_updates(
-    bundle: ModelBundle,
-    prompt: str,
-    methods: list[str],
-    max_new_tokens: int,
-    answer: str | None,
-    options: tuple | list,
-    progress: Callable[..., Any],
-    **request: Any,
+    bundle: ModelBundle, request: ExplainRequest, progress: Callable[..., Any]
 ) -> AsyncIterator[Update[Attribution]]:
-    """The explain request of both tabs: `stream_explain` driven by `run_stream`.
+    """The explain request of both tabs (`requests.text_request`, `requests.image_request`, the contrast
+    accordion's): `stream_request` driven by `run_stream`.
 
     Args:
         bundle: the text or vision-language bundle.
-        prompt: the prompt or question.
-        methods: the ticked methods (at least one).
-        max_new_tokens: the slider's answer length; a given `answer` raises it to fit (`explain.answer_budget`).
-        answer: a given answer to explain (teacher-forced), or None to generate.
-        options: the "Method options" widgets' values.
+        request: the request; a given text answer raises its `max_new_tokens` to fit (`answer.answer_budget`).
         progress: Gradio's progress tracker (post-hoc methods report through it).
-        request: more `stream_explain` arguments (`chat_template`, `image`, `max_image_tokens`).
     """
+    request = request.replace(max_new_tokens=answer_budget(bundle, request.answer, request.max_new_tokens))
 
     def start(cancel: CancelToken) -> WorkerStream[Attribution]:
-        return stream_explain(
-            bundle, prompt, methods=methods, max_new_tokens=answer_budget(bundle, answer, max_new_tokens),
-            method_options=chosen_options(methods, options), progress=lambda f, message: progress(f, desc=message),
-            cancel=cancel, answer=answer, **request,
-        )  # fmt: skip
+        return stream_request(bundle, request, progress=lambda f, message: progress(f, desc=message), cancel=cancel)
 
     async with aclosing(run_stream(bundle, start, NO_TOKENS)) as updates:
         async for update in updates:

@@ -30,6 +30,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
 from .options import method_choices
+from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
 EXAMPLES_PATH = Path(__file__).resolve().parents[1] / "assets" / "examples.json"
@@ -165,26 +166,24 @@ async def explain(
 ) -> Any:
     """Generate an answer (or explain the given `answer`, teacher-forced) and its attributions, yielding the views
     as tokens arrive. `span` and `granularity` choose the view as in `render`; `options` are the values of the
-    "Method options" widgets.
+    "Method options" widgets. The request is `requests.text_request` of these arguments, as `gpu_time.text_seconds`
+    reads it.
 
     Yields:
         `TextView`s with the `SHOWN` fields: first the status note alone, then every update, the sliders locked to
         the newest step until the last one releases them.
     """
-    methods = inputs.chosen_methods(methods)
-    max_new_tokens = inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS)
-    answer, granularity, span = inputs.answer_text(answer), inputs.granularity(granularity), bool(span)
-    bundle = models.get_bundle()
-    updates = explain_updates(
-        bundle, prompt, methods, max_new_tokens, answer, options, progress, chat_template=bool(chat_template)
-    )
+    asked = (prompt, methods, max_new_tokens, chat_template, show_all, answer, span, granularity)
+    request = text_request(*asked, *options)
+    updates = explain_updates(models.get_bundle(), request, progress)
+    methods, span = list(request.method_names), bool(span)
     async with aclosing(updates):  # a visitor who leaves closes the handler, and with it the work, at once
         async for update in updates:
             if update.item is None:
                 yield TextView(status=update.note or KEEP, request=update.request)
             else:
                 live = update.request.phase is not Phase.DONE and not finished(update.item)
-                view = _shown(update.item, methods, show_all, live, span, granularity)
+                view = _shown(update.item, methods, show_all, live, span, request.unit)
                 yield dataclasses.replace(view, request=update.request)
 
 

@@ -64,7 +64,7 @@ def _make_runner(
 ) -> Callable[[Any, int], int]:
     import torch
 
-    from ..decode import generate_steps
+    from ..decode import DecodeJob, generate_steps
     from ..methods import GenerationRun
 
     if method_name == BASELINE:
@@ -82,13 +82,13 @@ def _make_runner(
 
         def run_streaming(input_ids: torch.Tensor, k: int) -> int:
             # Keep the score rows as the app does, so their cost is counted.
-            rows = [s.scores[method.name] for s in generate_steps(model, input_ids, [method], k, eos_token_ids=())]
+            rows = [s.scores[method.name] for s in generate_steps(model, DecodeJob(input_ids, [method], k))]
             return len(rows)
 
         return run_streaming
 
     def run_posthoc(input_ids: torch.Tensor, k: int) -> int:
-        tokens = [s.token_id for s in generate_steps(model, input_ids, [], k, eos_token_ids=())]
+        tokens = [s.token_id for s in generate_steps(model, DecodeJob(input_ids, [], k))]
         generated = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)  # (1, K)
         full = torch.cat([input_ids, generated], dim=1)  # (1, N + K)
         n = input_ids.shape[1]

@@ -94,27 +94,18 @@ def _print_step_scores(attr) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import explain
+    from ..explain import explain_request
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
 
-    prompt = _read_prompt(args)
-    if not prompt.strip():  # checked before the (slow) model load
-        raise InputError("The prompt is empty: type a question or some text to continue.")
-    answer = _read_answer(args)
-    from ..methods import parse_methods
-
-    methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    _macs_layers(args, methods, method_options)
-    contrast = contrast_of(args)
+    request = explain_request_of(args)  # every field checked before the (slow) model load
     dtype = parse_dtype(args.dtype)
     if args.json:
         out_dir = Path(args.json).resolve().parent
         if not out_dir.is_dir():
             raise InputError(f"Cannot write {args.json!r}: folder {str(out_dir)!r} does not exist.")
-    image = _load_image(args.image)  # checked before the (slow) model load
     if args.gif:
-        if image is None:
+        if not request.images:
             raise InputError("--gif animates image overlays; it needs --image.")
         if Path(args.gif).suffix.lower() != ".gif" or not Path(args.gif).resolve().parent.is_dir():
             raise InputError(f"Cannot write {args.gif!r}: give a .gif path in an existing folder.")
@@ -123,10 +114,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
         min_pixels=args.min_pixels,
         max_pixels=args.max_pixels,
     )  # fmt: skip
-    attr = explain(
-        bundle, prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
-        image=image, method_options=method_options, answer=answer, contrast=contrast, reliance=not args.no_reliance,
-    )  # fmt: skip
+    attr = explain_request(bundle, request)
     if args.json:
         try:
             attr.save_json(args.json, layers=True)  # a method's per-layer scores, where kept (--macs-layers)
@@ -136,8 +124,25 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         _print_summary(attr, args.top)
     if args.gif:
-        _write_gif(args.gif, image, attr, methods)
+        _write_gif(args.gif, request.image, attr, list(request.method_names))
     return 0
+
+
+def explain_request_of(args: argparse.Namespace):
+    """The `explain` command's `ExplainRequest` from its arguments (images loaded and checked; no model needed)."""
+    from ..methods import parse_methods
+    from ..request import ExplainRequest
+
+    prompt = _read_prompt(args)
+    answer = _read_answer(args)
+    methods, method_options = parse_methods(args.methods)
+    _macs_layers(args, methods, method_options)
+    image = _load_image(args.image)
+    return ExplainRequest.build(
+        prompt, methods=methods, max_new_tokens=args.max_new_tokens, chat_template=not args.no_chat_template,
+        method_options=method_options, image=image, answer=answer, contrast=contrast_of(args),
+        reliance=not args.no_reliance,
+    )  # fmt: skip
 
 
 def _macs_layers(args: argparse.Namespace, methods: list[str], options: dict) -> None:
@@ -187,8 +192,10 @@ def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
+    import time
+
     from ..explain import explain
-    from ..faithfulness import FaithfulnessRequest, RemovalConfig, measure_faithfulness
+    from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
     from ..methods import parse_methods
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
@@ -210,19 +217,24 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     )  # fmt: skip
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
     attr = explain(bundle, prompt, methods=methods, answer=answer, **options)  # removal teacher-forces its tokens
+    seconds = {"generation": float(attr.meta["generation_seconds"])}
     steps = None
-    if not args.all_steps and soft is not None:
+    if not args.all_steps:
         k = attr.num_steps if args.step is None else args.step
         if not 1 <= k <= attr.num_steps:
             raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
         steps = [k - 1]
+    report = FaithfulnessReport()
     positions, image_inputs = _image_ranking(bundle, attr, prompt, image, args) if image is not None else (None, None)
-    request = FaithfulnessRequest(
-        methods=methods, positions=positions, removal=RemovalConfig(seed=args.seed), soft=soft, steps=steps,
-        image_inputs=image_inputs,
-    )  # fmt: skip
-    report = measure_faithfulness(bundle, attr, request)
-    seconds = {"generation": float(attr.meta["generation_seconds"]), **report.seconds}
+    t0 = time.perf_counter()
+    report.removal = removal_curves(
+        bundle, attr, methods, positions, RemovalConfig(seed=args.seed), image_inputs=image_inputs
+    )
+    seconds["removal"] = time.perf_counter() - t0
+    if soft is not None:
+        t0 = time.perf_counter()
+        report.soft = soft_curves(bundle, attr, methods, config=soft, steps=steps)
+        seconds["soft"] = time.perf_counter() - t0
     print(_format_faithfulness(report, attr, seconds))
     if args.json:
         ranked = {"ranked": args.rank if image is not None else "text", "ranked_positions": positions}

@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
 from explainer.capture import registered_names
+from explainer.decode import DecodeJob
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessRequest, measure_faithfulness
 from explainer.methods import METHODS, available_methods, get_method
 from explainer.models.answer import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids
@@ -204,11 +205,11 @@ def test_generate_steps_yields_forced_tokens(tokenizer):
     model = build_model("qwen2")
     ids = torch.tensor([tokenizer("Paris is")["input_ids"]])  # (1, N)
     forced = [40, 41, 42, 43]
-    steps = list(generate_steps(model, ids, [get_method("macs")], max_new_tokens=10, forced_ids=forced))
+    steps = list(generate_steps(model, DecodeJob(ids, [get_method("macs")], 10, forced_ids=forced)))
     assert [s.token_id for s in steps] == forced and [s.index for s in steps] == [0, 1, 2, 3]
     assert all(s.scores["macs"].shape == (ids.shape[1],) for s in steps)
-    with pytest.raises(InputError, match="more than max_new_tokens"):
-        next(generate_steps(model, ids, [], max_new_tokens=3, forced_ids=forced))
+    with pytest.raises(InputError, match="shape"):
+        DecodeJob(ids[0], [], 3)
 
 
 def test_a_merge_across_the_boundary_tokenises_the_answer_on_its_own(tokenizer):

@@ -240,3 +240,34 @@ def test_faithfulness_of_a_given_answer(tiny_model_dir, tmp_path, capsys):
     assert d["generated_tokens"] == len(_tokenizer(tiny_model_dir)(ANSWER)["input_ids"])
     assert d["removal"]["curves"]["macs"]["logit"]["mif"][0] == pytest.approx(1.0)
     assert d["removal"]["generations"]["macs"]["mif"][0] != ANSWER  # the model's own answer, regenerated
+
+
+def test_the_explain_command_builds_one_request_before_loading_the_model(monkeypatch, capsys, tmp_path):
+    from explainer.cli import build_parser
+    from explainer.cli.explain import explain_request_of
+    from explainer.models import loading
+
+    answer = tmp_path / "answer.txt"
+    answer.write_text("It is Paris.\n", encoding="utf-8")
+    args = build_parser().parse_args(
+        ["explain", "--prompt", "Where is Paris?", "--methods", "macs:alpha=0.5,rollout", "--max-new-tokens", "12",
+         "--no-chat-template", "--answer-file", str(answer), "--contrast-step", "2", "--foil", " London"]
+    )  # fmt: skip
+    request = explain_request_of(args)
+    assert request.prompt == "Where is Paris?" and request.method_names == ("macs", "rollout")
+    assert request.method_options == {"macs": {"alpha": 0.5}} and request.max_new_tokens == 12
+    assert not request.chat_template and request.answer == "It is Paris." and request.contrast == {1: " London"}
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the request was checked")
+
+    monkeypatch.setattr(loading, "load_model", no_load)
+    image = str(ROOT / "assets" / "images" / "red-square.png")
+    for bad, message in [
+        (["--max-new-tokens", "0"], "max_new_tokens must be between 1 and 1024, got 0"),
+        (["--max-new-tokens", "2", "--contrast-step", "3", "--foil-id", "5"], "Contrast step 2 is not a step"),
+        (["--methods", "sources", "--image", image], "sources cannot explain image prompts"),
+    ]:
+        rc = main(["explain", "--model", "never-loaded", "--prompt", "Where is Paris?", *bad])
+        err = capsys.readouterr().err
+        assert rc == EXIT_USER_ERROR and message in err and len(err.strip().splitlines()) == 1

@@ -14,7 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from explainer.decode import generate_steps
+from explainer.decode import DecodeJob, generate_steps
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 
@@ -38,13 +38,13 @@ class CountHostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-def reads_per_step(model, n: int, methods: list, steps: int = 6, **options) -> list[int]:
+def reads_per_step(model, n: int, methods: list, steps: int = 6, sinks=None) -> list[int]:
     """Host reads counted in each step of greedy generation from an n-token prompt; `methods` are names or method
-    instances, `options` further arguments of `generate_steps`."""
+    instances, `sinks` a `SinkTracker` for `generate_steps`."""
     ids = torch.arange(3, 3 + n)[None] % model.config.vocab_size  # (1, n)
     instances = [get_method(m) if isinstance(m, str) else m for m in methods]
     counts = []
-    gen = generate_steps(model, ids, instances, steps, **options)
+    gen = generate_steps(model, DecodeJob(ids, instances, steps), sinks=sinks)
     while True:
         with CountHostReads() as mode:
             try:
@@ -103,7 +103,7 @@ class CountKernels(TorchDispatchMode):
 
 def _decode_kernels(layers: int, methods: list, dtype: torch.dtype) -> int:
     model = build_model("llama", num_hidden_layers=layers).to(dtype)
-    gen = generate_steps(model, torch.arange(3, 30)[None], [get_method(m) for m in methods], 4)
+    gen = generate_steps(model, DecodeJob(torch.arange(3, 30)[None], [get_method(m) for m in methods], 4))
     for _ in range(3):  # the prefill and two decode steps
         next(gen)
     with CountKernels() as mode:

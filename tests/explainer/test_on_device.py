@@ -25,7 +25,7 @@ from PIL import Image
 
 from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
-from explainer.decode import generate_steps
+from explainer.decode import DecodeJob, generate_steps
 from explainer.eval.evaluate import EvalConfig, evaluate_sample
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
@@ -212,7 +212,7 @@ def test_no_op_perturbations_give_exactly_zero_in_bfloat16(tokenizer, device):
 def _syncs_per_step(model, n: int, methods: list[str], steps: int = 5) -> list[int]:
     """Synchronisations CUDA reports in each step of greedy generation from an n-token prompt."""
     ids = (torch.arange(3, 3 + n, device=model.device)[None] % model.config.vocab_size).long()  # (1, n)
-    gen = generate_steps(model, ids, [get_method(m) for m in methods], steps)
+    gen = generate_steps(model, DecodeJob(ids, [get_method(m) for m in methods], steps))
     counts = []
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("warn")

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from explainer import explain
-from explainer.decode import generate_steps
+from explainer.decode import DecodeJob, generate_steps
 from explainer.methods import get_method
 from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import Attribution, load_result, result_json, zscore
@@ -116,7 +116,8 @@ def test_a_sink_planted_on_an_image_token_is_found_in_its_grid_cell():
 
 
 def _tokens(model, ids, methods, sinks=None):
-    return [s.token_id for s in generate_steps(model, ids, [get_method(m) for m in methods], 8, sinks=sinks)]
+    job = DecodeJob(ids, [get_method(m) for m in methods], 8)
+    return [s.token_id for s in generate_steps(model, job, sinks=sinks)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])

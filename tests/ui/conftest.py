@@ -64,8 +64,20 @@ def first_then_close(agen, n: int = 1) -> list:
     return asyncio.run(run())
 
 
+def request_fields(request) -> dict:
+    """What a test reads of the `ExplainRequest` that reached the library, as `stream_explain`'s keywords (lists for
+    tuples, `image` one image or a list), and the request itself."""
+    answer = list(request.answer) if isinstance(request.answer, tuple) else request.answer
+    return {
+        "prompt": request.prompt, "methods": list(request.methods), "max_new_tokens": request.max_new_tokens,
+        "chat_template": request.chat_template, "method_options": request.method_options, "answer": answer,
+        "image": request.image, "max_image_tokens": request.max_image_tokens, "contrast": dict(request.contrast),
+        "request": request,
+    }  # fmt: skip
+
+
 class FakeLibrary:
-    """Records calls; streams one `Attribution` per answer token, like the real `stream_explain`."""
+    """Records calls; streams one `Attribution` per answer token, like the real `stream_request`."""
 
     def __init__(self):
         self.loads = 0
@@ -79,24 +91,15 @@ class FakeLibrary:
         self.load_options = kwargs
         return FakeBundle()
 
-    def stream_explain(
-        self, bundle, prompt, methods=("macs",), max_new_tokens=64, chat_template=True, progress=None, cancel=None,
-        method_options=None, answer=None,
-    ):  # fmt: skip
+    def stream_request(self, bundle, request, progress=None, cancel=None):
         if progress is not None:
             progress(0.5, "fake post-hoc method halfway")
-        self.calls.append(
-            {
-                "bundle": bundle,
-                "prompt": prompt,
-                "methods": methods,
-                "max_new_tokens": max_new_tokens,
-                "chat_template": chat_template,
-                "method_options": method_options,
-                "answer": answer,
-            }
+        self.calls.append({"bundle": bundle, **request_fields(request)})
+        answer = request.answer
+        return FakeStream(
+            self._stream(request.prompt, list(request.methods), request.max_new_tokens, answer),
+            on_cancel=self._cancel,
         )
-        return FakeStream(self._stream(prompt, list(methods), max_new_tokens, answer), on_cancel=self._cancel)
 
     def _cancel(self):
         self.cancelled = True
@@ -132,11 +135,11 @@ class FakeLibrary:
 
 @pytest.fixture
 def fake(monkeypatch):
-    """The text tab's library replaced: `load_model` and `stream_explain` record; the embedded model is chosen."""
+    """The text tab's library replaced: `load_model` and `stream_request` record; the embedded model is chosen."""
     lib = FakeLibrary()
     monkeypatch.setattr(models, "model_ids", lambda: (None, None))
     monkeypatch.setattr(models, "load_model", lib.load_model)
-    monkeypatch.setattr(stream, "stream_explain", lib.stream_explain)
+    monkeypatch.setattr(stream, "stream_request", lib.stream_request)
     models.forget_models()
     yield lib
     models.forget_models()
@@ -170,10 +173,9 @@ class VLFake:
     def __init__(self):
         self.calls: list[dict] = []
 
-    def stream(self, bundle, prompt, methods=("macs",), max_new_tokens=64, image=None, progress=None, **kw):
-        self.calls.append(
-            {"prompt": prompt, "image": image, "methods": list(methods), "max_new_tokens": max_new_tokens, **kw}
-        )
+    def stream(self, bundle, request, progress=None, cancel=None):
+        self.calls.append(request_fields(request))
+        image, methods = request.image, list(request.methods)
         return FakeStream(image_attr(k, methods, isinstance(image, list)) for k in range(1, 4))
 
 
@@ -188,5 +190,5 @@ def vl_fake(fake, monkeypatch):
     lib = VLFake()
     monkeypatch.setattr(models, "model_ids", lambda: (None, "fake-vlm"))
     monkeypatch.setattr(models, "load_model", lambda name=None, **kwargs: VLBundle())
-    monkeypatch.setattr(stream, "stream_explain", lib.stream)
+    monkeypatch.setattr(stream, "stream_request", lib.stream)
     return lib

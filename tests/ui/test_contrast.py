@@ -10,7 +10,7 @@ import pytest
 from explainer.result.attribution import Attribution, MethodScores
 from ui import contrast, models, stream
 
-from .conftest import FakeBundle, FakeStream, collect
+from .conftest import FakeBundle, FakeStream, collect, request_fields
 
 ALTERNATIVES = [
     [{"id": 10, "token": " It", "p": 0.6}, {"id": 11, "token": " This", "p": 0.2}],
@@ -49,9 +49,9 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def __call__(self, bundle, prompt, **kwargs):
-        self.calls.append(kwargs)
-        foils = kwargs["contrast"]
+    def __call__(self, bundle, request, progress=None, cancel=None):
+        self.calls.append(request_fields(request))
+        foils = self.calls[-1]["contrast"]
         attr = result(
             answer="given",
             contrast={"steps": {"1": {"target": " It", "foil": " This", "target_id": 10, "foil_id": 11}},
@@ -66,7 +66,7 @@ def recorder(monkeypatch):
     rec = Recorder()
     monkeypatch.setattr(models, "model_ids", lambda: (None, None))
     monkeypatch.setattr(models, "load_model", lambda *a, **k: FakeBundle())
-    monkeypatch.setattr(stream, "stream_explain", rec)
+    monkeypatch.setattr(stream, "stream_request", rec)
     models.forget_models()
     yield rec
     models.forget_models()

@@ -196,7 +196,7 @@ def test_the_gpu_time_asked_is_that_of_the_request_the_handler_runs(answer, vl_f
         collect(faithfulness.faithfulness(*args))
         request, image_result = streamed[-1], args[0] is shown
         assert request == measurement.faithfulness_request(*args[:2], *args[3:])
-        expected = gpu_time.request_seconds(measurement.measured(args[0]), request, image_result)
+        expected = gpu_time.faithfulness_request_seconds(measurement.measured(args[0]), request, image_result)
         assert gpu_time.faithfulness_seconds(*args) == expected
         asked.append(expected)
     assert len(streamed) == len(settings) and len(set(asked)) == 5  # skip; steps 1 (= every 5th), 3, the newest; image

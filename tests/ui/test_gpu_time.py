@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from explainer.estimate import estimate
 from explainer.faithfulness import QUICK_SOFT, soft_cost
@@ -58,21 +59,30 @@ def test_text_duration_of_a_post_hoc_method_is_estimated_over_the_given_answer(t
     assert asked == gpu_duration(k / gpu_time.DECODE_TOKENS_PER_S + atman)
 
 
-def test_image_duration_keeps_the_image_tabs_limit_of_128_tokens(tiny):
+@pytest.fixture
+def picture(tmp_path):
+    """An upload of the image tab (its duration opens it, as the handler does)."""
+    path = tmp_path / "blue.png"
+    Image.new("RGB", (45, 31), (40, 90, 200)).save(path)
+    return str(path)
+
+
+def test_image_duration_keeps_the_image_tabs_limit_of_128_tokens(tiny, picture):
     assert inputs.IMAGE_NEW_TOKENS == (1, 128)
     prefill, per_token = gpu_time.IMAGE_PREFILL_SECONDS, 1 / gpu_time.DECODE_TOKENS_PER_S
-    assert gpu_time.image_seconds(None, "What?", ["macs"], 128) == gpu_duration(prefill + 128 * per_token)
+    assert gpu_time.image_seconds(picture, "What?", ["macs"], 128) == gpu_duration(prefill + 128 * per_token)
     for refused in (129, 256):  # the handler refuses these at once: no estimate from them
-        assert gpu_time.image_seconds(None, "What?", ["macs"], refused) == gpu_duration(None)
+        assert gpu_time.image_seconds(picture, "What?", ["macs"], refused) == gpu_duration(None)
+    assert gpu_time.image_seconds(None, "What?", ["macs"], 128) == gpu_duration(None)  # no image: refused too
 
 
-def test_image_duration_counts_a_given_answers_tokens_and_atman(tiny):
+def test_image_duration_counts_a_given_answers_tokens_and_atman(tiny, picture):
     k, prefill = answer_tokens(tiny), gpu_time.IMAGE_PREFILL_SECONDS
-    given = gpu_time.image_seconds(None, "What?", ["macs"], 4, 0.5, True, 256, ANSWER)
+    given = gpu_time.image_seconds(picture, "What?", ["macs"], 4, 0.5, True, 256, ANSWER)
     assert given == gpu_duration(prefill + k / gpu_time.DECODE_TOKENS_PER_S)
-    with_atman = gpu_time.image_seconds(None, "What?", ["macs", "atman"], 4, 0.5, True, 256, ANSWER)
+    with_atman = gpu_time.image_seconds(picture, "What?", ["macs", "atman"], 4, 0.5, True, 256, ANSWER)
     assert with_atman == gpu_duration(prefill + k / gpu_time.DECODE_TOKENS_PER_S + gpu_time.IMAGE_POST_HOC_SECONDS)
-    assert gpu_time.image_seconds(None, "What?", ["macs"], 4, 0.5, True, 256, None) == gpu_duration(prefill + 0.4)
+    assert gpu_time.image_seconds(picture, "What?", ["macs"], 4, 0.5, True, 256, None) == gpu_duration(prefill + 0.4)
 
 
 def result(steps: int = 20, prompt: int = 3000, methods=("macs", "rollout")) -> Attribution:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ui import image_tab, inputs, models, stream
+from ui import image_tab, inputs, models, requests, stream
 from ui.events import KEEP
 from ui.image_tab import ImageResult
 from ui.stream import Phase, RequestState
@@ -117,7 +117,7 @@ def test_the_raw_upload_payload_is_opened_by_the_handler(vl_fake, tmp_path):
         collect(image_tab.explain_image({"url": "data:image/png;base64,&&&"}, "What?", ["macs"], 4, 0.5, True, 64))
     with pytest.raises(gr.Error, match="carries no file"):
         collect(image_tab.explain_image({"path": None, "url": None}, "What?", ["macs"], 4, 0.5, True, 64))
-    assert image_tab.open_image(str(tmp_path / "bilevel.png")).size == (20, 12)
+    assert requests.open_image(str(tmp_path / "bilevel.png")).size == (20, 12)
 
 
 @pytest.mark.parametrize(
@@ -202,6 +202,6 @@ def test_more_images_from_the_gallery_follow_the_first(vl_fake, tmp_path):
     last = outs[-1]
     assert last.result.images == given and len(last.result.attr.images) == 2
     assert last.overlay.height > 2 * 18 + 31  # a row of overlays per image
-    assert image_tab.open_images(str(paths[0]), []).size == (45, 31)  # an empty gallery: one image, not a list
+    assert requests.open_images(str(paths[0]), []).size == (45, 31)  # an empty gallery: one image, not a list
     with pytest.raises(gr.Error, match="not an image|cannot be read|Image"):
         collect(image_tab.explain_image(str(paths[0]), "What?", ["macs"], 3, 0.5, True, 64, None, [{"path": "/nope"}]))

@@ -151,13 +151,13 @@ def test_stopped_requests_say_where_and_why():
 def test_a_visitor_who_leaves_stops_the_work_and_the_next_request_starts_at_once(tokenizer, monkeypatch):
     """What Gradio does when a visitor closes the tab: it closes the handler it registered; the work must stop."""
     bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
-    real = stream.stream_explain
+    real = stream.stream_request
 
-    def slow_stream(b, prompt, methods, **kw):  # the app's own call, with a method slow enough to be caught running
-        return real(b, prompt, methods=[SlowMACS()], **{**kw, "max_new_tokens": 60})
+    def slow_stream(b, request, **kw):  # the app's own call, with a method slow enough to be caught running
+        return real(b, request.replace(methods=(SlowMACS(),), max_new_tokens=60), **kw)
 
     monkeypatch.setattr(models, "get_bundle", lambda: bundle)
-    monkeypatch.setattr(stream, "stream_explain", slow_stream)
+    monkeypatch.setattr(stream, "stream_request", slow_stream)
     components = Components({name: name for name in text_tab.SHOWN})
     registered = components.bind(text_tab.explain, text_tab.SHOWN, gpu=True)["fn"]  # as the event runs it
 

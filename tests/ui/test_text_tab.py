@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from explainer.errors import ModelLoadError
-from explainer.explain import MAX_NEW_TOKENS_LIMIT
+from explainer.models.answer import MAX_NEW_TOKENS_LIMIT
 from explainer.result.attribution import Attribution, MethodScores
 from ui import inputs, models, options, stream, text_tab
 from ui.events import KEEP
@@ -22,7 +22,7 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
-from .conftest import ANSWER, FakeBundle, collect, first_then_close
+from .conftest import ANSWER, collect, first_then_close
 
 NOT_NUMBERS = [float("nan"), float("inf"), "many"]
 OFF = {"__type__": "update", "value": None, "interactive": False}
@@ -107,7 +107,7 @@ def test_model_is_loaded_once_per_process(fake):
 def test_explainer_error_becomes_gr_error(fake):
     with pytest.raises(gr.Error, match="The prompt is empty"):
         collect(text_tab.explain("   ", ["macs"], 8, True, False))
-    assert fake.closed
+    assert fake.calls == [] and fake.loads == 0  # the request refused it when built: no model loaded or asked
 
 
 def test_error_mid_stream_becomes_gr_error_is_recorded_and_cancels_the_work(fake):
@@ -206,14 +206,11 @@ def _options():
     return [opt for m in available_methods() for opt in method_options(m)]
 
 
-def test_a_bad_option_is_a_clear_error(fake, monkeypatch):
-    from explainer import stream_explain
-
-    monkeypatch.setattr(stream, "stream_explain", stream_explain)  # the real library validates the options
-    monkeypatch.setattr(models, "get_bundle", FakeBundle)  # options are checked before the model is used
+def test_a_bad_option_is_a_clear_error(fake):
     values = [2.0 if k == ("macs", "alpha") else o.default for k, o in zip(options.option_keys(), _options())]
-    with pytest.raises(gr.Error, match="alpha must lie in"):
+    with pytest.raises(gr.Error, match="alpha must lie in"):  # the request checks the options when it is built
         collect(text_tab.explain("Where is Paris", ["macs"], 2, True, False, None, False, "token", *values))
+    assert fake.calls == [] and fake.loads == 0  # before the model is loaded or asked
 
 
 def test_a_given_answer_is_teacher_forced_and_said_so(fake):
@@ -243,10 +240,10 @@ def test_a_given_answer_is_teacher_forced_and_said_so(fake):
 def test_a_given_answer_longer_than_the_slider_is_explained_whole(monkeypatch, llama, tokenizer, answer):
     """The real library with a tiny model: an answer longer than the slider's max new tokens is explained whole."""
     from explainer import bundle_from_objects
-    from explainer import stream_explain as real_stream
+    from explainer.explain import stream_request as real_stream
 
     bundle = bundle_from_objects(llama, tokenizer, name="tiny-app")
-    monkeypatch.setattr(stream, "stream_explain", real_stream)
+    monkeypatch.setattr(stream, "stream_request", real_stream)
     monkeypatch.setattr(models, "get_bundle", lambda: bundle)
     attr = collect(text_tab.explain("Where is Paris?", ["macs"], 1, True, False, answer))[-1].result
     assert attr.meta["answer"] == "given" and attr.meta["status"] == "done"
