@@ -25,7 +25,7 @@ from ..bench import (
 from ..errors import InputError, UnknownMethodError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..runtime.precision import parse_dtype
-from . import add_device_map_option, dtype_option, methods_help, placement
+from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
 def _parse_lengths(text: str) -> list[int]:

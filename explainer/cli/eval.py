@@ -14,7 +14,7 @@ from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..eval.evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
 from ..eval.parallel import Rank, rank_from_env, rank_path, shard
 from ..runtime.precision import precision_meta
-from . import add_device_map_option, dtype_option, methods_help, placement
+from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
 def cmd_eval(args: argparse.Namespace) -> int:

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..contrast import contrasted_steps, is_blank
 from ..errors import InputError
-from . import _read_answer, _read_prompt, contrast_of, placement
+from .options import contrast_of, placement, read_answer, read_prompt
 
 
 def _answer_label(attr) -> str:
@@ -88,10 +88,10 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
 
-    prompt = _read_prompt(args)
+    prompt = read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    answer = _read_answer(args)
+    answer = read_answer(args)
     from ..methods import parse_methods
 
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
@@ -185,10 +185,10 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     from ..models.loading import load_model
     from ..runtime.precision import parse_dtype
 
-    prompt = _read_prompt(args)
+    prompt = read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    answer = _read_answer(args)
+    answer = read_answer(args)
     methods, method_options = parse_methods(args.methods)
     dtype = parse_dtype(args.dtype)
     if args.json and not Path(args.json).resolve().parent.is_dir():

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..eval.datasets import HAYSTACK_PARAGRAPHS, SQUAD_V2_DEV, haystack_rows, resolve_data
-from . import dtype_option, methods_help, placement
+from .options import dtype_option, methods_help, placement
 
 
 def cmd_haystack(args: argparse.Namespace) -> int:
