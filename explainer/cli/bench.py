@@ -24,6 +24,7 @@ from ..bench import (
 )
 from ..errors import InputError, UnknownMethodError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..methods import METHODS
 from ..runtime.precision import parse_dtype
 from .options import add_device_map_option, dtype_option, methods_help, placement
 
@@ -39,8 +40,6 @@ def _parse_lengths(text: str) -> list[int]:
 
 
 def _parse_methods(text: str) -> list[str]:
-    from ..methods import METHODS
-
     names = list(dict.fromkeys(m.strip().lower() for m in text.split(",") if m.strip()))
     if not names:
         raise InputError("--methods needs at least one name, e.g. none,macs.")
@@ -57,7 +56,7 @@ def _parse_methods(text: str) -> list[str]:
 
 def write_plot(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
     """Throughput and peak memory vs prompt length as interactive HTML (`.html`) or a static image (`.png`)."""
-    from visuals.efficiency import efficiency_figure, efficiency_png
+    from visuals.efficiency import efficiency_figure, efficiency_png  # the views load only when a plot is asked for
 
     suffix = Path(path).suffix.lower()
     try:

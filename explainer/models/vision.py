@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import importlib
 import io
 import os
 import warnings
@@ -86,8 +87,6 @@ def load_image_processor(
         config: the model config (selects the adapter, checks the merge size).
         min_pixels, max_pixels: resized-image area bounds; default `DEFAULT_MIN/MAX_IMAGE_TOKENS` merged tokens.
     """
-    import importlib
-
     adapter = adapter_for(config)
     if adapter is None:
         raise UnsupportedModelError(f"{getattr(config, 'model_type', '?')} is not a supported vision-language model.")

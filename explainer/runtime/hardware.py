@@ -23,6 +23,8 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from .precision import cpu_has_native_bf16
+
 ZERO_GPU_SECONDS = 120  # GPU time asked for per call when no estimate is given
 GPU_SECONDS_BOUNDS = (20, 300)  # a call asks for at least / at most this (ZeroGPU quotas are counted in asked time)
 
@@ -47,8 +49,6 @@ def hardware_name() -> str:
     if zero_gpu():
         return "ZeroGPU"
     import torch
-
-    from .precision import cpu_has_native_bf16
 
     if torch.cuda.is_available():
         return f"GPU ({torch.cuda.get_device_name(0)})"

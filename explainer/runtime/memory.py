@@ -30,7 +30,9 @@ from typing import Any
 
 import torch
 
+from ..capture import language_config
 from ..errors import InputError
+from . import devices  # the module, not the name: tests pretend a GPU by patching it
 
 BUDGET_ENV = "EXPLAINER_MEMORY_BUDGET"
 USABLE = 0.9  # share of the free memory a request may plan to use
@@ -142,8 +144,6 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
-        from ..capture import language_config
-
         c = language_config(model)
         heads = int(c.num_attention_heads)
         hidden = int(c.hidden_size)
@@ -243,9 +243,7 @@ def check_request(model: torch.nn.Module, instances: list[Any], n: int, k: int, 
     Raises:
         MemoryLimitError: see `check_fits`.
     """
-    from .devices import input_device
-
-    device = input_device(model)
+    device = devices.input_device(model)
     try:
         shape = ModelShape.of(model)
     except (AttributeError, TypeError):  # not a transformer (no attention heads): the capture refuses it
