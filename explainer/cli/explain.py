@@ -3,13 +3,24 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 from ..contrast import contrasted_steps, is_blank
 from ..errors import InputError
+from ..explain import explain
+from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
+from ..faithfulness.common import image_ranked_positions
+from ..methods import METHODS, parse_methods
+from ..models.loading import load_model
+from ..models.vision import encode_image_prompt, load_image
+from ..result.attribution import zscore
+from ..result.image_maps import image_map
+from ..runtime.precision import parse_dtype
 from .options import contrast_of, placement, read_answer, read_prompt
 
 
@@ -28,9 +39,6 @@ def _print_summary(attr, top: int) -> None:
         print(f"{name}: {width}x{height} px, {h}x{w} grid of image tokens (row, col)")
     _print_step_scores(attr)
     user = attr.user_positions or None
-    from ..methods import METHODS
-    from ..result.attribution import zscore
-
     for name, scores in attr.methods.items():
         label = f" {METHODS[name].display_name}" if name in METHODS else ""
         print(f"\n[{name}]{label}  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
@@ -43,8 +51,6 @@ def _print_summary(attr, top: int) -> None:
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
             if attr.image:
-                from ..result.image_maps import image_map
-
                 cells = image_map(attr, name, k)  # (h, w)
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
                 tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
@@ -84,16 +90,10 @@ def _print_step_scores(attr) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import explain
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
     prompt = read_prompt(args)
     if not prompt.strip():  # checked before the (slow) model load
         raise InputError("The prompt is empty: type a question or some text to continue.")
     answer = read_answer(args)
-    from ..methods import parse_methods
-
     methods, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     _macs_layers(args, methods, method_options)
     contrast = contrast_of(args)
@@ -140,7 +140,7 @@ def _macs_layers(args: argparse.Namespace, methods: list[str], options: dict) ->
 
 
 def _write_gif(path: str, image, attr, methods: list[str]) -> None:
-    from visuals.overlay import gif_bytes
+    from visuals.overlay import gif_bytes  # the views load only when a GIF is asked for
 
     frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
     try:
@@ -151,7 +151,7 @@ def _write_gif(path: str, image, attr, methods: list[str]) -> None:
 
 
 def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
-    from visuals.curves import TABLE_HEADERS, faithfulness_rows
+    from visuals.curves import TABLE_HEADERS, faithfulness_rows  # the views load only for a table
 
     lines = [f"{_answer_label(attr)} ({attr.num_steps} tokens): {attr.generated_text!r}"]
     if report.removal:
@@ -177,14 +177,6 @@ def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
-    import time
-
-    from ..explain import explain
-    from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
-    from ..methods import parse_methods
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
     prompt = read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
@@ -229,10 +221,6 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
 
 def _soft_setting(args: argparse.Namespace, image: bool):
     """pi-Soft's settings from `--soft` / `--routing`; None when off, or for an image question (text prompts only)."""
-    import dataclasses
-
-    from ..faithfulness import PAPER_SOFT, QUICK_SOFT
-
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and image:
         print("pi-Soft is measured on text prompts only: skipped for an image question", file=sys.stderr)
@@ -244,17 +232,12 @@ def _load_image(paths: list[str] | None):
     """`--image` (repeatable): None, one image, or a list of them in order."""
     if not paths:
         return None
-    from ..models.vision import load_image
-
     images = [load_image(path) for path in paths]
     return images[0] if len(images) == 1 else images
 
 
 def _image_ranking(bundle, attr, prompt: str, image, args: argparse.Namespace) -> tuple[list[int], dict]:
     """The positions an image question's removal curves rank (`--rank`) and the prompt's image inputs."""
-    from ..faithfulness.common import image_ranked_positions
-    from ..models.vision import encode_image_prompt
-
     encoded = encode_image_prompt(
         bundle, image, prompt, chat_template=not args.no_chat_template, max_new_tokens=args.max_new_tokens
     )
@@ -265,8 +248,6 @@ def _write_faithfulness_json(
     path: str, model: str, attr: Any, methods: list[str], seconds: dict, report: Any, ranked: dict | None = None
 ) -> None:
     """`faithfulness --json`: the request, which tokens were ranked, the timings and both reports."""
-    import dataclasses
-
     out = {
         "model": model,
         "dtype": attr.meta.get("dtype"),
