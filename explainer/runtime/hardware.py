@@ -7,9 +7,9 @@ imported and returns the handler itself when it cannot, so nothing changes outsi
 `spaces.GPU` (checked against spaces 0.51) runs the function in a forked worker that holds the GPU and sends its
 results back pickled. It takes plain and generator functions, raises NotImplementedError for coroutine functions,
 and treats an async generator function as a plain one, whose return value, an async generator object, cannot be
-pickled. The app's streaming handlers are async generators, so on ZeroGPU (SPACES_ZERO_GPU set, as `spaces` itself
-decides) they are first turned into plain generators by `sync_generator`. Elsewhere `spaces.GPU` returns its argument
-unchanged, and the async handler is passed as it is, keeping Gradio's cancellation of async handlers.
+pickled. The app's streaming handlers are async generators, so on ZeroGPU (`zero_gpu`: SPACES_ZERO_GPU set, which
+`spaces` reads too) they are first turned into plain generators by `sync_generator`. Elsewhere `spaces.GPU` returns
+its argument unchanged, and the async handler is passed as it is, keeping Gradio's cancellation of async handlers.
 
 This module does not import gradio; `spaces` imports it, which only happens in the app.
 """
@@ -38,9 +38,19 @@ def gpu_duration(estimated_seconds: float | None) -> int:
     return int(min(high, max(low, 1.5 * estimated_seconds + 10)))
 
 
+ZERO_GPU_ENV = "SPACES_ZERO_GPU"  # set on a ZeroGPU Space (`spaces` reads it too); read here only
+TRUE_WORDS = ("1", "t", "true", "yes", "on")  # the values a flag variable counts as set with, in any case
+
+
+def env_flag(name: str) -> bool:
+    """Whether the environment variable `name` is set to one of `TRUE_WORDS` (case and spaces ignored)."""
+    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
+
+
 def zero_gpu() -> bool:
-    """Whether this process runs on ZeroGPU hardware (the variable `spaces` reads too)."""
-    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+    """Whether this process runs on ZeroGPU hardware: `ZERO_GPU_ENV` is set (`env_flag`). The one place that reads
+    it: the default models, the memory figures, the app's preload and `on_gpu` all ask here."""
+    return env_flag(ZERO_GPU_ENV)
 
 
 def hardware_name() -> str:

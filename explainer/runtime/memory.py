@@ -33,6 +33,7 @@ import torch
 from ..capture import language_config
 from ..errors import InputError
 from . import devices  # the module, not the name: tests pretend a GPU by patching it
+from .hardware import zero_gpu
 
 BUDGET_ENV = "EXPLAINER_MEMORY_BUDGET"
 USABLE = 0.9  # share of the free memory a request may plan to use
@@ -110,11 +111,7 @@ def budget_cap() -> int | None:
 def available_bytes(device: torch.device | str) -> int | None:
     """Memory free for new work on `device` (see the module docstring); None when it cannot be told."""
     device = torch.device(device)
-    if (
-        device.type == "cuda"
-        and os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
-        and (not torch.cuda.is_initialized())
-    ):
+    if device.type == "cuda" and zero_gpu() and not torch.cuda.is_initialized():
         free = None  # ZeroGPU's main process: the GPU is attached per call, and asking would initialise CUDA
     elif device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
