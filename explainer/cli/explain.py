@@ -16,8 +16,9 @@ from ..explain import explain
 from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
 from ..faithfulness.common import image_ranked_positions
 from ..methods import METHODS, parse_methods
+from ..models.images import load_image
 from ..models.loading import load_model
-from ..models.vision import encode_image_prompt, load_image
+from ..models.vision import encode_image_prompt
 from ..result.attribution import zscore
 from ..result.image_maps import image_map
 from ..runtime.precision import parse_dtype
