@@ -208,3 +208,46 @@ def test_importing_a_name_from_the_package_is_an_edge_to_its_init(tmp_path):
     graph = import_graph(tmp_path)
     assert graph["explainer.pkg.m"] == {"explainer.pkg"}
     assert cycles(graph) == [("explainer.pkg", "explainer.pkg.m")]
+
+
+# --- layers --------------------------------------------------------------------------------------------------------
+# The folders are the layers (docs/architecture.md, "Why this layout"), lowest first; a module may import its own
+# layer and the ones below, never one above. Within explainer/ a layer is the first name under explainer/.
+LAYERS = (
+    ("errors", "contrast"),  # leaves: typed errors, contrastive targets
+    ("runtime",),  # devices, memory, precision, threads, the per-model lock
+    ("models",),  # loading, tokens, images, vision-language prompts
+    ("capture",),  # attention rows through AttentionInterface
+    ("result",),  # the Attribution and what is computed from it
+    ("methods",),  # the attribution methods and their registry
+    ("decode", "estimate"),  # the decode loop; time estimates
+    ("explain",),  # the request orchestration
+    ("faithfulness", "eval", "bench"),  # evaluation and measurement
+    ("visuals",),  # pure views
+    ("cli", "__main__", "explainer"),  # front ends of the library; `explainer` is its public __init__
+    ("ui",),  # the Gradio app
+)
+LAYER_OF = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    return LAYER_OF[parts[1] if parts[0] == "explainer" and len(parts) > 1 else parts[0]]
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    return sorted(f"{a} -> {b}" for a, targets in graph.items() for b in targets if layer(b) > layer(a))
+
+
+def test_imports_run_one_way():
+    assert upward_imports(import_graph()) == []
+
+
+def test_every_module_has_a_layer():
+    for module in import_graph():
+        layer(module)  # a new top-level module or package needs a place in LAYERS (KeyError otherwise)
+
+
+def test_the_layer_check_sees_an_upward_import():
+    graph = {"explainer.runtime.memory": {"explainer.capture", "explainer.errors"}, "ui.models": {"explainer"}}
+    assert upward_imports(graph) == ["explainer.runtime.memory -> explainer.capture"]

@@ -30,7 +30,6 @@ from typing import Any
 
 import torch
 
-from ..capture import language_config
 from ..errors import InputError
 from . import devices  # the module, not the name: tests pretend a GPU by patching it
 from .hardware import zero_gpu
@@ -124,6 +123,13 @@ def available_bytes(device: torch.device | str) -> int | None:
     if cap is not None:
         free = cap if free is None else min(free, cap)
     return free
+
+
+def language_config(model: torch.nn.Module):
+    """The config whose `_attn_implementation` the language model's attention layers read."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text if text is not None else config
 
 
 @dataclass(frozen=True)
