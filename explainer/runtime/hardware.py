@@ -1,4 +1,5 @@
-"""Optional ZeroGPU support for the app's handlers: `on_gpu(handler)`.
+"""The machine's facts from the environment (`zero_gpu`, `env_flag`), and optional ZeroGPU support for the app's
+handlers: `on_gpu(handler)`.
 
 On a Hugging Face Space with ZeroGPU hardware, a GPU is attached only while a function decorated with `spaces.GPU`
 runs; the `spaces` package provides the decorator (and is absent elsewhere). `on_gpu` applies it when `spaces` can be
