@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from explainer.cli import EXIT_USER_ERROR, main
+from explainer.cli import EXIT_USER_ERROR, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -240,3 +240,14 @@ def test_faithfulness_of_a_given_answer(tiny_model_dir, tmp_path, capsys):
     assert d["generated_tokens"] == len(_tokenizer(tiny_model_dir)(ANSWER)["input_ids"])
     assert d["removal"]["curves"]["macs"]["logit"]["mif"][0] == pytest.approx(1.0)
     assert d["removal"]["generations"]["macs"]["mif"][0] != ANSWER  # the model's own answer, regenerated
+
+
+@pytest.mark.parametrize("command", ["explain", "faithfulness", "eval", "bench", "haystack"])
+def test_the_dtype_help_states_the_auto_rule(command):
+    """`auto` is bfloat16 on an accelerator and on a CPU with native bf16, float32 on other CPUs
+    (`precision.default_dtype`): the help must not say "float32 on the CPU"."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    (dtype,) = [a for a in sub._actions if a.dest == "dtype"]
+    text = " ".join(dtype.help.split())
+    assert "bfloat16 on a GPU" in text and "CPU with native bf16" in text and "float32 on other CPUs" in text
+    assert "avx512_bf16" in text and "amx_bf16" in text
