@@ -152,7 +152,7 @@ def describe(component: tuple[str, ...], graph: dict[str, set[str]]) -> str:
         fresh = [m for m in nxt if m not in seen]
         step = fresh[0] if fresh else nxt[0]
         if step in seen:
-            return " -> ".join([*path[path.index(step):], step])
+            return " -> ".join([*path[path.index(step) :], step])
         path.append(step)
         seen.add(step)
 
@@ -174,20 +174,23 @@ def _plant(root: Path, files: dict[str, str]) -> None:
 
 
 def test_the_cycle_check_sees_a_planted_cycle(tmp_path):
-    _plant(tmp_path, {
-        "explainer/__init__.py": "from .a import f\n",
-        "explainer/a.py": "def f():\n    from .b import g  # inside a function: still an edge\n    return g()\n",
-        "explainer/b.py": "from explainer import a\n",
-        "explainer/sub/__init__.py": "from .c import h\n",  # a package importing its own submodule: fine
-        "explainer/sub/c.py": "from explainer.sub.d import k\ndef h():\n    return k\n",
-        "explainer/sub/d.py": "import os\nk = 1\n",
-        "ui/__init__.py": "",
-        "ui/x.py": "from . import y\n",  # y is a submodule: an edge to ui.y
-        "ui/y.py": "from ui import x\n",
-        "visuals/__init__.py": "",
-        "visuals/p.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from visuals import q\n",
-        "visuals/q.py": "from visuals.p import thing\n",
-    })
+    _plant(
+        tmp_path,
+        {
+            "explainer/__init__.py": "from .a import f\n",
+            "explainer/a.py": "def f():\n    from .b import g  # inside a function: still an edge\n    return g()\n",
+            "explainer/b.py": "from explainer import a\n",
+            "explainer/sub/__init__.py": "from .c import h\n",  # a package importing its own submodule: fine
+            "explainer/sub/c.py": "from explainer.sub.d import k\ndef h():\n    return k\n",
+            "explainer/sub/d.py": "import os\nk = 1\n",
+            "ui/__init__.py": "",
+            "ui/x.py": "from . import y\n",  # y is a submodule: an edge to ui.y
+            "ui/y.py": "from ui import x\n",
+            "visuals/__init__.py": "",
+            "visuals/p.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from visuals import q\n",
+            "visuals/q.py": "from visuals.p import thing\n",
+        },
+    )
     graph = import_graph(tmp_path)
     assert graph["explainer.a"] == {"explainer.b"}
     assert graph["explainer.sub.c"] == {"explainer.sub.d"}  # not explainer.sub: the package is not named
@@ -198,13 +201,16 @@ def test_the_cycle_check_sees_a_planted_cycle(tmp_path):
 
 
 def test_importing_a_name_from_the_package_is_an_edge_to_its_init(tmp_path):
-    _plant(tmp_path, {
-        "explainer/__init__.py": "",
-        "explainer/pkg/__init__.py": "from .m import f\nVALUE = 1\n",
-        "explainer/pkg/m.py": "def f():\n    from . import VALUE\n    return VALUE\n",
-        "ui/__init__.py": "",
-        "visuals/__init__.py": "",
-    })
+    _plant(
+        tmp_path,
+        {
+            "explainer/__init__.py": "",
+            "explainer/pkg/__init__.py": "from .m import f\nVALUE = 1\n",
+            "explainer/pkg/m.py": "def f():\n    from . import VALUE\n    return VALUE\n",
+            "ui/__init__.py": "",
+            "visuals/__init__.py": "",
+        },
+    )
     graph = import_graph(tmp_path)
     assert graph["explainer.pkg.m"] == {"explainer.pkg"}
     assert cycles(graph) == [("explainer.pkg", "explainer.pkg.m")]
