@@ -226,6 +226,7 @@ LAYERS = (
     ("capture",),  # attention rows through AttentionInterface
     ("result",),  # the Attribution and what is computed from it
     ("methods",),  # the attribution methods and their registry
+    ("request",),  # ExplainRequest (explainer/request.py, from the request branch): checked with the registry
     ("decode", "estimate"),  # the decode loop; time estimates
     ("explain",),  # the request orchestration
     ("faithfulness", "eval", "bench"),  # evaluation and measurement
