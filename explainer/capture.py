@@ -32,6 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .errors import UnsupportedModelError
 from .runtime.devices import input_device
+from .runtime.memory import language_config
 from .runtime.session import hold
 
 _NAME_PREFIX = "explainer_capture_"
@@ -215,13 +216,6 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
         return out, None
 
     return capture_attention_forward
-
-
-def language_config(model: torch.nn.Module):
-    """The config whose `_attn_implementation` the language model's attention layers read."""
-    config = model.config
-    text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    return text if text is not None else config
 
 
 @contextlib.contextmanager

@@ -51,7 +51,6 @@ from typing import Any
 
 import torch
 
-from .capture import language_config
 from .errors import Cancelled, InputError
 from .methods import METHODS, method_class, method_config, method_options
 from .methods.cost import Cost, CostRequest
@@ -59,6 +58,7 @@ from .methods.gradients import gradients_enabled
 from .models.loading import ModelBundle
 from .result.attribution import Attribution
 from .runtime.kv import TOKENS_PER_BATCH, batch_budget
+from .runtime.memory import language_config
 from .runtime.session import CancelToken, hold
 
 PROBE_TOKENS = 128  # positions of the speed probe's sequence (fewer if the model's context is shorter)

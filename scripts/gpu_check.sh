@@ -69,7 +69,7 @@ EOF
         --json "$OUT/bench-gpu-long.json" --markdown
     ;;
 agreement)
-    data=${3:?SQuAD JSON}
+    data=${3:-squad_v2-dev}  # a SQuAD JSON file, or the dev set the CLI downloads once
     run "${STAGE_SECONDS:-150}" agreement $PY -m explainer agreement \
         --methods macs,rollout,atman,attnlrp,grad_ellm,input_x_gradient --data "$data" --limit 50 \
         --max-new-tokens 16 --results "$OUT/agreement-bf16-gpu.jsonl"

@@ -30,7 +30,7 @@ from PIL import Image
 
 from explainer import Attribution, InputError, MethodScores, UnknownMethodError, bundle_from_objects, explain
 from explainer.capture import registered_names
-from explainer.models.vision import load_image
+from explainer.models.images import load_image
 from explainer.runtime.session import model_lock
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 

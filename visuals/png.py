@@ -34,6 +34,7 @@ from visuals.heatmap import (
     bin_class,
     bin_color,
 )
+from visuals.overlay import overlay_grid
 
 MAX_TOKENS = 400  # tokens drawn per panel; the rest are counted ("… N more tokens")
 MIN_PANEL_WIDTH = 300  # as the HTML grid's minmax(300px, 1fr)
@@ -210,8 +211,6 @@ def _overlay(
     attr: Attribution, methods: list[str], step: int | None, image: Any, alpha: float, inner: int
 ) -> Image.Image:
     """The image overlays of the methods in a row above the panels, at most `inner` pixels wide."""
-    from visuals.overlay import overlay_grid
-
     overlay = overlay_grid(image, attr, methods, step, alpha=alpha, max_side=max(120, inner // max(len(methods), 1)))
     if overlay.width > inner:
         overlay = overlay.resize((inner, max(1, round(overlay.height * inner / overlay.width))), Image.BICUBIC)

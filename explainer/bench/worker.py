@@ -11,7 +11,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from ..decode import DecodeJob, generate_steps
 from ..errors import ExplainerError, InputError
+from ..methods import GenerationRun
+from ..methods import method_from_spec as from_spec
+from ..models.loading import load_model
+from ..runtime.precision import dtype_name
 from ..runtime.session import hold
 from .config import BenchConfig
 from .probes import ContentionProbe, MemoryProbe, live_peak_mb
@@ -33,8 +38,6 @@ def warmup_new_tokens(device_type: str, k: int) -> int:
 
 def method_from_spec(spec: str):
     """A method from its spec (see `methods.method_from_spec`)."""
-    from ..methods import method_from_spec as from_spec
-
     return from_spec(spec)
 
 
@@ -63,9 +66,6 @@ def _make_runner(
     model: Any, method_name: str, prompt_tokens: list[str] | None, work: dict[str, int]
 ) -> Callable[[Any, int], int]:
     import torch
-
-    from ..decode import DecodeJob, generate_steps
-    from ..methods import GenerationRun
 
     if method_name == BASELINE:
 
@@ -108,9 +108,6 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
         A `BenchRow` as a dict plus `model`, `device`, `dtype`, `torch_threads` and `text_source`.
     """
     import torch
-
-    from ..models.loading import load_model
-    from ..runtime.precision import dtype_name
 
     n, k = prompt_tokens, config.new_tokens
     if config.threads:

@@ -4,8 +4,8 @@ Errors the user can fix (bad prompt, unknown model or method, unreadable file) e
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
-`agreement.py`, `haystack.py`); this one holds the parser, the helpers they share and `main`. Only this package
-imports `visuals`: the library returns data.
+`agreement.py`, `haystack.py`), the options they share in `options.py`; this one holds the parser and `main`. Only
+this package imports `visuals`: the library returns data.
 """
 
 from __future__ import annotations
@@ -14,126 +14,25 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
-from ..errors import ExplainerError, InputError
-from ..runtime.precision import DTYPE_CHOICES
+from ..errors import ExplainerError
+from .agreement import add_agreement_parser
+from .bench import add_bench_parser
+from .eval import add_eval_parser
+from .explain import cmd_explain, cmd_faithfulness
+from .haystack import add_haystack_parser
+from .options import answer_options, contrast_options, methods_help, prompt_and_model_options
 
 EXIT_USER_ERROR = 2
 
 
-def _read_prompt(args: argparse.Namespace) -> str:
-    if args.prompt_file:
-        try:
-            return Path(args.prompt_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"Cannot read prompt file {args.prompt_file!r}: {e.__class__.__name__}: {e}") from e
-    if args.prompt is None:
-        raise InputError("Give a prompt with --prompt TEXT or --prompt-file PATH.")
-    return args.prompt
-
-
-def _read_answer(args: argparse.Namespace) -> str | None:
-    """The answer of `--answer` / `--answer-file` (the file's final line break, which editors add, dropped), or None."""
-    if args.answer_file:
-        try:
-            text = Path(args.answer_file).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise InputError(f"Cannot read answer file {args.answer_file!r}: {e.__class__.__name__}: {e}") from e
-        text = text.removesuffix("\n").removesuffix("\r")
-    elif args.answer is not None:
-        text = args.answer
-    else:
-        return None
-    if not text.strip():
-        raise InputError("The answer is empty: give the answer's text, or leave --answer out to generate one.")
-    return text
-
-
-def _answer_options(p: argparse.ArgumentParser) -> None:
-    which = p.add_mutually_exclusive_group()
-    which.add_argument(
-        "--answer", help="explain this answer (teacher-forced) instead of generating one; it must fit --max-new-tokens"
-    )
-    which.add_argument("--answer-file", help="read the answer to explain from a UTF-8 text file")
-
-
-def dtype_option(p: argparse.ArgumentParser) -> None:
-    """`--dtype`, kept as text: the command checks it with `precision.parse_dtype` before loading a model."""
-    p.add_argument(
-        "--dtype",
-        default="auto",
-        help=f"weights' precision: {', '.join(DTYPE_CHOICES)} (auto: bfloat16 on a GPU, float32 on the CPU)",
-    )
-
-
-def methods_help(what: str) -> str:
-    """`--methods` help naming every registered method (`methods.method_choices`), e.g. for a newly added one."""
-    from ..methods import method_choices
-
-    return f"{what}; registered: {', '.join(method_choices())}"
-
-
-def _prompt_and_model_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--prompt", help="the prompt text")
-    p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
-    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
-
-
-DEVICE_MAP_HELP = (
-    "instead of --device, spread the model over the GPUs (and CPU memory, disk) with accelerate: auto, balanced, "
-    'sequential, or a JSON map of module names to devices, e.g. \'{"model.embed_tokens": 0, "model.layers": 1, ...}\''
-)
-
-
-def add_device_map_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--device-map", default=None, help=DEVICE_MAP_HELP)
-
-
-def placement(args: argparse.Namespace) -> dict:
-    """`load_model` keywords for `--device` / `--device-map`."""
-    from ..models.loading import parse_device_map
-
-    return {"device": args.device, "device_map": parse_device_map(getattr(args, "device_map", None))}
-
-
-def _contrast_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--contrast-step",
-        type=int,
-        help="explain why answer token K (1-based) rather than --foil: the perturbation and gradient methods explain "
-        "logit(token) - logit(foil) there; the step's alternatives are printed with the step scores",
-    )
-    which = p.add_mutually_exclusive_group()
-    which.add_argument("--foil", help="with --contrast-step: the foil token's text (one token, e.g. ' London')")
-    which.add_argument("--foil-id", type=int, help="with --contrast-step: the foil's token id")
-
-
-def contrast_of(args: argparse.Namespace) -> dict[int, str | int] | None:
-    """`explain(contrast=...)` from `--contrast-step` / `--foil` / `--foil-id` (0-based step), or None."""
-    foil = args.foil if args.foil is not None else args.foil_id
-    if args.contrast_step is None and foil is None:
-        return None
-    if args.contrast_step is None or foil is None:
-        raise InputError("--contrast-step and --foil (or --foil-id) go together: the step to explain and its foil.")
-    if args.contrast_step < 1:
-        raise InputError(f"--contrast-step counts answer tokens from 1, got {args.contrast_step}.")
-    return {args.contrast_step - 1: foil}
-
-
-def _add_faithfulness_parser(sub, cmd_faithfulness) -> None:
+def _add_faithfulness_parser(sub) -> None:
     p = sub.add_parser(
         "faithfulness",
         help="generate an answer (or take --answer), then measure MIF/LIF/SRG removal curves and pi-Soft-NS/NC",
     )
-    _prompt_and_model_options(p)
-    _answer_options(p)
+    prompt_and_model_options(p)
+    answer_options(p)
     p.add_argument(
         "--methods", default="macs,rollout", help=methods_help("comma-separated methods (random baseline added)")
     )
@@ -161,16 +60,9 @@ def _add_faithfulness_parser(sub, cmd_faithfulness) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    # Imported here, not at the top: the command modules import this package's shared helpers.
-    from .agreement import add_agreement_parser
-    from .bench import add_bench_parser
-    from .eval import add_eval_parser
-    from .explain import cmd_explain, cmd_faithfulness
-    from .haystack import add_haystack_parser
-
     p = sub.add_parser("explain", help="generate an answer (or take --answer) and explain every token")
-    _prompt_and_model_options(p)
-    _answer_options(p)
+    prompt_and_model_options(p)
+    answer_options(p)
     p.add_argument(
         "--image", action="append",
         help="an image the prompt asks about (needs a vision-language --model, e.g. Qwen2.5-VL); repeat for several, "
@@ -197,10 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
         "and each method's share on the image; one more pass over the answer)",
     )  # fmt: skip
     p.add_argument("--top", type=int, default=3, help="top prompt tokens printed per step (without --json)")
-    _contrast_options(p)
+    contrast_options(p)
     p.set_defaults(func=cmd_explain)
 
-    _add_faithfulness_parser(sub, cmd_faithfulness)
+    _add_faithfulness_parser(sub)
 
     add_bench_parser(sub)
     add_eval_parser(sub)

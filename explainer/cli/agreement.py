@@ -21,14 +21,13 @@ from ..eval.agreement import (
     summarise,
 )
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..eval.evaluate import load_squad, read_results
+from ..methods import parse_methods
+from ..models.loading import load_model
+from ..runtime.precision import dtype_name, parse_dtype
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import load_squad, read_results
-    from ..methods import parse_methods
-    from ..models.loading import load_model
-    from ..runtime.precision import dtype_name, parse_dtype
-
     if args.report:
         rows: dict[str, dict] = {}  # by prompt id: a later file's row wins
         for path in (p.strip() for p in args.report.split(",") if p.strip()):

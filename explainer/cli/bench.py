@@ -22,7 +22,7 @@ from ..bench import (
 )
 from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
-from . import add_device_map_option, dtype_option, methods_help, placement
+from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
 def _split(text: str) -> list[str]:
@@ -38,7 +38,7 @@ def _parse_lengths(text: str) -> list[int]:
 
 def write_plot(rows: list[dict[str, Any]], path: str, title: str = "") -> None:
     """Throughput and peak memory vs prompt length as interactive HTML (`.html`) or a static image (`.png`)."""
-    from visuals.efficiency import efficiency_figure, efficiency_png
+    from visuals.efficiency import efficiency_figure, efficiency_png  # the views load only when a plot is asked for
 
     suffix = Path(path).suffix.lower()
     try:

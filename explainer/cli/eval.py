@@ -13,15 +13,13 @@ from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..eval.evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
 from ..eval.parallel import Rank, rank_from_env, rank_path, shard
-from ..runtime.precision import precision_meta
-from . import add_device_map_option, dtype_option, methods_help, placement
+from ..methods import parse_methods
+from ..models.loading import load_model
+from ..runtime.precision import parse_dtype, precision_meta
+from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from ..methods import parse_methods
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     dtype = parse_dtype(args.dtype)
     methods = tuple(names)

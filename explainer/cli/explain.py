@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -10,7 +11,18 @@ from typing import Any
 
 from ..contrast import contrasted_steps, is_blank
 from ..errors import InputError
-from . import _read_answer, _read_prompt, contrast_of, placement
+from ..explain import explain, explain_request
+from ..faithfulness import PAPER_SOFT, QUICK_SOFT, FaithfulnessRequest, RemovalConfig, measure_faithfulness
+from ..faithfulness.common import image_ranked_positions
+from ..methods import METHODS, parse_methods
+from ..models.images import load_image
+from ..models.loading import load_model
+from ..models.vision import encode_image_prompt
+from ..request import ExplainRequest
+from ..result.attribution import zscore
+from ..result.image_maps import image_map
+from ..runtime.precision import parse_dtype
+from .options import contrast_of, placement, read_answer, read_prompt
 
 
 def _answer_label(attr) -> str:
@@ -29,9 +41,6 @@ def _print_summary(attr, top: int) -> None:
     _print_step_scores(attr)
     _print_reliance(attr)
     user = attr.user_positions or None
-    from ..methods import METHODS
-    from ..result.attribution import zscore
-
     for name, scores in attr.methods.items():
         label = f" {METHODS[name].display_name}" if name in METHODS else ""
         print(f"\n[{name}]{label}  {scores.seconds:.3f} s" + ("  (ranked over the user's text)" if user else ""))
@@ -44,8 +53,6 @@ def _print_summary(attr, top: int) -> None:
             order = [i for i in row.argsort()[::-1] if row[i] == row[i]][:top]
             tops = ", ".join(f"{attr.prompt_tokens[i]!r}@{i} {row[i]:+.2f}" for i in order)
             if attr.image:
-                from ..result.image_maps import image_map
-
                 cells = image_map(attr, name, k)  # (h, w)
                 r, c = divmod(int(cells.argmax()), cells.shape[1])
                 tops += f" | image peak: row {r}, col {c} {cells[r, c]:+.2f}"
@@ -94,10 +101,6 @@ def _print_step_scores(attr) -> None:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from ..explain import explain_request
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
     request = explain_request_of(args)  # every field checked before the (slow) model load
     dtype = parse_dtype(args.dtype)
     if args.json:
@@ -130,11 +133,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def explain_request_of(args: argparse.Namespace):
     """The `explain` command's `ExplainRequest` from its arguments (images loaded and checked; no model needed)."""
-    from ..methods import parse_methods
-    from ..request import ExplainRequest
-
-    prompt = _read_prompt(args)
-    answer = _read_answer(args)
+    prompt = read_prompt(args)
+    answer = read_answer(args)
     methods, method_options = parse_methods(args.methods)
     _macs_layers(args, methods, method_options)
     image = _load_image(args.image)
@@ -155,7 +155,7 @@ def _macs_layers(args: argparse.Namespace, methods: list[str], options: dict) ->
 
 
 def _write_gif(path: str, image, attr, methods: list[str]) -> None:
-    from visuals.overlay import gif_bytes
+    from visuals.overlay import gif_bytes  # the views load only when a GIF is asked for
 
     frames = max(attr.num_steps, 1)  # every step (the app's download keeps at most `MAX_GIF_FRAMES`)
     try:
@@ -166,7 +166,7 @@ def _write_gif(path: str, image, attr, methods: list[str]) -> None:
 
 
 def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
-    from visuals.curves import TABLE_HEADERS, faithfulness_rows
+    from visuals.curves import TABLE_HEADERS, faithfulness_rows  # the views load only for a table
 
     lines = [f"{_answer_label(attr)} ({attr.num_steps} tokens): {attr.generated_text!r}"]
     if report.removal:
@@ -192,18 +192,10 @@ def _format_faithfulness(report, attr, seconds: dict[str, float]) -> str:
 
 
 def cmd_faithfulness(args: argparse.Namespace) -> int:
-    import time
-
-    from ..explain import explain
-    from ..faithfulness import FaithfulnessReport, RemovalConfig, removal_curves, soft_curves
-    from ..methods import parse_methods
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
-    prompt = _read_prompt(args)
+    prompt = read_prompt(args)
     if not prompt.strip():
         raise InputError("The prompt is empty: type a question or some text to continue.")
-    answer = _read_answer(args)
+    answer = read_answer(args)
     methods, method_options = parse_methods(args.methods)
     dtype = parse_dtype(args.dtype)
     if args.json and not Path(args.json).resolve().parent.is_dir():
@@ -217,24 +209,19 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
     )  # fmt: skip
     explain(bundle, prompt, methods=methods, **{**options, "max_new_tokens": 1})  # warm-up, not timed
     attr = explain(bundle, prompt, methods=methods, answer=answer, **options)  # removal teacher-forces its tokens
-    seconds = {"generation": float(attr.meta["generation_seconds"])}
     steps = None
-    if not args.all_steps:
+    if not args.all_steps and soft is not None:
         k = attr.num_steps if args.step is None else args.step
         if not 1 <= k <= attr.num_steps:
             raise InputError(f"--step must lie between 1 and {attr.num_steps} (the answer's tokens), got {k}.")
         steps = [k - 1]
-    report = FaithfulnessReport()
     positions, image_inputs = _image_ranking(bundle, attr, prompt, image, args) if image is not None else (None, None)
-    t0 = time.perf_counter()
-    report.removal = removal_curves(
-        bundle, attr, methods, positions, RemovalConfig(seed=args.seed), image_inputs=image_inputs
-    )
-    seconds["removal"] = time.perf_counter() - t0
-    if soft is not None:
-        t0 = time.perf_counter()
-        report.soft = soft_curves(bundle, attr, methods, config=soft, steps=steps)
-        seconds["soft"] = time.perf_counter() - t0
+    request = FaithfulnessRequest(
+        methods=methods, positions=positions, removal=RemovalConfig(seed=args.seed), soft=soft, steps=steps,
+        image_inputs=image_inputs,
+    )  # fmt: skip
+    report = measure_faithfulness(bundle, attr, request)
+    seconds = {"generation": float(attr.meta["generation_seconds"]), **report.seconds}
     print(_format_faithfulness(report, attr, seconds))
     if args.json:
         ranked = {"ranked": args.rank if image is not None else "text", "ranked_positions": positions}
@@ -244,10 +231,6 @@ def cmd_faithfulness(args: argparse.Namespace) -> int:
 
 def _soft_setting(args: argparse.Namespace, image: bool):
     """pi-Soft's settings from `--soft` / `--routing`; None when off, or for an image question (text prompts only)."""
-    import dataclasses
-
-    from ..faithfulness import PAPER_SOFT, QUICK_SOFT
-
     soft = {"quick": QUICK_SOFT, "paper": PAPER_SOFT, "off": None}[args.soft]
     if soft is not None and image:
         print("pi-Soft is measured on text prompts only: skipped for an image question", file=sys.stderr)
@@ -259,17 +242,12 @@ def _load_image(paths: list[str] | None):
     """`--image` (repeatable): None, one image, or a list of them in order."""
     if not paths:
         return None
-    from ..models.vision import load_image
-
     images = [load_image(path) for path in paths]
     return images[0] if len(images) == 1 else images
 
 
 def _image_ranking(bundle, attr, prompt: str, image, args: argparse.Namespace) -> tuple[list[int], dict]:
     """The positions an image question's removal curves rank (`--rank`) and the prompt's image inputs."""
-    from ..faithfulness.common import image_ranked_positions
-    from ..models.vision import encode_image_prompt
-
     encoded = encode_image_prompt(
         bundle, image, prompt, chat_template=not args.no_chat_template, max_new_tokens=args.max_new_tokens
     )
@@ -280,8 +258,6 @@ def _write_faithfulness_json(
     path: str, model: str, attr: Any, methods: list[str], seconds: dict, report: Any, ranked: dict | None = None
 ) -> None:
     """`faithfulness --json`: the request, which tokens were ranked, the timings and both reports."""
-    import dataclasses
-
     out = {
         "model": model,
         "dtype": attr.meta.get("dtype"),

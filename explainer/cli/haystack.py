@@ -8,17 +8,16 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..eval.datasets import HAYSTACK_PARAGRAPHS, SQUAD_V2_DEV, haystack_rows, resolve_data
-from . import dtype_option, methods_help, placement
+from ..eval.evaluate import load_squad
+from ..eval.haystack import HaystackConfig, format_table, merge_rows, run_haystack, summarise
+from ..eval.resumable import read_results
+from ..methods import parse_methods
+from ..models.loading import load_model
+from ..runtime.precision import parse_dtype
+from .options import dtype_option, methods_help, placement
 
 
 def cmd_haystack(args: argparse.Namespace) -> int:
-    from ..eval.evaluate import load_squad
-    from ..eval.haystack import HaystackConfig, format_table, merge_rows, run_haystack, summarise
-    from ..eval.resumable import read_results
-    from ..methods import parse_methods
-    from ..models.loading import load_model
-    from ..runtime.precision import parse_dtype
-
     if args.report:
         paths = [p.strip() for p in args.report.split(",") if p.strip()]
         missing = [p for p in paths if not Path(p).is_file()]

@@ -27,6 +27,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ExplainerError, InputError
+from ..explain import explain
+from ..runtime.precision import precision_meta
+from .evaluate import qa_prompt
+from .resumable import ResultsLog, read_results
 
 TOP_K = 5
 GOOD_OVERLAP = 4  # a step whose top-5 sets share at least this many tokens counts as agreeing
@@ -178,8 +182,6 @@ def example_prompts(path: Path = EXAMPLES_FILE) -> list[dict[str, str]]:
 
 def squad_prompts(rows: list[dict[str, Any]]) -> list[dict[str, str]]:
     """SQuAD rows (`evaluate.load_squad`) as prompt rows {id, source: "squad", prompt}, with `eval`'s QA prompt."""
-    from .evaluate import qa_prompt
-
     return [{"id": str(r["id"]), "source": "squad", "prompt": qa_prompt(r)[0]} for r in rows]
 
 
@@ -191,8 +193,6 @@ def measure_prompt(reference, low, prompt: str, cfg: AgreementConfig) -> dict[st
         {"reference_dtype", "dtype", "prompt_tokens", "answer", "answer_tokens", "methods": {name: {"spearman",
         "top5"}}, "user_methods": the same over the user's text, "seconds": {"reference", "low"}}.
     """
-    from ..explain import explain
-
     options = dict(methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens, method_options=cfg.method_options)
     t0 = time.perf_counter()
     ref = explain(reference, prompt, **options)
@@ -228,8 +228,6 @@ def run_agreement(
     Raises:
         InputError: `results_path` holds rows of another model or precision pair.
     """
-    from .resumable import ResultsLog, read_results
-
     expected = {"model": low.name, "reference_dtype": _dtype(reference), "dtype": _dtype(low)}
     done = {r["id"]: r for r in read_results(results_path) if "id" in r}
     for r in done.values():
@@ -254,6 +252,4 @@ def run_agreement(
 
 
 def _dtype(bundle) -> str | None:
-    from ..runtime.precision import precision_meta
-
     return precision_meta(bundle.model).get("dtype")

@@ -22,7 +22,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import InputError
+from ..models.loading import cache_root
+from ..result.segments import sentence_starts
 
 SQUAD_V2_DEV = "squad_v2-dev"
 DOWNLOADS = {  # data set name -> official file (CC BY-SA 4.0)
@@ -76,8 +80,6 @@ def rows_from_official(data: dict[str, Any], answerable_only: bool = True) -> li
 
 def cached_file(name: str) -> Path:
     """Where the converted copy of a named data set is kept (it may not exist yet)."""
-    from ..models.loading import cache_root
-
     return cache_root() / "data" / f"{name}-answerable.json"
 
 
@@ -142,8 +144,6 @@ HAYSTACK_SEPARATOR = "\n\n"
 
 def _sentence_span(text: str, start: int) -> tuple[int, int]:
     """(start, end) characters of the sentence of `text` holding character `start` (`segments.sentence_starts`)."""
-    from ..result.segments import sentence_starts
-
     starts = [s for s in sentence_starts(text) if 0 < s < len(text)]
     begin = max([0, *[s for s in starts if s <= start]])
     end = min([len(text), *[s for s in starts if s > start]])
@@ -164,8 +164,6 @@ def haystack_rows(rows: list[dict[str, Any]], paragraphs: int = HAYSTACK_PARAGRA
     Raises:
         InputError: too few paragraphs of other articles.
     """
-    import numpy as np
-
     pool = list({(r["title"], r["context"]): None for r in rows})  # distinct paragraphs, in file order
     out = []
     for i, row in enumerate(rows):

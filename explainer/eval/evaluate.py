@@ -26,6 +26,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..explain import explain
+from ..faithfulness import RemovalConfig, removal_curves
+from ..methods import MACS, MACSConfig, get_method
 from ..runtime.precision import precision_meta
 from ..runtime.session import CancelToken
 from .datasets import is_official_layout, rows_from_official
@@ -102,8 +105,6 @@ def load_squad(
 
 def make_methods(cfg: EvalConfig) -> list:
     """Method instances, with distinct names for the MACS ablation variants."""
-    from ..methods import MACS, MACSConfig, get_method
-
     if not cfg.ablation:
         return [get_method(m, **cfg.method_options.get(m, {})) for m in cfg.methods]
     out = []
@@ -160,9 +161,6 @@ def qa_prompt(row: dict[str, Any]) -> tuple[str, int]:
 
 def evaluate_sample(bundle, row: dict[str, Any], cfg: EvalConfig) -> dict[str, Any]:
     """Everything the tables need for one SQuAD row (one JSON-able dict)."""
-    from ..explain import explain
-    from ..faithfulness import RemovalConfig, removal_curves
-
     t0 = time.perf_counter()
     prompt, context_start = qa_prompt(row)
     instances = make_methods(cfg)

@@ -28,9 +28,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from ..explain import explain
 from ..result.segments import Group, sentence_groups
 from ..result.spans import group_scores, span_scores
 from ..result.steps import last_content_step
+from .evaluate import context_positions, qa_prompt
 from .resumable import measure_rows, read_results
 
 HITS = ("sentence_hit", "paragraph_hit", "sentence_hit3")
@@ -97,9 +99,6 @@ def method_label(name: str, options: dict[str, Any] | None) -> str:
 
 def evaluate_haystack_sample(bundle, row: dict[str, Any], cfg: HaystackConfig) -> dict[str, Any]:
     """One haystack row: the answer, and every method's hits (one JSON-able dict)."""
-    from ..explain import explain
-    from .evaluate import context_positions, qa_prompt
-
     t0 = time.perf_counter()
     prompt, context_start = qa_prompt(row)
     attr = explain(

@@ -9,6 +9,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ..errors import Cancelled, ExplainerError
+from ..runtime.session import hold
+
 
 def read_results(path: str | Path | None) -> list[dict[str, Any]]:
     """Rows of a JSON-lines results file (a torn last line from an interrupted run is ignored)."""
@@ -41,9 +44,6 @@ def measure_rows(
     Raises:
         Cancelled: `cancel` fired (finished rows are already in `path`, so a rerun resumes).
     """
-    from ..errors import Cancelled, ExplainerError
-    from ..runtime.session import hold
-
     todo = [r for r in rows if r["id"] not in done]
     results = ResultsLog(path, len(todo), log)
     for row in todo:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import importlib.metadata
+import json
 import logging
 import os
 import shutil
@@ -24,10 +25,13 @@ from typing import Any
 import torch
 
 from ..errors import InputError, ModelLoadError
+from ..runtime import memory  # the module, not the name: tests pretend a GPU's free memory by patching it
 from ..runtime.devices import input_device
 from ..runtime.fit import TEXT_CPU, TEXT_GPU, VISION_GPU, Defaults, check_model_fits, choose_defaults
+from ..runtime.hardware import env_flag, zero_gpu
 from ..runtime.precision import cpu_has_native_bf16, default_dtype, parse_dtype
 from .tokens import check_encodable, is_byte_level, readable_tokens
+from .vision import check_vision_model, load_image_processor, vision_model_class
 
 logger = logging.getLogger(__name__)
 
@@ -54,10 +58,6 @@ def cache_root() -> Path:
     return Path(base) / "macs-explorer"
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 @functools.cache
 def hub_reachable() -> bool:
     """Whether the Hugging Face Hub answers, asked once per process with a short timeout.
@@ -65,7 +65,7 @@ def hub_reachable() -> bool:
     False without asking when HF_HUB_OFFLINE or TRANSFORMERS_OFFLINE is set. HF_ENDPOINT (a mirror) is honoured.
     An HTTP error below 500 (e.g. a rate limit) still counts as reachable: the Hub is there.
     """
-    if _env_flag("HF_HUB_OFFLINE") or _env_flag("TRANSFORMERS_OFFLINE"):
+    if env_flag("HF_HUB_OFFLINE") or env_flag("TRANSFORMERS_OFFLINE"):
         return False
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     request = urllib.request.Request(f"{endpoint}/api/models/{HUB_TEXT_MODEL_CPU}", method="HEAD")
@@ -80,19 +80,17 @@ def hub_reachable() -> bool:
 
 def gpu_available() -> bool:
     """CUDA here, or a ZeroGPU Space (SPACES_ZERO_GPU), whose GPU is attached per request and invisible before."""
-    return _env_flag("SPACES_ZERO_GPU") or torch.cuda.is_available()
+    return zero_gpu() or torch.cuda.is_available()
 
 
 def hardware_defaults() -> Defaults:
     """`fit.choose_defaults` for this machine: its GPU (ZeroGPU's is attached per call, large, and not asked) or its
     CPU memory, the cgroup limit included."""
-    from ..runtime.memory import available_bytes
-
-    if _env_flag("SPACES_ZERO_GPU"):
+    if zero_gpu():
         return choose_defaults(None, gpu=True)
     if torch.cuda.is_available():
-        return choose_defaults(available_bytes(torch.device("cuda", 0)), gpu=True)
-    return choose_defaults(available_bytes("cpu"), gpu=False, native_bf16=cpu_has_native_bf16())
+        return choose_defaults(memory.available_bytes(torch.device("cuda", 0)), gpu=True)
+    return choose_defaults(memory.available_bytes("cpu"), gpu=False, native_bf16=cpu_has_native_bf16())
 
 
 def default_model_ids() -> tuple[str | None, str | None]:
@@ -305,8 +303,6 @@ def parse_device_map(text: str | None) -> str | dict[str, Any] | None:
         return None
     if not text.startswith("{"):
         return text
-    import json
-
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
@@ -411,8 +407,6 @@ def _load_parts(
     """(tokenizer, model, image processor or None) of `source`; the memory is checked from the configuration before
     a weight is read (unless a device map places the model). Every loading failure becomes a `ModelLoadError`."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    from .vision import check_vision_model, load_image_processor, vision_model_class
 
     placing = False
     try:

@@ -42,8 +42,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..capture import language_config
 from ..runtime.host import to_numpy
+from ..runtime.memory import language_config
 from .attribution import Attribution, zscore
 
 MAD_TO_STD = 1.4826  # MAD x this estimates the standard deviation of normally distributed values

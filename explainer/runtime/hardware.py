@@ -1,4 +1,5 @@
-"""Optional ZeroGPU support for the app's handlers: `on_gpu(handler)`.
+"""The machine's facts from the environment (`zero_gpu`, `env_flag`), and optional ZeroGPU support for the app's
+handlers: `on_gpu(handler)`.
 
 On a Hugging Face Space with ZeroGPU hardware, a GPU is attached only while a function decorated with `spaces.GPU`
 runs; the `spaces` package provides the decorator (and is absent elsewhere). `on_gpu` applies it when `spaces` can be
@@ -7,9 +8,9 @@ imported and returns the handler itself when it cannot, so nothing changes outsi
 `spaces.GPU` (checked against spaces 0.51) runs the function in a forked worker that holds the GPU and sends its
 results back pickled. It takes plain and generator functions, raises NotImplementedError for coroutine functions,
 and treats an async generator function as a plain one, whose return value, an async generator object, cannot be
-pickled. The app's streaming handlers are async generators, so on ZeroGPU (SPACES_ZERO_GPU set, as `spaces` itself
-decides) they are first turned into plain generators by `sync_generator`. Elsewhere `spaces.GPU` returns its argument
-unchanged, and the async handler is passed as it is, keeping Gradio's cancellation of async handlers.
+pickled. The app's streaming handlers are async generators, so on ZeroGPU (`zero_gpu`: SPACES_ZERO_GPU set, which
+`spaces` reads too) they are first turned into plain generators by `sync_generator`. Elsewhere `spaces.GPU` returns
+its argument unchanged, and the async handler is passed as it is, keeping Gradio's cancellation of async handlers.
 
 This module does not import gradio; `spaces` imports it, which only happens in the app.
 """
@@ -22,6 +23,8 @@ import inspect
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
+
+from .precision import cpu_has_native_bf16
 
 ZERO_GPU_SECONDS = 120  # GPU time asked for per call when no estimate is given
 GPU_SECONDS_BOUNDS = (20, 300)  # a call asks for at least / at most this (ZeroGPU quotas are counted in asked time)
@@ -36,9 +39,19 @@ def gpu_duration(estimated_seconds: float | None) -> int:
     return int(min(high, max(low, 1.5 * estimated_seconds + 10)))
 
 
+ZERO_GPU_ENV = "SPACES_ZERO_GPU"  # set on a ZeroGPU Space (`spaces` reads it too); read here only
+TRUE_WORDS = ("1", "t", "true", "yes", "on")  # the values a flag variable counts as set with, in any case
+
+
+def env_flag(name: str) -> bool:
+    """Whether the environment variable `name` is set to one of `TRUE_WORDS` (case and spaces ignored)."""
+    return os.environ.get(name, "").strip().lower() in TRUE_WORDS
+
+
 def zero_gpu() -> bool:
-    """Whether this process runs on ZeroGPU hardware (the variable `spaces` reads too)."""
-    return os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
+    """Whether this process runs on ZeroGPU hardware: `ZERO_GPU_ENV` is set (`env_flag`). The one place that reads
+    it: the default models, the memory figures, the app's preload and `on_gpu` all ask here."""
+    return env_flag(ZERO_GPU_ENV)
 
 
 def hardware_name() -> str:
@@ -47,8 +60,6 @@ def hardware_name() -> str:
     if zero_gpu():
         return "ZeroGPU"
     import torch
-
-    from .precision import cpu_has_native_bf16
 
     if torch.cuda.is_available():
         return f"GPU ({torch.cuda.get_device_name(0)})"

@@ -10,6 +10,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from . import devices, memory  # modules, not names: tests pretend a GPU by patching them
+
 TOKENS_PER_BATCH = 1024  # perturbed positions per forward on a CPU: throughput peaks between ~500 and ~2,000, and a
 # pass of ~1,000 positions takes a couple of seconds on 2 cores, which bounds how long a cancelled request keeps running
 MAX_TOKENS_PER_BATCH = 1 << 16  # on an accelerator: a pass of at most this many positions (a few ms to a second)
@@ -23,13 +25,10 @@ BATCH_SHARE = 0.25  # share of the device's free memory one batched pass may tak
 def _accelerator_spend(model: torch.nn.Module):
     """(the model's shape, the bytes one batched pass may take: `BATCH_SHARE` of the free memory) on an
     accelerator; None on a CPU, where the passes take fixed sizes."""
-    from .devices import input_device
-    from .memory import ModelShape, available_bytes
-
-    device = input_device(model)
+    device = devices.input_device(model)
     if device.type == "cpu":
         return None
-    return ModelShape.of(model), BATCH_SHARE * (available_bytes(device) or 0)
+    return memory.ModelShape.of(model), BATCH_SHARE * (memory.available_bytes(device) or 0)
 
 
 def full_row_chunk(n: int, device_type: str) -> int:

@@ -31,6 +31,8 @@ from typing import Any
 import torch
 
 from ..errors import InputError
+from . import devices  # the module, not the name: tests pretend a GPU by patching it
+from .hardware import zero_gpu
 
 BUDGET_ENV = "EXPLAINER_MEMORY_BUDGET"
 USABLE = 0.9  # share of the free memory a request may plan to use
@@ -108,11 +110,7 @@ def budget_cap() -> int | None:
 def available_bytes(device: torch.device | str) -> int | None:
     """Memory free for new work on `device` (see the module docstring); None when it cannot be told."""
     device = torch.device(device)
-    if (
-        device.type == "cuda"
-        and os.environ.get("SPACES_ZERO_GPU", "").strip().lower() in ("1", "t", "true")
-        and (not torch.cuda.is_initialized())
-    ):
+    if device.type == "cuda" and zero_gpu() and not torch.cuda.is_initialized():
         free = None  # ZeroGPU's main process: the GPU is attached per call, and asking would initialise CUDA
     elif device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
@@ -125,6 +123,13 @@ def available_bytes(device: torch.device | str) -> int | None:
     if cap is not None:
         free = cap if free is None else min(free, cap)
     return free
+
+
+def language_config(model: torch.nn.Module):
+    """The config whose `_attn_implementation` the language model's attention layers read."""
+    config = model.config
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    return text if text is not None else config
 
 
 @dataclass(frozen=True)
@@ -142,8 +147,6 @@ class ModelShape:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ModelShape:
-        from ..capture import language_config
-
         c = language_config(model)
         heads = int(c.num_attention_heads)
         hidden = int(c.hidden_size)
@@ -243,9 +246,7 @@ def check_request(model: torch.nn.Module, instances: list[Any], n: int, k: int, 
     Raises:
         MemoryLimitError: see `check_fits`.
     """
-    from .devices import input_device
-
-    device = input_device(model)
+    device = devices.input_device(model)
     try:
         shape = ModelShape.of(model)
     except (AttributeError, TypeError):  # not a transformer (no attention heads): the capture refuses it

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from explainer.cli import EXIT_USER_ERROR, main
+from explainer.cli import EXIT_USER_ERROR, build_parser, main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -271,3 +271,14 @@ def test_the_explain_command_builds_one_request_before_loading_the_model(monkeyp
         rc = main(["explain", "--model", "never-loaded", "--prompt", "Where is Paris?", *bad])
         err = capsys.readouterr().err
         assert rc == EXIT_USER_ERROR and message in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["explain", "faithfulness", "eval", "bench", "haystack"])
+def test_the_dtype_help_states_the_auto_rule(command):
+    """`auto` is bfloat16 on an accelerator and on a CPU with native bf16, float32 on other CPUs
+    (`precision.default_dtype`): the help must not say "float32 on the CPU"."""
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices[command]
+    (dtype,) = [a for a in sub._actions if a.dest == "dtype"]
+    text = " ".join(dtype.help.split())
+    assert "bfloat16 on a GPU" in text and "CPU with native bf16" in text and "float32 on other CPUs" in text
+    assert "avx512_bf16" in text and "amx_bf16" in text

@@ -12,10 +12,12 @@ from PIL import Image
 
 import explainer.capture as capture_module
 from explainer import InputError, UnsupportedModelError, bundle_from_objects, explain
-from explainer.capture import capture_attention, language_config, registered_names
+from explainer.capture import capture_attention, registered_names
 from explainer.cli import main as cli_main
-from explainer.models.vision import data_url_bytes, encode_image_prompt, full_sequence_inputs, load_image
+from explainer.models.images import data_url_bytes, load_image
+from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 from explainer.result.image_maps import image_map
+from explainer.runtime.memory import language_config
 from visuals.overlay import heat_map
 
 from ..conftest import FailingMACS, build_model

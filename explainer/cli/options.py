@@ -1,0 +1,114 @@
+"""The options and argument readers the commands share: prompt, answer, model placement, dtype, methods, contrast."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..errors import InputError
+from ..methods import method_choices
+from ..models.loading import parse_device_map
+from ..runtime.precision import DTYPE_CHOICES
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    """The prompt of `--prompt-file` or `--prompt`."""
+    if args.prompt_file:
+        try:
+            return Path(args.prompt_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"Cannot read prompt file {args.prompt_file!r}: {e.__class__.__name__}: {e}") from e
+    if args.prompt is None:
+        raise InputError("Give a prompt with --prompt TEXT or --prompt-file PATH.")
+    return args.prompt
+
+
+def read_answer(args: argparse.Namespace) -> str | None:
+    """The answer of `--answer` / `--answer-file` (the file's final line break, which editors add, dropped), or None."""
+    if args.answer_file:
+        try:
+            text = Path(args.answer_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise InputError(f"Cannot read answer file {args.answer_file!r}: {e.__class__.__name__}: {e}") from e
+        text = text.removesuffix("\n").removesuffix("\r")
+    elif args.answer is not None:
+        text = args.answer
+    else:
+        return None
+    if not text.strip():
+        raise InputError("The answer is empty: give the answer's text, or leave --answer out to generate one.")
+    return text
+
+
+def answer_options(p: argparse.ArgumentParser) -> None:
+    which = p.add_mutually_exclusive_group()
+    which.add_argument(
+        "--answer", help="explain this answer (teacher-forced) instead of generating one; it must fit --max-new-tokens"
+    )
+    which.add_argument("--answer-file", help="read the answer to explain from a UTF-8 text file")
+
+
+def dtype_option(p: argparse.ArgumentParser) -> None:
+    """`--dtype`, kept as text: the command checks it with `precision.parse_dtype` before loading a model."""
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help=f"weights' precision: {', '.join(DTYPE_CHOICES)} (auto: bfloat16 on a GPU or another accelerator and on a "
+        "CPU with native bf16 (the avx512_bf16 or amx_bf16 flag), float32 on other CPUs)",
+    )
+
+
+def methods_help(what: str) -> str:
+    """`--methods` help naming every registered method (`methods.method_choices`), e.g. for a newly added one."""
+    return f"{what}; registered: {', '.join(method_choices())}"
+
+
+def prompt_and_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--prompt", help="the prompt text")
+    p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
+    p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    dtype_option(p)
+    add_device_map_option(p)
+
+
+DEVICE_MAP_HELP = (
+    "instead of --device, spread the model over the GPUs (and CPU memory, disk) with accelerate: auto, balanced, "
+    'sequential, or a JSON map of module names to devices, e.g. \'{"model.embed_tokens": 0, "model.layers": 1, ...}\''
+)
+
+
+def add_device_map_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--device-map", default=None, help=DEVICE_MAP_HELP)
+
+
+def placement(args: argparse.Namespace) -> dict:
+    """`load_model` keywords for `--device` / `--device-map`."""
+    return {"device": args.device, "device_map": parse_device_map(getattr(args, "device_map", None))}
+
+
+def contrast_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--contrast-step",
+        type=int,
+        help="explain why answer token K (1-based) rather than --foil: the perturbation and gradient methods explain "
+        "logit(token) - logit(foil) there; the step's alternatives are printed with the step scores",
+    )
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--foil", help="with --contrast-step: the foil token's text (one token, e.g. ' London')")
+    which.add_argument("--foil-id", type=int, help="with --contrast-step: the foil's token id")
+
+
+def contrast_of(args: argparse.Namespace) -> dict[int, str | int] | None:
+    """`explain(contrast=...)` from `--contrast-step` / `--foil` / `--foil-id` (0-based step), or None."""
+    foil = args.foil if args.foil is not None else args.foil_id
+    if args.contrast_step is None and foil is None:
+        return None
+    if args.contrast_step is None or foil is None:
+        raise InputError("--contrast-step and --foil (or --foil-id) go together: the step to explain and its foil.")
+    if args.contrast_step < 1:
+        raise InputError(f"--contrast-step counts answer tokens from 1, got {args.contrast_step}.")
+    return {args.contrast_step - 1: foil}
