@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from . import static_decode
 from .capture import capture_attention
 from .contrast import TOP_ALTERNATIVES
 from .errors import InputError
@@ -46,6 +47,7 @@ class Step:
     probability: float = float("nan")  # softmax probability of `token_id` at this step
     entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
     alternatives: list[tuple[int, float]] = field(default_factory=list)  # the most probable tokens: (id, probability)
+    decode_path: str = "dynamic"  # which loop computed it: "dynamic" (this module) or static_decode's paths
 
 
 def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float, list[tuple[int, float]]]:
@@ -111,6 +113,15 @@ def generate_steps(
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
         m.begin(n)
+    # --- dispatch hook (issue #33): the static-cache path, CUDA graphs on a GPU, where it applies ---------------
+    path = static_decode.choose_path(model, input_ids, streaming, extra_inputs)
+    if path != static_decode.DYNAMIC:
+        records = static_decode.static_steps(
+            model, input_ids, streaming, max_new_tokens, eos_token_ids, forced_ids, sinks, method_seconds, path
+        )
+        yield from (Step(**record) for record in records)
+        return
+    # --- the dynamic path -----------------------------------------------------------------------------------------
     capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)

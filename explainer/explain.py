@@ -229,6 +229,7 @@ def _generate(
         forced_ids, sinks,
     ):  # fmt: skip
         forward_seconds += step.seconds
+        attr.meta["decode_path"] = step.decode_path  # static_decode.choose_path: dynamic, static or cuda-graph
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:
