@@ -113,15 +113,9 @@ def generate_steps(
     streaming = [m for m in methods if m.streaming]
     for m in streaming:
         m.begin(n)
-    # --- dispatch hook (issue #33): the static-cache path, CUDA graphs on a GPU, where it applies ---------------
-    path = static_decode.choose_path(model, input_ids, streaming, extra_inputs)
-    if path != static_decode.DYNAMIC:
-        records = static_decode.static_steps(
-            model, input_ids, streaming, max_new_tokens, eos_token_ids, forced_ids, sinks, method_seconds, path
-        )
-        yield from (Step(**record) for record in records)
-        return
-    # --- the dynamic path -----------------------------------------------------------------------------------------
+    if static_decode.applies(model, input_ids, streaming, extra_inputs):  # dispatch hook (issue #33): static cache
+        args = (max_new_tokens, eos_token_ids, forced_ids, sinks, method_seconds)
+        return (yield from (Step(**r) for r in static_decode.static_steps(model, input_ids, streaming, *args)))
     capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     eos = set(eos_token_ids)
     cache = DynamicCache(config=model.config)

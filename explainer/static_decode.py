@@ -106,6 +106,16 @@ def choose_path(
     return CUDA_GRAPH
 
 
+def applies(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    streaming: Sequence[AttributionMethod],
+    extra_inputs: dict[str, Any] | None = None,
+) -> bool:
+    """Whether `decode.generate_steps` hands this request to `static_steps` (`choose_path` is not `DYNAMIC`)."""
+    return choose_path(model, input_ids, streaming, extra_inputs) != DYNAMIC
+
+
 def last_row_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
     """(H, Tk) float32 softmax row of the last query against all keys, masked keys exactly 0.
 
@@ -298,10 +308,12 @@ def static_steps(
     forced_ids: Sequence[int] | None = None,
     sinks: SinkTracker | None = None,
     method_seconds: dict[str, float] | None = None,
-    path: str = CUDA_GRAPH,
+    path: str | None = None,
 ) -> Iterator[dict]:
     """What `decode.generate_steps` yields, as `Step` fields, from the static path; the streaming methods (MACS only,
-    see `choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given answer)."""
+    see `choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given answer). `path`:
+    `STATIC` or `CUDA_GRAPH`; None: `choose_path`'s."""
+    path = path or choose_path(model, input_ids, streaming)
     decoder = StaticDecoder(model, input_ids, [m for m in streaming if isinstance(m, MACS)], max_new_tokens,
                             eos_token_ids, forced_ids, sinks, graphs=path == CUDA_GRAPH)  # fmt: skip
     eos = set() if forced_ids is not None else set(eos_token_ids)
@@ -326,4 +338,3 @@ def static_steps(
                 break
         done = stop
     decoder.finish(taken)
-

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from ..errors import ExplainerError, InputError
 from ..runtime.session import hold
 from .probes import _ContentionProbe, _live_peak_mb, _MemoryProbe
 from .prompts import prompt_ids
-from .report import BASELINE, BenchRow
+from .report import BASELINE, PLAIN, BenchRow
 
 WARMUP_NEW_TOKENS = 2  # enough to run the prefill and one cached decode step
 # Post-hoc methods (AtMan) cost about as much for 2 new tokens as for 32 (their cost grows with the prompt), so they
@@ -76,6 +77,13 @@ def _make_runner(
 
         return run_plain
 
+    if method_name == PLAIN:
+
+        def run_library(input_ids: torch.Tensor, k: int) -> int:
+            return sum(1 for _ in generate_steps(model, input_ids, [], k, eos_token_ids=()))
+
+        return run_library
+
     method = method_from_spec(method_name)
     if method.streaming:
 
@@ -107,7 +115,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             or "auto": the device's default), method, prompt_tokens, new_tokens, repeats, data and prompt_file
             (paths or None, see `prompts.prompt_ids`), threads (None keeps torch's default), quiet_wait (seconds to
             wait, before each timed run, for other processes to leave the CPUs alone), live_mem (also measure
-            `BenchRow.live_peak_mem_mb`).
+            `BenchRow.live_peak_mem_mb`), decode (a `static_decode.POLICIES` name, or None for the default).
 
     Returns:
         A `BenchRow` as a dict plus `model`, `device`, `dtype`, `torch_threads` and `text_source`.
@@ -120,6 +128,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     n, k = int(spec["prompt_tokens"]), int(spec["new_tokens"])
     if spec.get("threads"):
         torch.set_num_threads(int(spec["threads"]))
+    if spec.get("decode"):
+        from ..static_decode import DECODE_ENV
+
+        os.environ[DECODE_ENV] = spec["decode"]  # this worker's own environment: its decode policy
     bundle = load_model(
         spec["model"], device=spec["device"], device_map=spec.get("device_map"), dtype=spec.get("dtype"),
         max_prompt_tokens=n,
@@ -135,12 +147,13 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
     work: dict[str, int] = {}
     run = make_runner(bundle.model, spec["method"], bundle.readable(ids), work)
-    posthoc = spec["method"] != BASELINE and not method_from_spec(spec["method"]).streaming
+    posthoc = spec["method"] not in (BASELINE, PLAIN) and not method_from_spec(spec["method"]).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(bundle.device.type, k))
     gc.collect()
 
     work.clear()  # the warm-up's counts were over a shorter prompt
-    row = _timed_runs(spec, bundle.device, run, input_ids, k)
+    row = timed_runs(spec, bundle.device, run, input_ids, k)
+    row.decode_path = decode_path(bundle.model, spec["method"], input_ids)
     row.positions = dict(work) or None
     if spec.get("live_mem") and bundle.device.type == "cpu":
         row.live_peak_mem_mb = _live_peak_mb(run, input_ids, k)
@@ -154,7 +167,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: int) -> BenchRow:
+def timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: int) -> BenchRow:
     """`spec["repeats"]` timed runs of `run` over `input_ids` (K new tokens each), with their memory peaks and the
     CPU time other processes took meanwhile."""
     import torch
@@ -185,6 +198,17 @@ def _timed_runs(spec: dict[str, Any], device: Any, run: Any, input_ids: Any, k: 
         seconds_all=seconds, peak_mem_mb_all=peaks, mem_method=probe.method, base_mem_mb=bases[0],
         cpu_seconds_all=cpu_seconds, other_cpu_frac_all=other_cpu, live_peak_mem_mb=None,
     )  # fmt: skip
+
+
+def decode_path(model: Any, method_name: str, input_ids: Any) -> str:
+    """The loop a configuration generates with: "generate" for the baseline, else `static_decode.choose_path`'s
+    (asked after the runs, so a CUDA graph that failed to record reads as the eager static path it fell back to)."""
+    from ..static_decode import choose_path
+
+    if method_name == BASELINE:
+        return "generate"
+    method = None if method_name == PLAIN else method_from_spec(method_name)
+    return choose_path(model, input_ids, [method] if method is not None and method.streaming else [])
 
 
 def worker_main(argv: list[str]) -> int:

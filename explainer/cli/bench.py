@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from .. import bench
 from ..bench import (
     BASELINE,
     DEFAULT_TEXT_NAME,
+    PLAIN,
     BenchRow,
     format_efficiency,
     format_markdown,
@@ -25,7 +27,13 @@ from ..bench import (
 from ..errors import InputError, UnknownMethodError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..runtime.precision import parse_dtype
+from ..static_decode import DECODE_ENV, POLICIES
 from . import add_device_map_option, dtype_option, methods_help, placement
+
+_DECODE_HELP = (
+    "the library's decode loop in every worker (rows say which ran): auto (CUDA graphs on a GPU where they apply), "
+    "dynamic (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs)"
+)
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -45,12 +53,12 @@ def _parse_methods(text: str) -> list[str]:
     if not names:
         raise InputError("--methods needs at least one name, e.g. none,macs.")
     for name in names:
-        if name == BASELINE:
+        if name in (BASELINE, PLAIN):
             continue
         try:
             method_from_spec(name)
         except UnknownMethodError as e:
-            valid = ", ".join([BASELINE, *METHODS])
+            valid = ", ".join([BASELINE, PLAIN, *METHODS])
             raise UnknownMethodError(f"Unknown method {name!r}. Available for bench: {valid}.") from e
     return names
 
@@ -125,6 +133,8 @@ def _measure_from_args(args: argparse.Namespace) -> dict[str, Any]:
     if prompt_file is not None and not prompt_file.is_file():
         raise InputError(f"Benchmark text file {args.prompt_file!r} does not exist.")
     prompt_text(data, prompt_file)  # an unreadable or empty file fails here, before any worker starts
+    if args.decode:
+        os.environ[DECODE_ENV] = args.decode  # the workers inherit it
     return run_bench(
         args.model,
         lengths,
@@ -156,8 +166,8 @@ def add_bench_parser(sub: Any) -> None:
         "--methods",
         default="none,macs",
         help=methods_help(
-            "comma-separated: none (plain generate) and registered method names, each optionally with options "
-            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
+            "comma-separated: none (plain generate), plain (the library's loop, no method) and registered method "
+            "names, each optionally with options as name:key=value:key=value (e.g. macs:alpha=0.5)"
         ),
     )
     p.add_argument("--repeats", type=int, default=3, help="timed runs per configuration; the median is reported")
@@ -176,6 +186,7 @@ def add_bench_parser(sub: Any) -> None:
         default=None,
         help=f"SQuAD JSON file whose contexts are the prompt text, or {SQUAD_V2_DEV} (downloaded once into the cache)",
     )
+    p.add_argument("--decode", choices=POLICIES, help=_DECODE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",
