@@ -264,6 +264,8 @@ class StaticDecoder:
             try:
                 with torch.cuda.graph(graph):
                     self.step()
+            except torch.cuda.OutOfMemoryError:
+                raise  # not the graph's fault: the request does not fit
             except RuntimeError as e:  # an op that cannot be captured: run the same step eagerly
                 _graph_failures[self.model] = f"{type(e).__name__}: {e}"
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
