@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from . import static_decode
 from .capture import capture_attention
 from .contrast import TOP_ALTERNATIVES
 from .errors import InputError
@@ -46,6 +47,7 @@ class Step:
     probability: float = float("nan")  # softmax probability of `token_id` at this step
     entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
     alternatives: list[tuple[int, float]] = field(default_factory=list)  # the most probable tokens: (id, probability)
+    decode_path: str = "dynamic"  # which loop computed it: "dynamic" (this module) or static_decode's paths
 
 
 def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float, list[tuple[int, float]]]:
@@ -139,6 +141,9 @@ def generate_steps(
     streaming = [m for m in job.methods if m.streaming]
     for m in streaming:
         m.begin(n)
+    if static_decode.applies(model, input_ids, streaming, job.extra_inputs):  # dispatch hook (#33): static cache
+        args = (job.num_steps, job.eos_token_ids, forced_ids, sinks, method_seconds)
+        return (yield from (Step(**r) for r in static_decode.static_steps(model, input_ids, streaming, *args)))
     capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     cache = DynamicCache(config=model.config)
     next_input = input_ids

@@ -214,6 +214,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob) -> Iterato
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     for step in generate_steps(bundle.model, job, method_seconds, sinks):
         forward_seconds += step.seconds
+        attr.meta["decode_path"] = step.decode_path  # static_decode.choose_path: dynamic, static or cuda-graph
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:

@@ -1,18 +1,34 @@
 #!/usr/bin/env bash
-# The checks that need a GPU, as one script: the test suite on CUDA (the device-parametrised tests first), the
-# embedded model in bfloat16 against plain `generate`, `bench` of plain generation vs MACS vs Rollout at 1k-32k prompt
-# tokens in bfloat16, and the bf16-vs-float32 agreement on SQuAD. Each stage writes its log (and JSON) to OUTDIR and
-# is time-boxed, so a stage that overruns leaves the others their time.
+# The checks that need a GPU, as one script. First the stages of the next GPU session (issue #33), in order of value:
+# each is time-boxed, writes its results straight under $RESULTS (default docs/results) and skips what they already
+# hold, so a call cut short resumes where it stopped when made again:
+#
+#   scripts/gpu_check.sh OUTDIR all            # the five stages below in this order, within $TOTAL_SECONDS (540)
+#   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs)
+#   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
+#                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
+#   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
+#   scripts/gpu_check.sh OUTDIR static         # the embedded model: none, plain, MACS on the CUDA-graph path and on
+#                                              # the dynamic loop at 1k/4k/16k/32k prompt tokens
+#   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
+#                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
+#
+# Then the checks of the first GPU session:
 #
 #   scripts/gpu_check.sh OUTDIR tests          # the suite: tests/explainer (CUDA cases first) and the project checks
 #   scripts/gpu_check.sh OUTDIR embedded       # the embedded-model tests (bf16 vs plain generate, every method)
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
 #
-# SmolLM2-135M (the embedded model) has a context of 8,192 positions; for the 16k and 32k rows `bench` runs a copy of
-# it whose position limit is raised to 32,800. Its rotary embedding is computed from the positions, so the work (and
-# the timing) is that of the same model with a longer context; its outputs past 8k are outside its training.
-# Environment: PY (default python3), STAGE_SECONDS (default per stage below), PYTEST_WORKERS (pytest-xdist, if any).
+# DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
+# (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
+# session") gives the expected timings.
+#
+# SmolLM2-135M (the embedded model) has a context of 8,192 positions; for the 16k and 32k rows a copy of it whose
+# position limit is raised to 32,800 runs. Its rotary embedding is computed from the positions, so the work (and the
+# timing) is that of the same model with a longer context; its outputs past 8k are outside its training.
+# Environment: PY (default python3), STAGE_SECONDS (one stage's box), TOTAL_SECONDS, RESULTS, DRY_RUN,
+# PYTEST_WORKERS (pytest-xdist, if any).
 set -uo pipefail
 OUT=${1:?OUTDIR}
 STAGE=${2:?stage}
@@ -20,6 +36,10 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+RESULTS=${RESULTS:-docs/results}
+DRY=${DRY_RUN:-}
+TOTAL=${TOTAL_SECONDS:-540}
+mkdir -p "$RESULTS"
 
 run() {  # run SECONDS NAME CMD...: time-boxed, output to OUT/NAME.log and to the terminal
     local seconds=$1 name=$2
@@ -30,7 +50,136 @@ run() {  # run SECONDS NAME CMD...: time-boxed, output to OUT/NAME.log and to th
     echo "=== $name: exit $rc"
 }
 
+box() {  # box DEFAULT: a stage's seconds (STAGE_SECONDS, else DEFAULT; 4x in a dry run on a shared CPU) within what
+    local factor=1  # is left of TOTAL_SECONDS
+    if [ -n "$DRY" ]; then factor=4; fi
+    local want=${STAGE_SECONDS:-$(($1 * factor))} left=$((TOTAL - SECONDS - 5))
+    if [ "$left" -lt "$want" ]; then want=$left; fi
+    echo $((want > 1 ? want : 1))
+}
+
+gpu_name() {  # h100, h200, a100 ... from the CUDA device's name; cpu-dry in a dry run
+    if [ -n "$DRY" ]; then
+        echo cpu-dry
+        return
+    fi
+    $PY -c "import re, torch
+n = torch.cuda.get_device_name(0).lower() if torch.cuda.is_available() else 'cpu'
+m = re.search(r'\b([a-z]\d{2,4}[a-z]?)\b', n)
+print(m.group(1) if m else re.sub(r'[^a-z0-9]+', '-', n).strip('-'))"
+}
+
+long_copy() {  # long_copy DIR: the embedded model with its position limit raised to 32,800
+    $PY - "$1" <<'EOF'
+import json, shutil, sys
+from pathlib import Path
+from explainer.models import _converted_embedded_folder
+target = Path(sys.argv[1])
+if not target.exists():
+    shutil.copytree(_converted_embedded_folder(), target)
+cfg = json.loads((target / "config.json").read_text())
+cfg["max_position_embeddings"] = 32800
+(target / "config.json").write_text(json.dumps(cfg))
+print("long-context copy at", target)
+EOF
+}
+
+LLAMA=meta-llama/Llama-3.1-8B-Instruct
+if [ -n "$DRY" ]; then # tiny dimensions and lengths on the CPU
+    SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
+else
+    SHORT=512,1024,2048 LONG=8192,32768 STATIC_LENGTHS=1024,4096,16384,32768 K=32 REPEATS=2 TINY=() DECODE=auto
+fi
+
+has_row() {  # has_row FILE MODEL METHODS IMAGE_TOKENS: whether the product rows hold that run
+    $PY - "$@" <<'EOF'
+import json, os, sys
+path, model, methods, tokens = sys.argv[1:]
+rows = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+hit = any(r["model"] == model and r.get("methods") == methods and r.get("image_tokens_asked") == int(tokens)
+          for r in rows)
+sys.exit(0 if hit else 1)
+EOF
+}
+
+product() {  # product GPU: the app's default GPU models through the request path (scripts/real_size.py), bf16
+    local rows="$RESULTS/product-gpu-$1.jsonl" reduce=() text=300 k=32 small=256 large=1024
+    if [ -n "$DRY" ]; then reduce=(--layers 1 --vision-depth 1 --vocab 2048) text=40 k=3 small=16 large=36; fi
+    local runs=("Qwen/Qwen2.5-1.5B-Instruct all $small text"
+        "Qwen/Qwen2.5-VL-3B-Instruct macs,rollout $small image" "Qwen/Qwen2.5-VL-3B-Instruct all $small image"
+        "Qwen/Qwen2.5-VL-3B-Instruct macs,rollout $large image" "Qwen/Qwen2.5-VL-3B-Instruct all $large image")
+    local deadline=$((SECONDS + $(box 150))) model methods tokens kind left only
+    for spec in "${runs[@]}"; do
+        read -r model methods tokens kind <<<"$spec"
+        if has_row "$rows" "$model" "$methods" "$tokens"; then
+            echo "=== product: $model $methods $tokens is there"
+            continue
+        fi
+        left=$((deadline - SECONDS))
+        if [ "$left" -lt 10 ]; then
+            echo "=== product: out of time before $model $methods $tokens: run again to resume"
+            break
+        fi
+        only=()
+        if [ "$kind" = image ]; then only=(--no-text); fi
+        run "$left" "product-${model##*/}-${methods/,/+}-$tokens" $PY scripts/real_size.py --model "$model" \
+            --dtype bfloat16 --cache /tmp/real-size "${reduce[@]}" --methods "$methods" --image-tokens "$tokens" \
+            --prompt-tokens $text --new-tokens $k "${only[@]}" --results "$rows"
+    done
+}
+
+stage() {  # stage NAME: one stage of the next GPU session
+    local gpu select model
+    gpu=$(gpu_name)
+    case "$1" in
+    static-tests)
+        if [ -s "$RESULTS/static-tests-$gpu.xml" ]; then
+            echo "=== static-tests: $RESULTS/static-tests-$gpu.xml is there"
+            return
+        fi
+        select=cuda
+        if [ -n "$DRY" ]; then select="cpu and on_the_device"; fi
+        run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/test_static_decode.py \
+            -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
+        ;;
+    table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100)
+        run "$(box 270)" table3 $PY scripts/gpu_bench.py --model $LLAMA "${TINY[@]}" --new-tokens $K \
+            --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-llama-3.1-8b.json" --deadline "$(box 260)" \
+            --plan "$SHORT:none,plain,macs;$SHORT:rollout,attnlrp;$SHORT:atman:1"
+        ;;
+    table3-long) # Rollout at 32k keeps ~64 GiB beyond the weights: out of memory on an H100, recorded as refused
+        run "$(box 100)" table3-long $PY scripts/gpu_bench.py --model $LLAMA "${TINY[@]}" --new-tokens $K \
+            --repeats 1 --json "$RESULTS/bench-gpu-$gpu-llama-3.1-8b-long.json" --deadline "$(box 90)" \
+            --plan "$LONG:none,plain,macs,rollout"
+        ;;
+    static) # where launches dominate: the CUDA-graph path against the dynamic loop, same model, same process kind
+        model=(--folder /tmp/smollm2-135m-32k)
+        if [ -n "$DRY" ]; then model=(--model $LLAMA "${TINY[@]}"); else long_copy /tmp/smollm2-135m-32k; fi
+        for decode in $DECODE dynamic; do
+            run "$(box 60)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
+                --new-tokens $K --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-static-$decode.json" \
+                --deadline "$(box 50)" --plan "$STATIC_LENGTHS:none,plain,macs"
+        done
+        ;;
+    product)
+        product "$gpu"
+        ;;
+    esac
+}
+
 case "$STAGE" in
+all)
+    for name in static-tests table3 table3-long static product; do
+        if [ $((TOTAL - SECONDS)) -lt 20 ]; then
+            echo "=== out of time before $name: run again to resume"
+            break
+        fi
+        stage "$name"
+    done
+    ;;
+static-tests | table3 | table3-long | static | product)
+    stage "$STAGE"
+    ;;
 tests)
     workers=${PYTEST_WORKERS:-}
     xdist=()
@@ -50,18 +199,7 @@ embedded)
     ;;
 bench)
     long=/tmp/smollm2-135m-32k
-    $PY - "$long" <<'EOF'
-import json, shutil, sys
-from pathlib import Path
-from explainer.models import _converted_embedded_folder
-target = Path(sys.argv[1])
-if not target.exists():
-    shutil.copytree(_converted_embedded_folder(), target)
-cfg = json.loads((target / "config.json").read_text())
-cfg["max_position_embeddings"] = 32800
-(target / "config.json").write_text(json.dumps(cfg))
-print("long-context copy at", target)
-EOF
+    long_copy "$long"
     run "${STAGE_SECONDS:-120}" bench-short $PY -m explainer bench --dtype bfloat16 --prompt-tokens 1024,4096 \
         --new-tokens 32 --methods none,macs,rollout --repeats 3 --json "$OUT/bench-gpu-short.json" --markdown
     run "${STAGE_SECONDS:-200}" bench-long $PY -m explainer bench --model "$long" --dtype bfloat16 \

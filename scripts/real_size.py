@@ -9,8 +9,11 @@ length), and then, in a fresh process per model and precision, measures what the
 - text: a ~300-token prompt with MACS + Rollout, 32 answer tokens (teacher-forced token ids, the same forward passes
   as greedy generation; random weights would stop at a random end-of-sequence): time to the first token and tokens/s
   after it;
-- image (vision-language models): a 448 x 448 image at 256 image tokens (or `--image-tokens`) and a short question,
-  MACS + Rollout, 32 answer tokens: total seconds and peak RSS.
+- image (vision-language models): a 448 x 448 image (larger for more tokens) at 256 image tokens (or
+  `--image-tokens`) and a short question, MACS + Rollout, 32 answer tokens: total seconds and peak RSS.
+
+`--methods` changes the methods (`all`: every registered method that applies), `--no-text` skips the text question.
+On a machine with CUDA the model loads there (`load_model`'s default), and `--dtype bfloat16` is the GPU's precision.
 
 Usage: python scripts/real_size.py --model Qwen/Qwen2-VL-2B-Instruct --dtype float32 --cache /tmp/real-size
        [--layers 2 --vision-depth 1 --vocab 4096] (reduced sizes, as the tests use) [--results file.jsonl]
@@ -97,7 +100,15 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
-def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image_tokens: int) -> dict:
+def _methods(spec: str, image: bool) -> list[str]:
+    """`--methods`: names, or "all" (every registered method; for an image prompt those that explain images)."""
+    from explainer.methods import method_choices
+
+    return method_choices(image=image) if spec == "all" else [m for m in spec.split(",") if m]
+
+
+def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image_tokens: int, methods: str = "macs,"
+            "rollout", text: bool = True) -> dict:  # fmt: skip
     """Load and run the saved model as the app does (see the module docstring); returns the figures."""
     import numpy as np
     import torch
@@ -115,13 +126,15 @@ def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image
         words = words[: max(1, len(words) - max(1, (n - prompt_tokens) // 2))]
         n = len(bundle.encode(" ".join(words), chat_template=True, max_new_tokens=new_tokens).input_ids[0])
     answer = [int(i) for i in np.random.default_rng(0).integers(5, len(bundle.tokenizer) - 1, new_tokens)]
-    row.update(_timed(stream_explain(bundle, " ".join(words), methods=["macs", "rollout"], max_new_tokens=new_tokens,
-                                     answer=answer), "text"))  # fmt: skip
-    row["text_prompt_tokens"] = n
+    if text:
+        row.update(_timed(stream_explain(bundle, " ".join(words), methods=_methods(methods, False),
+                                         max_new_tokens=new_tokens, answer=answer), "text"))  # fmt: skip
+        row["text_prompt_tokens"] = n
     if bundle.image_processor is not None:
         rng = np.random.default_rng(0)
-        image = Image.fromarray(rng.integers(0, 255, (448, 448, 3), dtype=np.uint8))
-        stream = stream_explain(bundle, "What is in the image?", methods=["macs", "rollout"], image=image,
+        side = max(448, 28 * int(np.ceil(np.sqrt(image_tokens))))  # 28 pixels a merged token: room for all of them
+        image = Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))
+        stream = stream_explain(bundle, "What is in the image?", methods=_methods(methods, True), image=image,
                                 max_image_tokens=image_tokens, max_new_tokens=new_tokens, answer=answer)  # fmt: skip
         row.update(_timed(stream, "image"))
     row["peak_rss_gb"] = _rss_gb()
@@ -147,6 +160,17 @@ def _timed(stream, key: str) -> dict:
     return out
 
 
+def _machine() -> str:
+    """The accelerator (or the CPU) the row was measured on."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(0)
+    from explainer.bench.runner import machine_info
+
+    return f"CPU: {machine_info('cpu', None)['cpu_model']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a default model's Hub id (its config ships with the package)")
@@ -158,13 +182,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prompt-tokens", type=int, default=300)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--image-tokens", type=int, default=256)
+    p.add_argument("--methods", default="macs,rollout", help="comma-separated, or all (every method that applies)")
+    p.add_argument("--no-text", action="store_true", help="time the image question only")
     p.add_argument("--results", help="append the row to this JSON-lines file")
     p.add_argument("--measure-only", action="store_true", help=argparse.SUPPRESS)  # the fresh measuring process
     a = p.parse_args(argv)
     reduced = "-".join(f"{k}{v}" for k, v in (("L", a.layers), ("V", a.vision_depth), ("vocab", a.vocab)) if v)
     folder = Path(a.cache) / f"{a.model.rsplit('/', 1)[-1]}-{a.dtype}{'-' + reduced if reduced else ''}"
     if a.measure_only:
-        row = measure(folder, a.dtype, a.prompt_tokens, a.new_tokens, a.image_tokens)
+        row = measure(folder, a.dtype, a.prompt_tokens, a.new_tokens, a.image_tokens, a.methods, not a.no_text)
         print(json.dumps(row))
         return 0
     if not (folder / "config.json").is_file():
@@ -172,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     out = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--measure-only"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     row = {"model": a.model, "dtype": a.dtype, "reduced": reduced or None, "date": time.strftime("%Y-%m-%d"),
+           "methods": a.methods, "image_tokens_asked": a.image_tokens, "machine": _machine(),
            **json.loads(out.stdout.strip().splitlines()[-1])}  # fmt: skip
     print(json.dumps(row))
     if a.results:

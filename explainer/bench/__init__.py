@@ -10,12 +10,17 @@ tokens/s and their ratio to the baseline `none` at the same prompt length.
 How a method is timed follows from its registry entry alone, so new methods need no change here:
 
 - `none`: `model.generate(input_ids, max_new_tokens=K, min_new_tokens=K, do_sample=False)`.
+- `plain`: `generate_steps` without methods: the library's own decode loop (on a GPU the CUDA-graph path of
+  `static_decode`), what explained generation is compared with in the same engine.
 - streaming methods (e.g. `macs`): `generate_steps` with that method, the MACS path of the app.
 - post-hoc methods (e.g. `random`): `generate_steps` without methods, then `method.explain(...)`; the time covers both.
 
 On a shared machine other processes slow the timed runs badly (two torch threads on two busy cores can take 10x
 longer): every run records the share of the CPUs others used (`other_cpu_frac_all`), flagged rows are warned about,
 and `--quiet-wait` holds each timed run until the machine is idle.
+
+Each row records the loop that generated (`decode_path`: "generate", "dynamic", "static" or "cuda-graph");
+`--decode` chooses it for the library's runs (`static_decode.POLICIES`).
 
 Prompts are real text, tokenised without chat template and cut to exactly N tokens: the essays in
 `explainer/data/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`,
@@ -32,6 +37,7 @@ from .probes import BUSY_WARNING
 from .prompts import DEFAULT_TEXT, DEFAULT_TEXT_NAME, prompt_ids, prompt_text
 from .report import (
     BASELINE,
+    PLAIN,
     BenchRow,
     EfficiencyRow,
     efficiency_rows,
@@ -47,6 +53,7 @@ from .worker import WARMUP_NEW_TOKENS, WARMUP_POSTHOC_PROMPT_TOKENS, make_runner
 
 __all__ = [
     "BASELINE",
+    "PLAIN",
     "BUSY_WARNING",
     "BenchConfig",
     "DEFAULT_TEXT",

@@ -12,8 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, UnknownMethodError
+from ..static_decode import POLICIES
 from .prompts import prompt_text
-from .report import BASELINE
+from .report import BASELINE, PLAIN
 
 
 def _lengths(values: Sequence[int]) -> tuple[int, ...]:
@@ -34,12 +35,12 @@ def _methods(specs: Sequence[str]) -> tuple[str, ...]:
     if not names:
         raise InputError("Give at least one method to benchmark, e.g. none,macs.")
     for name in names:
-        if name == BASELINE:
+        if name in (BASELINE, PLAIN):
             continue
         try:
             method_from_spec(name)
         except UnknownMethodError as e:
-            valid = ", ".join([BASELINE, *METHODS])
+            valid = ", ".join([BASELINE, PLAIN, *METHODS])
             raise UnknownMethodError(f"Unknown method {name!r}. Available for bench: {valid}.") from e
     return names
 
@@ -52,7 +53,8 @@ class BenchConfig:
         model: hub id or local folder (None: the embedded model).
         prompt_lengths: prompt lengths N in tokens, each once, in the order given.
         new_tokens: tokens K generated per timed run (end-of-sequence never stops a run early).
-        methods: "none" (plain `model.generate`) and method specs (`name:key=value`), lower-cased, each once.
+        methods: "none" (plain `model.generate`), "plain" (the library's own decode loop, no method) and method
+            specs (`name:key=value`), lower-cased, each once.
         repeats: timed runs per pair; the median is reported.
         device, device_map: where the model goes (see `models.load_model`).
         dtype: the weights' dtype by name (see `precision.parse_dtype`; "auto": the device's default).
@@ -60,6 +62,7 @@ class BenchConfig:
         quiet_wait: seconds to wait, before each timed run, for other processes to leave the CPUs alone.
         threads: `torch.set_num_threads` in every worker (None: torch's default).
         live_mem: also measure `BenchRow.live_peak_mem_mb` (CPU only).
+        decode: the decode loop's policy in every worker (a `static_decode.POLICIES` name; None: the default choice).
     """
 
     model: str | None = None
@@ -75,6 +78,7 @@ class BenchConfig:
     quiet_wait: float = 0.0
     threads: int | None = None
     live_mem: bool = False
+    decode: str | None = None
 
     def __post_init__(self) -> None:
         from ..runtime.precision import parse_dtype
@@ -89,6 +93,8 @@ class BenchConfig:
             raise InputError(f"Threads must be at least 1, got {self.threads!r}.")
         if self.quiet_wait < 0:
             raise InputError(f"The quiet wait must be zero or more seconds, got {self.quiet_wait}.")
+        if self.decode is not None and self.decode not in POLICIES:
+            raise InputError(f"The decode policy must be one of {', '.join(POLICIES)}, got {self.decode!r:.40}.")
         parse_dtype(self.dtype)  # a bad name fails here, before any worker starts; workers get the name
         for name in ("data_path", "prompt_file"):
             value = getattr(self, name)

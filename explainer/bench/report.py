@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import InputError
 
 BASELINE = "none"
+PLAIN = "plain"  # generation through the library's own decode loop without methods (`decode.generate_steps`)
 
 
 @dataclass
@@ -35,6 +36,8 @@ class BenchRow:
             (0 = quiet machine); runs above ~0.1 are slowed by contention. None where /proc/stat is unreadable.
         tokens_per_s_ratio, peak_mem_ratio, live_peak_mem_ratio: relative to `none` at the same prompt and
             new-token lengths.
+        decode_path: the loop that generated: "generate" (`model.generate`, the `none` baseline) or what
+            `static_decode.choose_path` chose ("dynamic", "static", "cuda-graph"); None in reports saved before it.
         positions: forward positions of the last timed run, where counted: `forward_positions` (computed; plain
             generation's N + K - 1) and, for Sources, what leave-one-sentence-out without a cache and ContextCite's
             64 ablations would compute (`leave_one_sentence_out_positions`, `contextcite_positions`). None elsewhere.
@@ -57,6 +60,7 @@ class BenchRow:
     peak_mem_ratio: float | None = None
     live_peak_mem_ratio: float | None = None
     positions: dict[str, int] | None = None
+    decode_path: str | None = None
 
 
 def with_ratios(rows: list[BenchRow]) -> list[BenchRow]:
@@ -108,10 +112,14 @@ _POSITION_COLUMNS = (
 )
 
 
+_PATH_COLUMNS = (("decode_path", "decode loop", lambda r: r.decode_path or "-"),)
+
+
 def _columns(rows: list[BenchRow]) -> tuple:
     live = _LIVE_COLUMNS if any(r.live_peak_mem_mb is not None for r in rows) else ()
     counted = any(r.method != BASELINE and r.positions for r in rows)  # plain generation's alone says nothing
-    return _COLUMNS + live + (_POSITION_COLUMNS if counted else ())
+    paths = _PATH_COLUMNS if any(r.decode_path for r in rows) else ()  # none in reports saved before it
+    return _COLUMNS + live + (_POSITION_COLUMNS if counted else ()) + paths
 
 
 def format_table(rows: list[BenchRow]) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -18,10 +19,11 @@ from ..methods import method_from_spec as from_spec
 from ..models.loading import load_model
 from ..runtime.precision import dtype_name
 from ..runtime.session import hold
+from ..static_decode import DECODE_ENV, choose_path
 from .config import BenchConfig
 from .probes import ContentionProbe, MemoryProbe, live_peak_mb
 from .prompts import prompt_ids
-from .report import BASELINE, BenchRow
+from .report import BASELINE, PLAIN, BenchRow
 
 WARMUP_NEW_TOKENS = 2  # enough to run the prefill and one cached decode step
 # Post-hoc methods (AtMan) cost about as much for 2 new tokens as for 32 (their cost grows with the prompt), so they
@@ -77,6 +79,13 @@ def _make_runner(
 
         return run_plain
 
+    if method_name == PLAIN:
+
+        def run_library(input_ids: torch.Tensor, k: int) -> int:
+            return sum(1 for _ in generate_steps(model, DecodeJob(input_ids, [], k)))
+
+        return run_library
+
     method = method_from_spec(method_name)
     if method.streaming:
 
@@ -112,6 +121,8 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
     n, k = prompt_tokens, config.new_tokens
     if config.threads:
         torch.set_num_threads(config.threads)
+    if config.decode:
+        os.environ[DECODE_ENV] = config.decode  # this worker's own environment: its decode policy
     bundle = load_model(
         config.model, device=config.device, device_map=config.device_map, dtype=config.dtype, max_prompt_tokens=n
     )
@@ -125,12 +136,13 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
     work: dict[str, int] = {}
     run = make_runner(bundle.model, method, bundle.readable(ids), work)
-    posthoc = method != BASELINE and not method_from_spec(method).streaming
+    posthoc = method not in (BASELINE, PLAIN) and not method_from_spec(method).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(bundle.device.type, k))
     gc.collect()
 
     work.clear()  # the warm-up's counts were over a shorter prompt
-    row = _timed_runs(config, method, bundle.device, run, input_ids)
+    row = timed_runs(config, method, bundle.device, run, input_ids)
+    row.decode_path = decode_path(bundle.model, method, input_ids)
     row.positions = dict(work) or None
     if config.live_mem and bundle.device.type == "cpu":
         row.live_peak_mem_mb = live_peak_mb(run, input_ids, k)
@@ -144,7 +156,7 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
     }
 
 
-def _timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_ids: Any) -> BenchRow:
+def timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_ids: Any) -> BenchRow:
     """`config.repeats` timed runs of `run` over `input_ids` (1, N) with K new tokens each, with their memory peaks
     and the CPU time other processes took meanwhile."""
     import torch
@@ -176,6 +188,15 @@ def _timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_i
         seconds_all=seconds, peak_mem_mb_all=peaks, mem_method=probe.method, base_mem_mb=bases[0],
         cpu_seconds_all=cpu_seconds, other_cpu_frac_all=other_cpu, live_peak_mem_mb=None,
     )  # fmt: skip
+
+
+def decode_path(model: Any, method_name: str, input_ids: Any) -> str:
+    """The loop a configuration generates with: "generate" for the baseline, else `static_decode.choose_path`'s
+    (asked after the runs, so a CUDA graph that failed to record reads as the eager static path it fell back to)."""
+    if method_name == BASELINE:
+        return "generate"
+    method = None if method_name == PLAIN else method_from_spec(method_name)
+    return choose_path(model, input_ids, [method] if method is not None and method.streaming else [])
 
 
 def worker_main(argv: list[str]) -> int:

@@ -22,11 +22,17 @@ from ..bench import (
 )
 from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..static_decode import POLICIES
 from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
 def _split(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
+
+_DECODE_HELP = (
+    "the library's decode loop in every worker (rows say which ran): auto (CUDA graphs on a GPU where they apply), "
+    "dynamic (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs)"
+)
 
 
 def _parse_lengths(text: str) -> list[int]:
@@ -96,6 +102,7 @@ def bench_config(args: argparse.Namespace) -> BenchConfig:
         model=args.model, prompt_lengths=_parse_lengths(args.prompt_tokens), new_tokens=args.new_tokens,
         methods=_split(args.methods), repeats=args.repeats, **placement(args), dtype=args.dtype, data_path=data,
         prompt_file=args.prompt_file, quiet_wait=args.quiet_wait, threads=args.threads, live_mem=args.live_mem,
+        decode=args.decode,
     )  # fmt: skip
 
 
@@ -137,8 +144,8 @@ def add_bench_parser(sub: Any) -> None:
         "--methods",
         default=",".join(defaults.methods),
         help=methods_help(
-            "comma-separated: none (plain generate) and registered method names, each optionally with options "
-            "as name:key=value:key=value (e.g. macs:alpha=0.5)"
+            "comma-separated: none (plain generate), plain (the library's loop, no method) and registered method "
+            "names, each optionally with options as name:key=value:key=value (e.g. macs:alpha=0.5)"
         ),
     )
     p.add_argument(
@@ -148,6 +155,7 @@ def add_bench_parser(sub: Any) -> None:
     dtype_option(p)
     add_device_map_option(p)
     _text_options(p)
+    p.add_argument("--decode", choices=POLICIES, help=_DECODE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",

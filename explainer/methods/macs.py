@@ -54,6 +54,22 @@ class MACSConfig:
             raise ValueError(f"alpha must lie in [0, 1], got {self.alpha}")
 
 
+def log_factors(rows: torch.Tensor, n: int, config: MACSConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Eqs. 4-7 on the rows' device, no host read: ((L, N) float64 layer factors of Eq. 6, (N,) float64 log of c_L).
+
+    Args:
+        rows: (L, H, T) attention probabilities of the predicting query, T >= N; keys after the query (a static
+            cache's unused positions) must hold 0, which leaves the redistribution of Eq. 4 unchanged.
+    """
+    a = rows.to(torch.float64)  # (L, H, T), T = N + k (or a static cache's length)
+    a_in = a[..., :n]  # (L, H, N)
+    if config.redistribute and a.shape[-1] > n:
+        a_in = a_in + a[..., n:].sum(dim=-1, keepdim=True) / n  # Eq. 4
+    pooled = _POOLING[config.pooling](a_in)  # (L, N), Eq. 5
+    floored = config.alpha * pooled + (1.0 - config.alpha)  # (L, N), Eq. 6
+    return floored, torch.log(floored).sum(dim=0)  # (N,), the log of Eq. 7
+
+
 class MACS(AttributionMethod):
     name = "macs"
     display_name = "MACS"
@@ -89,22 +105,28 @@ class MACS(AttributionMethod):
         return floor
 
     def step(self, rows: torch.Tensor) -> np.ndarray:
-        cfg, n = self.config, self.n
-        a = rows.to(torch.float64)  # (L, H, T), T = N + k
-        a_in = a[..., :n]  # (L, H, N)
-        if cfg.redistribute and a.shape[-1] > n:
-            a_in = a_in + a[..., n:].sum(dim=-1, keepdim=True) / n  # Eq. 4
-        pooled = _POOLING[cfg.pooling](a_in)  # (L, N), Eq. 5
-        floored = cfg.alpha * pooled + (1.0 - cfg.alpha)  # (L, N), Eq. 6
-        if cfg.keep_layers:
+        floored, log_c = log_factors(rows, self.n, self.config)
+        if self.config.keep_layers:
             self._keep(floored)
-        log_c = to_numpy(torch.log(floored).sum(dim=0))  # (N,) float64, log of Eq. 7: the step's one device sync
+        return self.finish_step(to_numpy(log_c))  # the step's one device sync
+
+    def finish_step(self, log_c: np.ndarray) -> np.ndarray:
+        """The (N,) float32 raw row of the next step from its (N,) float64 log of Eq. 7, read from the device: c_L,
+        or c_L divided by a constant when it leaves float32's normal range (the step is then in `rescaled_steps`)."""
         step, self.steps_done = self.steps_done, self.steps_done + 1
         finite = log_c[np.isfinite(log_c)]
         if finite.size and finite.min() < _LOG_FLOAT32_TINY:
             self.rescaled_steps.append(step)
             log_c = log_c - (finite.max() + finite.min()) / 2
         return np.exp(log_c).astype(np.float32)
+
+    def reserve_layers(self, steps: int, num_layers: int, device: torch.device) -> torch.Tensor | None:
+        """With `keep_layers`, the (steps, L, N) float32 layer-factor buffer allocated at once, for a decode path that
+        writes step k's factors at row k on the device (`explainer/static_decode.py`); None without."""
+        if not self.config.keep_layers:
+            return None
+        self.layers = torch.empty((steps, num_layers, self.n), dtype=torch.float32, device=device)  # (K, L, N)
+        return self.layers
 
     def _keep(self, floored: torch.Tensor) -> None:
         """Copy this step's (L, N) factors into the device buffer, doubling it when full; no host read."""

@@ -141,6 +141,15 @@ class SinkTracker:
         self.share_min = share if self.share_min is None else torch.minimum(self.share_min, share)
         self.steps += 1
 
+    def add_totals(self, share_sum: torch.Tensor, share_min: torch.Tensor, steps: int) -> None:
+        """`steps` more steps whose (N,) summed and smallest shares were gathered elsewhere on the device (the static
+        decode path accumulates them inside its fixed-shape step, `explainer/static_decode.py`); no host read."""
+        if steps == 0:
+            return
+        self.share_sum = share_sum if self.share_sum is None else self.share_sum + share_sum
+        self.share_min = share_min if self.share_min is None else torch.minimum(self.share_min, share_min)
+        self.steps += steps
+
     @contextlib.contextmanager
     def probing_norms(self, model: torch.nn.Module) -> Iterator[None]:
         """Within the block, a forward pass of `model` over the prompt records the hidden-state norms entering its

@@ -273,7 +273,7 @@ def test_bench_of_sources_counts_its_forward_positions(tiny_model_dir, tmp_path)
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--methods", "none,nope"], "Available for bench: none, macs"),
+        (["--methods", "none,nope"], "Available for bench: none, plain, macs"),
         (["--prompt-tokens", "16,x"], "comma-separated integers"),
         (["--prompt-tokens", "0"], "positive"),
         (["--data", "/no/such/file.json"], "no such file"),
@@ -381,3 +381,29 @@ def test_the_warm_up_generates_every_token_on_an_accelerator():
     assert warmup_new_tokens("cpu", 32) == WARMUP_NEW_TOKENS < 32
     assert warmup_new_tokens("cpu", 1) == 1
     assert warmup_new_tokens("cuda", 32) == 32
+
+
+def test_plain_rows_say_which_decode_loop_ran(tiny_model_dir, monkeypatch):
+    """`plain` times the library's own loop without methods; each row names the loop (`--decode` chooses it)."""
+    from explainer.bench.config import BenchConfig
+    from explainer.bench.worker import measure
+    from explainer.static_decode import DECODE_ENV
+
+    monkeypatch.setenv(DECODE_ENV, "auto")  # restored after the test, whatever the worker sets
+    paths = {}
+    for method, decode in [
+        ("none", None),
+        ("plain", None),
+        ("plain", "static"),
+        ("macs", "static"),
+        ("rollout", "static"),
+    ]:
+        config = BenchConfig(
+            model=str(tiny_model_dir), prompt_lengths=(16,), new_tokens=3, methods=(method,), repeats=1, device="cpu",
+            dtype="float32", decode=decode,
+        )  # fmt: skip
+        row = measure(config, method, 16)["row"]
+        assert row["new_tokens"] == 3 and row["tokens_per_s"] > 0
+        paths[method, decode] = row["decode_path"]
+    assert paths == {("none", None): "generate", ("plain", None): "dynamic", ("plain", "static"): "static",
+                     ("macs", "static"): "static", ("rollout", "static"): "dynamic"}  # fmt: skip

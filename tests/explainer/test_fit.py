@@ -16,6 +16,7 @@ REAL_PARAMETERS = {
     "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
     "Qwen/Qwen2.5-VL-3B-Instruct": 3_754_622_976,
     "Qwen/Qwen2-VL-2B-Instruct": 2_208_985_600,
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,  # Table 3's model (issue #33)
 }
 GB = 10**9
 

@@ -35,6 +35,7 @@ from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import MethodScores
 from explainer.runtime.kv import batch_budget
 from explainer.runtime.memory import MemoryRequest, ModelShape, request_bytes
+from explainer.static_decode import DECODE_ENV
 
 from ..conftest import ACCELERATORS, BUILDERS, DEVICES, QA_ROW, build_model
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
@@ -231,7 +232,8 @@ def _syncs_per_step(model, n: int, methods: list[str], steps: int = 5) -> list[i
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)
-def test_cuda_syncs_per_token_are_few_and_constant(device):
+def test_cuda_syncs_per_token_are_few_and_constant(device, monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "dynamic")  # the per-token loop; the static path reads per chunk: test_static_decode
     model = build_model("llama").to(device)
     plain = _syncs_per_step(model, 23, [])
     streaming = _syncs_per_step(model, 23, ["macs", "rollout"])

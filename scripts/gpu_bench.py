@@ -1,0 +1,201 @@
+"""`bench` in one process, resumable: the GPU session's Table 3 at real size and the static path's speed (issue #33).
+
+`python -m explainer bench` loads the model afresh in one process per configuration, which keeps memory figures
+independent but costs a load each time: for an 8B model ~10 s of a 15-minute GPU window per row. Here the model is
+built once and every configuration runs in this process with bench's own runners and timing (`bench.make_runner`,
+`worker.timed_runs`: a warm-up of all K tokens on an accelerator, the median of the timed runs, CUDA's peak allocated
+memory reset before each run, so the weights count in every row alike). The report is bench's JSON
+(`bench --report` reads it) with `model`, `date`, `machine` (and the GPU), plus `refused`: configurations that ran
+out of memory.
+
+The model: `--model` a shipped configuration (`explainer/data/configs`, e.g. meta-llama/Llama-3.1-8B-Instruct) built
+with random weights on the device (cost depends only on shape; end-of-sequence never stops a bench run), with the
+offline tokenizer of `real_size.py`; `--tiny` shrinks its dimensions (a CPU dry run). `--folder` loads a saved model
+instead (a path, or `embedded`).
+
+`--plan` lists the configurations in the order they run, most valuable first: groups `LENGTHS:METHODS[:REPEATS]`
+separated by `;`, e.g. `512,1024,2048:none,plain,macs;8192:macs,rollout:1`. The JSON is rewritten after every
+configuration and the ones it already holds are skipped, so a run cut short by `--deadline` (seconds, after which no
+new configuration starts) or by a time box resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+            head_dim=16, vocab_size=512)  # fmt: skip
+
+
+def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
+    """`LENGTHS:METHODS[:REPEATS];...` -> [(prompt tokens, method, repeats)] in running order."""
+    out = []
+    for group in filter(None, (g.strip() for g in text.split(";"))):
+        parts = group.split(":")
+        lengths, methods = [int(v) for v in parts[0].split(",")], parts[1].split(",")
+        out += [(n, m.strip(), int(parts[2]) if len(parts) > 2 else repeats) for n in lengths for m in methods]
+    return out
+
+
+def random_model(model_id: str, dtype, device: str, tiny: bool = False):
+    """(model, tokenizer): `model_id`'s shipped configuration with random weights made on `device`."""
+    import torch
+    from real_size import SPECIAL, _tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from explainer.runtime.fit import bundled_config
+
+    config = bundled_config(model_id)
+    tok = _tokenizer()
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
+    config.eos_token_id, config.pad_token_id, config.bos_token_id = ids["<|im_end|>"], ids["<|endoftext|>"], None
+    for key, value in (TINY if tiny else {}).items():
+        setattr(config, key, value)
+    torch.manual_seed(0)
+    with torch.device(device):  # initialised where it runs: seconds for 8B on a GPU, nothing through the host
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.set_attn_implementation("sdpa")
+    return model.eval(), tok
+
+
+def _load(args):
+    """(model, tokenizer, name, device) of the arguments."""
+    import torch
+
+    from explainer.models.loading import load_model
+    from explainer.runtime.precision import parse_dtype
+
+    if args.folder:
+        bundle = load_model(None if args.folder == "embedded" else args.folder, device=args.device, dtype=args.dtype)
+        return bundle.model, bundle.tokenizer, bundle.name, bundle.device
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny)
+    name = f"{args.model} ({'tiny ' if args.tiny else ''}random weights)"
+    return model, tok, name, torch.device(device)
+
+
+def _measure(model, tok, device, n: int, method: str, k: int, repeats: int) -> dict:
+    """One configuration's `BenchRow` as a dict (bench's runner, warm-up and timing)."""
+    import torch
+
+    from explainer.bench.config import BenchConfig
+    from explainer.bench.prompts import prompt_ids
+    from explainer.bench.report import BASELINE, PLAIN
+    from explainer.bench.worker import (
+        WARMUP_POSTHOC_PROMPT_TOKENS,
+        decode_path,
+        make_runner,
+        method_from_spec,
+        timed_runs,
+        warmup_new_tokens,
+    )
+
+    ids, _ = prompt_ids(tok, n)
+    input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
+    work: dict[str, int] = {}
+    run = make_runner(model, method, None, work)
+    posthoc = method not in (BASELINE, PLAIN) and not method_from_spec(method).streaming
+    run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(device.type, k))
+    work.clear()
+    config = BenchConfig(prompt_lengths=(n,), new_tokens=k, methods=(method,), repeats=repeats)
+    row = timed_runs(config, method, device, run, input_ids)
+    row.positions = dict(work) or None
+    row.decode_path = decode_path(model, method, input_ids)
+    return asdict(row)
+
+
+def _write(path: Path, report: dict) -> None:
+    from explainer.bench.report import BenchRow, with_ratios
+
+    rows = with_ratios([BenchRow(**r) for r in report["rows"]])
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({**report, "rows": [asdict(r) for r in rows]}, indent=2), encoding="utf-8")
+    tmp.replace(path)
+
+
+def _machine(device) -> dict:
+    import torch
+
+    from explainer.bench.runner import machine_info
+
+    info = machine_info(str(device), torch.get_num_threads())
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
+    return info
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="a shipped configuration's Hub id: random weights built on the device")
+    src.add_argument("--folder", help="a saved model folder, or 'embedded'")
+    p.add_argument("--tiny", action="store_true", help="shrink the configuration's dimensions (CPU dry runs)")
+    p.add_argument("--json", required=True, help="the report; configurations it holds are skipped")
+    p.add_argument("--plan", required=True, help="LENGTHS:METHODS[:REPEATS];... in running order")
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--device", default=None)
+    p.add_argument("--decode", default=None, help="static_decode policy: auto, dynamic, static, static-eager")
+    p.add_argument("--deadline", type=float, default=None, help="seconds after which no configuration starts")
+    a = p.parse_args(argv)
+    t_start = time.perf_counter()
+    if a.decode:
+        os.environ["EXPLAINER_DECODE"] = a.decode
+    path = Path(a.json)
+    report = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    done = {(r["method"], r["prompt_tokens"]) for r in (report or {}).get("rows", [])}
+    done |= {(r["method"], r["prompt_tokens"]) for r in (report or {}).get("refused", [])}
+    plan = [c for c in parse_plan(a.plan, a.repeats) if (c[1], c[0]) not in done]
+    if not plan:
+        print(f"{path}: every configuration is there")
+        return 0
+    return _run_plan(a, path, report, plan, t_start)
+
+
+def _run_plan(a, path: Path, report: dict | None, plan: list, t_start: float) -> int:
+    import torch
+
+    from explainer.bench.prompts import prompt_text
+
+    model, tok, name, device = _load(a)
+    print(f"{name} on {device}: built/loaded in {time.perf_counter() - t_start:.1f} s", flush=True)
+    report = report or {"rows": [], "refused": [], "model": name, "dtype": a.dtype, "new_tokens": a.new_tokens,
+                        "text_source": prompt_text()[1], "decode": a.decode or "auto",
+                        "note": "one process for every configuration (scripts/gpu_bench.py)"}  # fmt: skip
+    report.update(machine=_machine(device), date=datetime.now().astimezone().isoformat(timespec="seconds"))
+    for n, method, repeats in plan:
+        if a.deadline is not None and time.perf_counter() - t_start > a.deadline:
+            print(f"deadline reached: {method} @ {n} and later configurations left for the next run", flush=True)
+            break
+        t0 = time.perf_counter()
+        try:
+            row = _measure(model, tok, device, n, method, a.new_tokens, repeats)
+        except torch.cuda.OutOfMemoryError as e:
+            report.setdefault("refused", []).append({"method": method, "prompt_tokens": n, "error": str(e)[:300]})
+            print(f"{method:>9} @ {n:>6}: out of memory", flush=True)
+        else:
+            report["rows"].append(row)
+            print(f"{method:>9} @ {n:>6}: {row['tokens_per_s']:8.2f} tokens/s, peak {row['peak_mem_mb']:9.1f} MiB, "
+                  f"{row['decode_path']} ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+        _write(path, report)
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

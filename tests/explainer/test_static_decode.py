@@ -1,0 +1,231 @@
+"""The static decode path (`explainer/static_decode.py`) against today's dynamic loop and the eager references.
+
+The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its fixed-shape step eagerly; on CUDA it
+replays it as a CUDA graph). Checked row by row against `generate_steps` on the dynamic path: the same tokens, their
+probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and the same sink
+shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation without
+methods; MACS against `reference_macs` on eager attention; no host read inside a decode step; the fallbacks.
+"""
+
+from __future__ import annotations
+
+import types
+
+import numpy as np
+import pytest
+import torch
+
+from explainer import explain
+from explainer.capture import registered_names
+from explainer.decode import DecodeJob, generate_steps
+from explainer.errors import InputError
+from explainer.methods import MACS, Rollout
+from explainer.models.loading import bundle_from_objects
+from explainer.result.sinks import SinkTracker
+from explainer.static_decode import (
+    CUDA_GRAPH,
+    DECODE_ENV,
+    DYNAMIC,
+    STATIC,
+    StaticDecoder,
+    choose_path,
+    unsupported_reason,
+)
+
+from ..conftest import ACCELERATORS, DEVICES, FailingMACS, build_model, eager_attentions
+from ..reference import reference_macs
+from .test_host_syncs import CountHostReads
+from .test_on_device import _syncs_per_step
+
+N, K = 23, 13  # chunks of the static path: steps 0 | 1 | 2-3 | 4-7 | 8-12
+
+
+def _ids(model, n: int = N, device="cpu") -> torch.Tensor:
+    return (torch.arange(3, 3 + n, device=device)[None] * 7) % model.config.vocab_size  # (1, n)
+
+
+def _run(model, ids, path: str, monkeypatch, macs_options=None, **kwargs):
+    """(steps, MACS layer factors, sink tracker) of one generation on `path` ("dynamic" or "static")."""
+    monkeypatch.setenv(DECODE_ENV, path)
+    methods = [] if macs_options is None else [MACS(**macs_options)]
+    sinks = SinkTracker(ids.shape[1], model) if methods else None
+    job = DecodeJob(ids, methods, kwargs.pop("k", K), **kwargs)
+    steps = list(generate_steps(model, job, sinks=sinks))
+    return steps, (methods[0].layer_scores() if methods else None), sinks
+
+
+def _assert_same_steps(static, dynamic, path=STATIC) -> None:
+    assert [s.token_id for s in static] == [s.token_id for s in dynamic]
+    assert [s.index for s in static] == list(range(len(dynamic)))
+    assert {s.decode_path for s in static} == {path} and {s.decode_path for s in dynamic} == {DYNAMIC}
+    for a, b in zip(static, dynamic):
+        assert a.scores.keys() == b.scores.keys()
+        for name in a.scores:
+            assert a.scores[name].dtype == np.float32
+            np.testing.assert_allclose(a.scores[name], b.scores[name], rtol=2e-5, atol=0, err_msg=name)
+        assert abs(a.probability - b.probability) < 1e-5 and abs(a.entropy - b.entropy) < 1e-4
+        assert [i for i, _ in a.alternatives] == [i for i, _ in b.alternatives]
+        np.testing.assert_allclose([p for _, p in a.alternatives], [p for _, p in b.alternatives], atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # Qwen2: one key head for four query heads (GQA)
+@pytest.mark.parametrize("options", [{}, {"keep_layers": True, "pooling": "mean"}, {"redistribute": False}],
+                         ids=["default", "layers-mean", "no-redistribution"])  # fmt: skip
+def test_static_path_equals_the_dynamic_path(kind, options, monkeypatch):
+    model = build_model(kind)
+    ids = _ids(model)
+    static, layers, sinks = _run(model, ids, "static", monkeypatch, options)
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, options)
+    assert len(static) == K
+    _assert_same_steps(static, dynamic)
+    if options.get("keep_layers"):
+        assert layers.shape == dyn_layers.shape == (K, model.config.num_hidden_layers, N)
+        np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
+    assert sinks.steps == dyn_sinks.steps == K
+    np.testing.assert_allclose(sinks.share_sum.numpy(), dyn_sinks.share_sum.numpy(), rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(sinks.share_min.numpy(), dyn_sinks.share_min.numpy(), rtol=1e-5, atol=1e-7)
+    assert sinks.record() == dyn_sinks.record()
+    assert registered_names() == []
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_teacher_forced_answer_and_plain_generation(kind, monkeypatch):
+    model = build_model(kind)
+    ids = _ids(model)
+    forced = [int(t) for t in (torch.arange(K) * 11 + 5) % model.config.vocab_size]
+    forced[4] = model.config.eos_token_id  # a given answer runs all K steps, an end-of-sequence id inside included
+    static, _, _ = _run(model, ids, "static", monkeypatch, {}, forced_ids=forced, eos_token_ids=[forced[4]])
+    dynamic, _, _ = _run(model, ids, "dynamic", monkeypatch, {}, forced_ids=forced, eos_token_ids=[forced[4]])
+    assert [s.token_id for s in static] == forced
+    _assert_same_steps(static, dynamic)
+    plain, _, _ = _run(model, ids, "static", monkeypatch)  # no method: no capture, only the tokens and their stats
+    _assert_same_steps(plain, _run(model, ids, "dynamic", monkeypatch)[0])
+
+
+@pytest.mark.parametrize("stop_at", [0, 1, 5, K - 1])  # the prefill, a chunk of one, inside a chunk, the last step
+def test_end_of_sequence_stops_both_paths_at_the_same_step(stop_at, monkeypatch):
+    model = build_model("llama")
+    ids = _ids(model)
+    tokens = [s.token_id for s in _run(model, ids, "dynamic", monkeypatch, {}, k=K)[0]]
+    eos = tokens[stop_at]
+    first = tokens.index(eos)  # the first time that token comes
+    static, _, sinks = _run(model, ids, "static", monkeypatch, {}, eos_token_ids=[eos])
+    dynamic, _, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, {}, eos_token_ids=[eos])
+    assert len(static) == len(dynamic) == first + 1
+    _assert_same_steps(static, dynamic)
+    assert sinks.steps == dyn_sinks.steps == first + 1  # the steps computed after it are left out of the shares
+    np.testing.assert_allclose(sinks.share_sum.numpy(), dyn_sinks.share_sum.numpy(), rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_macs_on_the_static_path_equals_the_reference(tokenizer, kind, monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "static")
+    bundle = bundle_from_objects(build_model(kind), tokenizer, name=kind)
+    prompt = "Question: What is the capital of France? Context: Paris is the capital of France."
+    attr = explain(bundle, prompt, methods=["macs"], max_new_tokens=8)
+    assert attr.meta["decode_path"] == STATIC
+    n, k = attr.num_prompt_tokens, attr.num_steps
+    attentions, _ = eager_attentions(bundle.model, torch.tensor([attr.prompt_token_ids + attr.generated_token_ids]))
+    ref_raw, ref_z = reference_macs(attentions, n, k)
+    np.testing.assert_allclose(attr.methods["macs"].raw, np.array(ref_raw), rtol=1e-4, atol=0)
+    np.testing.assert_allclose(attr.methods["macs"].z, np.array(ref_z), atol=1e-4)
+    monkeypatch.setenv(DECODE_ENV, "dynamic")
+    assert explain(bundle, prompt, methods=["macs"], max_new_tokens=8).meta["decode_path"] == DYNAMIC
+
+
+def test_a_decode_step_reads_nothing_on_the_host():
+    """The step a CUDA graph records: no `.item()`, `.tolist()`, numpy conversion or `nonzero`, with and without
+    MACS, at every step; the host reads the buffers only between chunks (1, 2, 4, ... steps)."""
+    model = build_model("qwen2")
+    ids = _ids(model)
+    for macs in ([], [MACS(keep_layers=True)]):
+        for m in macs:
+            m.begin(N)
+        decoder = StaticDecoder(model, ids, macs, K, eos_token_ids=[2], sinks=SinkTracker(N, model) if macs else None)
+        decoder.prefill(ids)
+        with decoder.capturing():
+            for _ in range(K - 1):
+                with CountHostReads() as mode:
+                    decoder.step()
+                assert mode.count == 0, macs
+        assert int(decoder.k) == K
+
+
+def test_host_reads_happen_only_between_chunks(monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "static")
+    model = build_model("llama")
+    gen = generate_steps(model, DecodeJob(_ids(model), [MACS()], K))
+    counts = []
+    while True:
+        with CountHostReads() as mode:
+            try:
+                next(gen)
+            except StopIteration:
+                break
+        counts.append(mode.count)
+    assert len(counts) == K
+    reads = [i for i, c in enumerate(counts) if c]
+    assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps; one read for the tokens, one for MACS
+    assert all(counts[i] <= 2 for i in reads), counts
+
+
+def test_the_path_chosen():
+    llama, sliding = build_model("llama"), build_model("qwen2_sliding")
+    cpu = _ids(llama)
+    cuda = types.SimpleNamespace(device=torch.device("cuda"))  # only its device is read
+    assert choose_path(llama, cpu, [MACS()]) == DYNAMIC  # the CPU keeps today's loop by default
+    assert choose_path(llama, cuda, [MACS()]) == choose_path(llama, cuda, []) == CUDA_GRAPH
+    assert choose_path(llama, cpu, [MACS()], policy="static") == STATIC
+    assert choose_path(llama, cuda, [MACS()], policy="static-eager") == STATIC
+    assert choose_path(llama, cuda, [MACS()], policy="dynamic") == DYNAMIC
+    for model, methods, extra in [
+        (llama, [Rollout()], None),  # Rollout's update stays on the dynamic path
+        (llama, [FailingMACS()], None),  # a subclass may change MACS's step
+        (llama, [MACS()], {"pixel_values": torch.zeros(1)}),  # image prompts
+        (sliding, [MACS()], None),  # sliding-window layers
+    ]:
+        assert unsupported_reason(model, methods, extra) is not None
+        assert choose_path(model, cuda, methods, extra, policy="static") == DYNAMIC
+    assert unsupported_reason(llama, [MACS()]) is None
+    with pytest.raises(InputError, match=DECODE_ENV):
+        choose_path(llama, cpu, [], policy="graphs")
+
+
+def test_a_stopped_consumer_leaves_nothing_registered(monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "static")
+    model = build_model("llama")
+    gen = generate_steps(model, DecodeJob(_ids(model), [MACS()], K))
+    for _ in range(3):
+        next(gen)
+    assert registered_names() == []  # capture is entered around each chunk's passes, never across a yield
+    gen.close()
+    assert registered_names() == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_static_path_on_the_device(device, kind, monkeypatch):
+    """On CUDA `static` replays a CUDA graph (`auto` chooses it too); on the CPU it runs the same step eagerly.
+    Either way: the dynamic loop's tokens and rows on the same device."""
+    model = build_model(kind).to(device)
+    ids = _ids(model, device=device)
+    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True})
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, {"keep_layers": True})
+    _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
+    np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
+    assert sinks.record() == dyn_sinks.record()
+    if device == "cuda":
+        monkeypatch.setenv(DECODE_ENV, "auto")
+        assert choose_path(model, ids, [MACS()]) == CUDA_GRAPH
+
+
+@pytest.mark.parametrize("device", ACCELERATORS)
+def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
+    """What CUDA itself reports: inside a chunk the graph's replays never wait for the device; a chunk's first
+    step reads the buffers (the tokens, one per MACS), whatever the prompt length. Step 1 also records the graph."""
+    monkeypatch.setenv(DECODE_ENV, "auto")
+    model = build_model("llama").to(device)
+    for n in (23, 61):
+        counts = _syncs_per_step(model, n, ["macs"], steps=K)
+        assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, counts)
+        assert max(counts[2:]) <= 2, (n, counts)

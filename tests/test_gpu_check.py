@@ -1,0 +1,85 @@
+"""scripts/gpu_check.sh's stages of the next GPU session, dry-run on the CPU (DRY_RUN=1: tiny models and lengths,
+the same commands): every stage writes its results, and a second call finds them there and skips them. The 8B
+configuration is built from its shipped configuration on the meta device (no weights)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_bench  # noqa: E402
+
+LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
+
+
+def test_the_8b_model_builds_on_the_meta_device():
+    model, tokenizer = gpu_bench.random_model(LLAMA, torch.bfloat16, "meta")
+    assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.bfloat16
+    assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
+    assert model.config.rope_parameters["rope_type"] == "llama3" and model.config.num_key_value_heads == 8
+    assert model.config.eos_token_id == tokenizer.convert_tokens_to_ids("<|im_end|>")  # the offline tokenizer's
+
+
+def test_plans_run_in_the_order_given():
+    assert gpu_bench.parse_plan("1,2:none,macs;3:atman:1", 2) == [
+        (1, "none", 2), (1, "macs", 2), (2, "none", 2), (2, "macs", 2), (3, "atman", 1)
+    ]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("gpu-check")
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp / "results"), "TOTAL_SECONDS": "1500",
+           "PY": sys.executable}  # fmt: skip
+
+    def call() -> str:
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp / "logs"), "all"], env=env,
+                             capture_output=True, text=True, timeout=1600, check=True)  # fmt: skip
+        return out.stdout
+
+    return tmp / "results", call(), call()
+
+
+def _rows(path: Path) -> set[tuple[str, int]]:
+    return {(r["method"], r["prompt_tokens"]) for r in json.loads(path.read_text())["rows"]}
+
+
+def test_every_stage_writes_its_results(dry_run):
+    results, first, _ = dry_run
+    assert "exit 124" not in first, first  # no stage ran out of its time box
+    assert "failed" not in (results / "static-tests-cpu-dry.xml").read_text()
+    table3 = json.loads((results / "bench-gpu-cpu-dry-llama-3.1-8b.json").read_text())
+    assert {"model", "date", "machine"} <= table3.keys() and "random weights" in table3["model"]
+    methods = ("none", "plain", "macs", "rollout", "attnlrp", "atman")
+    assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b.json") == {(m, n) for m in methods for n in (16, 32)}
+    long = {(m, 48) for m in ("none", "plain", "macs", "rollout")}
+    assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b-long.json") == long
+    for decode, path in (("static", "static"), ("dynamic", "dynamic")):
+        report = json.loads((results / f"bench-gpu-cpu-dry-static-{decode}.json").read_text())
+        assert {r["decode_path"] for r in report["rows"] if r["method"] != "none"} == {path}
+        assert {(r["method"], r["prompt_tokens"]) for r in report["rows"]} == {
+            (m, n) for m in ("none", "plain", "macs") for n in (16, 48)
+        }
+    product = [json.loads(line) for line in (results / "product-gpu-cpu-dry.jsonl").read_text().splitlines()]
+    assert [(r["model"].split("/")[1], r["methods"], r["image_tokens_asked"]) for r in product] == [
+        ("Qwen2.5-1.5B-Instruct", "all", 16), ("Qwen2.5-VL-3B-Instruct", "macs,rollout", 16),
+        ("Qwen2.5-VL-3B-Instruct", "all", 16), ("Qwen2.5-VL-3B-Instruct", "macs,rollout", 36),
+        ("Qwen2.5-VL-3B-Instruct", "all", 36),
+    ]  # fmt: skip
+    assert product[0]["text_tokens"] == 3 and all(r["image_tokens"] == 3 for r in product[1:])
+
+
+def test_a_second_call_resumes_with_nothing_left(dry_run):
+    _, _, second = dry_run
+    assert "static-tests-cpu-dry.xml is there" in second
+    assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, dynamic)
+    assert second.count("is there") == 4 + 1 + 5
