@@ -10,7 +10,7 @@ to be on the same device") and the second raises. Two guards make both fail here
   in a worker thread, and `torch.set_default_device` is thread-local), by wrappers that send a tensor to the `meta`
   device when the calling frame's file is inside the library and no `device=` was given. Any later mix with a real
   tensor, or a read of its values, then fails at once. `Tensor.numpy` called from the library outside
-  `explainer/host.py` raises too.
+  `explainer/runtime/host.py` raises too.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 LIBRARY = Path(__file__).resolve().parent.parent / "explainer"
-HOST = LIBRARY / "host.py"
+HOST = LIBRARY / "runtime" / "host.py"
 
 # torch factories that create a tensor on the default device unless given `device=`; `*_like` and `Tensor.new_*`
 # inherit their argument's device and are not listed.
@@ -61,7 +61,7 @@ def library_numpy_calls(root: Path = LIBRARY) -> list[str]:
     return [
         hit
         for path in sorted(root.rglob("*.py"))
-        if path.resolve() != (root / HOST.name).resolve()
+        if path.resolve() != (root / HOST.relative_to(LIBRARY)).resolve()
         for hit in numpy_calls(path.read_text(encoding="utf-8"), str(path.relative_to(root.parent)))
     ]
 
