@@ -200,3 +200,12 @@ def check_token_ids(ids: Any, vocab_size: int) -> list[int]:
     if not out:
         raise InputError("The answer has no tokens: give at least one token id, or no answer to generate one.")
     return out
+
+
+# The batched decode (explainer/batching/) runs each row's prefill and reads each of its steps with these very
+# helpers, so a row's tokens, probabilities and method rows are computed as in this loop.
+forward_pass = _forward
+next_token = _next_token
+full_row_consumer = _full_row_consumer
+method_scores = _method_scores
+checked_request = _check_request

@@ -6,12 +6,15 @@ A given answer is teacher-forced through exactly the forward passes of generatio
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
+from . import batching
 from .contrast import alternatives_record, foil_vector, resolve_contrast
 from .decode import check_token_ids, generate_steps
 from .errors import InputError
@@ -102,7 +105,11 @@ def stream_explain(
     )  # fmt: skip
     if holds(bundle.model):
         return _inline(bundle, cancel, kwargs)
-    return run_in_worker(lambda: _stream_explain(bundle, **kwargs), bundle.model, cancel)
+    # Many visitors (explainer/batching/): a text request joins the model's batched decode, holding the model only
+    # for its post-hoc methods.
+    batched = batching.enabled() and image is None and batching.solo_reason(bundle.model) is None
+    work = lambda: _stream_explain(bundle, **kwargs, batched=batched)  # noqa: E731
+    return run_in_worker(work, bundle.model, cancel, hold_model=not batched)
 
 
 def _inline(bundle: ModelBundle, cancel: CancelToken | None, kwargs: dict[str, Any]) -> Iterator[Attribution]:
@@ -123,6 +130,7 @@ def _stream_explain(
     max_image_tokens: int | None,
     answer: str | Sequence[int] | None,
     contrast: dict[int, str | int] | None = None,
+    batched: bool = False,
 ) -> Iterator[Attribution]:
     if not isinstance(max_new_tokens, int) or not 1 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise InputError(f"max_new_tokens must be between 1 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens!r}.")
@@ -152,9 +160,11 @@ def _stream_explain(
     check_request(
         bundle.model, instances, input_ids.shape[1], k, batch_budget(bundle.model, input_ids.shape[1] + k, k, 0, 0)[0]
     )
-    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced)
+    yield from _generate(bundle, attr, input_ids, instances, max_new_tokens, extra_inputs, forced, batched)
     foils = resolve_contrast(bundle, attr, contrast, instances)  # {step: foil id}; sets meta["contrast"]
-    yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs, foils)
+    post_hoc = batched and any(not m.streaming for m in instances)
+    with hold(bundle.model) if post_hoc else contextlib.nullcontext():  # a batched request holds it only now
+        yield from _run_post_hoc(bundle, attr, instances, progress, extra_inputs, foils)
     attr.meta["status"] = "done"
     yield attr.snapshot()
 
@@ -213,9 +223,11 @@ def _generate(
     max_new_tokens: int,
     extra_inputs: dict[str, Any] | None,
     forced_ids: list[int] | None = None,
+    batched: bool = False,
 ) -> Iterator[Attribution]:
     """Greedy generation (or the teacher-forced `forced_ids`) into `attr`, with the streaming methods' rows and the
-    step scores: a snapshot after every token."""
+    step scores: a snapshot after every token. `batched`: as a row of the model's batch (`batching.batched_steps`);
+    `meta["decode"]` says which loop ran, `meta["batch_size"]` the most rows a step shared."""
     streaming = [m for m in instances if m.streaming]
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
     capacity = min(max_new_tokens, 64) if forced_ids is None else len(forced_ids)
@@ -224,7 +236,10 @@ def _generate(
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
-    for step in generate_steps(
+    seen = {"batch_size": 1}
+    decode = partial(batching.batched_steps, record=seen) if batched else generate_steps
+    attr.meta["decode"] = "batched" if batched else "solo"
+    for step in decode(
         bundle.model, input_ids, instances, max_new_tokens, bundle.eos_token_ids, method_seconds, extra_inputs,
         forced_ids, sinks,
     ):  # fmt: skip
@@ -253,6 +268,7 @@ def _generate(
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
+        batch_size=seen["batch_size"],
     )
 
 
