@@ -90,7 +90,8 @@ def stream_explain(
     step's next-token distribution (nats).
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
-    last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
+    last, so concurrent calls on one bundle run one after the other and never see each other's attention (with
+    `batching.enable()`, text requests share decode steps instead, each row still its own: `meta["decode"]`). Each
     update is a snapshot that the work does not change afterwards. Closing the returned stream (or dropping it)
     cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
 
@@ -105,9 +106,14 @@ def stream_explain(
     )  # fmt: skip
     if holds(bundle.model):
         return _inline(bundle, cancel, kwargs)
-    # Many visitors (explainer/batching/): a text request joins the model's batched decode, holding the model only
-    # for its post-hoc methods.
-    batched = batching.enabled() and image is None and batching.solo_reason(bundle.model) is None
+    return _in_worker(bundle, cancel, kwargs)
+
+
+def _in_worker(bundle: ModelBundle, cancel: CancelToken | None, kwargs: dict[str, Any]) -> Iterator[Attribution]:
+    """`_stream_explain` in its own thread. With batching on (`batching.enable()`, the app), a text request joins the
+    model's batched decode (explainer/batching/) and holds the model only for its post-hoc methods; otherwise the
+    thread holds it from the first forward pass to the last."""
+    batched = batching.enabled() and kwargs["image"] is None and batching.solo_reason(bundle.model) is None
     work = lambda: _stream_explain(bundle, **kwargs, batched=batched)  # noqa: E731
     return run_in_worker(work, bundle.model, cancel, hold_model=not batched)
 
