@@ -21,11 +21,11 @@ from explainer import batching, bundle_from_objects, explain, stream_explain
 from explainer.batching import batched_steps, counts, solo_reason
 from explainer.capture import registered_names
 from explainer.decode import generate_steps
-from explainer.errors import InputError
+from explainer.errors import Cancelled, InputError
 from explainer.methods import MACS, get_method
 from explainer.result.sinks import SinkTracker
 from explainer.runtime import memory
-from explainer.runtime.session import hold, model_lock
+from explainer.runtime.session import CancelToken, hold, model_lock
 
 from ..conftest import build_model
 
@@ -297,4 +297,26 @@ def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, mo
         assert got.generated_token_ids == ref.generated_token_ids
         for m in methods:
             np.testing.assert_allclose(got.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
+    _clean(bundle.model)
+
+
+def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(tokenizer, monkeypatch):
+    bundle = bundle_from_objects(build_model("qwen2"), tokenizer, name="tiny-qwen2")
+    prompt = "What is the capital of France?"
+    ref = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
+    monkeypatch.setattr(batching, "_enabled", True)
+    gated, token = GatedMACS(at=2), CancelToken()
+    with _paused(bundle.model):
+        kept = stream_explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
+        gone = stream_explain(bundle, "Name three colours.", methods=[gated], max_new_tokens=20, cancel=token)
+        _wait(lambda: counts(bundle.model)[1] == 2)
+    assert gated.reached.wait(120)
+    token.cancel()
+    gated.gate.set()
+    with pytest.raises(Cancelled):
+        list(gone)
+    final = list(kept)[-1]
+    assert final.meta["batch_size"] == 2 and final.generated_token_ids == ref.generated_token_ids
+    for m in ("macs", "rollout"):
+        np.testing.assert_allclose(final.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
     _clean(bundle.model)
