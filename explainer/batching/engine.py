@@ -16,12 +16,13 @@ from typing import Any
 
 import torch
 
-from ..capture import capture_attention
+from .. import decode
 from ..runtime.devices import input_device
 from ..runtime.kv import batch_budget
 from ..runtime.memory import MemoryLimitError, check_fits
 from ..runtime.session import hold, model_lock
 from . import cache as batch_cache
+from .attention import rows_apart
 from .row import Row
 
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
@@ -115,16 +116,13 @@ class Batcher:
         return True
 
     def _rebuild(self, rows: list[Row]) -> None:
-        """The batch cache of `rows` (those already in it and those joining), its common left padding dropped."""
+        """The batch cache of `rows` (those already in it and those joining), as wide as the longest of them."""
         rows = [r for r in rows if not r.done and not r.left.is_set()]
         old = self._cache
         if len(rows) == 1 and rows[0].slot is None:
             self._cache, rows[0].cache = rows[0].cache, None  # a lone new row decodes on its own cache, as solo
         elif rows:
-            cached = None if old is None else batch_cache.width(old)
-            sources = [
-                (r.cache, 0, 0, r.length) if r.slot is None else (old, r.slot, cached - r.length, cached) for r in rows
-            ]
+            sources = [(r.cache, 0, r.length) if r.slot is None else (old, r.slot, r.length) for r in rows]
             self._cache = batch_cache.gather(sources, min(ROOM, max(r.remaining for r in rows)))
         else:
             self._cache = None
@@ -142,30 +140,31 @@ class Batcher:
             return
         t0 = time.perf_counter()
         logits, attention = self._forward(rows)
-        cached = batch_cache.width(self._cache) - 1  # the width before this step's position
         for i, row in enumerate(rows):
-            own = None if attention is None else attention[:, i, :, cached - row.length :]  # (L, H, length + 1)
             try:
-                row.decoded(logits[i], own, t0, len(rows))
+                row.decoded(logits[i], None if attention is None else attention[i], t0, len(rows))
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
 
-    def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One decode pass of all rows: ((B, V) logits, (L, B, H, width + 1) attention rows or None). A lone row
-        without padding runs the solo loop's very call (no mask, implicit positions)."""
+    def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """One decode pass of all rows: ((B, V) logits, each row's (L, H, length + 1) attention rows or None). A lone
+        row without padding runs the solo loop's very call (`decode.forward_pass`); otherwise attention runs row by
+        row (`attention.rows_apart`)."""
         cached = batch_cache.width(self._cache)
         ids = torch.tensor([[r.next_input] for r in rows], dtype=torch.long, device=self.device)  # (B, 1)
-        inputs: dict[str, Any] = {}
-        if len(rows) > 1 or rows[0].length != cached:
-            mask, positions = batch_cache.decode_inputs([r.length for r in rows], cached, self.device)
-            inputs = {"attention_mask": mask, "position_ids": positions}
-        call = dict(input_ids=ids, past_key_values=self._cache, use_cache=True, logits_to_keep=1, **inputs)
-        if not any(r.captures for r in rows):
-            return self.model(**call).logits[:, -1], None
-        with capture_attention(self.model) as recorder:
-            out = self.model(**call)
-            attention = recorder.stacked(cached + 1)  # (L, B, H, cached + 1)
-        return out.logits[:, -1], attention
+        record = any(r.captures for r in rows)
+        if len(rows) == 1 and rows[0].length == cached:
+            consumer = None if record else False  # False: no capture
+            logits, attention = decode.forward_pass(self.model, ids, self._cache, {}, consumer, cached + 1)
+            return logits[None], None if attention is None else [attention]
+        mask, positions = batch_cache.decode_inputs([r.length for r in rows], cached, self.device)
+        call = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache)
+        with rows_apart(self.model, [r.length + 1 for r in rows], record) as recorded:
+            logits = self.model(**call, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
+        if not record:
+            return logits, None
+        layers = sorted(recorded)
+        return logits, [torch.stack([recorded[layer][i][0] for layer in layers]) for i in range(len(rows))]
 
     def _let_others_in(self) -> None:
         """Between rounds, give the model to a request waiting for it (the lock itself is not fair)."""

@@ -320,3 +320,23 @@ def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(to
     for m in ("macs", "rollout"):
         np.testing.assert_allclose(final.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
     _clean(bundle.model)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_solo_runs(kind):
+    """Left-aligned rows keep their solo key columns: on a CPU in bfloat16 (the embedded model's dtype on a CPU with
+    native bf16) SDPA, the matrix products and the capture give each row exactly its solo numbers."""
+    model = build_model(kind).to(torch.bfloat16)
+    forced = [s.token_id for s in _solo(model, _request(19, 22, k=5))["steps"]]
+    reqs = {"a": _request(5, 20, k=9), "b": _request(27, 21, k=7), "c": _request(12, 23, k=12, forced=forced)}
+    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    out = _together(model, reqs)
+    for key, ref in refs.items():
+        got = out[key]
+        assert got["batch_size"] == 3
+        assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref["steps"]]
+        for x, y in zip(got["steps"], ref["steps"]):
+            for m in METHODS:
+                np.testing.assert_array_equal(x.scores[m], y.scores[m], err_msg=f"{key} {m} step {x.index}")
+            assert (x.probability, x.entropy, x.alternatives) == (y.probability, y.entropy, y.alternatives)
+    _clean(model)
