@@ -90,10 +90,9 @@ def stream_explain(
     step's next-token distribution (nats).
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
-    last, so concurrent calls on one bundle run one after the other and never see each other's attention (with
-    `batching.enable()`, text requests share decode steps instead, each row still its own: `meta["decode"]`). Each
-    update is a snapshot that the work does not change afterwards. Closing the returned stream (or dropping it)
-    cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
+    last, so concurrent calls on one bundle never see each other's attention (with `batching.enable()`, text requests
+    share decode steps, `meta["decode"]`). Each update is a snapshot that the work does not change afterwards. Closing
+    the stream (or dropping it) cancels the work. Called while the caller holds the model (eval), it runs inline.
 
     Raises:
         InputError: bad prompt, answer, image or settings (an answer longer than `max_new_tokens` included).

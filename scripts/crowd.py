@@ -9,6 +9,7 @@ visitor whose answer strip, heatmap or top-token table differs from that solo ru
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import threading
 import time
@@ -20,6 +21,14 @@ ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["macs", "rollout"]
 NEW_TOKENS = 32
 COMPARED = {"answer": 0, "heatmap": 1, "table": 2}  # outputs of /explain that show the answer and the maps
+SECONDS = re.compile(r"\\u00b7 \d+\.\d+ s<")  # a method's run time in the heatmap's headings: not part of the maps
+TITLES = re.compile(r'title=\\"[^"\\]*\\"')  # the answer strip's per-token tooltips (probability, entropy)
+
+
+def views(out: tuple) -> dict[str, str]:
+    """The compared outputs as text; "tokens" is the answer strip without its tooltips (the answer tokens alone)."""
+    shown = {name: SECONDS.sub("<", json.dumps(out[i], sort_keys=True)) for name, i in COMPARED.items()}
+    return {**shown, "tokens": TITLES.sub("", shown["answer"])}
 
 
 def prompts(kind: str) -> list[str]:
@@ -43,7 +52,7 @@ def visit(client: Client, prompt: str) -> dict:
         "first_s": total if first is None else first,
         "total_s": total,
         "tokens": int(out[3].get("maximum", 0)) if isinstance(out[3], dict) else 0,
-        "views": {name: json.dumps(out[i], sort_keys=True) for name, i in COMPARED.items()},
+        "views": views(out),
         "status": out[5],
     }
 
@@ -72,7 +81,7 @@ def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dic
     mismatches = {
         name: sum(v["views"][name] != solo[asked[i % len(asked)]]["views"][name] for i, v in enumerate(visits)
                   if isinstance(v, dict))
-        for name in COMPARED
+        for name in (*COMPARED, "tokens")
     }  # fmt: skip
     alone = statistics.mean(solo[asked[i % len(asked)]]["total_s"] for i in range(n))
     return {
