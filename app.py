@@ -17,6 +17,7 @@ import os
 
 import gradio as gr
 
+from explainer import batching
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
 from explainer.runtime.threads import configure_threads
@@ -69,6 +70,7 @@ def build() -> gr.Blocks:
 
 
 THREADS = configure_threads()  # torch's CPU threads from the container's quota, not the host's cores
+batching.enable(os.environ.get("EXPLAINER_BATCHING", "1") != "0")  # visitors' text requests share decode steps
 if zero_gpu():  # `spaces` moves models to the GPU only from the thread that imported it: create them here, at import
     models.preload()
 demo = build()

@@ -204,3 +204,11 @@ def _method_scores(
         if method_seconds is not None:
             method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
     return scores
+
+
+# The batched decode (explainer/batching/) runs each row's prefill and reads each of its steps with these very
+# helpers, so a row's tokens, probabilities and method rows are computed as in this loop.
+forward_pass = _forward
+next_token = _next_token
+full_row_consumer = _full_row_consumer
+method_scores = _method_scores

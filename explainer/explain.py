@@ -7,12 +7,15 @@ A given answer is teacher-forced through exactly the forward passes of generatio
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
 
+from . import batching
 from .contrast import alternatives_record, foil_vector, resolve_contrast
 from .decode import DecodeJob, generate_steps
 from .methods import AttributionMethod, GenerationRun, ProgressFn
@@ -93,9 +96,9 @@ def stream_request(
     """Run a request (`ExplainRequest`, validated when it was built) on `bundle`: the stream of `stream_explain`.
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
-    last, so concurrent calls on one bundle run one after the other and never see each other's attention. Each
-    update is a snapshot that the work does not change afterwards. Closing the returned stream (or dropping it)
-    cancels the work. Called while the caller already holds the model (e.g. inside an evaluation), it runs inline.
+    last, so concurrent calls on one bundle never see each other's attention (with `batching.enable()`, text requests
+    share decode steps, `meta["decode"]`). Each update is a snapshot that the work does not change afterwards. Closing
+    the stream (or dropping it) cancels the work. Called while the caller holds the model (eval), it runs inline.
 
     Args:
         bundle: loaded model.
@@ -105,7 +108,17 @@ def stream_request(
     """
     if holds(bundle.model):
         return _inline(bundle, request, progress, cancel)
-    return run_in_worker(lambda: _run(bundle, request, progress), bundle.model, cancel)
+    return _in_worker(bundle, request, progress, cancel)
+
+
+def _in_worker(
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, cancel: CancelToken | None
+) -> Iterator[Attribution]:
+    """`_run` in its own thread. With batching on (`batching.enable()`, the app), a text request joins the model's
+    batched decode (explainer/batching/) and holds the model only for its post-hoc methods; otherwise the thread
+    holds it from the first forward pass to the last."""
+    batched = batching.enabled() and not request.images and batching.solo_reason(bundle.model) is None
+    return run_in_worker(lambda: _run(bundle, request, progress, batched), bundle.model, cancel, hold_model=not batched)
 
 
 def explain_request(
@@ -127,12 +140,16 @@ def _inline(
         yield from _run(bundle, request, progress)
 
 
-def _run(bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None) -> Iterator[Attribution]:
+def _run(
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, batched: bool = False
+) -> Iterator[Attribution]:
     instances = request.instances()
     attr, job = _meet(bundle, request, instances)
-    yield from _generate(bundle, attr, job)
+    yield from _generate(bundle, attr, job, batched)
     foils = resolve_contrast(bundle, attr, request.contrast, instances)  # {step: foil id}; sets meta["contrast"]
-    yield from _run_post_hoc(bundle, attr, instances, progress, job.extra_inputs, foils)
+    post_hoc = batched and any(not m.streaming for m in instances)
+    with hold(bundle.model) if post_hoc else contextlib.nullcontext():  # a batched request holds it only now
+        yield from _run_post_hoc(bundle, attr, instances, progress, job.extra_inputs, foils)
     yield from add_reliance(bundle.model, attr, instances, job.extra_inputs, request.reliance)  # image prompts
     attr.meta["status"] = "done"
     yield attr.snapshot()
@@ -200,9 +217,10 @@ def _encode_request(
     return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)
 
 
-def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob) -> Iterator[Attribution]:
+def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: bool = False) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
-    step scores: a snapshot after every token."""
+    step scores: a snapshot after every token. `batched`: as a row of the model's batch (`batching.batched_steps`);
+    `meta["decode"]` says which loop ran, `meta["batch_size"]` the most rows a step shared."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
@@ -212,7 +230,10 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob) -> Iterato
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
-    for step in generate_steps(bundle.model, job, method_seconds, sinks):
+    seen = {"batch_size": 1}
+    decode = partial(batching.batched_steps, record=seen) if batched else generate_steps
+    attr.meta["decode"] = "batched" if batched else "solo"
+    for step in decode(bundle.model, job, method_seconds, sinks):
         forward_seconds += step.seconds
         attr.meta["decode_path"] = step.decode_path  # static_decode.choose_path: dynamic, static or cuda-graph
         attr.generated_token_ids.append(step.token_id)
@@ -239,6 +260,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob) -> Iterato
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
+        batch_size=seen["batch_size"],
     )
 
 

@@ -1,6 +1,7 @@
 """Load and fault test of the running app: concurrent API clients with cancels and disconnects mixed in.
 
     .venv/bin/python scripts/load_test.py [--clients 8] [--requests 3] [--url http://127.0.0.1:PORT] [--json out.json]
+    .venv/bin/python scripts/load_test.py --crowd 1,4 [--url ...]   # N visitors pressing Generate at once
 
 Without --url it starts `app.py` on a free loopback port (with EXPLAINER_LOG=DEBUG, so the library logs when a
 request takes and releases the model) and stops it at the end. It never talks to anything but the loopback address.
@@ -122,6 +123,12 @@ def main() -> int:
         help="instead of the load: one short request, a long AtMan request cancelled after 12 s, the short request "
         "three more times (tables must be equal, and none may start before the cancelled work released the model)",
     )  # fmt: skip
+    p.add_argument(
+        "--crowd", help="instead of the load: for each N in this list (e.g. 1,4,16), N visitors ask the QA example "
+        "(MACS + Rollout, 32 new tokens) at once; reports p50/p95 time to the first token and to the full answer, "
+        "tokens/s over all visitors, and mismatches of each visitor's answer, maps and table against a solo run",
+    )  # fmt: skip
+    p.add_argument("--crowd-prompts", choices=("qa", "mixed"), default="qa", help="mixed: the examples in turn")
     args = p.parse_args()
 
     proc = None
@@ -135,6 +142,10 @@ def main() -> int:
         proc = start_app(port, log_path)
         url = f"http://127.0.0.1:{port}"
     try:
+        if args.crowd:
+            from crowd import crowd
+
+            return crowd(url, [int(n) for n in args.crowd.split(",")], args.crowd_prompts, args.json)
         return scenario(url, proc, log_path) if args.scenario else run(url, args, proc, log_path)
     finally:
         if proc is not None:

@@ -223,7 +223,7 @@ LAYERS = (
     ("result",),  # the Attribution and what is computed from it
     ("methods",),  # the attribution methods and their registry
     ("request",),  # ExplainRequest (explainer/request.py): checked with the registry
-    ("decode", "static_decode", "estimate", "reliance"),  # decode loops (dynamic, static cache); estimates; knockout
+    ("decode", "static_decode", "batching", "estimate", "reliance"),  # decode loops; estimates; image knockout
     ("explain",),  # the request orchestration
     ("faithfulness", "eval", "bench"),  # evaluation and measurement
     ("visuals",),  # pure views

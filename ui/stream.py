@@ -20,6 +20,7 @@ from typing import Any, Generic, TypeVar
 import anyio
 import gradio as gr
 
+from explainer import batching
 from explainer.errors import InputError
 from explainer.explain import stream_request
 from explainer.models.answer import answer_budget
@@ -113,7 +114,11 @@ async def follow(stream: WorkerStream[T]) -> AsyncIterator[T]:
 
 
 def waiting_note(bundle: ModelBundle) -> str | None:
-    """The note "Waiting for the model: N requests ahead…" while another request holds the model, else None."""
+    """The note "Waiting for the model: N requests ahead…" while another request holds the model, else None; while
+    visitors' text requests decode together (`explainer.batching`), how many decode and how many wait to join."""
+    decoding, joining = batching.counts(bundle.model)
+    if decoding or joining:
+        return f"{WAITING}: {decoding} decoding together, {joining} joining (text requests share the steps)…"
     lock = model_lock(bundle.model)
     if not lock.locked():
         return None

@@ -378,8 +378,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
         inputs=asked + option_widgets,
         api_name="explain",
-        concurrency_limit=1,  # one generation at a time on the shared model; others wait in the queue
-        concurrency_id="model",
+        concurrency_limit=16,  # visitors' text requests share the decode steps (explainer/batching/); the library's
+        concurrency_id="text_explain",  # model lock still orders everything else on the model
         show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
     )
     hidden = {"show_progress": "hidden"}

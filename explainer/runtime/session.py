@@ -135,6 +135,18 @@ def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken 
         lock.release()
 
 
+@contextlib.contextmanager
+def cancellable(cancel: CancelToken | None) -> Iterator[CancelToken | None]:
+    """Run the block with `cancel` visible to `check_cancelled()`, without taking any model's lock (a batched
+    request, whose decode steps the batcher runs, holds the model only for its post-hoc methods)."""
+    active = cancel or _token.get()
+    reset = _token.set(active)
+    try:
+        yield active
+    finally:
+        _token.reset(reset)
+
+
 def check_cancelled() -> None:
     """Raise `Cancelled` if the current request's token fired; called between forward passes and batches."""
     token = _token.get()
@@ -150,7 +162,9 @@ class WorkerStream(Generic[T]):
     and waits until the work has stopped (bounded by `timeout`). A stream that is garbage-collected cancels its work.
     """
 
-    def __init__(self, work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None) -> None:
+    def __init__(
+        self, work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None, hold_model: bool = True
+    ) -> None:
         self.token = cancel or CancelToken()
         self._queue: queue.Queue = queue.Queue()
         self._pending: tuple[str, Any] | None = None
@@ -158,7 +172,8 @@ class WorkerStream(Generic[T]):
         context = contextvars.copy_context()
         # the thread gets the queue and token, not `self`: a consumer that drops the stream lets it be collected
         self._thread = threading.Thread(
-            target=context.run, args=(_work_loop, work, model, self.token, self._queue), name="explainer-worker",
+            target=context.run, args=(_work_loop, work, model, self.token, self._queue, hold_model),
+            name="explainer-worker",
             daemon=True,
         )  # fmt: skip
         self._thread.start()
@@ -232,9 +247,11 @@ class WorkerStream(Generic[T]):
             self.token.cancel()
 
 
-def _work_loop(work: Callable[[], Iterator[Any]], model: Any, token: CancelToken, out: queue.Queue) -> None:
+def _work_loop(
+    work: Callable[[], Iterator[Any]], model: Any, token: CancelToken, out: queue.Queue, hold_model: bool = True
+) -> None:
     try:
-        with hold(model, token):
+        with hold(model, token) if hold_model else cancellable(token):
             for item in work():
                 out.put(("item", item))
                 check_cancelled()
@@ -243,9 +260,13 @@ def _work_loop(work: Callable[[], Iterator[Any]], model: Any, token: CancelToken
         out.put(("error", e))
 
 
-def run_in_worker(work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None = None) -> WorkerStream[T]:
+def run_in_worker(
+    work: Callable[[], Iterator[T]], model: Any, cancel: CancelToken | None = None, hold_model: bool = True
+) -> WorkerStream[T]:
     """Start `work()` in a thread that holds `model`'s lock for its whole run; return a stream of its items.
 
-    Items must not be changed by the work after they are produced (produce snapshots).
+    Items must not be changed by the work after they are produced (produce snapshots). With `hold_model` False the
+    thread takes no lock (the work holds the model where it needs it, e.g. a batched request's post-hoc methods);
+    the cancel token is published all the same.
     """
-    return WorkerStream(work, model, cancel)
+    return WorkerStream(work, model, cancel, hold_model)

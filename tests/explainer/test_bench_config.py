@@ -32,7 +32,11 @@ def test_values_are_normalised_once():
         ({"repeats": 2.5}, InputError, "Repeats must be a whole number"),
         ({"methods": []}, InputError, "Give at least one method"),
         ({"methods": "none,macs"}, InputError, "Methods must be a list of names"),
-        ({"methods": ["none", "nope"]}, UnknownMethodError, "Unknown method 'nope'. Available for bench: none, plain, macs"),
+        (
+            {"methods": ["none", "nope"]},
+            UnknownMethodError,
+            "Unknown method 'nope'. Available for bench: none, plain, macs",
+        ),
         ({"methods": ["macs:alpha=x"]}, InputError, "alpha"),
         ({"threads": 0}, InputError, "Threads must be at least 1"),
         ({"quiet_wait": -1.0}, InputError, "zero or more seconds"),

@@ -1,0 +1,125 @@
+"""Many visitors, one model: text requests that arrive while others decode share the decode steps.
+
+A request's row joins the batch at the next step and leaves when it is done or its visitor cancels or leaves:
+
+- its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decode.generate_steps`), which
+  gives its step 0; then its KV cache joins the batch's, every row left-aligned where its solo cache holds it, the
+  padding after it (`cache.py`);
+- each decode step runs all rows in one forward pass (explicit 2D mask, per-row position ids); attention runs row by
+  row on each row's own keys by the solo call (`attention.py`), which also gives each row's attention rows for its
+  own streaming methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own
+  end-of-sequence ids and step count (`row.py`);
+- one thread per model owns the steps (`engine.py`), holding the model (`session.hold`) one round at a time, so a
+  request's post-hoc methods and other users of the model run between rounds; a row that does not fit the memory
+  check beside the others waits for room.
+
+Off by default in the library (`enable()`): a request then holds the model for its whole run, as before; the app
+turns it on.
+
+What runs solo instead (`solo_reason`): image prompts (their prefill inputs, Qwen-VL's 3D mRoPE positions),
+vision-language models, models with sliding-window layers (their window is measured in cache positions, which left
+padding shifts), and models spread over several devices.
+
+Why not transformers' `ContinuousBatchingManager` (paged attention): it flattens all requests into one (1, sum of
+queries) sequence over keys gathered from a paged cache, samples inside its own thread and hands back token ids only.
+The capture would have to cut every request's last query and keys out of that layout, Rollout's prefill rows would
+arrive mixed and possibly split by chunked prefill, and nothing would give each step's full distribution (probability,
+entropy, alternatives) or feed a given answer.
+
+Numbers: a row decoding alone runs the solo loop's very call. In a batch the attention is the solo call's; the
+matrix products see B rows. The tests find float32 rows within ~3e-6 relative of solo runs (tolerance rtol 2e-5) and
+bfloat16 rows bit-identical on the tiny models; on the embedded SmolLM2 in bfloat16 a CPU matrix product (`down_proj`)
+rounds one row differently at M = 2 than at M = 1, so batched rows drift from solo runs in the third digit
+(docs/benchmarks.md, "A crowd at once").
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from ..decode import DecodeJob, Step
+from ..result.sinks import SinkTracker
+from ..runtime.memory import language_config
+from ..runtime.session import check_cancelled
+from .engine import batcher_for, counts
+from .row import Row
+
+__all__ = ["batched_steps", "counts", "enable", "enabled", "solo_reason"]
+
+POLL_SECONDS = 0.05  # how often a request waiting for its next step looks at its cancel token
+_enabled = False
+
+
+def enable(on: bool = True) -> None:
+    """Let `stream_explain` requests of this process join batches (the app turns it on; library callers opt in).
+    Off, every request holds the model from its first forward pass to its last, one after the other."""
+    global _enabled
+    _enabled = bool(on)
+
+
+def enabled() -> bool:
+    return _enabled
+
+
+def solo_reason(model: torch.nn.Module, extra_inputs: dict[str, Any] | None = None) -> str | None:
+    """Why a request on `model` (with these prefill inputs) runs the solo loop, or None when it can join a batch."""
+    if extra_inputs:
+        return "image prompt"
+    config = language_config(model)
+    if config is not model.config:
+        return "vision-language model"
+    types = getattr(config, "layer_types", None) or []
+    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in types):
+        return "sliding-window layers"
+    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
+    if len(devices) > 1:
+        return "model spread over devices"
+    return None
+
+
+def batched_steps(
+    model: torch.nn.Module,
+    job: DecodeJob,
+    method_seconds: dict[str, float] | None = None,
+    sinks: SinkTracker | None = None,
+    record: dict[str, Any] | None = None,
+) -> Iterator[Step]:
+    """`decode.generate_steps` as a row of the model's batch: the same arguments and steps.
+
+    The caller must not hold the model (the batcher's thread takes it for each round). `record`, when given, gets
+    "batch_size": the most rows any step of this request shared a forward pass with.
+
+    Raises:
+        ValueError: the job has prefill inputs (an image prompt: run it solo, see `solo_reason`).
+    """
+    if job.extra_inputs:
+        raise ValueError("image prompts run the solo decode loop (decode.generate_steps)")
+    row = Row(
+        model, job.input_ids, job.methods, job.num_steps, job.eos_token_ids, method_seconds, job.forced_ids, sinks
+    )
+    return _follow(row, model, record)
+
+
+def _follow(row: Row, model: torch.nn.Module, record: dict[str, Any] | None) -> Iterator[Step]:
+    batcher_for(model).submit(row)
+    try:
+        while True:
+            check_cancelled()
+            try:
+                kind, value = row.out.get(timeout=POLL_SECONDS)
+            except queue.Empty:  # look at the cancel token again
+                continue
+            if record is not None:
+                record["batch_size"] = row.largest_batch
+            if kind == "step":
+                yield value
+            elif kind == "error":
+                raise value
+            else:
+                return
+    finally:
+        row.left.set()  # cancelled, closed or done: the batcher drops the row before its next step

@@ -1,0 +1,124 @@
+"""One visitor's row of the batched decode: its prefill (alone, at batch size 1, as the solo loop runs it) and what
+it makes of each decode step's logits and attention rows (its own methods, sink tracker, forced ids or argmax, eos,
+number of steps)."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Iterable, Sequence
+
+import torch
+from transformers import DynamicCache
+
+from .. import decode
+from ..decode import Step
+from ..methods import AttributionMethod
+from ..result.sinks import SinkTracker
+from ..runtime.memory import MemoryRequest, ModelShape, request_bytes
+
+
+class Row:
+    """A request's decode state; the batcher thread alone changes it, the request's thread reads `out` and sets
+    `left`.
+
+    Attributes:
+        out: ("step", Step), then ("done", None) or ("error", exception), in order.
+        left: set by the request's thread when it stops reading (cancelled, closed, failed): the batcher drops the row
+            before its next step.
+        length: the row's own cached positions (prompt and fed answer tokens).
+        slot: its index in the batch cache, None before it joins.
+        largest_batch: the most rows any of its steps shared a forward pass with (itself included).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        input_ids: torch.Tensor,
+        methods: Sequence[AttributionMethod],
+        max_new_tokens: int,
+        eos_token_ids: Iterable[int],
+        method_seconds: dict[str, float] | None,
+        forced_ids: Sequence[int] | None,
+        sinks: SinkTracker | None,
+    ) -> None:
+        self.forced = None if forced_ids is None else list(forced_ids)  # checked when the DecodeJob was built
+        self.steps = max_new_tokens if self.forced is None else len(self.forced)
+        self.input_ids = input_ids  # (1, N)
+        self.n = input_ids.shape[1]
+        self.streaming = [m for m in methods if m.streaming]
+        self.eos = set(eos_token_ids)
+        self.method_seconds = method_seconds
+        self.sinks = sinks
+        self.out: queue.Queue = queue.Queue()
+        self.left = threading.Event()
+        self.k = 0  # steps delivered
+        self.length = 0
+        self.next_input = -1
+        self.done = False
+        self.slot: int | None = None
+        self.cache: DynamicCache | None = None  # its own cache between the prefill and joining the batch
+        self.largest_batch = 0
+        self.need = _row_bytes(model, self.n, self.steps, self.streaming)
+
+    @property
+    def captures(self) -> bool:
+        return bool(self.streaming)
+
+    def prefill(self, model: torch.nn.Module) -> None:
+        """Step 0 exactly as the solo loop runs it: the prompt alone, at batch size 1, with capture (and the full
+        rows for methods such as Rollout, and the hidden-state norms for the sink tracker)."""
+        for m in self.streaming:
+            m.begin(self.n)
+        capture = decode.full_row_consumer(self.streaming) if self.streaming else False
+        self.cache = DynamicCache(config=model.config)
+        t0 = time.perf_counter()
+        logits, rows = decode.forward_pass(model, self.input_ids, self.cache, {}, capture, self.n, self.sinks, True)
+        self.length = self.n
+        self.largest_batch = max(self.largest_batch, 1)
+        self.emit(logits, rows, t0)
+
+    def decoded(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float, batch: int) -> None:
+        """A decode step's (V,) logits and the row's (L, H, length + 1) attention rows (its padding cut off)."""
+        if rows is not None and self.sinks is not None:
+            self.sinks.add(rows)
+        self.length += 1
+        self.largest_batch = max(self.largest_batch, batch)
+        self.emit(logits, rows, t0)
+
+    def emit(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float) -> None:
+        forced = None if self.forced is None else self.forced[self.k]
+        token, probability, entropy, alternatives = decode.next_token(logits, forced)
+        seconds = time.perf_counter() - t0
+        scores = decode.method_scores(self.streaming, rows, self.method_seconds)
+        step = Step(
+            index=self.k, token_id=token, scores=scores, seconds=seconds, probability=probability, entropy=entropy,
+            alternatives=alternatives,
+        )  # fmt: skip
+        self.k += 1
+        self.next_input = token
+        self.done = self.k == self.steps or (self.forced is None and token in self.eos)
+        self.out.put(("step", step))
+        if self.done:
+            self.out.put(("done", None))
+
+    def fail(self, error: BaseException) -> None:
+        self.done = True
+        self.out.put(("error", error))
+
+    @property
+    def remaining(self) -> int:
+        return self.steps - self.k
+
+
+def _row_bytes(model: torch.nn.Module, n: int, k: int, streaming: list[AttributionMethod]) -> int:
+    """What the row's decode needs (`memory.request_bytes` of its streaming methods); 0 for a model whose shape the
+    estimates cannot read."""
+    from ..runtime.devices import input_device
+
+    try:
+        shape = ModelShape.of(model)
+    except (AttributeError, TypeError):
+        return 0
+    return sum(request_bytes(MemoryRequest(shape, n, k, input_device(model).type), list(streaming)).values())

@@ -1,0 +1,341 @@
+"""Batched decode (explainer/batching/): every row gives what a solo `generate_steps` run of the same request gives.
+
+Rows are started while the test holds the model, so they join the batch in the same round; a row that joins later
+or leaves early is steered the same way. Tolerances: tokens identical; MACS and Rollout raw rows, step probabilities
+and entropies to rtol 2e-5 / atol 1e-7 (float32). A batch changes the shapes of the matrix products (B rows) and the
+attention sees masked padding, which moves the tiny models' rows by at most ~3e-6 relative; cutting a row's columns
+wrongly, or mixing rows, moves them by orders of magnitude more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from explainer import batching, bundle_from_objects, explain, stream_explain
+from explainer.batching import batched_steps, counts, solo_reason
+from explainer.capture import registered_names
+from explainer.decode import DecodeJob, generate_steps
+from explainer.errors import Cancelled, InputError
+from explainer.methods import MACS, get_method
+from explainer.result.sinks import SinkTracker
+from explainer.runtime import memory
+from explainer.runtime.session import CancelToken, hold, model_lock
+
+from ..conftest import build_model
+
+RTOL, ATOL = 2e-5, 1e-7
+METHODS = ("macs", "rollout")
+
+
+@pytest.fixture(scope="module", params=["llama", "qwen2"])
+def model(request):
+    return build_model(request.param)
+
+
+def _ids(n: int, seed: int) -> torch.Tensor:
+    return torch.randint(3, 300, (1, n), generator=torch.Generator().manual_seed(seed))  # (1, n)
+
+
+def _request(n: int, seed: int, k: int = 10, forced=None, eos=(), stop_after=None, methods=None) -> dict:
+    """A request; `methods` makes its batched run's method instances (default: fresh MACS and Rollout)."""
+    made = methods or (lambda: [get_method(m) for m in METHODS])
+    return {"ids": _ids(n, seed), "k": k, "forced": forced, "eos": eos, "stop_after": stop_after, "methods": made}
+
+
+def _collect(steps, sinks, stop_after=None) -> dict:
+    out = {"steps": []}
+    for step in steps:
+        out["steps"].append(step)
+        if stop_after is not None and len(out["steps"]) == stop_after:
+            steps.close()  # the visitor leaves: the row is dropped before the next step
+            break
+    out["sinks"] = sinks.record()
+    return out
+
+
+def _solo(model, req) -> dict:
+    sinks = SinkTracker(req["ids"].shape[1], model)
+    methods = [get_method(m) for m in METHODS]
+    return _collect(
+        generate_steps(model, DecodeJob(req["ids"], methods, req["k"], req["forced"], req["eos"]), None, sinks), sinks
+    )
+
+
+def _batched(model, req, out: dict, key) -> None:
+    try:
+        sinks = SinkTracker(req["ids"].shape[1], model)
+        methods = req["methods"]()
+        record: dict = {}
+        job = DecodeJob(req["ids"], methods, req["k"], req["forced"], req["eos"])
+        steps = batched_steps(model, job, None, sinks, record)
+        out[key] = {**_collect(steps, sinks, req["stop_after"]), **record}
+    except BaseException as e:  # pragma: no cover - reported by the test
+        out[key] = e
+
+
+def _start(model, reqs: dict, out: dict) -> list[threading.Thread]:
+    threads = [threading.Thread(target=_batched, args=(model, r, out, key)) for key, r in reqs.items()]
+    for t in threads:
+        t.start()
+    return threads
+
+
+def _together(model, reqs: dict) -> dict:
+    """Run the requests as rows that all join in the same round (the test holds the model while they queue)."""
+    out: dict = {}
+    with _paused(model):
+        threads = _start(model, reqs, out)
+        _wait(lambda: counts(model)[1] == len(reqs))
+    for t in threads:
+        t.join(120)
+    return out
+
+
+@contextlib.contextmanager
+def _paused(model):
+    """Hold the model from another thread while the block runs: the batcher waits between two rounds, and requests
+    started in the block queue (the block's own thread does not hold the model, so stream_explain does not run
+    inline)."""
+    taken, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with hold(model):
+            taken.set()
+            release.wait(60)
+
+    thread = threading.Thread(target=holder)
+    thread.start()
+    taken.wait(60)
+    try:
+        yield
+    finally:
+        release.set()
+        thread.join(60)
+
+
+def _wait(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.002)
+
+
+def _assert_same(got: dict, ref: dict, steps: int | None = None) -> None:
+    assert not isinstance(got, BaseException), got
+    a, b = got["steps"], ref["steps"] if steps is None else ref["steps"][:steps]
+    assert [s.token_id for s in a] == [s.token_id for s in b]
+    for x, y in zip(a, b):
+        assert x.index == y.index
+        for m in METHODS:
+            np.testing.assert_allclose(x.scores[m], y.scores[m], rtol=RTOL, atol=ATOL, err_msg=f"{m} step {x.index}")
+        np.testing.assert_allclose([x.probability, x.entropy], [y.probability, y.entropy], rtol=RTOL, atol=1e-6)
+        assert [i for i, _ in x.alternatives] == [i for i, _ in y.alternatives]
+        np.testing.assert_allclose([p for _, p in x.alternatives], [p for _, p in y.alternatives], rtol=RTOL, atol=ATOL)
+    if steps is None:
+        assert got["sinks"]["positions"] == ref["sinks"]["positions"]
+        assert got["sinks"]["steps"] == ref["sinks"]["steps"]
+
+
+def _clean(model) -> None:
+    _wait(lambda: counts(model) == (0, 0) and not model_lock(model).locked())  # the batcher's last round is over
+    assert registered_names() == []
+
+
+def test_rows_of_different_lengths_answers_and_stops_equal_solo_runs(model):
+    eos_stop = _solo(model, _request(9, 3, k=12))["steps"][4].token_id  # this row's 5th token ends it early
+    forced = _solo(model, _request(23, 4, k=7))["steps"]  # a given answer: another prompt's tokens
+    reqs = {
+        "short": _request(4, 1, k=12),
+        "long": _request(31, 2, k=6),  # fewer steps: leaves first
+        "eos": _request(9, 3, k=12, eos=(eos_stop,)),
+        "given": _request(14, 5, k=12, forced=[s.token_id for s in forced]),
+    }
+    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    assert len(refs["eos"]["steps"]) <= 5 and len(refs["given"]["steps"]) == 7
+    out = _together(model, reqs)
+    for key in reqs:
+        _assert_same(out[key], refs[key])
+        assert out[key]["batch_size"] == 4
+    _clean(model)
+
+
+class GatedMACS(MACS):
+    """MACS that stops the batcher's thread at one step until the test opens the gate (methods run in that thread, so
+    the test knows where every row is)."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at, self.reached, self.gate = at, threading.Event(), threading.Event()
+
+    def step(self, rows):
+        if self.steps_done == self.at:
+            self.reached.set()
+            assert self.gate.wait(120)
+        return super().step(rows)
+
+
+def test_a_row_that_joins_mid_way_and_one_that_leaves_leave_the_others_unchanged(model):
+    gated = GatedMACS(at=5)
+    reqs = {
+        "first": _request(12, 7, k=20, methods=lambda: [gated, get_method("rollout")]),
+        "leaves": _request(6, 8, k=20, stop_after=3),
+    }
+    late = {"late": _request(20, 9, k=8)}
+    refs = {key: _solo(model, r) for key, r in {**reqs, **late}.items()}
+    out: dict = {}
+    with _paused(model):
+        threads = _start(model, reqs, out)
+        _wait(lambda: counts(model)[1] == 2)
+    assert gated.reached.wait(120)  # the batcher is inside the round of "first"'s step 5
+    threads[1].join(120)  # "leaves" has read its 3 steps and left
+    threads += _start(model, late, out)
+    _wait(lambda: counts(model)[1] == 1)  # "late" queues; it joins at the next round
+    gated.gate.set()
+    for t in threads:
+        t.join(120)
+    for key in refs:
+        _assert_same(out[key], refs[key], steps=3 if key == "leaves" else None)
+        assert out[key]["batch_size"] == 2
+    assert len(out["leaves"]["steps"]) == 3
+    _clean(model)
+
+
+def test_a_row_decoding_alone_is_the_solo_loop_exactly(model):
+    req = _request(15, 11, k=9)
+    ref = _solo(model, req)
+    got = _together(model, {"alone": req})["alone"]
+    assert got["batch_size"] == 1
+    assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref["steps"]]
+    for x, y in zip(got["steps"], ref["steps"]):
+        for m in METHODS:
+            np.testing.assert_array_equal(x.scores[m], y.scores[m])  # bit-identical: the solo call itself
+        assert (x.probability, x.entropy) == (y.probability, y.entropy)
+    _clean(model)
+
+
+def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeypatch):
+    reqs = {"a": _request(10, 12, k=6), "b": _request(13, 13, k=6)}
+    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    from explainer.batching.row import Row
+
+    need = max(
+        Row(model, r["ids"], [get_method(m) for m in METHODS], r["k"], (), None, None, None).need for r in reqs.values()
+    )
+    monkeypatch.setenv(memory.BUDGET_ENV, str(int(1.5 * need / memory.USABLE)))  # one row fits, two do not
+    out = _together(model, reqs)
+    for key in reqs:
+        _assert_same(out[key], refs[key])
+        assert out[key]["batch_size"] == 1  # each decoded alone: the second waited, it did not fail
+    _clean(model)
+
+
+def test_a_failing_row_fails_alone(model):
+    from ..conftest import FailingMACS
+
+    ok = _request(8, 14, k=6)
+    ref = _solo(model, ok)
+    out: dict = {}
+
+    def failing() -> None:
+        try:
+            list(batched_steps(model, DecodeJob(_ids(5, 15), [FailingMACS()], 6)))
+            out["failing"] = None
+        except RuntimeError as e:
+            out["failing"] = e
+
+    with _paused(model):
+        threads = [*_start(model, {"ok": ok}, out), threading.Thread(target=failing)]
+        threads[-1].start()
+        _wait(lambda: counts(model)[1] == 2)
+    for t in threads:
+        t.join(120)
+    assert isinstance(out["failing"], RuntimeError)
+    _assert_same(out["ok"], ref)
+    _clean(model)
+
+
+def test_requests_are_checked_before_they_join(model):
+    with pytest.raises(InputError):  # one prompt per row: the job refuses a batch before anything joins
+        batched_steps(model, DecodeJob(torch.zeros(2, 5, dtype=torch.long), [get_method("macs")], 3))
+    with pytest.raises(ValueError):  # an image prompt runs solo
+        batched_steps(model, DecodeJob(_ids(5, 1), [get_method("macs")], 3, extra_inputs={"pixel_values": 1}))
+    assert counts(model) == (0, 0)
+
+
+def test_what_runs_solo():
+    assert solo_reason(build_model("llama")) is None and solo_reason(build_model("qwen2")) is None
+    assert solo_reason(build_model("qwen2_sliding")) == "sliding-window layers"
+    assert solo_reason(build_model("llama"), {"pixel_values": torch.zeros(1)}) == "image prompt"
+
+
+def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, monkeypatch):
+    bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    prompts = ["What is the capital of France?", "The quick brown fox jumps over the lazy dog.", "Name three colours."]
+    methods = ["macs", "rollout", "random"]  # random is post-hoc: it holds the model after the decode
+    alone = [explain(bundle, p, methods=methods, max_new_tokens=8) for p in prompts]
+    assert all(a.meta["decode"] == "solo" for a in alone)
+    monkeypatch.setattr(batching, "_enabled", True)
+    results: dict = {}
+    with _paused(bundle.model):
+        streams = [stream_explain(bundle, p, methods=methods, max_new_tokens=8) for p in prompts]
+        _wait(lambda: counts(bundle.model)[1] == len(prompts))
+    threads = [threading.Thread(target=lambda i=i: results.update({i: list(streams[i])[-1]})) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    for i, ref in enumerate(alone):
+        got = results[i]
+        assert got.meta["decode"] == "batched" and got.meta["batch_size"] == 3 and got.meta["status"] == "done"
+        assert got.generated_token_ids == ref.generated_token_ids
+        for m in methods:
+            np.testing.assert_allclose(got.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
+    _clean(bundle.model)
+
+
+def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(tokenizer, monkeypatch):
+    bundle = bundle_from_objects(build_model("qwen2"), tokenizer, name="tiny-qwen2")
+    prompt = "What is the capital of France?"
+    ref = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
+    monkeypatch.setattr(batching, "_enabled", True)
+    gated, token = GatedMACS(at=2), CancelToken()
+    with _paused(bundle.model):
+        kept = stream_explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
+        gone = stream_explain(bundle, "Name three colours.", methods=[gated], max_new_tokens=20, cancel=token)
+        _wait(lambda: counts(bundle.model)[1] == 2)
+    assert gated.reached.wait(120)
+    token.cancel()
+    gated.gate.set()
+    with pytest.raises(Cancelled):
+        list(gone)
+    final = list(kept)[-1]
+    assert final.meta["batch_size"] == 2 and final.generated_token_ids == ref.generated_token_ids
+    for m in ("macs", "rollout"):
+        np.testing.assert_allclose(final.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
+    _clean(bundle.model)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_solo_runs(kind):
+    """Left-aligned rows keep their solo key columns: on a CPU in bfloat16 (the embedded model's dtype on a CPU with
+    native bf16) SDPA, the matrix products and the capture give each row exactly its solo numbers."""
+    model = build_model(kind).to(torch.bfloat16)
+    forced = [s.token_id for s in _solo(model, _request(19, 22, k=5))["steps"]]
+    reqs = {"a": _request(5, 20, k=9), "b": _request(27, 21, k=7), "c": _request(12, 23, k=12, forced=forced)}
+    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    out = _together(model, reqs)
+    for key, ref in refs.items():
+        got = out[key]
+        assert got["batch_size"] == 3
+        assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref["steps"]]
+        for x, y in zip(got["steps"], ref["steps"]):
+            for m in METHODS:
+                np.testing.assert_array_equal(x.scores[m], y.scores[m], err_msg=f"{key} {m} step {x.index}")
+            assert (x.probability, x.entropy, x.alternatives) == (y.probability, y.entropy, y.alternatives)
+    _clean(model)
