@@ -20,7 +20,7 @@ import gradio as gr
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
 from explainer.runtime.threads import configure_threads
-from ui import contrast, faithfulness, image_tab, layers, models, options, regions, sources, text_tab
+from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -50,6 +50,7 @@ def build() -> gr.Blocks:
                 layers.create_event_handlers(layers.create_ui(), text)
                 regions.create_event_handlers(regions.create_ui(False, "text-region"), text, "render_word_region")
                 sources.create_event_handlers(sources.create_ui(), text)
+                share.create_event_handlers(blocks, share.create_ui(), text)  # first view: a saved example; links
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
@@ -63,8 +64,8 @@ def build() -> gr.Blocks:
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         faithfulness.create_event_handlers(image_faith, image["result"], image["methods"], image["step"], "image_")
         image_tab.create_event_handlers(image, option_widgets)
-        blocks.load(models.model_info, outputs=text["model"], api_name="model_info")
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
+        api.create_endpoints(blocks)  # the public API; every event above is the page's own, private
     return blocks.queue(default_concurrency_limit=1)
 
 
