@@ -21,8 +21,9 @@ from explainer.models import loading as models
 from explainer.runtime import hardware
 
 REPO = Path(__file__).resolve().parents[1]
-# the events that run the model
-GPU_HANDLERS = ("page_explain", "explain_contrast", "page_faithfulness", "page_explain_image", "image_faithfulness")
+# the events that run the model: the page's, and the public API's (ui/api.py)
+GPU_HANDLERS = ("page_explain", "explain_contrast", "page_faithfulness", "page_explain_image", "image_faithfulness",
+                "explain", "explain_image", "contrast", "faithfulness")
 
 
 class _Answer:
@@ -243,9 +244,13 @@ def _registered(demo) -> dict:
 
 
 def _handlers() -> dict:
-    from ui import contrast, faithfulness, image_tab, text_tab
+    from ui import api, contrast, faithfulness, image_tab, text_tab
 
     return {
+        "explain": api.explain,
+        "explain_image": api.explain_image,
+        "contrast": api.contrast,
+        "faithfulness": api.faithfulness,
         "page_explain": text_tab.explain,
         "explain_contrast": contrast.explain_contrast,
         "page_faithfulness": faithfulness.faithfulness,

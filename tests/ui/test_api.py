@@ -164,3 +164,14 @@ def test_the_readmes_gradio_client_call_runs_against_the_app(demo, monkeypatch):
     attr = load_result(scope["saved"].encode())
     assert attr.num_steps >= 1 and {"macs", "rollout"} <= set(attr.methods)
     assert scope["top"]["step"] == 1 and set(scope["top"]["top_tokens"]) == set(attr.methods)
+
+
+def test_explain_then_faithfulness_on_the_embedded_model(monkeypatch):
+    from ui import models
+
+    monkeypatch.setattr(models, "model_ids", lambda: (None, None))  # the embedded model, offline
+    (saved,) = collect(api.endpoint(api.explain, None)("Who wrote Hamlet?", ["macs"], 3))
+    (report,) = collect(api.endpoint(api.faithfulness, None)(saved, ["macs"]))
+    json.dumps(report)  # plain data, as the client receives it
+    assert report["methods"] == ["macs"] and report["soft"] is None
+    assert {"fractions", "curves", "auc"} <= set(report["removal"]) and '"macs"' in json.dumps(report["removal"]["auc"])
