@@ -1,8 +1,7 @@
 """Gradio app: type a prompt, watch the answer stream, and see for each answer token which prompt tokens it drew on.
 
-This file only assembles the page from the `ui` package (one module per tab and panel, see `ui/__init__.py`) and
-exposes `demo`, the Hugging Face Space's entry point. Run with `python app.py`; `GRADIO_SERVER_NAME` /
-`GRADIO_SERVER_PORT` pick host and port, `EXPLAINER_MODEL` / `EXPLAINER_VLM` the models (see `ui/models.py`).
+Assembles the page from `ui` (one module per tab and panel) and exposes `demo`, the Space's entry point. Run with
+`python app.py`; GRADIO_SERVER_NAME / _PORT pick host and port, EXPLAINER_MODEL / EXPLAINER_VLM the models.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from explainer import batching
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
 from explainer.runtime.threads import configure_threads
-from ui import contrast, faithfulness, image_tab, layers, models, options, regions, sources, text_tab
+from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -51,6 +50,7 @@ def build() -> gr.Blocks:
                 layers.create_event_handlers(layers.create_ui(), text)
                 regions.create_event_handlers(regions.create_ui(False, "text-region"), text, "render_word_region")
                 sources.create_event_handlers(sources.create_ui(), text)
+                share.create_event_handlers(blocks, share.create_ui(), text)  # first view: a saved example; links
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()
@@ -64,8 +64,8 @@ def build() -> gr.Blocks:
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         faithfulness.create_event_handlers(image_faith, image["result"], image["methods"], image["step"], "image_")
         image_tab.create_event_handlers(image, option_widgets)
-        blocks.load(models.model_info, outputs=text["model"], api_name="model_info")
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
+        api.create_endpoints(blocks)  # the public API; every event above is the page's own, private
     return blocks.queue(default_concurrency_limit=1)
 
 
@@ -79,8 +79,7 @@ demo = build()
 def start_up_line() -> str:
     """The start-up log line: the hardware, torch's threads, the memory free, each model with its dtype and whether
     it is loaded. Asks the Hub for the default models (when none is set) before the first visitor waits for it."""
-    free = available_bytes("cpu")
-    memory = format_bytes(free) if free else "unknown"
+    memory = format_bytes(free) if (free := available_bytes("cpu")) else "unknown"
     return f"MACS Explorer on {hardware_name()}: {THREADS} torch threads, {memory} memory free; {models.summary()}"
 
 

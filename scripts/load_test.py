@@ -74,15 +74,16 @@ def start_app(port: int, log_path: Path) -> subprocess.Popen:
     raise SystemExit("the app did not start within 180 s")
 
 
-def table_of(outputs) -> list:
-    """The top-token rows from /explain's outputs (answer, heatmap, table, slider, status)."""
-    table = outputs[2]
-    return table.get("data") if isinstance(table, dict) else table
+def table_of(saved: str) -> str:
+    """What must not depend on other visitors in /explain's result (its saved-result JSON): the answer and every
+    method's scores (not the timings), as text (NaN scores compare equal)."""
+    data = json.loads(saved)
+    return json.dumps({"answer": data["generated_token_ids"], **{m: d["z"] for m, d in data["methods"].items()}})
 
 
 def explain_args(prompt: str, methods: list[str], max_new: int = 16) -> tuple:
-    # prompt, methods, max new tokens, chat template, show all, answer (none), span (off), units; options default
-    return (prompt, methods, max_new, True, False, "", False, "token")
+    # the public /explain's prompt, methods, max_new_tokens, chat_template, answer (none), method_options (defaults)
+    return (prompt, methods, max_new, True, "", None)
 
 
 def peak_rss_mib(pid: int) -> float | None:

@@ -60,23 +60,24 @@ def test_every_event_is_named_and_maps_the_library_errors(fns):
     assert all(getattr(fn, "maps_library_errors", False) for fn in handlers.values()), [
         name for name, fn in handlers.items() if not getattr(fn, "maps_library_errors", False)
     ]
-    for name, module in [("explain", text_tab), ("render", text_tab), ("open_saved", text_tab),
-                         ("faithfulness", faithfulness), ("explain_image", image_tab), ("estimate", estimates),
-                         ("model_info", models)]:  # fmt: skip
-        assert inspect.unwrap(fns[name].fn) is inspect.unwrap(
-            getattr(module, name.replace("estimate", "method_estimates"))
-        )
+    for name, module, fn in [("page_explain", text_tab, "explain"), ("render", text_tab, "render"),
+                             ("open_saved", text_tab, "open_saved"),
+                             ("page_faithfulness", faithfulness, "faithfulness"),
+                             ("page_explain_image", image_tab, "explain_image"),
+                             ("estimate", estimates, "method_estimates"),
+                             ("model_info", models, "model_info")]:  # fmt: skip
+        assert inspect.unwrap(fns[name].fn) is inspect.unwrap(getattr(module, fn))
 
 
 def test_model_events_share_one_queue_and_draw_progress_on_their_status_line(fns):
     # text explain requests run side by side (their decode steps are batched, explainer/batching/); the other model
     # events queue one at a time
-    explain, shared = fns["explain"], fns["faithfulness"]
+    explain, shared = fns["page_explain"], fns["page_faithfulness"]
     assert explain.concurrency_limit == 16 and explain.concurrency_id != shared.concurrency_id
-    for name, module in [("explain", text_tab), ("faithfulness", faithfulness), ("explain_image", image_tab),
-                         ("explain_contrast", text_tab)]:  # fmt: skip
+    for name, module in [("page_explain", text_tab), ("page_faithfulness", faithfulness),
+                         ("page_explain_image", image_tab), ("explain_contrast", text_tab)]:  # fmt: skip
         fn = fns[name]
-        if name != "explain":
+        if name != "page_explain":
             assert fn.concurrency_limit == 1 and fn.concurrency_id == shared.concurrency_id
         assert inspect.isasyncgenfunction(fn.fn)
         assert list(fn.show_progress_on) == [fn.outputs[module.SHOWN.index("status")]], name
@@ -85,22 +86,22 @@ def test_model_events_share_one_queue_and_draw_progress_on_their_status_line(fns
 def test_cancel_only_cancels_and_the_after_handlers_run_however_the_request_ended(app, fns):
     cancels = [fn for fn in app.demo.fns.values() if fn.cancels]
     assert {tuple(app.demo.fns[i].api_name for i in fn.cancels) for fn in cancels} == {
-        ("explain",),
-        ("faithfulness",),
-        ("explain_image",),
+        ("page_explain",),
+        ("page_faithfulness",),
+        ("page_explain_image",),
         ("explain_contrast",),
         ("image_faithfulness",),
     }
     # Cancel runs nothing that sets the status (it would race with the request's last update)
     assert all(fn.fn is None for fn in cancels)
-    for after, request in [("after_explain", "explain"), ("after_faithfulness", "faithfulness"),
-                           ("after_image", "explain_image"), ("after_contrast", "explain_contrast"),
+    for after, request in [("after_explain", "page_explain"), ("after_faithfulness", "page_faithfulness"),
+                           ("after_image", "page_explain_image"), ("after_contrast", "explain_contrast"),
                            ("image_after_faithfulness", "image_faithfulness")]:  # fmt: skip
         assert fns[after].trigger_after == fns[request]._id and not fns[after].trigger_only_on_success
 
 
 def test_exports_and_reopening_are_wired_after_each_answer(fns):
-    chain = ["explain", "after_explain", "export_files", "export_view_after_explain"]
+    chain = ["page_explain", "after_explain", "export_files", "export_view_after_explain"]
     for before, after in zip(chain, chain[1:]):
         assert fns[after].trigger_after == fns[before]._id and not fns[after].trigger_only_on_success
     assert fns["export_files_after_open"].trigger_after == fns["open_saved"]._id
@@ -109,7 +110,7 @@ def test_exports_and_reopening_are_wired_after_each_answer(fns):
     assert fns["export_view"].trigger_after == fns["render"]._id
     assert fns["export_span_view"].trigger_after == fns["render_span"]._id == fns["render_span"]._id
     assert fns["render_span"].trigger_after == fns["span"]._id
-    image_chain = ["explain_image", "after_image", "export_image_files", "export_image_view_after_explain"]
+    image_chain = ["page_explain_image", "after_image", "export_image_files", "export_image_view_after_explain"]
     for before, after in zip(image_chain, image_chain[1:]):
         assert fns[after].trigger_after == fns[before]._id
 
@@ -117,8 +118,9 @@ def test_exports_and_reopening_are_wired_after_each_answer(fns):
 def test_method_options_are_inputs_of_both_explain_events(fns):
     keys = options.option_keys()
     assert keys == [(m, o.name) for m in options.method_choices()[0] for o in method_options(m)]
-    assert len(fns["explain"].inputs) == 8 + len(keys) and len(fns["explain_image"].inputs) == 9 + len(keys)
-    assert fns["explain"].inputs[8:] == fns["explain_image"].inputs[9:]  # one set of widgets for both tabs
+    explain, image = fns["page_explain"], fns["page_explain_image"]
+    assert len(explain.inputs) == 8 + len(keys) and len(image.inputs) == 9 + len(keys)
+    assert explain.inputs[8:] == image.inputs[9:]  # one set of widgets for both tabs
 
 
 def test_macs_and_rollout_are_ticked_on_first_use_in_both_tabs(app):
@@ -139,17 +141,17 @@ def test_estimate_event_follows_prompt_length_and_options_and_each_answer(fns):
     assert len(event.targets) == 4 + len(options.option_keys()) and {t[1] for t in event.targets} == {"change"}
     after = fns["estimate_after_explain"]  # once per answer, not on every streamed update
     assert inspect.unwrap(after.fn) is inspect.unwrap(event.fn) and after.inputs == event.inputs
-    assert after.trigger_after == fns["explain"]._id and not after.trigger_only_on_success
+    assert after.trigger_after == fns["page_explain"]._id and not after.trigger_only_on_success
 
 
 def test_the_upload_reaches_the_image_handler_unopened(fns, tmp_path):
     from gradio.data_classes import ImageData
 
-    assert fns["explain_image"].preprocess is False  # gradio hands over its raw payload
+    assert fns["page_explain_image"].preprocess is False  # gradio hands over its raw payload
     broken = upload_files.write(tmp_path, "notes.png")
     with pytest.raises(Exception, match="cannot identify image file"):
         # what the visitor saw before: gr.Image opens it and fails without a reason
-        fns["explain_image"].inputs[0].preprocess(ImageData(path=str(broken), orig_name="notes.png"))
+        fns["page_explain_image"].inputs[0].preprocess(ImageData(path=str(broken), orig_name="notes.png"))
     with pytest.raises(Exception, match="Image 'notes.png' is not an image file"):
         requests.open_image(ImageData(path=str(broken), orig_name="notes.png").model_dump())
 

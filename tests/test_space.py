@@ -21,8 +21,9 @@ from explainer.models import loading as models
 from explainer.runtime import hardware
 
 REPO = Path(__file__).resolve().parents[1]
-# the events that run the model
-GPU_HANDLERS = ("explain", "explain_contrast", "faithfulness", "explain_image", "image_faithfulness")
+# the events that run the model: the page's, and the public API's (ui/api.py)
+GPU_HANDLERS = ("page_explain", "explain_contrast", "page_faithfulness", "page_explain_image", "image_faithfulness",
+                "explain", "explain_image", "contrast", "faithfulness")
 
 
 class _Answer:
@@ -243,13 +244,17 @@ def _registered(demo) -> dict:
 
 
 def _handlers() -> dict:
-    from ui import contrast, faithfulness, image_tab, text_tab
+    from ui import api, contrast, faithfulness, image_tab, text_tab
 
     return {
-        "explain": text_tab.explain,
+        "explain": api.explain,
+        "explain_image": api.explain_image,
+        "contrast": api.contrast,
+        "faithfulness": api.faithfulness,
+        "page_explain": text_tab.explain,
         "explain_contrast": contrast.explain_contrast,
-        "faithfulness": faithfulness.faithfulness,
-        "explain_image": image_tab.explain_image,
+        "page_faithfulness": faithfulness.faithfulness,
+        "page_explain_image": image_tab.explain_image,
         "image_faithfulness": faithfulness.faithfulness,
     }
 
@@ -286,7 +291,7 @@ def test_app_with_spaces_on_zerogpu_wraps_the_gpu_handlers_and_asks_the_hub_only
         assert inspect.isgeneratorfunction(fn)
     assert len(wrapped) == len(GPU_HANDLERS)  # each event its own wrapper, the two faithfulness panels' too
     with pytest.raises(gr.Error, match="Select at least one"):  # runs through every wrapper, the error included
-        list(registered["explain"]("Where is Paris?", [], 8, True, False))
+        list(registered["page_explain"]("Where is Paris?", [], 8, True, False))
     assert preloaded == [1] and hub.requests == []  # the (stubbed) preload was the only start-up work
     ui_models.model_ids.cache_clear()
     try:

@@ -4,11 +4,15 @@ One module per part of the page, each with `create_ui()` (builds its components,
 and `create_event_handlers()` (wires their events), the split text-generation-webui uses:
 
 - `text_tab`: prompt, optional answer, methods, the answer strip, step and span sliders, heatmaps, downloads,
-  opening a saved result; `estimates`: the time estimate line under its methods.
+  opening a saved result, the examples (`examples`: their saved results, shown at once and on the first page view);
+  `estimates`: the time estimate line under its methods.
 - `faithfulness`: the faithfulness accordion of the text tab.
 - `image_tab`: image + question, overlays.
 - `contrast`, `layers`, `regions`: the text tab's contrastive step, and both tabs' MACS-by-layer and "which answer
   tokens used this?" accordions (`faithfulness` serves both tabs too).
+
+`api`: the public API ("Use via API"): typed endpoints with named parameters on the tabs' request builders; every
+event of the page itself is private.
 
 Shared pieces: `models` (the process's model bundles, loaded on first use, and the lines naming them), `stream`
 (following a library stream, the request state kept in `gr.State`, the explain driver both tabs share), `events`

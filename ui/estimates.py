@@ -65,10 +65,11 @@ def create_event_handlers(c: Components, option_widgets: list[Any], explain_even
         inputs=asked,
         outputs=c["estimate"],
         api_name="estimate",
+        api_visibility="private",
         trigger_mode="always_last",  # typing sends many changes: only the newest is estimated
         show_progress="hidden",
     )
     explain_event.then(  # a finished answer corrects the figures of the methods it ran
         method_estimates, inputs=asked, outputs=c["estimate"], api_name="estimate_after_explain",
-        show_progress="hidden",
+        api_visibility="private", show_progress="hidden",
     )  # fmt: skip

@@ -3,7 +3,8 @@
 A tab keeps its components in a `Components` dict by name. Its handlers return a view dataclass whose field names are
 component names; `Components.bind(handler, outputs)` gives an event listener its `fn` and `outputs`: the handler
 (on the GPU where `hardware.on_gpu` provides one) with each returned or yielded view turned into a dict over the
-named output components. A field left at `KEEP` becomes `gr.skip()`: its component stays as it is.
+named output components. A field left at `KEEP` becomes `gr.skip()`: its component stays as it is. Every event bound
+so is private (`api_visibility="private"`): the page's own wiring, not the public API (`ui/api.py`).
 """
 
 from __future__ import annotations
@@ -59,7 +60,8 @@ class Components(dict):
         gpu: bool = False,
         duration: Callable[..., int] | None = None,
     ) -> dict[str, Any]:
-        """An event listener's `fn` and `outputs` for a handler returning (or yielding) views.
+        """An event listener's `fn` and `outputs` for a handler returning (or yielding) views, and its API visibility:
+        private, since the page's events take and return widgets and State (the public API is `ui/api.py`).
 
         Args:
             fn: the handler; its views' set fields must be among `outputs`.
@@ -72,4 +74,5 @@ class Components(dict):
         return {
             "fn": wrap_handler(handler, lambda view: view_updates(view, self, names)),
             "outputs": self(*names),
+            "api_visibility": "private",
         }

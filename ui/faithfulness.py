@@ -213,7 +213,7 @@ def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, p
     event = c["measure"].click(
         **c.bind(faithfulness, SHOWN, gpu=True, duration=gpu_time.faithfulness_seconds),
         inputs=[result, methods, c["metric"], c["soft_choice"], step, c["rank"]],
-        api_name=f"{prefix}faithfulness",
+        api_name=f"{prefix or 'page_'}faithfulness",  # private: the public /faithfulness is ui/api.py's
         concurrency_limit=1,  # shares the model with the explain event
         concurrency_id="model",
         show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs

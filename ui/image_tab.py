@@ -24,7 +24,7 @@ from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import gpu_time, inputs, models, reliance
+from . import examples, gpu_time, inputs, models, reliance
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -253,7 +253,7 @@ def _question_column(c: Components) -> None:
     gr.Examples(
         examples=[[str(path), DEFAULT_QUESTION] for path in example_images()],
         inputs=[c["image"], c["question_box"]],
-        label="Example images",
+        label=examples.IMAGE_EXAMPLES_LABEL,
     )
 
 
@@ -314,7 +314,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     event = c["ask"].click(
         **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
         inputs=asked + option_widgets,
-        api_name="explain_image",
+        api_name="page_explain_image",  # private: the public /explain_image is ui/api.py's
         preprocess=False,  # the handler opens the upload itself (see explain_image)
         concurrency_limit=1,
         concurrency_id="model",
@@ -330,7 +330,9 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **hidden)
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
-    event.then(models.vlm_info, outputs=c["model"], api_name="vlm_info_after_explain", **hidden)  # loaded now
+    event.then(  # loaded now
+        models.vlm_info, outputs=c["model"], api_name="vlm_info_after_explain", api_visibility="private", **hidden
+    )
     settled = event.then(
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
         api_name="after_image", **hidden,

@@ -42,6 +42,6 @@ def attach(tab: Components, elem_id: str = "image-reliance") -> None:
     tab["reliance"] = gr.HTML("", elem_id=elem_id)
     gr.on(
         triggers=[tab["result"].change, tab["step"].change], **tab.bind(render_reliance, ("reliance",)),
-        inputs=tab("result", "step"), api_name="render_image_reliance", api_visibility="private",
+        inputs=tab("result", "step"), api_name="render_image_reliance",
         trigger_mode="always_last", show_progress="hidden", **FOLLOWS_STEP,
     )  # fmt: skip

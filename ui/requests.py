@@ -1,6 +1,9 @@
-"""The explain request of each tab, built from its widget values in one function per tab.
+"""The explain request of each tab, built from its widget values in one function per tab, and of the public API.
 
-Each builder takes exactly the arguments of its tab's handler (`text_tab.explain`, `image_tab.explain_image`), in the
+`build_text_request` and `build_image_request` make the request of a text prompt or an image question from named
+values, `method_options` as one {method: {option: value}} object; the public API (`ui/api.py`) calls them directly.
+The tabs' builders (`text_request`, `image_request`) read the "Method options" widgets into that object first. Each
+tab builder takes exactly the arguments of its tab's handler (`text_tab.explain`, `image_tab.explain_image`), in the
 same order, because Gradio hands both the handler and its ZeroGPU duration function (`gpu_time`) the same positional
 widget values: the handler and `gpu_time` call the same builder, so they read the same `ExplainRequest`. The library
 validates the request when it is built (`explainer.request`); the builders add the widgets' own bounds.
@@ -8,6 +11,7 @@ validates the request when it is built (`explainer.request`); the builders add t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -25,15 +29,26 @@ def text_request(
     prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool, show_all: bool = False,
     answer: str | None = None, span: bool = False, granularity: str = "token", *options: Any,
 ) -> ExplainRequest:  # fmt: skip
-    """The text tab's request (the arguments of `text_tab.explain`; `show_all` and `span` only choose the view).
+    """The text tab's request (the arguments of `text_tab.explain`; `show_all` and `span` only choose the view):
+    `build_text_request` with the "Method options" widgets' values read (`options.chosen_options`)."""
+    methods = inputs.chosen_methods(methods)
+    chosen = chosen_options(methods, options)
+    return build_text_request(prompt, methods, max_new_tokens, chat_template, answer, granularity, chosen)
+
+
+def build_text_request(
+    prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool = True, answer: str | None = None,
+    granularity: str = "token", method_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ExplainRequest:  # fmt: skip
+    """A text prompt's request, from the text tab (`text_request`) or the public API (`ui/api.py`).
 
     Raises:
         InputError: no method ticked, a slider past its bounds, an answer that is not text, or what the request
-            refuses (`ExplainRequest`).
+            refuses (`ExplainRequest`, which checks `method_options` against each method's config).
     """
     methods = inputs.chosen_methods(methods)
     return ExplainRequest(
-        prompt, methods, chosen_options(methods, options),
+        prompt, methods, method_options or {},
         max_new_tokens=inputs.whole(max_new_tokens, "Max new tokens", inputs.NEW_TOKENS),
         chat_template=bool(chat_template), answer=inputs.answer_text(answer), unit=granularity or "token",
     )  # fmt: skip
@@ -44,10 +59,21 @@ def image_request(
     max_image_tokens: Any = None, answer: str | None = None, more_images: Any = None, *options: Any,
 ) -> ExplainRequest:  # fmt: skip
     """The image tab's request (the arguments of `image_tab.explain_image`; `opacity` and `contour` only choose the
-    view). Opens the uploads (`open_images`): call it off the event loop, a large photo takes a while to decode.
+    view): `build_image_request` with the "Method options" widgets' values read."""
+    methods = inputs.chosen_methods(methods)
+    chosen = chosen_options(methods, options)
+    return build_image_request(image, question, methods, max_new_tokens, max_image_tokens, answer, more_images, chosen)
+
+
+def build_image_request(
+    image: Any, question: str, methods: list[str], max_new_tokens: float, max_image_tokens: Any = None,
+    answer: str | None = None, more_images: Any = None, method_options: Mapping[str, Mapping[str, Any]] | None = None,
+) -> ExplainRequest:  # fmt: skip
+    """An image question's request, from the image tab (`image_request`) or the public API. Opens the uploads
+    (`open_images`): call it off the event loop, a large photo takes a while to decode.
 
     Raises:
-        InputError: as `text_request`, no image, or an upload that is not a readable image.
+        InputError: as `build_text_request`, no image, or an upload that is not a readable image.
     """
     methods = inputs.chosen_methods(methods)
     if image is None:
@@ -57,7 +83,7 @@ def image_request(
     given = inputs.answer_text(answer)
     opened = open_images(image, more_images)
     return ExplainRequest(
-        question, methods, chosen_options(methods, options), max_new_tokens=new,
+        question, methods, method_options or {}, max_new_tokens=new,
         images=tuple(opened) if isinstance(opened, list) else (opened,), max_image_tokens=detail, answer=given,
     )  # fmt: skip
 

@@ -7,7 +7,6 @@ a box re-renders it without running the model.
 from __future__ import annotations
 
 import dataclasses
-import json
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +24,7 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import estimates, gpu_time, inputs, models
+from . import estimates, examples, gpu_time, inputs, models
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -33,7 +32,6 @@ from .options import method_choices
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
-EXAMPLES_PATH = Path(__file__).resolve().parents[1] / "assets" / "examples.json"
 TOP_K = 5  # rows per method in the top-tokens table
 TOP_SENTENCES = 3  # sentences per method under a span or word/sentence view
 TABLE_HEADERS = ["method", "rank", "token", "position", "z"]
@@ -58,12 +56,14 @@ class TextView:
     json_file: Any = KEEP
     report_file: Any = KEEP
     png_file: Any = KEEP
+    prompt: Any = KEEP  # the prompt box (an example fills it)
 
 
 VIEWS = ("answer", "heatmap", "table")  # what `render` draws for the step(s) on the sliders; a new view goes here
 SHOWN = VIEWS + ("step", "span_end", "status", "result", "request")  # a new or reopened result
 SPAN = ("step", "span_end", "table")
 FILES = ("json_file", "report_file", "png_file")
+EXAMPLE = SHOWN + ("methods", "prompt")  # an example's saved result, shown
 
 
 def _top_rows(
@@ -243,6 +243,27 @@ def open_saved(path: Any, show_all: bool, span: bool, granularity: str) -> TextV
 
 
 @user_errors
+def open_example(
+    index: Any, methods: list[str] | None, show_all: bool, span: bool = False, granularity: str = "token"
+) -> TextView:
+    """A clicked example (its index; None: the first, for the first page view): its prompt, and its saved result
+    shown at once with the ticked methods it has (else the default ones); never runs a model. Returns the `EXAMPLE`
+    fields (only the prompt for an example without a saved result)."""
+    shown = examples.examples()
+    i = 0 if index is None else round(inputs.number(index, "The example"))
+    if not 0 <= i < len(shown):
+        return TextView()
+    attr = examples.saved_result(shown[i])
+    if attr is None:
+        return TextView(prompt=shown[i]["prompt"])
+    chosen = examples.shown_methods(attr, methods, method_choices()[1])
+    view = _shown(attr, chosen, show_all, False, bool(span), inputs.granularity(granularity))
+    status = examples.saved_status(attr, shown[i]["label"])
+    box = gr.update(value=chosen)
+    return dataclasses.replace(view, status=status, request=RequestState(), methods=box, prompt=shown[i]["prompt"])
+
+
+@user_errors
 def export_report(result: Attribution | None, methods: list[str], show_all: bool) -> TextView:
     """The "HTML report" download: one self-contained page of the ticked methods with its own step slider; off
     without a result. Never runs the model."""
@@ -283,11 +304,6 @@ def clear_downloads() -> TextView:
     return TextView(json_file=no_file(), report_file=no_file(), png_file=no_file())
 
 
-def examples() -> list[dict[str, str]]:
-    """The built-in example prompts: [{"label": ..., "prompt": ...}]."""
-    return json.loads(EXAMPLES_PATH.read_text(encoding="utf-8"))
-
-
 def _prompt_column(c: Components) -> None:
     c["prompt"] = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
     c["given_answer"] = gr.Textbox(
@@ -299,13 +315,7 @@ def _prompt_column(c: Components) -> None:
     with gr.Row():
         c["generate"] = gr.Button("Generate", variant="primary")
         c["cancel"] = gr.Button("Cancel", variant="stop")
-    shown = examples()
-    gr.Examples(
-        examples=[[e["prompt"]] for e in shown],
-        inputs=[c["prompt"]],
-        example_labels=[e["label"] for e in shown],
-        label="Examples",
-    )
+    c["examples"] = examples.create_ui(examples.examples(), c["prompt"])
     c["open_file"] = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
 
 
@@ -377,7 +387,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     explain_event = c["generate"].click(
         **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
         inputs=asked + option_widgets,
-        api_name="explain",
+        api_name="page_explain",  # private: the public /explain is ui/api.py's
         concurrency_limit=16,  # visitors' text requests share the decode steps (explainer/batching/); the library's
         concurrency_id="text_explain",  # model lock still orders everything else on the model
         show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
@@ -411,11 +421,17 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
     settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
     # the model loads with the first request: its line then names the precision and the prompt limit
-    explain_event.then(models.model_info, outputs=c["model"], api_name="model_info_after_explain", **hidden)
+    explain_event.then(
+        models.model_info, outputs=c["model"], api_name="model_info_after_explain", api_visibility="private", **hidden
+    )
     opened = c["open_file"].upload(
         **c.bind(open_saved, SHOWN + ("methods",)), inputs=c("open_file", "show_all", "span", "granularity"),
         api_name="open_saved",
     )  # fmt: skip
     _then_export(c, opened, "export_files_after_open", "export_view_after_open")
     opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **hidden)
+    asked = c("examples", "methods", "show_all", "span", "granularity")
+    picked = c["examples"].click(**c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example")
+    _then_export(c, picked, "export_files_after_example", "export_view_after_example")
+    picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **hidden)
     estimates.create_event_handlers(c, option_widgets, explain_event)

@@ -20,7 +20,7 @@ _CANONICAL = """el => {
     + [...n.childNodes].map(walk).join("") + "</" + n.tagName.toLowerCase() + ">";
   return walk(el);
 }"""
-_STATUS = re.compile(r"^(Done: |generating|Generating|teacher-forcing|running |Stopped|Opened |Waiting)")
+_STATUS = re.compile(r"^(Done: |generating|Generating|teacher-forcing|running |Stopped|Opened |Waiting|Saved result)")
 
 
 class AppPage:

@@ -11,9 +11,13 @@ import re
 PROMPT = "What is the capital of France?"
 
 
-def test_first_visit_ticks_macs_and_rollout_and_estimates_the_slower_methods(app):
+def test_first_visit_shows_the_first_examples_saved_result_and_estimates_the_slower_methods(app):
     assert app.checked_methods() == ["macs", "rollout"]
-    assert app.estimate_text().startswith("Type a prompt to see")
+    assert app.status().startswith("Saved result of the example “Reading comprehension (QA)”")  # no model run
+    assert app.heatmap_methods() == ["macs", "rollout"] and "Marta" in "".join(app.answer_tokens())
+    app.page.get_by_text(re.compile(r"^Extra time for this prompt")).wait_for()  # the example's prompt
+    app.type_prompt("")
+    app.page.get_by_text(re.compile(r"^Type a prompt to see")).wait_for()
     app.type_prompt(PROMPT)
     app.page.get_by_text(re.compile(r"^Extra time for this prompt")).wait_for()
     text = app.estimate_text()
@@ -44,6 +48,19 @@ def test_generate_shows_the_answer_and_a_heatmap_per_default_method(app):
     assert app.status().startswith(f"Done: {len(steps)} tokens")
     app.page.get_by_text(re.compile(r"float32 on cpu · prompts up to \d+ tokens")).wait_for()  # model line, loaded
     app.shot("generated")
+
+
+def test_an_example_shows_its_saved_result_at_once_and_a_link_reopens_its_step(app):
+    app.pick_example("General question")
+    app.wait_status(r"^Saved result of the example “General question”")
+    assert "blue" in "".join(app.answer_tokens()) and app.step_slider_enabled()
+    app.page.get_by_text(re.compile(r"^Link to this view \(saved example, step \d+\)")).wait_for()
+    app.page.goto(app.page.url.split("?")[0] + "?result=general-question&step=3")  # what the link opens
+    app.wait_loaded()
+    app.wait_status(r"^Saved result of the example “General question”")
+    assert app.step_slider_value() == 3
+    app.page.get_by_role("link", name="?result=general-question&step=3").wait_for()
+    app.shot("saved-example")
 
 
 def test_moving_the_step_slider_changes_the_view(app):

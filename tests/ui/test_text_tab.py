@@ -392,6 +392,3 @@ def test_a_saved_result_reopens_to_identical_views_without_a_model(fake, tmp_pat
     assert box["value"] == ["mine"] and box["choices"][-1] == "mine"  # an unregistered method can still be shown
 
 
-def test_examples_are_labelled_prompts():
-    shown = text_tab.examples()
-    assert shown and all(e["label"].strip() and e["prompt"].strip() for e in shown)

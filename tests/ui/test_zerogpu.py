@@ -56,14 +56,15 @@ def visitor():                                  # Gradio calls handlers from its
              ("estimate", lambda: run("estimate", *args("estimate", a0="Where is Paris?")))]
     updates = {}
     def explain():
-        updates["explain"] = run("explain", *args("explain", a0="Where is Paris?", a2=4))
+        updates["explain"] = run("page_explain", *args("page_explain", a0="Where is Paris?", a2=4))
         return len(updates["explain"])
     def faithfulness():
-        result = updates["explain"][-1][fns["faithfulness"].inputs[0]]
-        return len(run("faithfulness", *args("faithfulness", a0=result, a1=["macs"], a3="every 5th step")))
+        result = updates["explain"][-1][fns["page_faithfulness"].inputs[0]]
+        return len(run("page_faithfulness", *args("page_faithfulness", a0=result, a1=["macs"], a3="every 5th step")))
     def image():
-        return len(run("explain_image", *args("explain_image", a0=os.environ["IMAGE"], a1="What is in the image?",
-                                               a2=["macs"], a3=3, a6=16)))
+        image_args = args("page_explain_image", a0=os.environ["IMAGE"], a1="What is in the image?", a2=["macs"], a3=3,
+                          a6=16)
+        return len(run("page_explain_image", *image_args))
     steps += [("explain", explain), ("faithfulness", faithfulness), ("image", image)]
     for name, step in steps:
         try:
