@@ -1,9 +1,10 @@
 """The crowd test of `load_test.py --crowd`: N visitors press Generate at once, each with its own gradio_client.
 
-Each visitor submits /explain (MACS + Rollout, 32 new tokens) and watches its stream: the time to the first token
-is when the first update with an answer token arrives, the time to the full answer when the job ends. Before the
-crowds, each prompt runs once alone: the solo reference (its time is the "1 visitor alone" figure). A mismatch is a
-visitor whose answer strip, heatmap or top-token table differs from that solo run's in any character.
+Each visitor calls the public /explain (MACS + Rollout, 32 new tokens) and watches its stream of growing results:
+the time to the first token is when the first result with an answer token arrives, the time to the full answer when
+the job ends. Before the crowds, each prompt runs once alone: the solo reference (its time is the "1 visitor alone"
+figure). A mismatch is a visitor whose answer token ids, maps (every method's raw scores and z-scores) or step
+probabilities and entropies differ from that solo run's in any digit of the saved result.
 """
 
 from __future__ import annotations
@@ -20,15 +21,22 @@ from gradio_client import Client
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = ["macs", "rollout"]
 NEW_TOKENS = 32
-COMPARED = {"answer": 0, "heatmap": 1, "table": 2}  # outputs of /explain that show the answer and the maps
-SECONDS = re.compile(r"\\u00b7 \d+\.\d+ s<")  # a method's run time in the heatmap's headings: not part of the maps
-TITLES = re.compile(r'title=\\"[^"\\]*\\"')  # the answer strip's per-token tooltips (probability, entropy)
 
 
-def views(out: tuple) -> dict[str, str]:
-    """The compared outputs as text; "tokens" is the answer strip without its tooltips (the answer tokens alone)."""
-    shown = {name: SECONDS.sub("<", json.dumps(out[i], sort_keys=True)) for name, i in COMPARED.items()}
-    return {**shown, "tokens": TITLES.sub("", shown["answer"])}
+def views(saved: str) -> dict[str, str]:
+    """What is compared with the solo run, from the result's JSON: the answer's token ids ("tokens"), each method's
+    raw map and z-scores ("maps"), and the step probabilities and entropies ("steps"); timings are left out."""
+    result = json.loads(saved)
+    maps = {name: [m.get("raw"), m.get("z")] for name, m in sorted(result["methods"].items())}
+    return {
+        "tokens": json.dumps(result["generated_token_ids"]),
+        "maps": json.dumps(maps),
+        "steps": json.dumps(result.get("step_scores")),
+    }
+
+
+COMPARED = ("tokens", "maps", "steps")
+FIRST_TOKEN = re.compile(r'"generated_token_ids":\s*\[\s*\d')  # a streamed result with an answer token
 
 
 def prompts(kind: str) -> list[str]:
@@ -37,23 +45,24 @@ def prompts(kind: str) -> list[str]:
 
 
 def visit(client: Client, prompt: str) -> dict:
-    """One visitor's request: its times, its number of answer tokens and the views compared."""
-    args = (prompt, METHODS, NEW_TOKENS, True, False, "", False, "token")
+    """One visitor's request through the public /explain: its times, its number of answer tokens, the views compared.
+    The first token's time is when the first streamed result with an answer token arrives."""
     t0 = time.perf_counter()
-    job = client.submit(*args, api_name="/explain")
+    job = client.submit(prompt=prompt, methods=METHODS, max_new_tokens=NEW_TOKENS, api_name="/explain")
     first = None
     while not job.done():
-        if first is None and any("xai-step" in str(o[0]) for o in job.outputs()):
+        if first is None and any(FIRST_TOKEN.search(str(o)) for o in job.outputs()):
             first = time.perf_counter() - t0
         time.sleep(0.01)
-    out = job.result()
+    saved = job.result()
     total = time.perf_counter() - t0
     return {
         "first_s": total if first is None else first,
         "total_s": total,
-        "tokens": int(out[3].get("maximum", 0)) if isinstance(out[3], dict) else 0,
-        "views": views(out),
-        "status": out[5],
+        "tokens": len(json.loads(saved)["generated_token_ids"]),
+        "views": views(saved),
+        "decode": json.loads(saved)["meta"].get("decode"),
+        "batch_size": json.loads(saved)["meta"].get("batch_size"),
     }
 
 
@@ -81,7 +90,7 @@ def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dic
     mismatches = {
         name: sum(v["views"][name] != solo[asked[i % len(asked)]]["views"][name] for i, v in enumerate(visits)
                   if isinstance(v, dict))
-        for name in (*COMPARED, "tokens")
+        for name in COMPARED
     }  # fmt: skip
     alone = statistics.mean(solo[asked[i % len(asked)]]["total_s"] for i in range(n))
     return {
@@ -95,6 +104,8 @@ def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dic
         "full_answer_p95_s": _p95([v["total_s"] for v in done]),
         "tokens_per_s": sum(v["tokens"] for v in done) / wall,
         "mismatches": mismatches,
+        "batched": sorted({str(v.get("decode")) for v in done}),
+        "largest_batch": max((v.get("batch_size") or 1 for v in done), default=0),
         "mismatched_visitors": sum(
             any(v["views"][k] != solo[asked[i % len(asked)]]["views"][k] for k in COMPARED)
             for i, v in enumerate(visits)

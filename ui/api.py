@@ -52,13 +52,17 @@ def _no_progress(*_: Any, **__: Any) -> None:
     """The API has no progress bar; the library's progress reports go nowhere."""
 
 
-async def _final_result(bundle: Any, request: ExplainRequest) -> str:
-    """The request run to the end through the tabs' driver; its result as saved-result JSON text."""
+async def _results(bundle: Any, request: ExplainRequest) -> AsyncIterator[str]:
+    """The request run through the tabs' driver: its growing result as saved-result JSON text, at most a few times a
+    second while tokens arrive (`stream.UPDATE_SECONDS`), the complete one last (what `predict` returns)."""
     last = None
     async with aclosing(explain_updates(bundle, request, _no_progress)) as updates:
         async for update in updates:
-            last = update.item if update.item is not None else last
-    return result_json(last)
+            if update.item is not None:
+                last = update.item
+                yield result_json(last)
+    if last is None:
+        raise InputError("The model produced no result for this request.")
 
 
 def _text_request(
@@ -89,11 +93,13 @@ async def explain(
         answer: empty to generate; else the answer to explain.
         method_options: {method: {option: value}}, e.g. {"macs": {"alpha": 0.5}}; unset options keep their defaults.
 
-    Returns:
-        The result as saved-result JSON text (`explainer.result.load_result` opens it).
+    Yields:
+        The growing result as saved-result JSON text while the answer arrives, the complete one last (what
+        `predict` returns; `explainer.result.load_result` opens it).
     """
     request = _text_request(prompt, methods, max_new_tokens, chat_template, answer, method_options)
-    yield await _final_result(models.get_bundle(), request)
+    async for saved in _results(models.get_bundle(), request):
+        yield saved
 
 
 def _image_request(
@@ -135,7 +141,8 @@ async def explain_image(
     """
     request = await _off_loop(_image_request, image, question, methods, max_new_tokens, max_image_tokens, answer,
                               method_options)  # fmt: skip
-    yield await _final_result(models.get_vl_bundle(), request)
+    async for saved in _results(models.get_vl_bundle(), request):
+        yield saved
 
 
 async def _off_loop(fn: Callable[..., Any], *args: Any) -> Any:
@@ -178,7 +185,8 @@ async def contrast(
         The result as saved-result JSON text; `meta.contrast` records the foil.
     """
     request = _contrast_request(prompt, answer, step, foil, methods, chat_template, method_options)
-    yield await _final_result(models.get_bundle(), request)
+    async for saved in _results(models.get_bundle(), request):
+        yield saved
 
 
 def _measured_result(result: str) -> Attribution:

@@ -336,10 +336,16 @@ class AppPage:
 
     def image_overlay_size(self) -> tuple[int, int]:
         """The natural size of the overlay image shown, once it is loaded."""
-        block = self.page.locator("div.block:visible", has_text="Image regions each method credits for this token")
+        label = "Image regions each method credits for this token"
+        block = self.page.locator("div.block:visible", has_text=label)
         overlay = block.locator("img").first
         overlay.wait_for()
-        self.page.wait_for_function("img => img.complete && img.naturalWidth > 0", arg=overlay.element_handle())
+        # Looked up again on every poll: a later update of the result (the reliance pass's) may replace the element,
+        # and a handle held to the replaced one would never load.
+        loaded = """label => [...document.querySelectorAll('div.block')].some(b => b.offsetParent !== null
+            && b.innerText.includes(label)
+            && [...b.querySelectorAll('img')].some(i => i.complete && i.naturalWidth > 0))"""
+        self.page.wait_for_function(loaded, arg=label)
         return tuple(overlay.evaluate("img => [img.naturalWidth, img.naturalHeight]"))
 
     def click_image_at(self, image: Any, fx: float, fy: float) -> None:

@@ -23,6 +23,12 @@ def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(
     assert re.match(r"Done: \d+ tokens", status), status
     width, height = vl_app.image_overlay_size()
     assert width > 2 * 112 and height > 84  # two methods side by side, each with its caption strip
+    strip = vl_app.page.locator("#image-reliance .xai-rel")  # the reliance strip: one token per answer step
+    strip.first.wait_for(timeout=60_000)
+    drops = strip.evaluate_all("els => els.map(e => parseFloat(e.dataset.drop))")
+    assert len(drops) == int(re.match(r"Done: (\d+) tokens", status).group(1)), drops
+    assert all(d == d for d in drops)  # each token has its measured drop in log p (no NaN)
+    assert "hidden" in vl_app.page.locator("#image-reliance").inner_text()  # the legend says what is coloured
     vl_app.shot("image-tab-answer")
 
     vl_app.open_accordion("Faithfulness")

@@ -61,8 +61,11 @@ def test_each_model_endpoint_queues_with_the_pages_event_of_the_same_request(dem
 
 
 def test_explain_builds_the_text_tabs_request_and_returns_the_saved_json(fake):
-    (saved,) = collect(api.explain("Where is Paris?", ["macs"], 3, method_options={"macs": {"alpha": 0.5}}))
-    attr = load_result(saved.encode())
+    streamed = collect(api.explain("Where is Paris?", ["macs"], 3, method_options={"macs": {"alpha": 0.5}}))
+    grown = [load_result(s.encode()) for s in streamed]  # the growing result, the complete one last
+    assert [a.num_steps for a in grown] == sorted(a.num_steps for a in grown)
+    attr = grown[-1]
+    assert attr.num_steps == 3  # the last streamed result is the whole answer
     assert list(attr.methods) == ["macs"] and attr.generated_tokens == [" It", " is", " Paris"]
     widgets = [0.5 if key == ("macs", "alpha") else None for key in options.option_keys()]
     page = requests.text_request("Where is Paris?", ["macs"], 3, True, False, None, False, "token", *widgets)
@@ -100,7 +103,7 @@ def test_explain_image_opens_only_files_gradio_received(vl_fake, tmp_path):
         collect(handler(str(path)))
     with pytest.raises(gr.Error, match="not in the cache folder"):
         collect(handler({"path": str(path), "meta": {"_type": "gradio.FileData"}}))
-    (saved,) = collect(api.explain_image(Image.open(path), "What is it?", ["macs"], 3))
+    *_, saved = collect(api.explain_image(Image.open(path), "What is it?", ["macs"], 3))
     assert load_result(saved.encode()).image is not None and vl_fake.calls[-1]["prompt"] == "What is it?"
 
 
@@ -170,7 +173,7 @@ def test_explain_then_faithfulness_on_the_embedded_model(monkeypatch):
     from ui import models
 
     monkeypatch.setattr(models, "model_ids", lambda: (None, None))  # the embedded model, offline
-    (saved,) = collect(api.endpoint(api.explain, None)("Who wrote Hamlet?", ["macs"], 3))
+    *_, saved = collect(api.endpoint(api.explain, None)("Who wrote Hamlet?", ["macs"], 3))
     (report,) = collect(api.endpoint(api.faithfulness, None)(saved, ["macs"]))
     json.dumps(report)  # plain data, as the client receives it
     assert report["methods"] == ["macs"] and report["soft"] is None
