@@ -9,9 +9,10 @@ decides without a download.
 
 The defaults (`choose_defaults`) come from measurements with real-size random-weight models on 2-vCPU machines
 (`scripts/real_size.py`, docs/deployment.md, which says which kind of CPU each row came from). On a CPU with native
-bf16 (avx512_bf16 / amx_bf16) the mission's Qwen2.5-VL-3B runs in bfloat16 at 256 image tokens (an image question in
-about 17 s, 8.4 GB); on a CPU without it bfloat16 is ~5x slower than float32 and Qwen2.5-VL-3B takes 15 GB in
-float32, so the image model there is Qwen2-VL-2B in float32 with a smaller image budget; on a GPU the larger ones.
+bf16 (avx512_bf16 / amx_bf16) the mission's Qwen2.5-VL-3B runs in bfloat16 at 256 image tokens (an image question
+in 17-34 s depending on the CPU, 8 GB); on a CPU without it bfloat16 is ~5x slower than float32 and Qwen2.5-VL-3B
+takes 15 GB in float32, so the image model there is Qwen2-VL-2B in float32 with a smaller image budget; on a GPU the
+larger ones.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ TEXT_CPU = "Qwen/Qwen2.5-0.5B-Instruct"
 TEXT_GPU = "Qwen/Qwen2.5-1.5B-Instruct"
 VISION_CPU = "Qwen/Qwen2-VL-2B-Instruct"
 VISION_GPU = "Qwen/Qwen2.5-VL-3B-Instruct"
-TEXT_CPU_BF16 = TEXT_CPU  # the text model of a CPU with native bf16 (measured: docs/deployment.md)
+TEXT_CPU_BF16 = TEXT_CPU  # native bf16 CPU: 32 tokens in 4.7 s (1.5B: 11.4 s; docs/deployment.md)
 CPU_IMAGE_TOKENS = 64  # merged image tokens on a CPU without native bf16 (about 224 x 224 pixels): ~16 s a question
-GPU_IMAGE_TOKENS = 256  # on a GPU, and on a CPU with native bf16 (Qwen2.5-VL-3B in bf16: ~17 s a question)
+GPU_IMAGE_TOKENS = 256  # on a GPU, and on a CPU with native bf16 (Qwen2.5-VL-3B in bf16: 17-34 s a question)
 
 
 def default_image_tokens(gpu: bool, native_bf16: bool = False) -> int:
