@@ -198,3 +198,12 @@ def cpu_flags(plain_cpu):
 
     yield write
     write()
+
+
+@pytest.fixture(autouse=True)
+def _library_defaults(monkeypatch):
+    """Every test starts with the library's own defaults, whatever an import of `app` (which turns the batched decode
+    on for its visitors) did before: a test that wants the batched decode turns it on itself."""
+    from explainer import batching
+
+    monkeypatch.setattr(batching, "_enabled", False)

@@ -43,8 +43,12 @@ def reads_per_step(model, n: int, methods: list, steps: int = 6, sinks=None) -> 
     instances, `sinks` a `SinkTracker` for `generate_steps`."""
     ids = torch.arange(3, 3 + n)[None] % model.config.vocab_size  # (1, n)
     instances = [get_method(m) if isinstance(m, str) else m for m in methods]
+    return reads_of_each_step(generate_steps(model, DecodeJob(ids, instances, steps), sinks=sinks))
+
+
+def reads_of_each_step(gen) -> list[int]:
+    """Host reads counted while each step of the stream `gen` is computed."""
     counts = []
-    gen = generate_steps(model, DecodeJob(ids, instances, steps), sinks=sinks)
     while True:
         with CountHostReads() as mode:
             try:

@@ -34,7 +34,7 @@ from explainer.static_decode import (
 
 from ..conftest import ACCELERATORS, DEVICES, FailingMACS, build_model, eager_attentions
 from ..reference import reference_macs
-from .test_host_syncs import CountHostReads
+from .test_host_syncs import CountHostReads, reads_of_each_step
 from .test_on_device import _syncs_per_step
 
 N, K = 23, 13  # chunks of the static path: steps 0 | 1 | 2-3 | 4-7 | 8-12
@@ -154,15 +154,7 @@ def test_a_decode_step_reads_nothing_on_the_host():
 def test_host_reads_happen_only_between_chunks(monkeypatch):
     monkeypatch.setenv(DECODE_ENV, "static")
     model = build_model("llama")
-    gen = generate_steps(model, DecodeJob(_ids(model), [MACS()], K))
-    counts = []
-    while True:
-        with CountHostReads() as mode:
-            try:
-                next(gen)
-            except StopIteration:
-                break
-        counts.append(mode.count)
+    counts = reads_of_each_step(generate_steps(model, DecodeJob(_ids(model), [MACS()], K)))
     assert len(counts) == K
     reads = [i for i, c in enumerate(counts) if c]
     assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps; one read for the tokens, one for MACS

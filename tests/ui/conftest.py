@@ -192,3 +192,13 @@ def vl_fake(fake, monkeypatch):
     monkeypatch.setattr(models, "load_model", lambda name=None, **kwargs: VLBundle())
     monkeypatch.setattr(stream, "stream_request", lib.stream)
     return lib
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any request for a model fails the test: saved results and links open without one."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was asked for")
+
+    monkeypatch.setattr(models, "get_bundle", refuse)
+    monkeypatch.setattr(models, "load_model", refuse)

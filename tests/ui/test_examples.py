@@ -41,14 +41,6 @@ def test_each_saved_result_is_its_examples_prompt_on_the_embedded_model(embedded
     assert {"macs", "rollout"} <= set(attr.methods) and attr.num_steps >= 1
 
 
-@pytest.fixture
-def no_model(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was asked for")
-
-    monkeypatch.setattr(models, "get_bundle", refuse)
-    monkeypatch.setattr(models, "load_model", refuse)
-
 
 def test_a_clicked_example_shows_its_saved_result_at_once_without_a_model(no_model):
     for i, example in enumerate(SHOWN):

@@ -4,10 +4,9 @@ the link line, without a browser."""
 from __future__ import annotations
 
 import gradio as gr
-import pytest
 
 from explainer.result.attribution import Attribution
-from ui import examples, models, share, text_tab
+from ui import examples, share, text_tab
 
 SHOWN = examples.examples()
 
@@ -25,14 +24,6 @@ def test_an_address_names_an_example_by_its_saved_files_stem_and_a_step():
     assert share.linked({"result": "https://example.com/r.json", "step": "3"}) == (None, None)  # never fetched
     assert share.linked({}) == (None, None)
 
-
-@pytest.fixture
-def no_model(monkeypatch):
-    def refuse(*args, **kwargs):
-        raise AssertionError("a model was asked for")
-
-    monkeypatch.setattr(models, "get_bundle", refuse)
-    monkeypatch.setattr(models, "load_model", refuse)
 
 
 def test_a_link_reopens_the_example_at_its_step(no_model):
