@@ -29,7 +29,7 @@ from .capture import language_config
 from .errors import UnsupportedModelError
 from .methods import AttributionMethod
 from .methods.atman.method import attention_suppression
-from .methods.inputs import decoder_input_embeddings
+from .methods.inputs import SequenceInputs
 from .methods.sources import MASK_BIAS
 from .result.attribution import Attribution
 from .result.reliance import Reliance, image_share, share_positions
@@ -37,17 +37,6 @@ from .result.sinks import sink_positions
 from .runtime.host import to_numpy
 from .runtime.kv import prefix_cache, reusable
 from .runtime.session import check_cancelled, hold
-
-
-def _inputs(ids: torch.Tensor, embeds: torch.Tensor | None, positions: torch.Tensor | None, start: int, stop: int,
-            batch: int) -> dict[str, torch.Tensor]:  # fmt: skip
-    """Keyword inputs of a forward over positions [start, stop), repeated `batch` times (views, no copies)."""
-    out = {"input_ids": ids[:, start:stop].expand(batch, -1)} if embeds is None else {
-        "inputs_embeds": embeds[:, start:stop].expand(batch, -1, -1)}  # (B, L) or (B, L, d)  # fmt: skip
-    if positions is not None:
-        pos = positions[..., start:stop]  # (..., 1, L)
-        out["position_ids"] = pos.expand(*pos.shape[:-2], batch, pos.shape[-1])  # (..., B, L)
-    return out
 
 
 @torch.inference_mode()
@@ -80,22 +69,21 @@ def image_knockout(
     if k <= 0:
         return np.zeros(0, np.float32), np.zeros(0, np.float32)
     with hold(model):
-        embeds = decoder_input_embeddings(model, input_ids, extra_inputs) if extra_inputs else None  # (1, T, d)
-        positions = (extra_inputs or {}).get("position_ids")  # (3, 1, T) or None
+        seq = SequenceInputs.of(model, input_ids, extra_inputs)  # ids, or (1, T, d) embeddings and 3D positions
         bias = torch.zeros(2, t - 1, dtype=torch.float32, device=input_ids.device)  # (2, T - 1): row 0 hides nothing
         bias[1, list(hidden)] = MASK_BIAS
         with attention_suppression(model) as state:
             cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
             if start:
-                model(**_inputs(input_ids, embeds, positions, 0, start, 1), past_key_values=cache, use_cache=True,
+                model(**seq.inputs(0, start, 1), past_key_values=cache, use_cache=True,
                       logits_to_keep=1)  # fmt: skip
             state.bias = bias
             if start and reusable(cache, start):
-                out = model(**_inputs(input_ids, embeds, positions, start, t - 1, 2), use_cache=True,
+                out = model(**seq.inputs(start, t - 1, 2), use_cache=True,
                             past_key_values=prefix_cache(cache, start, 2), logits_to_keep=k)  # fmt: skip
             else:  # nothing to reuse: the whole sequence, the bias on the answer's queries only
                 state.from_query = start
-                out = model(**_inputs(input_ids, embeds, positions, 0, t - 1, 2), use_cache=False, logits_to_keep=k)
+                out = model(**seq.inputs(0, t - 1, 2), use_cache=False, logits_to_keep=k)
             if state.calls == 0:
                 raise UnsupportedModelError(
                     "No attention layer of this model uses transformers' AttentionInterface, so the image cannot be "

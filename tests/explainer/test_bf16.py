@@ -28,7 +28,8 @@ from explainer.faithfulness.soft import (
     soft_curves,
 )
 from explainer.methods.atman import AtManConfig, atman_scores
-from explainer.methods.atman.method import _fast_scores, _Sequence
+from explainer.methods.atman.method import _fast_scores
+from explainer.methods.inputs import SequenceInputs
 from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import MethodScores
 
@@ -165,7 +166,7 @@ def test_atman_baseline_shares_the_pass_of_its_rows(tokenizer):
     log_bias = torch.zeros(n, t)
     log_bias[:, :n].fill_diagonal_(torch.finfo(torch.float32).tiny)  # (N, T): each row "suppresses" its token
     with layout_sensitive(model), torch.inference_mode():
-        scores = _fast_scores(model, _Sequence(ids), n, log_bias, 3, None, {})
+        scores = _fast_scores(model, SequenceInputs(ids), n, log_bias, 3, None, {})
         suppressed = atman_scores(model, ids, n, AtManConfig(correlated=False, batch_size=3))
     assert (scores == 0).all()
     assert (np.abs(suppressed) > 1e-4).mean() > 0.5  # the same passes with a real bias do move it

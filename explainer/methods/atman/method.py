@@ -57,7 +57,7 @@ from ...runtime.memory import MemoryRequest
 from ...runtime.session import check_cancelled, hold
 from ..base import AttributionMethod, GenerationRun, ProgressFn
 from ..cost import Cost, CostRequest
-from ..inputs import decoder_input_embeddings
+from ..inputs import SequenceInputs
 from .config import CPU_BATCH_ROWS, AtManConfig
 from .cost import atman_cost
 from .factors import suppression_factors
@@ -172,34 +172,6 @@ def report_progress(progress: ProgressFn | None, done: int, total: int, label: s
         progress(done / total, f"{label}: {done}/{total} passes")
 
 
-@dataclass
-class _Sequence:
-    """The teacher-forced sequence as forward inputs: token ids (text) or the decoder's input embeddings plus
-    explicit positions (multimodal: the image features are computed once and reused by every pass, and Qwen's 3D
-    mRoPE positions are sliced with the sequence instead of being derived from state cached on the model).
-
-    Attributes:
-        input_ids: (1, T).
-        embeds: (1, T, d) or None.
-        position_ids: (..., 1, T) or None.
-    """
-
-    input_ids: torch.Tensor
-    embeds: torch.Tensor | None = None
-    position_ids: torch.Tensor | None = None
-
-    def inputs(self, start: int, stop: int, batch: int) -> dict[str, torch.Tensor]:
-        """Keyword inputs of a forward over positions [start, stop), repeated `batch` times (no copies)."""
-        if self.embeds is None:
-            out = {"input_ids": self.input_ids[:, start:stop].expand(batch, -1)}  # (B, L)
-        else:
-            out = {"inputs_embeds": self.embeds[:, start:stop].expand(batch, -1, -1)}  # (B, L, d)
-        if self.position_ids is not None:
-            pos = self.position_ids[..., start:stop]  # (..., 1, L)
-            out["position_ids"] = pos.expand(*pos.shape[:-2], batch, pos.shape[-1])  # (..., B, L)
-        return out
-
-
 @torch.inference_mode()
 def atman_scores(
     model: torch.nn.Module,
@@ -263,8 +235,8 @@ def suppression_scores(
     if fast and from_query:
         raise ValueError("the batched passes hide keys from every later query; use answer_passes for from_query")
     if fast:
-        return _fast_scores(model, _Sequence(input_ids), num_prompt_tokens, log_bias, batch_size, progress, {}, None,
-                            label)  # fmt: skip
+        seq = SequenceInputs(input_ids)
+        return _fast_scores(model, seq, num_prompt_tokens, log_bias, batch_size, progress, {}, None, label)
     return naive_scores(model, input_ids, num_prompt_tokens, log_bias, progress, {}, None, label, from_query)
 
 
@@ -273,13 +245,11 @@ def _atman_scores(model, input_ids, num_prompt_tokens, cfg, progress, extra_inpu
     k = t - n
     if k <= 0:
         return np.zeros((0, n), dtype=np.float32)
-    if extra_inputs:
-        extra_inputs = dict(extra_inputs)
-        embeds = decoder_input_embeddings(model, input_ids, extra_inputs)  # (1, T, d)
-        seq = _Sequence(input_ids, embeds, extra_inputs.get("position_ids"))
-        prompt_embeddings = embeds[0, :n]  # (N, d)
+    extra_inputs = dict(extra_inputs or {})
+    seq = SequenceInputs.of(model, input_ids, extra_inputs)
+    if seq.embeds is not None:
+        prompt_embeddings = seq.embeds[0, :n]  # (N, d)
     else:
-        seq = _Sequence(input_ids)
         prompt_embeddings = model.get_input_embeddings()(input_ids[0, :n])  # (N, d)
     factors = suppression_factors(prompt_embeddings, cfg.suppression_factor, cfg.correlated, cfg.cosine_threshold)
     log_bias = torch.zeros(n, t, dtype=torch.float32, device=input_ids.device)  # (N, T): generated keys untouched
@@ -323,7 +293,7 @@ def naive_scores(
 
 def _fast_scores(
     model: torch.nn.Module,
-    seq: _Sequence,
+    seq: SequenceInputs,
     n: int,
     log_bias: torch.Tensor,
     batch_size: int,
