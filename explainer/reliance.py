@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from .capture import language_config
 from .errors import UnsupportedModelError
 from .methods import AttributionMethod
 from .methods.atman.method import attention_suppression
@@ -36,6 +35,7 @@ from .result.reliance import Reliance, image_share, share_positions
 from .result.sinks import sink_positions
 from .runtime.host import to_numpy
 from .runtime.kv import prefix_cache, reusable
+from .runtime.memory import language_config
 from .runtime.session import check_cancelled, hold
 
 

@@ -43,13 +43,14 @@ import torch
 from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .capture import attention_function_selected, check_attention_kwargs, language_config
+from .capture import additive_mask, attention_function_selected, attention_probs, check_attention_kwargs
 from .contrast import TOP_ALTERNATIVES
 from .errors import InputError
 from .methods import AttributionMethod
 from .methods.macs import MACS, log_factors
 from .result.sinks import SinkTracker
 from .runtime.host import to_numpy
+from .runtime.memory import language_config
 from .runtime.session import check_cancelled
 
 DECODE_ENV = "EXPLAINER_DECODE"  # auto (default) | dynamic | static | static-eager
@@ -117,22 +118,17 @@ def applies(
 
 
 def last_row_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """(H, Tk) float32 softmax row of the last query against all keys, masked keys exactly 0.
+    """(H, Tk) float32 softmax row of the last query against all keys, masked keys exactly 0: the capture's own
+    computation (`capture.attention_probs`).
 
     Args:
         query: (1, H, Tq, D); key: (1, KVH, Tk, D), unexpanded; mask: (1, 1, Tq, Tk) bool (True: attend) or
-            additive, or None (causal from position 0).
+            additive, or None (causal from position 0: SDPA's is_causal, aligned top-left, which transformers uses
+            only for a prefill from position 0, whose last query sees the first Tq keys).
     """
-    _, h, tq, d = query.shape
-    kvh = key.shape[1]
-    q = (query[:, :, -1:, :].float() * scaling).reshape(1, kvh, h // kvh, d)  # (1, KVH, G, D)
-    scores = torch.matmul(q, key.float().transpose(-1, -2))  # (1, KVH, G, Tk) float32
-    if mask is None:  # SDPA's is_causal, aligned top-left: transformers leaves the mask out only for a prefill from
-        scores[..., tq:] = float("-inf")  # position 0, whose last query sees the first Tq keys
-    else:
-        last = mask[:, :, -1:, :]  # (1, 1, 1, Tk)
-        scores = scores.masked_fill(~last, float("-inf")) if last.dtype == torch.bool else scores + last.float()
-    return torch.softmax(scores, dim=-1).reshape(h, -1)  # (H, Tk)
+    tq = query.shape[2]
+    last = None if mask is None else additive_mask(mask[:, :, -1:, :], torch.float32)  # (1, 1, 1, Tk)
+    return attention_probs(query[:, :, -1:, :], key.float(), last, scaling, tq - 1)[0, :, 0, :]  # (H, Tk)
 
 
 class StaticDecoder:
