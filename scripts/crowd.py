@@ -119,13 +119,31 @@ def _p95(values: list[float]) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
 
 
-def crowd(url: str, counts: list[int], kind: str, json_path: str | None) -> int:
+def summary(rows: list[dict]) -> list[dict]:
+    """Per crowd size: the median time until all were served over its rounds, and that median over the median of
+    the 1-visitor rounds of the same run (the ratio the goal names; a busy or noisy machine moves single rounds by
+    tens of percent, so the rounds alternate and the medians are compared)."""
+    by_size: dict[int, list[float]] = {}
+    for row in rows:
+        by_size.setdefault(row["visitors"], []).append(row["all_served_s"])
+    one = statistics.median(by_size[1]) if 1 in by_size else None
+    return [
+        {
+            "visitors": n, "rounds": len(times), "all_served_median_s": statistics.median(times),
+            "vs_one_alone_median": None if one is None else statistics.median(times) / one,
+        }
+        for n, times in sorted(by_size.items())
+    ]  # fmt: skip
+
+
+def crowd(url: str, counts: list[int], kind: str, json_path: str | None, rounds: int = 1) -> int:
+    """Each crowd size of `counts` in turn, the whole list `rounds` times (1, 4, 1, 4, ...), then the medians."""
     asked = prompts(kind)
     warm = Client(url, verbose=False)
     visit(warm, asked[0])  # loads the model: no crowd waits for the download or the load
     solo = {p: visit(warm, p) for p in asked}
     print(f"app at {url}; solo: " + ", ".join(f"{s['total_s']:.2f} s ({s['tokens']} tokens)" for s in solo.values()))
-    rows = [crowd_once(url, n, asked, solo) for n in counts]
+    rows = [crowd_once(url, n, asked, solo) for _ in range(rounds) for n in counts]
     for row in rows:
         print(
             f"{row['visitors']:>3} visitors: all served in {row['all_served_s']:.2f} s ({row['vs_one_alone']:.2f}x one "
@@ -136,7 +154,12 @@ def crowd(url: str, counts: list[int], kind: str, json_path: str | None) -> int:
         )
         for e in row["errors"]:
             print("  error:", e)
+    medians = summary(rows)
+    for m in medians:
+        ratio = "" if m["vs_one_alone_median"] is None else f" = {m['vs_one_alone_median']:.2f}x the 1-visitor rounds"
+        print(f"{m['visitors']:>3} visitors, median of {m['rounds']} rounds: {m['all_served_median_s']:.2f} s{ratio}")
     if json_path:
         figures = {"solo": {p[:40]: {k: s[k] for k in ("first_s", "total_s", "tokens")} for p, s in solo.items()}}
+        figures["medians"] = medians
         Path(json_path).write_text(json.dumps({**figures, "crowds": rows}, indent=2), encoding="utf-8")
     return 0 if all(not r["errors"] and not r["mismatched_visitors"] for r in rows) else 1

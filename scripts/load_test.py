@@ -130,6 +130,7 @@ def main() -> int:
         "tokens/s over all visitors, and mismatches of each visitor's answer, maps and table against a solo run",
     )  # fmt: skip
     p.add_argument("--crowd-prompts", choices=("qa", "mixed"), default="qa", help="mixed: the examples in turn")
+    p.add_argument("--rounds", type=int, default=1, help="with --crowd: run the list this many times, alternating")
     args = p.parse_args()
 
     proc = None
@@ -146,7 +147,7 @@ def main() -> int:
         if args.crowd:
             from crowd import crowd
 
-            return crowd(url, [int(n) for n in args.crowd.split(",")], args.crowd_prompts, args.json)
+            return crowd(url, [int(n) for n in args.crowd.split(",")], args.crowd_prompts, args.json, args.rounds)
         return scenario(url, proc, log_path) if args.scenario else run(url, args, proc, log_path)
     finally:
         if proc is not None:

@@ -56,11 +56,12 @@ async def _results(bundle: Any, request: ExplainRequest) -> AsyncIterator[str]:
     """The request run through the tabs' driver: its growing result as saved-result JSON text, at most a few times a
     second while tokens arrive (`stream.UPDATE_SECONDS`), the complete one last (what `predict` returns)."""
     last = None
+    rows: dict[bytes, str] = {}  # each score row's JSON text, written once for the whole stream
     async with aclosing(explain_updates(bundle, request, _no_progress)) as updates:
         async for update in updates:
             if update.item is not None:
                 last = update.item
-                yield result_json(last)
+                yield result_json(last, rows=rows)
     if last is None:
         raise InputError("The model produced no result for this request.")
 

@@ -26,11 +26,13 @@ The capture would have to cut every request's last query and keys out of that la
 arrive mixed and possibly split by chunked prefill, and nothing would give each step's full distribution (probability,
 entropy, alternatives) or feed a given answer.
 
-Numbers: a row decoding alone runs the solo loop's very call. In a batch the attention is the solo call's; the
-matrix products see B rows. The tests find float32 rows within ~3e-6 relative of solo runs (tolerance rtol 2e-5) and
-bfloat16 rows bit-identical on the tiny models; on the embedded SmolLM2 in bfloat16 a CPU matrix product (`down_proj`)
-rounds one row differently at M = 2 than at M = 1, so batched rows drift from solo runs in the third digit
-(docs/benchmarks.md, "A crowd at once").
+Numbers: a visitor's result does not depend on who else decodes. The matrix products run at a fixed row count
+(`products.py`: a CPU's or GPU's product library picks its kernel by the number of rows, and a row's last bits with
+it), a lone row padded to it; attention runs row by row on each row's own keys (`attention.py`), rows of one length
+in one call. So every row equals, bit for bit, the same request decoding alone in the batcher, in float32 and
+bfloat16 (tests/explainer/test_batching.py; the crowd test compares the app's visitors digit for digit). Against the
+solo loop (`decode.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
+models' float32 rows within ~3e-6 relative.
 """
 
 from __future__ import annotations

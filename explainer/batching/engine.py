@@ -23,6 +23,7 @@ from ..runtime.memory import MemoryLimitError, check_fits
 from ..runtime.session import hold, model_lock
 from . import cache as batch_cache
 from .attention import rows_apart
+from .products import fixed_rows, product_rows
 from .row import Row
 
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
@@ -147,12 +148,19 @@ class Batcher:
                 row.fail(e)
 
     def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """One decode pass of all rows: ((B, V) logits, each row's (L, H, length + 1) attention rows or None). A lone
-        row without padding runs the solo loop's very call (`decode.forward_pass`); otherwise attention runs row by
-        row (`attention.rows_apart`)."""
+        """One decode pass of all rows: ((B, V) logits, each row's (L, H, length + 1) attention rows or None), with
+        the matrix products at the device's fixed row count (`products.fixed_rows`)."""
         cached = batch_cache.width(self._cache)
         ids = torch.tensor([[r.next_input] for r in rows], dtype=torch.long, device=self.device)  # (B, 1)
         record = any(r.captures for r in rows)
+        with fixed_rows(self.model, product_rows(self.device)):
+            return self._forward_fixed(rows, ids, cached, record)
+
+    def _forward_fixed(
+        self, rows: list[Row], ids: torch.Tensor, cached: int, record: bool
+    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
+        """A lone row on its own cache runs the solo loop's call (`decode.forward_pass`); otherwise attention runs
+        row by row (`attention.rows_apart`)."""
         if len(rows) == 1 and rows[0].length == cached:
             consumer = None if record else False  # False: no capture
             logits, attention = decode.forward_pass(self.model, ids, self._cache, {}, consumer, cached + 1)

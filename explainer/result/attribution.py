@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -287,14 +288,19 @@ def _compact_matrix(a: np.ndarray) -> list[list[float]]:
     return [row.astype(str).astype(np.float64).tolist() for row in a]
 
 
-def result_json(attr: Attribution, layers: bool = False) -> str:
+def result_json(attr: Attribution, layers: bool = False, rows: dict[bytes, str] | None = None) -> str:
     """The result as one line of JSON in the saved-result format (`result_schema`), each score written as the
     shortest decimal that reads back to the same float32 (about half the size of float64 digits); NaN scores are
     written as `NaN` (Python's reader accepts it; strict JSON readers do not). With `layers`, the per-layer scores
     a method kept (MACS with `keep_layers`) are written too: the file grows by L times their `raw`.
 
     `load_result` / `Attribution.load_json` read it back to a result with bit-identical scores, tokens and metadata.
+
+    `rows`, when given, keeps the JSON text of every score row written (row bytes -> text) for the next call: a
+    stream of growing results (the API's) writes each row once instead of at every update; the text is the same.
     """
+    if rows is not None:
+        return _result_json_cached(attr, layers, rows)
     d = attr.to_dict(layers)
     for name, m in d["methods"].items():
         m["raw"] = _compact_matrix(attr.methods[name].raw)
@@ -302,6 +308,37 @@ def result_json(attr: Attribution, layers: bool = False) -> str:
         if "layers" in m:
             m["layers"] = [_compact_matrix(block) for block in attr.methods[name].layers]
     return json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+
+
+def _result_json_cached(attr: Attribution, layers: bool, rows: dict[bytes, str]) -> str:
+    """`result_json` with each matrix written row by row from `rows` (filled as it goes), spliced into the rest."""
+    d = attr.to_dict(layers)
+    marks = {}  # JSON text of a placeholder string -> the matrix's JSON text
+    nonce = secrets.token_hex(8)
+
+    def mark(matrix: np.ndarray) -> str:
+        key = f"\x00{nonce}:{len(marks)}"  # a string no result holds (it names this call's nonce)
+        marks[json.dumps(key)] = "[" + ",".join(_row_text(row, rows) for row in np.asarray(matrix, np.float32)) + "]"
+        return key
+
+    for name, m in d["methods"].items():
+        scores = attr.methods[name]
+        m["raw"], m["z"] = mark(scores.raw), mark(scores.z)
+        if "layers" in m:
+            m["layers"] = [mark(block) for block in scores.layers]
+    text = json.dumps(d, ensure_ascii=False, separators=(",", ":"))
+    for key, matrix in marks.items():
+        text = text.replace(key, matrix, 1)
+    return text
+
+
+def _row_text(row: np.ndarray, rows: dict[bytes, str]) -> str:
+    """One (N,) float32 row as `result_json` writes it, from `rows` when it was written before."""
+    key = row.tobytes()
+    text = rows.get(key)
+    if text is None:
+        text = rows[key] = json.dumps(_compact_matrix(row[None])[0], separators=(",", ":"))
+    return text
 
 
 def _size_text(n: int) -> str:

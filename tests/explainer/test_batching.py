@@ -1,10 +1,13 @@
-"""Batched decode (explainer/batching/): every row gives what a solo `generate_steps` run of the same request gives.
+"""Batched decode (explainer/batching/): every row gives, bit for bit, what the same request gives decoding alone in
+the batcher, and that equals a solo `generate_steps` run to rounding.
 
 Rows are started while the test holds the model, so they join the batch in the same round; a row that joins later
-or leaves early is steered the same way. Tolerances: tokens identical; MACS and Rollout raw rows, step probabilities
-and entropies to rtol 2e-5 / atol 1e-7 (float32). A batch changes the shapes of the matrix products (B rows) and the
-attention sees masked padding, which moves the tiny models' rows by at most ~3e-6 relative; cutting a row's columns
-wrongly, or mixing rows, moves them by orders of magnitude more.
+or leaves early is steered the same way. Against the request alone in the batcher (`_alone`) everything is compared
+exactly: token ids, MACS and Rollout raw rows, step probabilities, entropies, alternatives and sinks (the batch's
+matrix products run at a fixed row count, `batching/products.py`, and attention runs row by row). Against the solo
+loop the tolerances are: tokens identical; raw rows, probabilities and entropies to rtol 2e-5 / atol 1e-7 (float32):
+the solo loop's products see 1 row, the batcher's a fixed count, which moves the tiny models' rows by at most ~3e-6
+relative; cutting a row's columns wrongly, or mixing rows, moves them by orders of magnitude more.
 """
 
 from __future__ import annotations
@@ -142,6 +145,25 @@ def _assert_same(got: dict, ref: dict, steps: int | None = None) -> None:
         assert got["sinks"]["steps"] == ref["sinks"]["steps"]
 
 
+def _assert_exact(got: dict, ref: dict, steps: int | None = None) -> None:
+    """Bit for bit: the request's steps (and sinks) as the batcher gives them to the request alone."""
+    assert not isinstance(got, BaseException), got
+    a, b = got["steps"], ref["steps"] if steps is None else ref["steps"][:steps]
+    assert [s.token_id for s in a] == [s.token_id for s in b]
+    for x, y in zip(a, b):
+        for m in METHODS:
+            np.testing.assert_array_equal(x.scores[m], y.scores[m], err_msg=f"{m} step {x.index}")
+        got_stats, ref_stats = (x.index, x.probability, x.entropy), (y.index, y.probability, y.entropy)
+        assert got_stats == ref_stats and x.alternatives == y.alternatives
+    if steps is None:
+        assert got["sinks"] == ref["sinks"]
+
+
+def _alone(model, req) -> dict:
+    """The request decoding alone in the batcher (fresh MACS and Rollout): the reference every row must equal."""
+    return _together(model, {"alone": {**req, "methods": lambda: [get_method(m) for m in METHODS]}})["alone"]
+
+
 def _clean(model) -> None:
     _wait(lambda: counts(model) == (0, 0) and not model_lock(model).locked())  # the batcher's last round is over
     assert registered_names() == []
@@ -156,11 +178,13 @@ def test_rows_of_different_lengths_answers_and_stops_equal_solo_runs(model):
         "eos": _request(9, 3, k=12, eos=(eos_stop,)),
         "given": _request(14, 5, k=12, forced=[s.token_id for s in forced]),
     }
-    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    refs = {key: _alone(model, r) for key, r in reqs.items()}
+    for key, r in reqs.items():
+        _assert_same(refs[key], _solo(model, r))
     assert len(refs["eos"]["steps"]) <= 5 and len(refs["given"]["steps"]) == 7
     out = _together(model, reqs)
     for key in reqs:
-        _assert_same(out[key], refs[key])
+        _assert_exact(out[key], refs[key])
         assert out[key]["batch_size"] == 4
     _clean(model)
 
@@ -187,7 +211,7 @@ def test_a_row_that_joins_mid_way_and_one_that_leaves_leave_the_others_unchanged
         "leaves": _request(6, 8, k=20, stop_after=3),
     }
     late = {"late": _request(20, 9, k=8)}
-    refs = {key: _solo(model, r) for key, r in {**reqs, **late}.items()}
+    refs = {key: _alone(model, r) for key, r in {**reqs, **late}.items()}
     out: dict = {}
     with _paused(model):
         threads = _start(model, reqs, out)
@@ -200,28 +224,24 @@ def test_a_row_that_joins_mid_way_and_one_that_leaves_leave_the_others_unchanged
     for t in threads:
         t.join(120)
     for key in refs:
-        _assert_same(out[key], refs[key], steps=3 if key == "leaves" else None)
+        _assert_exact(out[key], refs[key], steps=3 if key == "leaves" else None)
         assert out[key]["batch_size"] == 2
     assert len(out["leaves"]["steps"]) == 3
     _clean(model)
 
 
-def test_a_row_decoding_alone_is_the_solo_loop_exactly(model):
+def test_a_row_decoding_alone_matches_the_solo_loop(model):
     req = _request(15, 11, k=9)
-    ref = _solo(model, req)
-    got = _together(model, {"alone": req})["alone"]
+    got = _alone(model, req)
     assert got["batch_size"] == 1
-    assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref["steps"]]
-    for x, y in zip(got["steps"], ref["steps"]):
-        for m in METHODS:
-            np.testing.assert_array_equal(x.scores[m], y.scores[m])  # bit-identical: the solo call itself
-        assert (x.probability, x.entropy) == (y.probability, y.entropy)
+    _assert_same(got, _solo(model, req))  # the products differ (a fixed row count against 1 row): rounding only
+    _assert_exact(_alone(model, req), got)  # and a second lone run is the first one again
     _clean(model)
 
 
 def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeypatch):
     reqs = {"a": _request(10, 12, k=6), "b": _request(13, 13, k=6)}
-    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    refs = {key: _alone(model, r) for key, r in reqs.items()}
     from explainer.batching.row import Row
 
     need = max(
@@ -230,7 +250,7 @@ def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeyp
     monkeypatch.setenv(memory.BUDGET_ENV, str(int(1.5 * need / memory.USABLE)))  # one row fits, two do not
     out = _together(model, reqs)
     for key in reqs:
-        _assert_same(out[key], refs[key])
+        _assert_exact(out[key], refs[key])
         assert out[key]["batch_size"] == 1  # each decoded alone: the second waited, it did not fail
     _clean(model)
 
@@ -239,7 +259,7 @@ def test_a_failing_row_fails_alone(model):
     from ..conftest import FailingMACS
 
     ok = _request(8, 14, k=6)
-    ref = _solo(model, ok)
+    ref = _alone(model, ok)
     out: dict = {}
 
     def failing() -> None:
@@ -256,7 +276,7 @@ def test_a_failing_row_fails_alone(model):
     for t in threads:
         t.join(120)
     assert isinstance(out["failing"], RuntimeError)
-    _assert_same(out["ok"], ref)
+    _assert_exact(out["ok"], ref)
     _clean(model)
 
 
@@ -304,6 +324,7 @@ def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(to
     prompt = "What is the capital of France?"
     ref = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
     monkeypatch.setattr(batching, "_enabled", True)
+    alone = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)  # alone in the batcher
     gated, token = GatedMACS(at=2), CancelToken()
     with _paused(bundle.model):
         kept = stream_explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
@@ -318,24 +339,47 @@ def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(to
     assert final.meta["batch_size"] == 2 and final.generated_token_ids == ref.generated_token_ids
     for m in ("macs", "rollout"):
         np.testing.assert_allclose(final.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
+        np.testing.assert_array_equal(final.methods[m].raw, alone.methods[m].raw, err_msg=m)
+    assert final.step_scores == alone.step_scores
     _clean(bundle.model)
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_solo_runs(kind):
-    """Left-aligned rows keep their solo key columns: on a CPU in bfloat16 (the embedded model's dtype on a CPU with
-    native bf16) SDPA, the matrix products and the capture give each row exactly its solo numbers."""
+def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_lone_runs(kind):
+    """In bfloat16 (the embedded model's dtype on a CPU with native bf16) each row, beside rows of other lengths and
+    beside a copy of itself (rows of one length share an attention call), gives exactly its lone numbers; the
+    solo loop gives the same tokens."""
     model = build_model(kind).to(torch.bfloat16)
     forced = [s.token_id for s in _solo(model, _request(19, 22, k=5))["steps"]]
     reqs = {"a": _request(5, 20, k=9), "b": _request(27, 21, k=7), "c": _request(12, 23, k=12, forced=forced)}
-    refs = {key: _solo(model, r) for key, r in reqs.items()}
+    reqs["a2"] = reqs["a"]
+    refs = {key: _alone(model, r) for key, r in reqs.items()}
     out = _together(model, reqs)
     for key, ref in refs.items():
-        got = out[key]
-        assert got["batch_size"] == 3
-        assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref["steps"]]
-        for x, y in zip(got["steps"], ref["steps"]):
-            for m in METHODS:
-                np.testing.assert_array_equal(x.scores[m], y.scores[m], err_msg=f"{key} {m} step {x.index}")
-            assert (x.probability, x.entropy, x.alternatives) == (y.probability, y.entropy, y.alternatives)
+        assert out[key]["batch_size"] == 4
+        _assert_exact(out[key], ref)
+        assert [s.token_id for s in ref["steps"]] == [s.token_id for s in _solo(model, reqs[key])["steps"]]
     _clean(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_products_at_a_fixed_row_count_give_each_row_the_same_numbers_in_any_batch(dtype):
+    """`chunked_linear` gives row 0 the same bits whether it is alone or among up to 9 rows (the product library
+    picks its kernel by the row count, so a plain `F.linear` may not), and equals `F.linear` to rounding."""
+    from explainer.batching.products import chunked_linear, fixed_rows
+
+    g = torch.Generator().manual_seed(0)
+    w, b = torch.randn(96, 80, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
+    x = torch.randn(9, 1, 80, generator=g).to(dtype)  # (B, 1, K): a decode step's rows
+    alone = chunked_linear(x[:1], w, b, 4)
+    for n in range(1, 10):
+        out = chunked_linear(x[:n], w, b, 4)
+        assert out.shape == (n, 1, 96)
+        torch.testing.assert_close(out, torch.nn.functional.linear(x[:n], w, b), rtol=1e-2, atol=1e-2)
+        assert torch.equal(out[:1], alone), n
+    model = build_model("llama")
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    with pytest.raises(RuntimeError), fixed_rows(model, 4):
+        assert all("forward" in vars(m) for m in linears)
+        raise RuntimeError("a failing step")
+    assert not any("forward" in vars(m) for m in linears)  # nothing outlives the block

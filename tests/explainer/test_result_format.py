@@ -70,3 +70,26 @@ def test_unknown_fields_are_ignored():
     d["comment"] = "added by hand"
     d["methods"]["macs"]["note"] = 1
     assert set(Attribution.from_dict(d).methods) == {"macs", "rollout"}
+
+
+def test_a_stream_of_growing_results_writes_the_same_text_with_its_row_cache():
+    """The API streams a growing result: with a row cache each update's text is `result_json`'s own, NaN and inf
+    scores, per-layer blocks and a method that arrives later included, and an earlier row is not written again."""
+    from explainer.result.attribution import MethodScores
+
+    rng = np.random.default_rng(0)
+    raw = rng.standard_normal((6, 11)).astype(np.float32)
+    raw[1, 2], raw[2, 3] = np.nan, np.inf
+    rows: dict[bytes, str] = {}
+    for k in range(0, 7):
+        methods = {"macs": MethodScores.from_raw(raw[:k]).with_layers(np.stack([raw[:k], 2 * raw[:k]], 1))}
+        if k == 6:
+            methods["random"] = MethodScores.from_raw(3 * raw)
+        attr = Attribution(
+            model="m", prompt_token_ids=list(range(11)), prompt_tokens=[f"t{i}" for i in range(11)],
+            generated_token_ids=list(range(k)), generated_tokens=[f"g{i}" for i in range(k)], methods=methods,
+        )  # fmt: skip
+        for layers in (False, True):
+            assert result_json(attr, layers, rows=rows) == result_json(attr, layers)
+    assert load_result(result_json(attr, rows=rows).encode()).methods["random"].raw.tobytes() == (3 * raw).tobytes()
+    assert len(rows) <= 4 * 6 + 2 * 6  # raw, z and two layers of each macs row, raw and z of each random row
