@@ -33,7 +33,7 @@ from .errors import InputError
 from .methods import AttributionMethod
 from .result.sinks import SinkTracker
 from .runtime.kv import full_row_chunk
-from .runtime.session import check_cancelled
+from .runtime.session import between_passes
 
 
 @dataclass
@@ -150,7 +150,7 @@ def generate_steps(
     inputs = dict(job.extra_inputs or {})  # prefill only
     prompt_positions = inputs.get("position_ids")  # (..., N) or None
     for k in range(job.num_steps):
-        check_cancelled()
+        between_passes()
         t0 = time.perf_counter()
         if k > 0:
             inputs = {} if prompt_positions is None else {"position_ids": prompt_positions[..., -1:] + k}  # (..., 1)

@@ -224,6 +224,30 @@ def speed(bundle: ModelBundle, wait: float | None = PROBE_WAIT, probe: bool = Tr
         return _speeds.setdefault(bundle.model, measured)
 
 
+def post_hoc_seconds(
+    bundle: ModelBundle, attr: Attribution, methods: Sequence[str], options: dict[str, Any] | None = None
+) -> float | None:
+    """Estimated seconds of the post-hoc `methods` on a finished generation, at the speed already measured on this
+    model (never probes, never waits): the request's place in the model's queue (`runtime/turns.py`). None when no
+    speed is known yet or a method has no cost model."""
+    with _speeds_guard:
+        known = _speeds.get(bundle.model)
+    ids, k = attr.prompt_token_ids, attr.num_steps
+    num_layers = _num_layers(bundle.model)
+    batch = batch_budget(bundle.model, len(ids) + k, k, 0, 0)
+    total = 0.0
+    for m in methods:
+        if m not in METHODS:  # an instance of the caller's own class: no cost model
+            return None
+        cost = method_cost(m, ids, k, (options or {}).get(m), num_layers=num_layers, batch=batch)
+        if cost.free:
+            continue
+        if not cost.known or known is None:
+            return None
+        total += known.seconds(cost, num_layers, m)
+    return total
+
+
 def forget_speed(bundle: ModelBundle) -> None:
     """Drop the cached speed and corrections of a model (the next `speed` probes again)."""
     with _speeds_guard:

@@ -18,6 +18,7 @@ import torch
 from . import batching
 from .contrast import alternatives_record, foil_vector, resolve_contrast
 from .decode import DecodeJob, generate_steps
+from .estimate import post_hoc_seconds
 from .methods import AttributionMethod, GenerationRun, ProgressFn
 from .models.answer import answer_token_ids
 from .models.loading import ModelBundle
@@ -147,8 +148,9 @@ def _run(
     attr, job = _meet(bundle, request, instances)
     yield from _generate(bundle, attr, job, batched)
     foils = resolve_contrast(bundle, attr, request.contrast, instances)  # {step: foil id}; sets meta["contrast"]
-    post_hoc = batched and any(not m.streaming for m in instances)
-    with hold(bundle.model) if post_hoc else contextlib.nullcontext():  # a batched request holds it only now
+    post_hoc = [m.name for m in instances if not m.streaming] if batched else []
+    seconds = post_hoc_seconds(bundle, attr, post_hoc, dict(request.method_options)) if post_hoc else None
+    with hold(bundle.model, seconds=seconds) if post_hoc else contextlib.nullcontext():  # batched: holds it only now
         yield from _run_post_hoc(bundle, attr, instances, progress, job.extra_inputs, foils)
     yield from add_reliance(bundle.model, attr, instances, job.extra_inputs, request.reliance)  # image prompts
     attr.meta["status"] = "done"

@@ -22,13 +22,14 @@ import gradio as gr
 
 from explainer import batching
 from explainer.errors import InputError
+from explainer.estimate import format_seconds
 from explainer.explain import stream_request
 from explainer.models.answer import answer_budget
 from explainer.models.loading import ModelBundle
 from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import last_content_step
-from explainer.runtime.session import CancelToken, WorkerStream, model_lock
+from explainer.runtime.session import CancelToken, WorkerStream, model_lock, place
 
 T = TypeVar("T")
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
@@ -82,8 +83,9 @@ class Update(Generic[T]):
     note: str = ""  # the status line before the first result (waiting for the model, reading the prompt)
 
 
-async def follow(stream: WorkerStream[T]) -> AsyncIterator[T]:
-    """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends.
+async def follow(stream: WorkerStream[T], idle: Callable[[], Any] | None = None) -> AsyncIterator[Any]:
+    """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends; when no update came
+    for `UPDATE_SECONDS`, what `idle()` returns, unless None.
 
     When the visitor cancels or closes the tab, Gradio cancels this coroutine: the `finally` cancels the work, which
     stops within one forward pass and only then releases the model, so the next visitor's request starts on a
@@ -103,7 +105,9 @@ async def follow(stream: WorkerStream[T]) -> AsyncIterator[T]:
             if kind == "end":
                 return
             if item is None:
-                continue
+                item = idle() if idle is not None else None
+                if item is None:
+                    continue
             yield item
             wait = UPDATE_SECONDS - (time.monotonic() - last)
             last = time.monotonic()
@@ -111,6 +115,26 @@ async def follow(stream: WorkerStream[T]) -> AsyncIterator[T]:
                 await anyio.sleep(wait)  # updates arriving meanwhile are merged into the newest one
     finally:
         stream.cancel("The visitor cancelled the request or left the page.")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Queued:
+    note: str
+
+
+def queue_note(position: int, seconds: float | None) -> str:
+    """The status of a request waiting its turn on the model (`session.place`): its place in line and the estimated
+    work ahead of it; visitors' text decoding goes first (`explainer/runtime/turns.py`)."""
+    ahead = "no estimate yet of the work ahead" if seconds is None else f"{format_seconds(seconds)} of work ahead"
+    line = "next in line" if position == 1 else f"number {position} in line"
+    return f"{WAITING}: {line}, {ahead} (visitors' text answers are generated first, short work next)…"
+
+
+def _with_status(item: Any, note: str) -> Any:
+    """A streamed result with `note` as its status (a new snapshot; the work's own is never changed)."""
+    if not isinstance(item, Attribution):
+        return item
+    return dataclasses.replace(item, meta={**item.meta, "status": note})
 
 
 def waiting_note(bundle: ModelBundle) -> str | None:
@@ -144,9 +168,26 @@ async def run_stream(
     request = RequestState(Phase.WAITING if note else Phase.STARTING)
     yield Update(None, request, note or STARTING)
     item = None
+    token = CancelToken()
+    shown = [note]
+
+    def idle() -> _Queued | None:  # while the work waits for the model: its place in line, when that changed
+        where = place(bundle.model, token)
+        text = None if where is None else queue_note(*where)
+        if text is None or text == shown[0]:
+            return None
+        shown[0] = text
+        return _Queued(text)
+
     try:
-        async with aclosing(follow(start(CancelToken()))) as items:  # a visitor who leaves closes it at once
-            async for item in items:
+        async with aclosing(follow(start(token), idle)) as items:  # a visitor who leaves closes it at once
+            async for got in items:
+                if isinstance(got, _Queued):  # before the first result: the note; after it: the result's status
+                    if item is None:
+                        request = RequestState(Phase.WAITING)
+                    yield Update(None if item is None else _with_status(item, got.note), request, got.note)
+                    continue
+                item = got
                 request = RequestState(Phase.RUNNING)
                 yield Update(item, request)
         if item is None:

@@ -1,10 +1,11 @@
 """The batcher: one thread per model that owns the decode steps of every text request on it.
 
-Each loop holds the model (`session.hold`) for one round only: it admits the rows waiting to join (each one's
-prefill runs alone, then its cache joins the batch's), drops the rows that are done or whose visitor left, and runs
-one decode step for all the others in one forward pass. Between rounds, whoever else waits for the model (a request's
-post-hoc methods, an image request) gets it first. The thread ends when no row is left; the next request starts a
-new one.
+Each loop holds the model (`session.hold`, urgent) for one round only: it admits the rows waiting to join (each
+one's prefill runs alone, then its cache joins the batch's), drops the rows that are done or whose visitor left, and
+runs one decode step for all the others in one forward pass. Decode rounds are short work and go first
+(`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc methods, an image request) gives the
+model up between its passes and goes on when no visitor decodes. The thread ends when no row is left; the next
+request starts a new one.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from .row import Row
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
 MOST_ROWS = 64  # on an accelerator, at most this many (fewer when its free memory says so, `kv.batch_budget`)
 ROOM = 64  # decode positions preallocated in the batch cache at each rebuild (it doubles when full)
-YIELD_SECONDS = 0.05  # how long a round waits, at most, for a waiting user of the model to take it
 
 
 class Batcher:
@@ -58,11 +58,11 @@ class Batcher:
 
     def _loop(self) -> None:
         try:
-            while self._work_left():
-                with hold(self.model):
-                    self._admit()
-                    self._step()
-                self._let_others_in()
+            with model_lock(self.model).prefer():  # nothing else takes the model between rounds
+                while self._work_left():
+                    with hold(self.model, urgent=True):
+                        self._admit()
+                        self._step()
         except BaseException as e:  # every row hears of it; none waits forever
             with self._cond:
                 rows, self._active, self._pending, self._thread = self._active + self._pending, [], [], None
@@ -173,13 +173,6 @@ class Batcher:
             return logits, None
         layers = sorted(recorded)
         return logits, [torch.stack([recorded[layer][i][0] for layer in layers]) for i in range(len(rows))]
-
-    def _let_others_in(self) -> None:
-        """Between rounds, give the model to a request waiting for it (the lock itself is not fair)."""
-        lock = model_lock(self.model)
-        deadline = time.monotonic() + YIELD_SECONDS
-        while lock.waiting and not lock.locked() and time.monotonic() < deadline:
-            time.sleep(0.001)
 
 
 _batchers: weakref.WeakKeyDictionary[Any, Batcher] = weakref.WeakKeyDictionary()

@@ -43,7 +43,7 @@ from ..models.loading import ModelBundle
 from ..result.attribution import Attribution
 from ..runtime.host import to_numpy
 from ..runtime.kv import batch_budget, prefix_cache, right_aligned, rows_per_batch
-from ..runtime.session import check_cancelled, hold
+from ..runtime.session import between_passes, hold
 from .common import (
     RANDOM,
     check_result,
@@ -233,7 +233,7 @@ def _perturbed_passes(
     t, k, dev = seq.shape[0], runs.gen.shape[0], keep.device
     pass_start, pass_tokens = time.perf_counter(), 0
     for done, group in enumerate(groups, start=1):
-        check_cancelled()
+        between_passes()
         if progress:
             progress(done / (len(groups) + 1), f"removal: runs {done}/{len(groups)}")
         start = min(first[i] for i in group)  # positions before it are those of the unperturbed pass
@@ -268,7 +268,7 @@ def _decode_departures(
             mask[i, width - d.length + n :] = 1
         finished = [False] * len(rows)
         while True:
-            check_cancelled()
+            between_passes()
             token = torch.tensor([[d.tokens[-1]] for d in rows], dtype=torch.long, device=dev)  # (B, 1)
             at = [n + len(d.tokens) - 1 for d in rows]  # sequence index of each row's next input
             pos = image.decode_positions(n, at) if image else torch.tensor(at, device=dev)[:, None]  # (B, 1)

@@ -43,7 +43,7 @@ from ..runtime.devices import input_device
 from ..runtime.host import to_numpy
 from ..runtime.kv import TOKENS_PER_BATCH, batch_budget, prefix_cache, rows_per_batch
 from ..runtime.memory import ModelShape, check_fits
-from ..runtime.session import check_cancelled, hold
+from ..runtime.session import between_passes, hold
 from .common import check_result, evaluated_positions
 
 CPU_ROWS = 16  # perturbed inputs per forward on a CPU
@@ -253,7 +253,7 @@ def _soft_values(bundle, attr, methods, pos, cfg, steps, progress) -> tuple[dict
     nc = {m: np.full((len(steps), len(pis)), np.nan) for m in methods}
     pos_t = torch.as_tensor(pos, device=dev)
     for si, k in enumerate(steps):
-        check_cancelled()
+        between_passes()
         if progress:
             progress(si / len(steps), f"pi-Soft: step {k + 1} of {attr.num_steps}")
         ids = torch.tensor([all_ids[: n + k]], dtype=torch.long, device=dev)  # (1, T), T = N + k
@@ -332,7 +332,7 @@ def _distances(
     todo = np.flatnonzero(~keep.all(axis=1))  # masks that drop something
     e = torch.as_tensor(keep[todo], dtype=emb.dtype, device=emb.device)  # (M', n)
     for start in range(0, todo.size, size):
-        check_cancelled()
+        between_passes()
         rows = slice(start, min(todo.size, start + size))
         batch = emb.expand(rows.stop - rows.start + 1, -1, -1).clone()  # (B + 1, T, D): row 0 stays unperturbed
         batch[1:, pos_t] *= e[rows, :, None]

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from ..contrast import foil_values
-from ..runtime.session import check_cancelled
+from ..runtime.session import between_passes
 from .base import GenerationRun, ProgressFn
 from .inputs import decoder_input_embeddings
 
@@ -100,7 +100,7 @@ def per_target_gradients(
     """
     k_total = targets.shape[0]
     for k in range(k_total):
-        check_cancelled()
+        between_passes()
         grads = torch.autograd.grad(targets[k], list(inputs), retain_graph=k < k_total - 1)
         yield k, grads
         if progress is not None:

@@ -28,11 +28,11 @@ from collections.abc import Callable, Iterator
 from typing import Any, Generic, TypeVar
 
 from ..errors import Cancelled
+from .turns import ModelLock
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
 
-_POLL_SECONDS = 0.05  # how often a waiting request looks at its cancel token
 
 
 class CancelToken:
@@ -56,35 +56,13 @@ class CancelToken:
             raise Cancelled(self.reason)
 
 
-class ModelLock:
-    """A model's lock, with the number of requests waiting for it (for queue feedback)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._state = threading.Lock()
-        self.waiting = 0
-
-    def locked(self) -> bool:
-        return self._lock.locked()
-
-    def acquire(self, cancel: CancelToken | None) -> None:
-        with self._state:
-            self.waiting += 1
-        try:
-            while not self._lock.acquire(timeout=_POLL_SECONDS):
-                if cancel is not None:
-                    cancel.raise_if_cancelled()
-        finally:
-            with self._state:
-                self.waiting -= 1
-
-    def release(self) -> None:
-        self._lock.release()
-
-
 _locks: weakref.WeakKeyDictionary[Any, ModelLock] = weakref.WeakKeyDictionary()
 _locks_guard = threading.Lock()
 _held: contextvars.ContextVar[frozenset[int]] = contextvars.ContextVar("explainer_held_models", default=frozenset())
+# each lock this context holds, with a box of the ticket it holds it by (None after a failed `between_passes` wait)
+_held_locks: contextvars.ContextVar[tuple[tuple[ModelLock, list, int], ...]] = contextvars.ContextVar(
+    "explainer_held_locks", default=()
+)
 _token: contextvars.ContextVar[CancelToken | None] = contextvars.ContextVar("explainer_cancel_token", default=None)
 
 
@@ -103,11 +81,14 @@ def holds(model: Any) -> bool:
 
 
 @contextlib.contextmanager
-def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken | None]:
+def hold(
+    model: Any, cancel: CancelToken | None = None, *, urgent: bool = False, seconds: float | None = None
+) -> Iterator[CancelToken | None]:
     """Run the block as the only user of `model`, with `cancel` visible to `check_cancelled()`.
 
     Re-entrant within one context: a nested `hold` of the same model neither waits nor releases; it may add a
-    token when the outer block had none.
+    token when the outer block had none. Who gets a model that several wait for: `turns.py` (the batched decode
+    first, `urgent`; then the shortest estimated work, `seconds`).
 
     Raises:
         Cancelled: the token fired while waiting for the lock.
@@ -122,17 +103,20 @@ def hold(model: Any, cancel: CancelToken | None = None) -> Iterator[CancelToken 
             _token.reset(reset)
         return
     lock = model_lock(model)
-    lock.acquire(active)
+    box = [lock.acquire(active, urgent, seconds)]
     held = _held.set(_held.get() | {id(model)})
+    held_locks = _held_locks.set((*_held_locks.get(), (lock, box, id(model))))
     reset = _token.set(active)
     logger.debug("model %x acquired at %.6f", id(model), time.time())
     try:
         yield active
     finally:
         _token.reset(reset)
+        _held_locks.reset(held_locks)
         _held.reset(held)
         logger.debug("model %x released at %.6f", id(model), time.time())
-        lock.release()
+        if box[0] is not None:  # None: it was given up between passes and not taken back (cancelled meanwhile)
+            lock.release()
 
 
 @contextlib.contextmanager
@@ -152,6 +136,33 @@ def check_cancelled() -> None:
     token = _token.get()
     if token is not None:
         token.raise_if_cancelled()
+
+
+def between_passes() -> None:
+    """Between two forward (or backward) passes of long work: raise `Cancelled` if the request's token fired, and
+    give each model this context holds to the work that goes first (`turns.py`: the batched decode of visitors'
+    text requests) while it wants it, then wait for the model's turn again with the remaining estimate.
+
+    Call it only where the work leaves nothing of its own on the model that another request's pass could meet:
+    attention functions selected by `capture.attention_function_selected` are per context and may stay.
+    """
+    check_cancelled()
+    token = _token.get()
+    for lock, box, model_id in _held_locks.get():
+        if lock.should_yield():
+            remaining = box[0].remaining()
+            logger.debug("model %x released at %.6f (between passes)", model_id, time.time())
+            box[0] = None
+            lock.release()
+            box[0] = lock.acquire(token, False, remaining)
+            logger.debug("model %x acquired at %.6f (between passes)", model_id, time.time())
+    check_cancelled()
+
+
+def place(model: Any, cancel: CancelToken | None) -> tuple[int, float | None] | None:
+    """Where the request with this cancel token waits for `model`: (position, estimated seconds ahead or None), or
+    None when it does not wait (see `turns.ModelLock.place`)."""
+    return model_lock(model).place(cancel)
 
 
 class WorkerStream(Generic[T]):

@@ -383,3 +383,49 @@ def test_products_at_a_fixed_row_count_give_each_row_the_same_numbers_in_any_bat
         assert all("forward" in vars(m) for m in linears)
         raise RuntimeError("a failing step")
     assert not any("forward" in vars(m) for m in linears)  # nothing outlives the block
+
+
+def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokenizer, monkeypatch):
+    """Short work first (runtime/turns.py): a visitor's text request that arrives while another request runs AtMan
+    (holding the model) is answered before that AtMan ends, with exactly its lone numbers; AtMan, given up and taken
+    back between its passes, gives exactly its uninterrupted scores."""
+    bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    long_prompt = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. " * 4
+    short_prompt = "Name three colours."
+    ref_atman = explain(bundle, long_prompt, methods=["atman"], max_new_tokens=6)
+    monkeypatch.setattr(batching, "_enabled", True)
+    alone = explain(bundle, short_prompt, methods=list(METHODS), max_new_tokens=12)  # alone in the batcher
+    monkeypatch.setattr(batching, "_enabled", False)  # the AtMan request runs solo: it holds the model throughout
+    in_atman, queued = threading.Event(), threading.Event()
+    out: dict = {}
+
+    def progress(fraction: float, message: str) -> None:
+        if not in_atman.is_set():  # after AtMan's first pass
+            in_atman.set()
+            assert queued.wait(60)
+
+    def long_request() -> None:
+        out["atman"] = explain(bundle, long_prompt, methods=["atman"], max_new_tokens=6, progress=progress)
+        out["atman_end"] = time.monotonic()
+
+    def visitor() -> None:
+        out["text"] = explain(bundle, short_prompt, methods=list(METHODS), max_new_tokens=12)
+        out["text_end"] = time.monotonic()
+
+    threads = [threading.Thread(target=long_request)]
+    threads[0].start()
+    assert in_atman.wait(120)
+    monkeypatch.setattr(batching, "_enabled", True)
+    threads.append(threading.Thread(target=visitor))
+    threads[1].start()
+    _wait(lambda: counts(bundle.model)[1] == 1)  # the visitor's row waits for the model
+    queued.set()
+    for t in threads:
+        t.join(120)
+    assert out["text_end"] < out["atman_end"]  # not stuck behind AtMan
+    got = out["text"]
+    assert got.meta["decode"] == "batched" and got.generated_token_ids == alone.generated_token_ids
+    for m in METHODS:
+        np.testing.assert_array_equal(got.methods[m].raw, alone.methods[m].raw, err_msg=m)
+    np.testing.assert_array_equal(out["atman"].methods["atman"].raw, ref_atman.methods["atman"].raw)
+    _clean(bundle.model)

@@ -184,3 +184,28 @@ def test_a_visitor_who_leaves_stops_the_work_and_the_next_request_starts_at_once
     t0 = time.perf_counter()
     assert explain(bundle, PROMPTS[0], methods=["macs"], max_new_tokens=2).num_steps == 2
     assert time.perf_counter() - t0 < 2.0
+
+
+def test_a_waiting_request_sees_its_place_in_line_and_the_work_ahead(monkeypatch):
+    """While the work waits for the model (`session.place`), the status note says where it stands and refreshes."""
+    monkeypatch.setattr(stream, "UPDATE_SECONDS", 0.05)
+    bundle = FakeBundle()
+    lock = model_lock(bundle.model)
+    lock.acquire(None, seconds=30.0)  # someone's 30 s of AtMan
+    notes = []
+
+    async def run() -> list[Update]:
+        seen = []
+        start = lambda cancel: run_in_worker(lambda: iter([1]), bundle.model, cancel)  # noqa: E731
+        async for update in stream.run_stream(bundle, start, "nothing"):
+            seen.append(update)
+            if "in line" in update.note and lock.locked():
+                notes.append(update.note)
+                lock.release()
+        return seen
+
+    seen = asyncio.run(run())
+    assert notes and notes[0] == stream.queue_note(1, 30.0) and "next in line, about 30 s of work ahead" in notes[0]
+    assert seen[len(notes)].request == RequestState(Phase.WAITING)
+    assert seen[-1] == Update(1, RequestState(Phase.DONE))
+    assert stream.queue_note(3, None).startswith(f"{stream.WAITING}: number 3 in line, no estimate yet")

@@ -54,7 +54,7 @@ from ...errors import UnsupportedModelError
 from ...runtime.host import to_numpy
 from ...runtime.kv import batch_budget, batches_by_first, prefix_cache, reusable
 from ...runtime.memory import MemoryRequest
-from ...runtime.session import check_cancelled, hold
+from ...runtime.session import between_passes, hold
 from ..base import AttributionMethod, GenerationRun, ProgressFn
 from ..cost import Cost, CostRequest
 from ..inputs import SequenceInputs
@@ -167,7 +167,7 @@ def check_manipulated(state: _Suppression) -> None:
 
 def report_progress(progress: ProgressFn | None, done: int, total: int, label: str = "AtMan") -> None:
     """After every forward pass: progress, and a stop if the request was cancelled."""
-    check_cancelled()
+    between_passes()
     if progress is not None:
         progress(done / total, f"{label}: {done}/{total} passes")
 
