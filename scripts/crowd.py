@@ -86,6 +86,8 @@ def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dic
     for t in threads:
         t.join()
     wall = time.perf_counter() - t0
+    for c in clients:
+        c.close()  # its heartbeat stream would stay open on the app through the next rounds
     done = [v for v in visits if isinstance(v, dict)]
     mismatches = {
         name: sum(v["views"][name] != solo[asked[i % len(asked)]]["views"][name] for i, v in enumerate(visits)

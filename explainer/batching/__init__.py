@@ -28,10 +28,10 @@ entropy, alternatives) or feed a given answer.
 
 Numbers: a visitor's result does not depend on who else decodes. The matrix products run at a fixed row count
 (`products.py`: a CPU's or GPU's product library picks its kernel by the number of rows, and a row's last bits with
-it), a lone row padded to it; attention runs row by row on each row's own keys (`attention.py`), rows of one length
-in one call. So every row equals, bit for bit, the same request decoding alone in the batcher, in float32 and
-bfloat16 (tests/explainer/test_batching.py; the crowd test compares the app's visitors digit for digit). Against the
-solo loop (`decode.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
+it), a lone row padded to it; attention runs row by row on each row's own keys (`attention.py`). So every row
+equals, bit for bit, the same request decoding alone in the batcher, in float32 and bfloat16
+(tests/explainer/test_batching.py; the crowd test compares the app's visitors digit for digit). Against the solo
+loop (`decode.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
 models' float32 rows within ~3e-6 relative.
 """
 

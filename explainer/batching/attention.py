@@ -4,9 +4,9 @@ run makes, so the batch changes nothing in attention.
 One SDPA call over the padded batch would need a mask, and on a CPU a masked SDPA (or transformers' repeat of the
 key-value heads that comes with a mask) rounds differently from the unmasked call of a solo decode step, and
 differently again for another padded width: in bfloat16 that moved the embedded model's probabilities in the third
-digit. Rows of the same length (visitors who ask the same example) need no padding: they share one call, which
-treats each batch row apart. A row's attention rows for the streaming methods come from `capture.last_query_probs`
-on the same unpadded keys, as the capture computes them in a solo step.
+digit. Even rows of one length may not share a call: in float32 the CPU's SDPA gives a row other bits beside 3
+others than alone (it splits its work by the batch). A row's attention rows for the streaming methods come from
+`capture.last_query_probs` on the same unpadded keys, as the capture computes them in a solo step.
 """
 
 from __future__ import annotations
@@ -33,10 +33,6 @@ def rows_apart(model: torch.nn.Module, lengths: list[int], record: bool) -> Iter
         layer index -> one (1, H, length) float32 tensor per row, filled by the forward pass when `record`.
     """
     recorded: dict[int, list[torch.Tensor]] = {}
-    by_length: dict[int, list[int]] = {}
-    for i, n in enumerate(lengths):
-        by_length.setdefault(n, []).append(i)
-    groups = list(by_length.items())  # rows of one length run as one call: SDPA and the softmax treat rows apart
 
     def attention(
         module: torch.nn.Module,
@@ -50,17 +46,13 @@ def rows_apart(model: torch.nn.Module, lengths: list[int], record: bool) -> Iter
     ) -> tuple[torch.Tensor, None]:
         check_attention_kwargs(module, kwargs, "the batched decode")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        outs: list[torch.Tensor | None] = [None] * len(lengths)
-        rows: list[torch.Tensor | None] = [None] * len(lengths)
-        for n, members in groups:
-            pick = slice(members[0], members[0] + 1) if len(members) == 1 else members  # (G,) rows of one length
-            q, k, v = query[pick], key[pick, :, :n].contiguous(), value[pick, :, :n].contiguous()
+        outs, rows = [], []
+        for i, n in enumerate(lengths):
+            q, k, v = query[i : i + 1], key[i : i + 1, :, :n].contiguous(), value[i : i + 1, :, :n].contiguous()
             out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, **kwargs)
-            probs = last_query_probs(q, k, scale) if record else None  # (G, H, n)
-            for j, i in enumerate(members):
-                outs[i] = out[j : j + 1]  # (1, 1, H, D)
-                if probs is not None:
-                    rows[i] = probs[j : j + 1]  # (1, H, n)
+            outs.append(out)  # (1, 1, H, D)
+            if record:
+                rows.append(last_query_probs(q, k, scale))  # (1, H, n)
         if record:
             recorded[module.layer_idx] = rows
         return torch.cat(outs), None

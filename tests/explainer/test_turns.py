@@ -38,7 +38,7 @@ def test_the_decode_goes_first_then_the_shortest_work_then_work_without_an_estim
     for name, kwargs in [("unknown", {}), ("long", {"seconds": 30.0}), ("short", {"seconds": 5.0}),
                          ("unknown later", {}), ("decode", {"urgent": True})]:  # fmt: skip
         threads.append(_queue(lock, order, name, **kwargs))
-        _until(lambda n=len(threads): lock.waiting == n)  # queued in this order
+        _until(lambda queued=len(threads): lock.waiting == queued)  # noqa: B008 - queued in this order
     lock.release()
     for t in threads:
         t.join(10)
