@@ -4,11 +4,12 @@ A loaded model is shared by every caller of the process (the app's visitors, thr
 passes on one model at once would corrupt each other: the attention functions that capture rows or suppress tokens
 are selected on the model's config, which every thread reads. So every use of a model runs inside `hold(model)`,
 which takes that model's lock for the whole request (generation with capture, AtMan, faithfulness, eval, bench) and
-publishes the request's `CancelToken` to the code running in this context. Long loops call `check_cancelled()`
-between forward passes and batches, so a cancelled request raises `Cancelled` within one pass and frees the lock.
+publishes the request's `CancelToken` to the code running in this context. Long loops call `between_passes()`
+(or `check_cancelled()`) between forward passes and batches, so a cancelled request raises `Cancelled` within one
+pass and frees the lock, and a long one hands the model to visitors' decoding meanwhile.
 
 `hold` is re-entrant within one context (an evaluation that explains and then measures faithfulness holds the lock
-once); other threads wait, and a waiting request that is cancelled stops waiting.
+once); other threads wait, short work first (`turns.py`), and a waiting request that is cancelled stops waiting.
 
 `run_in_worker` turns a generator of results into a `WorkerStream`: the work runs in its own thread that holds the
 lock from its first to its last forward pass, whatever the consumer does. A consumer that stops reading, closes the

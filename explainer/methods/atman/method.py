@@ -166,7 +166,8 @@ def check_manipulated(state: _Suppression) -> None:
 
 
 def report_progress(progress: ProgressFn | None, done: int, total: int, label: str = "AtMan") -> None:
-    """After every forward pass: progress, and a stop if the request was cancelled."""
+    """After every forward pass: progress, a stop if the request was cancelled, and the model handed to visitors'
+    decoding while they want it (`session.between_passes`)."""
     between_passes()
     if progress is not None:
         progress(done / total, f"{label}: {done}/{total} passes")
