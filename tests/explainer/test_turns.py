@@ -105,3 +105,43 @@ def test_a_cancelled_wait_raises_and_leaves_the_line():
     assert len(errors) == 1 and lock.waiting == 0 and lock.locked()  # the holder still holds it
     lock.release()
     assert not lock.locked()
+
+
+def test_long_work_gives_the_model_up_between_passes_and_a_cancel_while_it_waits_leaves_the_lock_sound():
+    from explainer.runtime.session import between_passes, hold, model_lock
+
+    class Model:
+        pass
+
+    model, token = Model(), CancelToken()
+    lock = model_lock(model)
+    passes, paused, errors = [], threading.Event(), []
+
+    def long_work() -> None:
+        try:
+            with hold(model, token, seconds=60.0):
+                for i in range(1000):
+                    passes.append(i)
+                    if lock.should_yield():
+                        paused.set()
+                    between_passes()  # gives the model up while the batcher has rows
+                    time.sleep(0.001)
+        except Cancelled as e:
+            errors.append(e)
+
+    worker = threading.Thread(target=long_work)
+    worker.start()
+    _until(lambda: len(passes) > 3)
+    with lock.prefer():  # the batcher has rows: the work stops at its next pass
+        assert paused.wait(10)
+        _until(lambda: lock.waiting == 1 and not lock.locked())
+        done = len(passes)
+        with hold(model, urgent=True):  # a decode round runs meanwhile
+            time.sleep(0.05)
+            assert len(passes) == done
+        token.cancel()  # the visitor leaves while the work waits for its turn
+        worker.join(10)
+    assert len(errors) == 1 and not worker.is_alive()
+    assert not lock.locked() and lock.waiting == 0  # released once, not twice, and nobody left in line
+    with hold(model):
+        assert lock.locked()
