@@ -9,9 +9,10 @@ A request's row joins the batch at the next step and leaves when it is done or i
   row on each row's own keys by the solo call (`attention.py`), which also gives each row's attention rows for its
   own streaming methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own
   end-of-sequence ids and step count (`row.py`);
-- one thread per model owns the steps (`engine.py`), holding the model (`session.hold`) one round at a time, so a
-  request's post-hoc methods and other users of the model run between rounds; a row that does not fit the memory
-  check beside the others waits for room.
+- one thread per model owns the steps (`engine.py`), holding the model (`session.hold`) one round at a time; its
+  rounds go first (`runtime/turns.py`): a request's post-hoc methods and other users of the model run when no row
+  decodes, and give the model up between their passes when one arrives; a row that does not fit the memory check
+  beside the others waits for room.
 
 Off by default in the library (`enable()`): a request then holds the model for its whole run, as before; the app
 turns it on.
