@@ -3,7 +3,7 @@
 # each is time-boxed, writes its results straight under $RESULTS (default docs/results) and skips what they already
 # hold, so a call cut short resumes where it stopped when made again:
 #
-#   scripts/gpu_check.sh OUTDIR all            # the five stages below in this order, within $TOTAL_SECONDS (540)
+#   scripts/gpu_check.sh OUTDIR all            # the six stages below in this order, within $TOTAL_SECONDS (540)
 #   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs)
 #   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
@@ -12,6 +12,8 @@
 #                                              # the dynamic loop at 1k/4k/16k/32k prompt tokens
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
+#   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode
+#                                              # (scripts/library_crowd.py): the embedded model, then Qwen2.5-1.5B
 #
 # Then the checks of the first GPU session:
 #
@@ -164,12 +166,26 @@ stage() {  # stage NAME: one stage of the next GPU session
     product)
         product "$gpu"
         ;;
+    crowd) # 8 visitors within 1.5x of one (issue #34), each with exactly the lone run's numbers
+        local specs=("embedded --folder embedded" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct") spec name
+        if [ -n "$DRY" ]; then specs=("tiny --model $LLAMA --tiny --device cpu"); fi
+        for spec in "${specs[@]}"; do
+            read -r name select <<<"$spec"
+            if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
+                echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
+                continue
+            fi
+            # shellcheck disable=SC2086  # $select holds the model's arguments
+            run "$(box 60)" "crowd-$name" $PY scripts/library_crowd.py $select --dtype bfloat16 --visitors 1,8 \
+                --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
+        done
+        ;;
     esac
 }
 
 case "$STAGE" in
 all)
-    for name in static-tests table3 table3-long static product; do
+    for name in static-tests table3 table3-long static product crowd; do
         if [ $((TOTAL - SECONDS)) -lt 20 ]; then
             echo "=== out of time before $name: run again to resume"
             break
@@ -177,7 +193,7 @@ all)
         stage "$name"
     done
     ;;
-static-tests | table3 | table3-long | static | product)
+static-tests | table3 | table3-long | static | product | crowd)
     stage "$STAGE"
     ;;
 tests)

@@ -76,10 +76,14 @@ def test_every_stage_writes_its_results(dry_run):
         ("Qwen2.5-VL-3B-Instruct", "all", 36),
     ]  # fmt: skip
     assert product[0]["text_tokens"] == 3 and all(r["image_tokens"] == 3 for r in product[1:])
+    crowd = json.loads((results / "crowd-gpu-cpu-dry-tiny.json").read_text())
+    assert [(r["visitors"], r["mismatched_visitors"], r["errors"]) for r in crowd["rounds"]] == [(1, 0, []), (8, 0, [])]
+    assert crowd["decode"] == "batched" and crowd["rounds"][1]["largest_batch"] == 8
+    assert [m["visitors"] for m in crowd["medians"]] == [1, 8] and crowd["medians"][0]["vs_one_alone_median"] == 1.0
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, dynamic)
-    assert second.count("is there") == 4 + 1 + 5
+    assert second.count("is there") == 4 + 1 + 5 + 1  # ... product rows, crowd

@@ -1,0 +1,145 @@
+"""A crowd through the library, without the app: N visitors' text requests at once on one model (issue #34's GPU rows).
+
+    python scripts/library_crowd.py --folder embedded --visitors 1,8 --rounds 3 --json out.json
+    python scripts/library_crowd.py --model Qwen/Qwen2.5-1.5B-Instruct --dtype bfloat16 --visitors 1,8 --json out.json
+
+Each visitor is a thread calling `explain_request` with the batched decode on (`batching.enable()`, as the app runs
+it): the same prompt, MACS + Rollout, a given answer of `--new-tokens` token ids (teacher-forced, so every request runs
+all its steps whatever random weights would generate). Before the crowds the request runs once to warm up and once
+alone: the reference. Each crowd size runs `--rounds` times, alternating (1, 8, 1, 8, ...); the report gives each
+round's time until all were served, the medians, the median of each size over the median of the 1-visitor rounds,
+and the visitors whose token ids, raw maps or step scores differ from the reference in any bit.
+
+The model: `--folder` a saved model (a path, or `embedded`), or `--model` a shipped configuration built with random
+weights on the device (`gpu_bench.random_model`; `--tiny` shrinks it, a CPU dry run). Where `scripts/load_test.py
+--crowd` measures the app with real clients, this measures what the batched decode itself gives on a device, for the
+GPU session (`scripts/gpu_check.sh crowd`), where the app and its clients cannot run beside the model.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+import time
+from datetime import datetime
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SENTENCE = "The harbour lighthouse was built from granite, and its keeper wrote a daily log of every ship. "
+
+
+def _bundle(args):
+    from types import SimpleNamespace
+
+    from gpu_bench import _load
+
+    from explainer import bundle_from_objects
+
+    model, tok, name, device = _load(SimpleNamespace(**vars(args)))
+    return bundle_from_objects(model, tok, name=name), device
+
+
+def _request(bundle, prompt_tokens: int, new_tokens: int):
+    import torch
+
+    from explainer.request import ExplainRequest
+
+    words = (SENTENCE * (prompt_tokens // 16 + 1)).split()
+    prompt = " ".join(words[: max(1, prompt_tokens * 3 // 4)])
+    vocab = bundle.model.config.get_text_config().vocab_size
+    answer = torch.randint(10, min(vocab, 30_000), (new_tokens,), generator=torch.Generator().manual_seed(0))
+    return ExplainRequest.build(prompt, ["macs", "rollout"], new_tokens, answer=tuple(answer.tolist()))
+
+
+def _same(a, b) -> bool:
+    """Bit for bit: token ids, every method's raw map, step probabilities and entropies."""
+    import numpy as np
+
+    return (
+        a.generated_token_ids == b.generated_token_ids
+        and a.methods.keys() == b.methods.keys()
+        and all(np.array_equal(a.methods[m].raw, b.methods[m].raw, equal_nan=True) for m in a.methods)
+        and json.dumps(a.step_scores) == json.dumps(b.step_scores)
+    )
+
+
+def _round(bundle, request, n: int, reference) -> dict:
+    from explainer.explain import explain_request
+
+    out: list = [None] * n
+    start = threading.Barrier(n + 1)
+
+    def visit(i: int) -> None:
+        start.wait()
+        try:
+            out[i] = explain_request(bundle, request)
+        except BaseException as e:  # counted as an error
+            out[i] = e
+
+    threads = [threading.Thread(target=visit, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t0
+    done = [r for r in out if not isinstance(r, BaseException)]
+    return {
+        "visitors": n,
+        "all_served_s": wall,
+        "tokens_per_s": sum(len(r.generated_token_ids) for r in done) / wall,
+        "errors": [f"{type(r).__name__}: {r}" for r in out if isinstance(r, BaseException)],
+        "mismatched_visitors": sum(not _same(r, reference) for r in done),
+        "largest_batch": max((r.meta.get("batch_size") or 1 for r in done), default=0),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--model", help="a shipped configuration's Hub id, built with random weights")
+    p.add_argument("--folder", help="a saved model's folder, or `embedded`")
+    p.add_argument("--tiny", action="store_true", help="shrink the configuration's dimensions (CPU dry runs)")
+    p.add_argument("--device", help="default: cuda when there is one")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--visitors", default="1,8", help="crowd sizes, comma-separated")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--prompt-tokens", type=int, default=150)
+    p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--json", required=True, help="write the report here")
+    args = p.parse_args(argv)
+    if not (args.model or args.folder):
+        p.error("give --model or --folder")
+
+    from crowd import summary
+    from gpu_bench import _machine
+
+    from explainer import batching
+    from explainer.explain import explain_request
+
+    bundle, device = _bundle(args)
+    request = _request(bundle, args.prompt_tokens, args.new_tokens)
+    batching.enable()
+    explain_request(bundle, request)  # warm-up
+    reference = explain_request(bundle, request)  # alone in the batcher: what every visitor must get
+    sizes = [int(n) for n in args.visitors.split(",")]
+    rows = [_round(bundle, request, n, reference) for _ in range(args.rounds) for n in sizes]
+    report = {
+        "model": bundle.name, "dtype": args.dtype, "date": datetime.now().strftime("%Y-%m-%d"),
+        "machine": _machine(device), "prompt_tokens": reference.num_prompt_tokens, "new_tokens": args.new_tokens,
+        "decode": reference.meta.get("decode"), "rounds": rows, "medians": summary(rows),
+    }  # fmt: skip
+    Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+    for m in report["medians"]:
+        print(f"{m['visitors']:>3} visitors: {m['all_served_median_s']:.2f} s, {m['vs_one_alone_median']:.2f}x one")
+    bad = sum(r["mismatched_visitors"] + len(r["errors"]) for r in rows)
+    print(f"mismatched or failed visitors: {bad}")
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
