@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 import re
 import statistics
-import threading
 import time
 from pathlib import Path
 
+from crowd_rounds import at_once, summary
 from gradio_client import Client
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -68,24 +68,7 @@ def visit(client: Client, prompt: str) -> dict:
 
 def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dict:
     clients = [Client(url, verbose=False) for _ in range(n)]  # connected before the clock starts
-    visits: list[dict | BaseException] = [RuntimeError("no result")] * n
-    start = threading.Barrier(n + 1)
-
-    def run(i: int) -> None:
-        start.wait()
-        try:
-            visits[i] = visit(clients[i], asked[i % len(asked)])
-        except BaseException as e:  # counted as an error
-            visits[i] = e
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    visits, wall = at_once(n, lambda i: visit(clients[i], asked[i % len(asked)]))
     for c in clients:
         c.close()  # its heartbeat stream would stay open on the app through the next rounds
     done = [v for v in visits if isinstance(v, dict)]
@@ -119,23 +102,6 @@ def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dic
 def _p95(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, round(0.95 * len(ordered) + 0.5) - 1))]
-
-
-def summary(rows: list[dict]) -> list[dict]:
-    """Per crowd size: the median time until all were served over its rounds, and that median over the median of
-    the 1-visitor rounds of the same run (the ratio the goal names; a busy or noisy machine moves single rounds by
-    tens of percent, so the rounds alternate and the medians are compared)."""
-    by_size: dict[int, list[float]] = {}
-    for row in rows:
-        by_size.setdefault(row["visitors"], []).append(row["all_served_s"])
-    one = statistics.median(by_size[1]) if 1 in by_size else None
-    return [
-        {
-            "visitors": n, "rounds": len(times), "all_served_median_s": statistics.median(times),
-            "vs_one_alone_median": None if one is None else statistics.median(times) / one,
-        }
-        for n, times in sorted(by_size.items())
-    ]  # fmt: skip
 
 
 def crowd(url: str, counts: list[int], kind: str, json_path: str | None, rounds: int = 1) -> int:

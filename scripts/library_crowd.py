@@ -21,8 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import threading
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -68,26 +66,11 @@ def _same(a, b) -> bool:
 
 
 def _round(bundle, request, n: int, reference) -> dict:
+    from crowd_rounds import at_once
+
     from explainer.explain import explain_request
 
-    out: list = [None] * n
-    start = threading.Barrier(n + 1)
-
-    def visit(i: int) -> None:
-        start.wait()
-        try:
-            out[i] = explain_request(bundle, request)
-        except BaseException as e:  # counted as an error
-            out[i] = e
-
-    threads = [threading.Thread(target=visit, args=(i,)) for i in range(n)]
-    for t in threads:
-        t.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t0
+    out, wall = at_once(n, lambda i: explain_request(bundle, request))
     done = [r for r in out if not isinstance(r, BaseException)]
     return {
         "visitors": n,
@@ -115,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (args.model or args.folder):
         p.error("give --model or --folder")
 
-    from crowd import summary
+    from crowd_rounds import summary
     from gpu_bench import _machine
 
     from explainer import batching
