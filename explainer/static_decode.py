@@ -49,6 +49,7 @@ from .errors import InputError
 from .methods import AttributionMethod
 from .methods.macs import MACS, log_factors
 from .result.sinks import SinkTracker
+from .runtime.devices import spread_over_devices
 from .runtime.host import to_numpy
 from .runtime.memory import language_config
 from .runtime.session import check_cancelled
@@ -79,8 +80,7 @@ def unsupported_reason(
     types = getattr(language_config(model), "layer_types", None)
     if types and any(t != "full_attention" for t in types):
         return "sliding-window (or other non-full) attention layers take the dynamic path"
-    device_map = getattr(model, "hf_device_map", None) or {}
-    if len({p.device for p in model.parameters()}) != 1 or len(set(device_map.values())) > 1:
+    if len({p.device for p in model.parameters()}) != 1 or spread_over_devices(model):
         return "a model spread over several devices takes the dynamic path"
     return None
 

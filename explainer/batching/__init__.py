@@ -46,6 +46,7 @@ import torch
 
 from ..decode import DecodeJob, Step
 from ..result.sinks import SinkTracker
+from ..runtime.devices import spread_over_devices
 from ..runtime.memory import language_config
 from ..runtime.session import check_cancelled
 from .engine import batcher_for, counts
@@ -78,8 +79,7 @@ def solo_reason(model: torch.nn.Module, extra_inputs: dict[str, Any] | None = No
     types = getattr(config, "layer_types", None) or []
     if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in types):
         return "sliding-window layers"
-    devices = {str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}
-    if len(devices) > 1:
+    if spread_over_devices(model):
         return "model spread over devices"
     return None
 

@@ -38,6 +38,11 @@ def _as_device(device: Any) -> torch.device:
     return torch.device(device)
 
 
+def spread_over_devices(model: torch.nn.Module) -> bool:
+    """Whether accelerate's device map places `model`'s modules on more than one device."""
+    return len({str(d) for d in (getattr(model, "hf_device_map", None) or {}).values()}) > 1
+
+
 def execution_device(module: torch.nn.Module) -> torch.device | None:
     """The device accelerate runs `module` on, or None when no hook of it names one."""
     for hook in _hooks(module):
