@@ -24,7 +24,7 @@ from ..runtime.memory import MemoryLimitError, check_fits
 from ..runtime.session import hold, model_lock
 from . import cache as batch_cache
 from .attention import rows_apart
-from .products import fixed_rows, product_rows
+from .products import fixed_rows, linear_layers, product_rows
 from .row import Row
 
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
@@ -43,6 +43,8 @@ class Batcher:
         self._active: list[Row] = []
         self._thread: threading.Thread | None = None
         self._cache = None  # the batch's cache (`cache.gather`), or a lone row's own
+        self._linears = linear_layers(model)  # patched for each decode step (`products.fixed_rows`), found once
+        self._product_rows = product_rows(self.device)  # rows per product call
 
     def submit(self, row: Row) -> None:
         with self._cond:
@@ -153,7 +155,7 @@ class Batcher:
         cached = batch_cache.width(self._cache)
         ids = torch.tensor([[r.next_input] for r in rows], dtype=torch.long, device=self.device)  # (B, 1)
         record = any(r.captures for r in rows)
-        with fixed_rows(self.model, product_rows(self.device)):
+        with fixed_rows(self._linears, self._product_rows):
             return self._forward_fixed(rows, ids, cached, record)
 
     def _forward_fixed(

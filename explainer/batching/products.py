@@ -15,7 +15,7 @@ weights are read once either way); see docs/benchmarks.md, "A crowd at once".
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -42,11 +42,16 @@ def chunked_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | N
     return out[:b]
 
 
+def linear_layers(model: torch.nn.Module) -> list[torch.nn.Linear]:
+    """The model's `nn.Linear` layers that `fixed_rows` patches (those without a `forward` of their own already)."""
+    return [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
+
+
 @contextlib.contextmanager
-def fixed_rows(model: torch.nn.Module, rows: int) -> Iterator[None]:
-    """Within the block, every `nn.Linear` of `model` multiplies `rows` rows per call (`chunked_linear`). The
-    layers' own `forward` is restored on exit, also after an exception; the caller holds the model (`session.hold`)."""
-    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear) and "forward" not in vars(m)]
+def fixed_rows(linears: Sequence[torch.nn.Linear], rows: int) -> Iterator[None]:
+    """Within the block, each of `linears` (`linear_layers` of a model) multiplies `rows` rows per call
+    (`chunked_linear`). Their own `forward` is restored on exit, also after an exception; the caller holds the model
+    (`session.hold`)."""
     try:
         for m in linears:
             m.forward = lambda x, m=m: chunked_linear(x, m.weight, m.bias, rows)

@@ -366,7 +366,7 @@ def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_lone_runs(ki
 def test_products_at_a_fixed_row_count_give_each_row_the_same_numbers_in_any_batch(dtype):
     """`chunked_linear` gives row 0 the same bits whether it is alone or among up to 9 rows (the product library
     picks its kernel by the row count, so a plain `F.linear` may not), and equals `F.linear` to rounding."""
-    from explainer.batching.products import chunked_linear, fixed_rows
+    from explainer.batching.products import chunked_linear, fixed_rows, linear_layers
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 80, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)
@@ -379,7 +379,8 @@ def test_products_at_a_fixed_row_count_give_each_row_the_same_numbers_in_any_bat
         assert torch.equal(out[:1], alone), n
     model = build_model("llama")
     linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
-    with pytest.raises(RuntimeError), fixed_rows(model, 4):
+    assert linear_layers(model) == linears
+    with pytest.raises(RuntimeError), fixed_rows(linears, 4):
         assert all("forward" in vars(m) for m in linears)
         raise RuntimeError("a failing step")
     assert not any("forward" in vars(m) for m in linears)  # nothing outlives the block
