@@ -239,12 +239,11 @@ def post_hoc_seconds(
     for m in methods:
         if m not in METHODS:  # an instance of the caller's own class: no cost model
             return None
-        cost = method_cost(m, ids, k, (options or {}).get(m), num_layers=num_layers, batch=batch)
-        if cost.free:
-            continue
-        if not cost.known or known is None:
+        seconds = cost_seconds(method_cost(m, ids, k, (options or {}).get(m), num_layers=num_layers, batch=batch),
+                               known, num_layers, m)  # fmt: skip
+        if seconds is None:
             return None
-        total += known.seconds(cost, num_layers, m)
+        total += seconds
     return total
 
 
@@ -396,12 +395,19 @@ def estimate(
     known = speed(bundle, wait, probe) if any(c.known and not c.free for c in costs.values()) else None
     out = []
     for m, cost in costs.items():
-        if cost.free or not cost.known:
-            seconds = 0.0 if cost.free else None
-        else:
-            seconds = known.seconds(cost, num_layers, m) if known else None
+        seconds = cost_seconds(cost, known, num_layers, m)
         out.append(Estimate(m, cost, seconds, known is not None and m in known.corrections, len(ids)))
     return out
+
+
+def cost_seconds(cost: Cost, known: Speed | None, num_layers: int | None, method: str) -> float | None:
+    """A method's estimated seconds: 0 when it costs nothing beyond the generation, None without a cost model or a
+    speed, else `Speed.seconds`."""
+    if cost.free:
+        return 0.0
+    if not cost.known or known is None:
+        return None
+    return known.seconds(cost, num_layers, method)
 
 
 def seconds_at(positions: int, positions_per_second: float | None) -> float | None:
