@@ -33,6 +33,7 @@ from .methods.sources import MASK_BIAS
 from .result.attribution import Attribution
 from .result.reliance import Reliance, image_share, share_positions
 from .result.sinks import sink_positions
+from .runtime.devices import input_device
 from .runtime.host import to_numpy
 from .runtime.kv import prefix_cache, reusable
 from .runtime.memory import language_config
@@ -111,7 +112,7 @@ def measure_reliance(
     from .models.vision import full_sequence_inputs  # as in explain.py: image support loads on first use
 
     ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids], dtype=torch.long,
-                       device=model.get_input_embeddings().weight.device)  # (1, N + K)  # fmt: skip
+                       device=input_device(model))  # (1, N + K)  # fmt: skip
     full = full_sequence_inputs(extra_inputs, attr.num_steps)
     logprob, hidden = image_knockout(model, ids, attr.num_prompt_tokens, attr.image_token_positions, full)
     image, text = share_positions(attr.image_token_positions, attr.user_positions, sink_positions(attr))
