@@ -222,7 +222,8 @@ def _encode_request(
 def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: bool = False) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
     step scores: a snapshot after every token. `batched`: as a row of the model's batch (`batching.batched_steps`);
-    `meta["decode"]` says which loop ran, `meta["batch_size"]` the most rows a step shared."""
+    `meta["decode"]` says which loop ran, `meta["batch_size"]` the most rows a step shared, `meta["prefill_rows"]`
+    how many rows with this prompt shared its prefill pass."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
@@ -232,7 +233,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: b
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
-    seen = {"batch_size": 1}
+    seen = {"batch_size": 1, "prefill_rows": 1}
     decode = partial(batching.batched_steps, record=seen) if batched else generate_steps
     attr.meta["decode"] = "batched" if batched else "solo"
     for step in decode(bundle.model, job, method_seconds, sinks):
@@ -263,6 +264,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: b
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
         batch_size=seen["batch_size"],
+        prefill_rows=seen["prefill_rows"],
     )
 
 

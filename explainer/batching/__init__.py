@@ -3,7 +3,8 @@
 A request's row joins the batch at the next step and leaves when it is done or its visitor cancels or leaves:
 
 - its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decode.generate_steps`), which
-  gives its step 0; then its KV cache joins the batch's, every row left-aligned where its solo cache holds it, the
+  gives its step 0 (rows with the same prompt that join together share that one pass: a crowd pressing the same
+  example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned where its solo cache holds it, the
   padding after it (`cache.py`);
 - each decode step runs all rows in one forward pass (explicit 2D mask, per-row position ids); attention runs row by
   row on each row's own keys by the solo call (`attention.py`), which also gives each row's attention rows for its
@@ -94,7 +95,8 @@ def batched_steps(
     """`decode.generate_steps` as a row of the model's batch: the same arguments and steps.
 
     The caller must not hold the model (the batcher's thread takes it for each round). `record`, when given, gets
-    "batch_size": the most rows any step of this request shared a forward pass with.
+    "batch_size": the most rows any step of this request shared a forward pass with, and "prefill_rows": how many
+    rows (itself included) took their step 0 from its prefill pass.
 
     Raises:
         ValueError: the job has prefill inputs (an image prompt: run it solo, see `solo_reason`).
@@ -118,6 +120,7 @@ def _follow(row: Row, model: torch.nn.Module, record: dict[str, Any] | None) -> 
                 continue
             if record is not None:
                 record["batch_size"] = row.largest_batch
+                record["prefill_rows"] = row.prefill_rows
             if kind == "step":
                 yield value
             elif kind == "error":

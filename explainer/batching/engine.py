@@ -1,8 +1,8 @@
 """The batcher: one thread per model that owns the decode steps of every text request on it.
 
 Each loop holds the model (`session.hold`, urgent) for one round only: it admits the rows waiting to join (each
-one's prefill runs alone, then its cache joins the batch's), drops the rows that are done or whose visitor left, and
-runs one decode step for all the others in one forward pass. Decode rounds are short work and go first
+one's prefill runs alone, or once for rows with the same prompt; then its cache joins the batch's), drops the rows
+that are done or whose visitor left, and runs one decode step for all the others in one forward pass. Decode rounds are short work and go first
 (`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc methods, an image request) gives the
 model up between its passes and goes on when no visitor decodes. The thread ends when no row is left; the next
 request starts a new one.
@@ -25,7 +25,7 @@ from ..runtime.session import hold, model_lock
 from . import cache as batch_cache
 from .attention import rows_apart
 from .products import fixed_rows, linear_layers, product_rows
-from .row import Row
+from .row import Row, same_prefill
 
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
 MOST_ROWS = 64  # on an accelerator, at most this many (fewer when its free memory says so, `kv.batch_budget`)
@@ -82,22 +82,28 @@ class Batcher:
 
     def _admit(self) -> None:
         """Prefill the waiting rows that fit (in order; a row that does not fit waits for room), then rebuild the
-        batch cache with them."""
-        joining = []
+        batch cache with them. Waiting rows with the same prompt as the one admitted (`row.same_prefill`) join with
+        it and share its prefill pass."""
+        joining: list[Row] = []
         while True:
             with self._cond:
                 if not self._pending or not self._room_for(self._pending[0], joining):
                     break
-                row = self._pending.pop(0)
-            if row.left.is_set():
+                group = [self._pending.pop(0)]
+                for other in list(self._pending):
+                    if same_prefill(group[0], other) and self._room_for(other, joining + group):
+                        self._pending.remove(other)
+                        group.append(other)
+            group = [r for r in group if not r.left.is_set()]
+            if not group:
                 continue
             try:
-                row.prefill(self.model)
-            except Exception as e:  # this row fails alone
-                row.fail(e)
+                group[0].prefill(self.model, group[1:])
+            except Exception as e:  # these rows fail alone
+                for row in group:
+                    row.fail(e)
                 continue
-            if not row.done:
-                joining.append(row)
+            joining += [r for r in group if not r.done]
         if joining:
             self._rebuild(self._active + joining)
 

@@ -1,6 +1,12 @@
 """One visitor's row of the batched decode: its prefill (alone, at batch size 1, as the solo loop runs it) and what
 it makes of each decode step's logits and attention rows (its own methods, sink tracker, forced ids or argmax, eos,
-number of steps)."""
+number of steps).
+
+Rows with the same prompt that join together (`same_prefill`: a crowd pressing the same example) share that prefill:
+one pass at batch size 1, whose logits, attention rows and cache each of them takes as its own. It is the pass each
+would run alone, so their numbers are those of a lone prefill, bit for bit; each row's own methods, sink tracker and
+answer (a given one or the argmax) read it.
+"""
 
 from __future__ import annotations
 
@@ -60,24 +66,42 @@ class Row:
         self.slot: int | None = None
         self.cache: DynamicCache | None = None  # its own cache between the prefill and joining the batch
         self.largest_batch = 0
+        self.prefill_rows = 0  # rows that took their step 0 from its prefill pass, itself included
         self.need = _row_bytes(model, self.n, self.steps, self.streaming)
 
     @property
     def captures(self) -> bool:
         return bool(self.streaming)
 
-    def prefill(self, model: torch.nn.Module) -> None:
+    def prefill(self, model: torch.nn.Module, others: Sequence[Row] = ()) -> None:
         """Step 0 exactly as the solo loop runs it: the prompt alone, at batch size 1, with capture (and the full
-        rows for methods such as Rollout, and the hidden-state norms for the sink tracker)."""
-        for m in self.streaming:
-            m.begin(self.n)
-        capture = decode.full_row_consumer(self.streaming) if self.streaming else False
+        rows for methods such as Rollout, and the hidden-state norms for the sink tracker).
+
+        Args:
+            others: rows with the same prompt (`same_prefill`) that take their step 0 from this very pass: their
+                methods get its full rows and attention rows, their sink trackers its record, and they join the batch
+                from its cache (the batch cache copies it, `Batcher._rebuild`).
+        """
+        rows = [self, *others]
+        for row in rows:
+            for m in row.streaming:
+                m.begin(row.n)
+        consumers = [c for c in (decode.full_row_consumer(r.streaming) for r in rows) if c is not None]
+        capture = _each(consumers) if self.streaming else False
         self.cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
-        logits, rows = decode.forward_pass(model, self.input_ids, self.cache, {}, capture, self.n, self.sinks, True)
-        self.length = self.n
-        self.largest_batch = max(self.largest_batch, 1)
-        self.emit(logits, rows, t0)
+        logits, attention = decode.forward_pass(
+            model, self.input_ids, self.cache, {}, capture, self.n, self.sinks, True
+        )  # fmt: skip
+        for row in rows:
+            if row is not self:
+                row.cache = self.cache
+                if row.sinks is not None:
+                    row.sinks.take_prefill(self.sinks)
+            row.length = row.n
+            row.largest_batch = max(row.largest_batch, 1)
+            row.prefill_rows = len(rows)
+            row.emit(logits, attention, t0)
 
     def decoded(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float, batch: int) -> None:
         """A decode step's (V,) logits and the row's (L, H, length + 1) attention rows (its padding cut off)."""
@@ -110,6 +134,29 @@ class Row:
     @property
     def remaining(self) -> int:
         return self.steps - self.k
+
+
+def same_prefill(a: Row, b: Row) -> bool:
+    """Whether `b` may take its step 0 from `a`'s prefill pass: the same prompt ids, and the same pass (both capture
+    attention or neither, both track sinks or neither)."""
+    return (
+        a.n == b.n
+        and a.captures == b.captures
+        and (a.sinks is None) == (b.sinks is None)
+        and torch.equal(a.input_ids, b.input_ids)
+    )
+
+
+def _each(consumers: list) -> object:
+    """One full-row consumer that hands each chunk to every one of `consumers` (None when there is none)."""
+    if len(consumers) <= 1:
+        return consumers[0] if consumers else None
+
+    def consume(layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
+        for c in consumers:
+            c(layer_idx, q_start, probs)
+
+    return consume
 
 
 def _row_bytes(model: torch.nn.Module, n: int, k: int, streaming: list[AttributionMethod]) -> int:

@@ -150,6 +150,14 @@ class SinkTracker:
         self.share_min = share_min if self.share_min is None else torch.minimum(self.share_min, share_min)
         self.steps += steps
 
+    def take_prefill(self, source: SinkTracker) -> None:
+        """What `source` gathered in a prefill pass over the same prompt (its norms and its first step's shares), as
+        this tracker's own: the batched decode's rows with one prompt share that pass (`batching/row.py`)."""
+        if self.n != source.n or self.steps:
+            raise ValueError("take_prefill needs a fresh tracker of the same prompt")
+        self.norms, self.norm_layer, self.steps = source.norms, source.norm_layer, source.steps
+        self.share_sum, self.share_min, self._index = source.share_sum, source.share_min, source._index
+
     @contextlib.contextmanager
     def probing_norms(self, model: torch.nn.Module) -> Iterator[None]:
         """Within the block, a forward pass of `model` over the prompt records the hidden-state norms entering its

@@ -190,6 +190,33 @@ def test_rows_of_different_lengths_answers_and_stops_equal_solo_runs(model):
     _clean(model)
 
 
+def test_rows_with_the_same_prompt_share_one_prefill_pass_and_equal_lone_runs(model):
+    forced = _solo(model, _request(17, 22, k=6))["steps"]
+    reqs = {
+        "a": _request(11, 21, k=8),
+        "a, fewer steps": _request(11, 21, k=4),
+        "a, given answer": _request(11, 21, k=6, forced=[s.token_id for s in forced]),
+        "b, same length": _request(11, 23, k=8),  # another prompt: its own prefill
+    }
+    refs = {key: _alone(model, r) for key, r in reqs.items()}
+    prefills = []
+    handle = model.register_forward_pre_hook(
+        lambda _m, _a, kw: prefills.append(kw["input_ids"].shape[1]) if kw["input_ids"].shape[1] > 1 else None,
+        with_kwargs=True,
+    )
+    try:
+        out = _together(model, reqs)
+    finally:
+        handle.remove()
+    assert prefills == [11, 11]  # one pass for the three rows of prompt a, one for b
+    for key in reqs:
+        _assert_exact(out[key], refs[key])
+        assert out[key]["prefill_rows"] == (1 if key.startswith("b") else 3)
+        assert refs[key]["prefill_rows"] == 1
+    assert len(out["a, fewer steps"]["steps"]) == 4 and len(out["a, given answer"]["steps"]) == 6
+    _clean(model)
+
+
 class GatedMACS(MACS):
     """MACS that stops the batcher's thread at one step until the test opens the gate (methods run in that thread, so
     the test knows where every row is)."""
