@@ -55,7 +55,9 @@ def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, f
     `TOP_ALTERNATIVES` most probable tokens as (id, probability)), in float32 whatever the model's dtype, with one
     device sync for all."""
     probs = torch.softmax(logits.float(), dim=-1)  # (V,)
-    token = logits.argmax() if forced is None else torch.tensor(forced, device=logits.device)  # ()
+    # The probabilities' argmax is the logits' (softmax keeps their order, ties included) and is found faster on the
+    # CPU in float32 than in the logits' bfloat16.
+    token = probs.argmax() if forced is None else torch.tensor(forced, device=logits.device)  # ()
     top = probs.topk(min(TOP_ALTERNATIVES, probs.shape[0]))  # (A,) values and indices
     head = torch.stack([token.double(), probs[token].double(), torch.special.entr(probs).sum().double()])  # (3,)
     stats = torch.cat([head, top.indices.double(), top.values.double()]).tolist()  # (3 + 2A,)

@@ -76,23 +76,29 @@ class Rollout(AttributionMethod):
         # layer -> [(first_row, (rows, W))]: Â's prompt rows in the chunks the prefill hands over, each only as wide
         # as its rows can see (W <= last row + 1 under causal attention), so about half of N² is stored.
         self.prompt_blocks: dict[int, list[tuple[int, torch.Tensor]]] = {}
-        self.gen_rows: dict[int, torch.Tensor] = {}  # layer -> (capacity, N + capacity) Â rows of generated ones
+        self.gen: torch.Tensor | None = None  # (L, capacity, N + capacity) Â rows of the generated positions
+
+    @property
+    def gen_rows(self) -> dict[int, torch.Tensor]:
+        """layer -> its (capacity, N + capacity) Â rows of the generated positions (views of `gen`)."""
+        return {} if self.gen is None else {layer: self.gen[i] for i, layer in enumerate(sorted(self.prompt_blocks))}
 
     def _hat(self, probs: torch.Tensor, first_row: int) -> torch.Tensor:
         """Head-fused attention rows with the residual added and rows renormalised.
 
         Args:
-            probs: (H, q, T) attention probabilities of query positions first_row .. first_row + q - 1.
+            probs: (..., H, q, T) attention probabilities of query positions first_row .. first_row + q - 1 (of one
+                layer, or of every layer at once).
 
         Returns:
-            (q, T) float32 rows of Â.
+            (..., q, T) float32 rows of Â.
         """
         r = self.config.residual
-        hat = _FUSION[self.config.head_fusion](probs.float())  # (q, T), a new tensor: changed in place below
+        hat = _FUSION[self.config.head_fusion](probs.float())  # (..., q, T), a new tensor: changed in place below
         hat.mul_(1.0 - r)
-        q = hat.shape[0]
+        q = hat.shape[-2]
         idx = torch.arange(q, device=hat.device)
-        hat[idx, first_row + idx] += r
+        hat[..., idx, first_row + idx] += r
         return hat.div_(hat.sum(dim=-1, keepdim=True))
 
     def consume_full_rows(self, layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
@@ -105,16 +111,17 @@ class Rollout(AttributionMethod):
         block = hat[: stop - q_start, :n].contiguous()
         self.prompt_blocks.setdefault(layer_idx, []).append((q_start, block))
 
-    def _store_generated_row(self, layer: int, t: int, row: torch.Tensor) -> None:
+    def _store_generated_rows(self, t: int, rows: torch.Tensor) -> None:
+        """Row t (a generated position) of every layer's Â, (L, T), into `gen`, doubling it when full."""
         j = t - self.n  # index among generated positions
-        buf = self.gen_rows.get(layer)
-        if buf is None or j >= buf.shape[0]:
-            cap = max(16, 2 * (0 if buf is None else buf.shape[0]), j + 1)
-            grown = row.new_zeros(cap, self.n + cap)  # on the rows' device
+        buf = self.gen
+        if buf is None or j >= buf.shape[1]:
+            cap = max(16, 2 * (0 if buf is None else buf.shape[1]), j + 1)
+            grown = rows.new_zeros(rows.shape[0], cap, self.n + cap)  # on the rows' device
             if buf is not None:
-                grown[: buf.shape[0], : buf.shape[1]] = buf
-            buf = self.gen_rows[layer] = grown
-        buf[j, : row.shape[0]] = row
+                grown[:, : buf.shape[1], : buf.shape[2]] = buf
+            buf = self.gen = grown
+        buf[:, j, : rows.shape[1]] = rows
 
     def step(self, rows: torch.Tensor) -> np.ndarray:
         n = self.n
@@ -126,25 +133,25 @@ class Rollout(AttributionMethod):
             for layer in range(num_layers) if n == 1 else ():
                 self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], t)[:, :n])]
         layers = sorted(self.prompt_blocks)
-        if t >= n:  # decode step: append this query's row of every layer's Â
-            for pos, layer in enumerate(layers):
-                self._store_generated_row(layer, t, self._hat(rows[pos][:, None, :], t)[0])  # (T,)
+        if t >= n:  # decode step: append this query's row of every layer's Â, all layers at once
+            self._store_generated_rows(t, self._hat(rows[:, :, None, :], t)[:, 0])  # (L, T)
         k = t - n + 1  # generated positions that have rows: n .. t
-        v = self._row(layers[-1], t, total)  # (T,) = e_t · Â_L
-        for layer in reversed(layers[:-1]):
+        v = self._row(len(layers) - 1, t, total)  # (T,) = e_t · Â_L
+        for pos in range(len(layers) - 2, -1, -1):
             nxt = v.new_zeros(total)
-            for first, block in self.prompt_blocks[layer]:  # v[:N] · (Â_l's prompt rows), block by block
+            for first, block in self.prompt_blocks[layers[pos]]:  # v[:N] · (Â_l's prompt rows), block by block
                 nxt[: block.shape[1]] += v[first : first + block.shape[0]] @ block  # (q,) @ (q, W)
             if k > 0:
-                nxt += v[n : n + k] @ self.gen_rows[layer][:k, :total]  # (k,) @ (k, T)
+                nxt += v[n : n + k] @ self.gen[pos, :k, :total]  # (k,) @ (k, T)
             v = nxt
         return to_numpy(v[:n], np.float32)
 
-    def _row(self, layer: int, t: int, total: int) -> torch.Tensor:
-        """(T,) row t of layer's Â, on the device of the stored rows."""
+    def _row(self, pos: int, t: int, total: int) -> torch.Tensor:
+        """(T,) row t of the Â of the layer at `pos` (in layer order), on the device of the stored rows."""
         if t >= self.n:
-            return self.gen_rows[layer][t - self.n, :total]
-        first, block = next((f, b) for f, b in self.prompt_blocks[layer] if f <= t < f + b.shape[0])
+            return self.gen[pos, t - self.n, :total]
+        first, block = next((f, b) for f, b in self.prompt_blocks[sorted(self.prompt_blocks)[pos]]
+                            if f <= t < f + b.shape[0])  # fmt: skip
         out = block.new_zeros(total)
         out[: block.shape[1]] = block[t - first]
         return out
@@ -152,4 +159,4 @@ class Rollout(AttributionMethod):
     def stored_elements(self) -> int:
         """Number of floats held (for the memory contract test)."""
         prompt = sum(b.numel() for blocks in self.prompt_blocks.values() for _, b in blocks)
-        return prompt + sum(x.numel() for x in self.gen_rows.values())
+        return prompt + (0 if self.gen is None else self.gen.numel())
