@@ -33,6 +33,7 @@ from explainer.runtime.session import CancelToken, WorkerStream, model_lock, pla
 
 T = TypeVar("T")
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
+CROWD_UPDATE_SECONDS = 2.0  # while visitors decode together, each one's stream waits up to this long between updates
 WAITING = "Waiting for the model"  # how the status note of a request queued behind another starts
 STARTING = "Reading the prompt…"  # the status note until the first update
 NO_TOKENS = "The model produced no tokens. Try another prompt or more new tokens."
@@ -83,36 +84,60 @@ class Update(Generic[T]):
     note: str = ""  # the status line before the first result (waiting for the model, reading the prompt)
 
 
-async def follow(stream: WorkerStream[T], idle: Callable[[], Any] | None = None) -> AsyncIterator[Any]:
-    """The newest update of a library stream, at most every `UPDATE_SECONDS`, until it ends; when no update came
-    for `UPDATE_SECONDS`, what `idle()` returns, unless None.
+def update_seconds(bundle: ModelBundle) -> float:
+    """How long a visitor's stream waits between two updates: `UPDATE_SECONDS`, times the number of visitors whose
+    answers decode together on the model (`explainer.batching`), at most `CROWD_UPDATE_SECONDS`. A crowd then gets
+    about 4 updates a second in all rather than 4 each: every update re-sends the growing result, and on a small CPU
+    the formatting and sending of those updates took the cores the batch decodes on. The first update and the last
+    are never held back."""
+    decoding, _ = batching.counts(bundle.model)
+    return min(CROWD_UPDATE_SECONDS, UPDATE_SECONDS * max(1, decoding))
+
+
+async def follow(
+    stream: WorkerStream[T], idle: Callable[[], Any] | None = None, interval: Callable[[], float] | None = None
+) -> AsyncIterator[Any]:
+    """The newest update of a library stream, at most every `interval()` seconds (default `UPDATE_SECONDS`; the
+    first and the last update go out at once), until it ends; when no update came for `UPDATE_SECONDS`, what
+    `idle()` returns, unless None.
 
     When the visitor cancels or closes the tab, Gradio cancels this coroutine: the `finally` cancels the work, which
     stops within one forward pass and only then releases the model, so the next visitor's request starts on a
     quiet model. An error of the work is raised here.
     """
 
-    def take() -> tuple[str, Any]:
+    def take(timeout: float) -> tuple[str, Any]:
         try:
-            return "item", stream.latest(UPDATE_SECONDS)
+            return "item", stream.latest(timeout)
         except StopIteration:
             return "end", None
 
     try:
-        last = 0.0
+        due = 0.0  # when the next update may go out (monotonic seconds)
+        held = None  # the newest item not sent yet: what arrives before `due` replaces it
         while True:
-            kind, item = await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
-            if kind == "end":
+            timeout = UPDATE_SECONDS if held is None else max(0.0, due - time.monotonic())
+            try:
+                kind, item = await anyio.to_thread.run_sync(lambda: take(timeout), abandon_on_cancel=True)
+            except Exception:
+                if held is not None:  # the work failed: what it gave before goes out first
+                    yield held
+                raise
+            if kind == "end":  # the last update is never held back
+                if held is not None:
+                    yield held
                 return
-            if item is None:
-                item = idle() if idle is not None else None
-                if item is None:
-                    continue
-            yield item
-            wait = UPDATE_SECONDS - (time.monotonic() - last)
-            last = time.monotonic()
-            if wait > 0:
-                await anyio.sleep(wait)  # updates arriving meanwhile are merged into the newest one
+            if item is not None:
+                held = item
+            elif held is None:  # nothing for UPDATE_SECONDS
+                note = idle() if idle is not None else None
+                if note is not None:
+                    yield note
+                continue
+            if time.monotonic() >= due:
+                yield held
+                held = None
+                due = time.monotonic() + (UPDATE_SECONDS if interval is None else interval())
     finally:
         stream.cancel("The visitor cancelled the request or left the page.")
 
@@ -180,7 +205,7 @@ async def run_stream(
         return _Queued(text)
 
     try:
-        async with aclosing(follow(start(token), idle)) as items:  # a visitor who leaves closes it at once
+        async with aclosing(follow(start(token), idle, lambda: update_seconds(bundle))) as items:  # a visitor who leaves closes it at once
             async for got in items:
                 if isinstance(got, _Queued):  # before the first result: the note; after it: the result's status
                     if item is None:

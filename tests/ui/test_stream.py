@@ -120,6 +120,39 @@ def test_follow_merges_what_arrives_between_updates(monkeypatch):
     assert seen[-1] == 5 and len(seen) < 6 and seen == sorted(seen)  # some merged away; the end always arrives
 
 
+def test_follow_never_holds_back_the_first_or_the_last_update():
+    """A crowd's streams wait longer between updates (`update_seconds`), but a visitor's first token and complete
+    answer go out as soon as they exist."""
+    release = threading.Event()
+
+    def work():
+        yield 0
+        release.wait(5)
+        yield from range(1, 4)
+
+    class Model:
+        pass
+
+    async def run():
+        seen, t0 = [], time.monotonic()
+        async for item in stream.follow(run_in_worker(work, Model()), interval=lambda: 60.0):
+            seen.append((item, time.monotonic() - t0))
+            release.set()
+        return seen, time.monotonic() - t0
+
+    seen, took = asyncio.run(run())
+    assert [item for item, _ in seen] == [0, 3]  # 1 and 2 merged away
+    assert took < 30  # the end did not wait out the 60 s interval
+
+
+def test_a_crowd_gets_fewer_updates_each(monkeypatch):
+    bundle = FakeBundle()
+    for decoding, seconds in [(0, stream.UPDATE_SECONDS), (1, stream.UPDATE_SECONDS), (4, 4 * stream.UPDATE_SECONDS),
+                              (40, stream.CROWD_UPDATE_SECONDS)]:  # fmt: skip
+        monkeypatch.setattr(stream.batching, "counts", lambda model, d=decoding: (d, 3))
+        assert stream.update_seconds(bundle) == seconds
+
+
 def _attr(tokens: list[str], **meta) -> Attribution:
     ids = list(range(len(tokens)))
     return Attribution(model="m", prompt_token_ids=[0], prompt_tokens=["a"], generated_token_ids=ids,
