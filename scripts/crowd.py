@@ -50,8 +50,8 @@ def visit(client: Client, prompt: str) -> dict:
     t0 = time.perf_counter()
     job = client.submit(prompt=prompt, methods=METHODS, max_new_tokens=NEW_TOKENS, api_name="/explain")
     first = None
-    while not job.done():
-        if first is None and any(FIRST_TOKEN.search(str(o)) for o in job.outputs()):
+    while first is None and not job.done():  # then it waits for the end without polling: the app's cores are shared
+        if any(FIRST_TOKEN.search(str(o)) for o in job.outputs()):
             first = time.perf_counter() - t0
         time.sleep(0.01)
     saved = job.result()
