@@ -18,6 +18,7 @@ import gradio as gr
 
 from explainer import batching
 from explainer.runtime.hardware import hardware_name, zero_gpu
+from explainer.runtime.malloc import keep_freed_memory
 from explainer.runtime.memory import available_bytes, format_bytes
 from explainer.runtime.threads import configure_threads
 from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
@@ -69,6 +70,7 @@ def build() -> gr.Blocks:
     return blocks.queue(default_concurrency_limit=1)
 
 
+KEPT = keep_freed_memory()  # before the server's threads start: freed memory is not faulted back at every step
 THREADS = configure_threads()  # torch's CPU threads from the container's quota, not the host's cores
 batching.enable(os.environ.get("EXPLAINER_BATCHING", "1") != "0")  # visitors' text requests share decode steps
 if zero_gpu():  # `spaces` moves models to the GPU only from the thread that imported it: create them here, at import
