@@ -3,8 +3,9 @@
 Each visitor calls the public /explain (MACS + Rollout, 32 new tokens) and watches its stream of growing results:
 the time to the first token is when the first result with an answer token arrives, the time to the full answer when
 the job ends. Before the crowds, each prompt runs once alone: the solo reference (its time is the "1 visitor alone"
-figure). A mismatch is a visitor whose answer token ids, maps (every method's raw scores and z-scores) or step
-probabilities and entropies differ from that solo run's in any digit of the saved result.
+figure); then one crowd of the largest size runs uncounted (a freshly started app's first crowds also grow its
+memory, `explainer/runtime/malloc.py`). A mismatch is a visitor whose answer token ids, maps (every method's raw
+scores and z-scores) or step probabilities and entropies differ from that solo run's in any digit of the saved result.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def crowd(url: str, counts: list[int], kind: str, json_path: str | None, rounds:
     visit(warm, asked[0])  # loads the model: no crowd waits for the download or the load
     solo = {p: visit(warm, p) for p in asked}
     print(f"app at {url}; solo: " + ", ".join(f"{s['total_s']:.2f} s ({s['tokens']} tokens)" for s in solo.values()))
+    warm_up = crowd_once(url, max(counts), asked, solo)  # not counted: the app's first crowd also grows its memory
+    print(f"warm-up crowd of {warm_up['visitors']}: {warm_up['all_served_s']:.2f} s (not counted)")
     rows = [crowd_once(url, n, asked, solo) for _ in range(rounds) for n in counts]
     for row in rows:
         print(
