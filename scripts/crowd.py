@@ -40,8 +40,12 @@ COMPARED = ("tokens", "maps", "steps")
 FIRST_TOKEN = re.compile(r'"generated_token_ids":\s*\[\s*\d')  # a streamed result with an answer token
 
 
-def prompts(kind: str) -> list[str]:
+def prompts(kind: str, visitors: int = 1) -> list[str]:
+    """What the visitors ask, in turn: "qa" the QA example (every visitor the same prompt: their rows share one
+    prefill), "mixed" the examples, "distinct" the QA example with each visitor's own last line (no two alike)."""
     examples = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))]
+    if kind == "distinct":
+        return [f"{examples[0]}\n(Visitor {i + 1}.)" for i in range(visitors)]
     return examples if kind == "mixed" else examples[:1]
 
 
@@ -107,7 +111,7 @@ def _p95(values: list[float]) -> float:
 
 def crowd(url: str, counts: list[int], kind: str, json_path: str | None, rounds: int = 1) -> int:
     """Each crowd size of `counts` in turn, the whole list `rounds` times (1, 4, 1, 4, ...), then the medians."""
-    asked = prompts(kind)
+    asked = prompts(kind, max(counts))
     warm = Client(url, verbose=False)
     visit(warm, asked[0])  # loads the model: no crowd waits for the download or the load
     solo = {p: visit(warm, p) for p in asked}

@@ -129,7 +129,8 @@ def main() -> int:
         "(MACS + Rollout, 32 new tokens) at once; reports p50/p95 time to the first token and to the full answer, "
         "tokens/s over all visitors, and mismatches of each visitor's answer, maps and table against a solo run",
     )  # fmt: skip
-    p.add_argument("--crowd-prompts", choices=("qa", "mixed"), default="qa", help="mixed: the examples in turn")
+    p.add_argument("--crowd-prompts", choices=("qa", "mixed", "distinct"), default="qa",
+                   help="qa: all the QA example; mixed: the examples in turn; distinct: no two visitors alike")
     p.add_argument("--rounds", type=int, default=1, help="with --crowd: run the list this many times, alternating")
     args = p.parse_args()
 
