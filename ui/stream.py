@@ -106,40 +106,38 @@ async def follow(
     quiet model. An error of the work is raised here.
     """
 
-    def take(timeout: float) -> tuple[str, Any]:
+    def take() -> tuple[str, Any]:
         try:
-            return "item", stream.latest(timeout)
+            return "item", stream.latest(UPDATE_SECONDS)
         except StopIteration:
             return "end", None
 
     try:
-        due = 0.0  # when the next update may go out (monotonic seconds)
-        held = None  # the newest item not sent yet: what arrives before `due` replaces it
+        last = 0.0
         while True:
-            timeout = UPDATE_SECONDS if held is None else max(0.0, due - time.monotonic())
-            try:
-                kind, item = await anyio.to_thread.run_sync(lambda: take(timeout), abandon_on_cancel=True)
-            except Exception:
-                if held is not None:  # the work failed: what it gave before goes out first
-                    yield held
-                raise
-            if kind == "end":  # the last update is never held back
-                if held is not None:
-                    yield held
+            kind, item = await anyio.to_thread.run_sync(take, abandon_on_cancel=True)
+            if kind == "end":
                 return
-            if item is not None:
-                held = item
-            elif held is None:  # nothing for UPDATE_SECONDS
-                note = idle() if idle is not None else None
-                if note is not None:
-                    yield note
-                continue
-            if time.monotonic() >= due:
-                yield held
-                held = None
-                due = time.monotonic() + (UPDATE_SECONDS if interval is None else interval())
+            if item is None:
+                item = idle() if idle is not None else None
+                if item is None:
+                    continue
+            yield item
+            wait = (UPDATE_SECONDS if interval is None else interval()) - (time.monotonic() - last)
+            last = time.monotonic()
+            if wait > 0:
+                await _pause(stream, wait)  # updates arriving meanwhile are merged into the newest one
     finally:
         stream.cancel("The visitor cancelled the request or left the page.")
+
+
+async def _pause(stream: Any, seconds: float) -> None:
+    """Wait `seconds`, or less once the work has ended: its last update then goes out at once."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        if not getattr(stream, "running", True):
+            return
+        await anyio.sleep(min(left, 0.05))
 
 
 @dataclasses.dataclass(frozen=True)
