@@ -16,12 +16,10 @@ import os
 
 import gradio as gr
 
-from explainer import batching
 from explainer.runtime.hardware import hardware_name, zero_gpu
-from explainer.runtime.malloc import keep_freed_memory
 from explainer.runtime.memory import available_bytes, format_bytes
-from explainer.runtime.threads import configure_threads
 from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
+from ui.process import prepare
 
 TITLE = "Why did the model write that?"
 INTRO = (
@@ -70,9 +68,7 @@ def build() -> gr.Blocks:
     return blocks.queue(default_concurrency_limit=1)
 
 
-KEPT = keep_freed_memory()  # before the server's threads start: freed memory is not faulted back at every step
-THREADS = configure_threads()  # torch's CPU threads from the container's quota, not the host's cores
-batching.enable(os.environ.get("EXPLAINER_BATCHING", "1") != "0")  # visitors' text requests share decode steps
+PROCESS = prepare()  # first: torch's threads, batching, freed memory kept, Gradio's analytics run rarely (ui/process)
 if zero_gpu():  # `spaces` moves models to the GPU only from the thread that imported it: create them here, at import
     models.preload()
 demo = build()
@@ -82,7 +78,9 @@ def start_up_line() -> str:
     """The start-up log line: the hardware, torch's threads, the memory free, each model with its dtype and whether
     it is loaded. Asks the Hub for the default models (when none is set) before the first visitor waits for it."""
     memory = format_bytes(free) if (free := available_bytes("cpu")) else "unknown"
-    return f"MACS Explorer on {hardware_name()}: {THREADS} torch threads, {memory} memory free; {models.summary()}"
+    return f"MACS Explorer on {hardware_name()}: {PROCESS.threads} torch threads, {memory} memory free; " + (
+        models.summary()
+    )
 
 
 def main() -> None:

@@ -53,6 +53,14 @@ def test_app_py_only_assembles_the_page(app):
     assert app.demo.delete_cache is not None  # Gradio's copies of served files are cleaned too
 
 
+def test_the_app_keeps_freed_memory_and_summarises_gradios_event_log_rarely(app):
+    """Both cost the crowd's decode steps their cores (docs/memory.md; app.py)."""
+    import platform
+
+    assert app.PROCESS.keeps_freed_memory is (platform.system() == "Linux" and platform.libc_ver()[0] == "glibc")
+    assert app.demo._queue.ANAYLTICS_CACHE_FREQUENCY == int(os.environ["GRADIO_ANALYTICS_CACHE_FREQUENCY"]) >= 1000
+
+
 def test_every_event_is_named_and_maps_the_library_errors(fns):
     assert all(name for name in fns)
     handlers = {name: fn.fn for name, fn in fns.items() if fn.fn is not None and not name.startswith("load_example")}
@@ -170,7 +178,8 @@ def test_the_start_up_line_names_the_hardware_threads_and_each_models_dtype(app,
     monkeypatch.delenv("EXPLAINER_DTYPE", raising=False)
     monkeypatch.setattr(models, "model_ids", lambda: ("org/text", None))
     line = app.start_up_line()
-    head = rf"MACS Explorer on CPU without native bf16: {app.THREADS} torch threads, (\S+ \S+|unknown) memory free; "
+    threads = app.PROCESS.threads
+    head = rf"MACS Explorer on CPU without native bf16: {threads} torch threads, (\S+ \S+|unknown) memory free; "
     assert re.fullmatch(head + r"text model org/text \(float32, loads with its tab's first request\); image model none",
                         line), line  # fmt: skip
     cpu_flags(" avx512_bf16")

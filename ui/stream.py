@@ -203,7 +203,8 @@ async def run_stream(
         return _Queued(text)
 
     try:
-        async with aclosing(follow(start(token), idle, lambda: update_seconds(bundle))) as items:  # a visitor who leaves closes it at once
+        updates = follow(start(token), idle, lambda: update_seconds(bundle))
+        async with aclosing(updates) as items:  # a visitor who leaves closes it at once
             async for got in items:
                 if isinstance(got, _Queued):  # before the first result: the note; after it: the result's status
                     if item is None:

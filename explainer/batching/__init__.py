@@ -4,8 +4,8 @@ A request's row joins the batch at the next step and leaves when it is done or i
 
 - its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decode.generate_steps`), which
   gives its step 0 (rows with the same prompt that join together share that one pass: a crowd pressing the same
-  example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned where its solo cache holds it, the
-  padding after it (`cache.py`);
+  example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned
+  where its solo cache holds it, the padding after it (`cache.py`);
 - each decode step runs all rows in one forward pass (explicit 2D mask, per-row position ids); attention runs row by
   row on each row's own keys by the solo call (`attention.py`), which also gives each row's attention rows for its
   own streaming methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own

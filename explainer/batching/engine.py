@@ -2,10 +2,10 @@
 
 Each loop holds the model (`session.hold`, urgent) for one round only: it admits the rows waiting to join (each
 one's prefill runs alone, or once for rows with the same prompt; then its cache joins the batch's), drops the rows
-that are done or whose visitor left, and runs one decode step for all the others in one forward pass. Decode rounds are short work and go first
-(`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc methods, an image request) gives the
-model up between its passes and goes on when no visitor decodes. The thread ends when no row is left; the next
-request starts a new one.
+that are done or whose visitor left, and runs one decode step for all the others in one forward pass. Decode rounds
+are short work and go first (`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc
+methods, an image request) gives the model up between its passes and goes on when no visitor decodes. The thread
+ends when no row is left; the next request starts a new one.
 """
 
 from __future__ import annotations
