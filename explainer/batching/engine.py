@@ -41,6 +41,7 @@ class Batcher:
         self._cond = threading.Condition()
         self._pending: list[Row] = []
         self._active: list[Row] = []
+        self._admitting = 0  # rows taken from `_pending` whose prefill runs now (they decode from the next step)
         self._thread: threading.Thread | None = None
         self._cache = None  # the batch's cache (`cache.gather`), or a lone row's own
         self._linears = linear_layers(model)  # patched for each decode step (`products.fixed_rows`), found once
@@ -54,9 +55,9 @@ class Batcher:
                 self._thread.start()
 
     def counts(self) -> tuple[int, int]:
-        """(rows decoding, rows waiting to join)."""
+        """(rows decoding or having their prefill now, rows waiting to join)."""
         with self._cond:
-            return len(self._active), len(self._pending)
+            return len(self._active) + self._admitting, len(self._pending)
 
     def _loop(self) -> None:
         try:
@@ -85,27 +86,32 @@ class Batcher:
         batch cache with them. Waiting rows with the same prompt as the one admitted (`row.same_prefill`) join with
         it and share its prefill pass."""
         joining: list[Row] = []
-        while True:
+        try:
+            while True:
+                with self._cond:
+                    if not self._pending or not self._room_for(self._pending[0], joining):
+                        break
+                    group = [self._pending.pop(0)]
+                    for other in list(self._pending):
+                        if same_prefill(group[0], other) and self._room_for(other, joining + group):
+                            self._pending.remove(other)
+                            group.append(other)
+                    self._admitting = len(joining) + len(group)
+                group = [r for r in group if not r.left.is_set()]
+                if not group:
+                    continue
+                try:
+                    group[0].prefill(self.model, group[1:])
+                except Exception as e:  # these rows fail alone
+                    for row in group:
+                        row.fail(e)
+                    continue
+                joining += [r for r in group if not r.done]
+            if joining:
+                self._rebuild(self._active + joining)
+        finally:
             with self._cond:
-                if not self._pending or not self._room_for(self._pending[0], joining):
-                    break
-                group = [self._pending.pop(0)]
-                for other in list(self._pending):
-                    if same_prefill(group[0], other) and self._room_for(other, joining + group):
-                        self._pending.remove(other)
-                        group.append(other)
-            group = [r for r in group if not r.left.is_set()]
-            if not group:
-                continue
-            try:
-                group[0].prefill(self.model, group[1:])
-            except Exception as e:  # these rows fail alone
-                for row in group:
-                    row.fail(e)
-                continue
-            joining += [r for r in group if not r.done]
-        if joining:
-            self._rebuild(self._active + joining)
+                self._admitting = 0
 
     def _room_for(self, row: Row, joining: list[Row]) -> bool:
         """Whether `row` may join now: the batch is empty, or it stays within the row cap and every row's need

@@ -217,6 +217,22 @@ def test_rows_with_the_same_prompt_share_one_prefill_pass_and_equal_lone_runs(mo
     _clean(model)
 
 
+def test_rows_whose_prefill_runs_count_as_decoding(model):
+    """The app's waiting note reads `counts`: a row being prefilled is no longer waiting, and it decodes next."""
+    seen = []
+
+    class CountingMACS(MACS):
+        def begin(self, n):  # runs inside the row's prefill, in the batcher's round
+            seen.append(counts(model))
+            super().begin(n)
+
+    made = lambda: [CountingMACS(), get_method("rollout")]  # noqa: E731
+    out = _together(model, {"a": _request(9, 31, k=3, methods=made), "b": _request(12, 32, k=3, methods=made)})
+    assert all(not isinstance(o, BaseException) for o in out.values())
+    assert sorted(seen) == [(1, 1), (2, 0)]  # the first admitted row while the second waits, then both
+    _clean(model)
+
+
 class GatedMACS(MACS):
     """MACS that stops the batcher's thread at one step until the test opens the gate (methods run in that thread, so
     the test knows where every row is)."""
