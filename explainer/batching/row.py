@@ -82,26 +82,39 @@ class Row:
                 methods get its full rows and attention rows, their sink trackers its record, and they join the batch
                 from its cache (the batch cache copies it, `Batcher._rebuild`).
         """
-        rows = [self, *others]
-        for row in rows:
-            for m in row.streaming:
-                m.begin(row.n)
+        rows = [row for row in (self, *others) if row._begin()]
+        if not rows:
+            return
+        lead = rows[0]  # the pass runs on its ids, cache and sink tracker
         consumers = [c for c in (decode.full_row_consumer(r.streaming) for r in rows) if c is not None]
-        capture = _each(consumers) if self.streaming else False
-        self.cache = DynamicCache(config=model.config)
+        capture = _each(consumers) if lead.streaming else False
+        lead.cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
         logits, attention = decode.forward_pass(
-            model, self.input_ids, self.cache, {}, capture, self.n, self.sinks, True
+            model, lead.input_ids, lead.cache, {}, capture, lead.n, lead.sinks, True
         )  # fmt: skip
         for row in rows:
-            if row is not self:
-                row.cache = self.cache
+            if row is not lead:
+                row.cache = lead.cache
                 if row.sinks is not None:
-                    row.sinks.take_prefill(self.sinks)
+                    row.sinks.take_prefill(lead.sinks)
             row.length = row.n
             row.largest_batch = max(row.largest_batch, 1)
             row.prefill_rows = len(rows)
-            row.emit(logits, attention, t0)
+            try:
+                row.emit(logits, attention, t0)
+            except Exception as e:  # a method that fails fails its row alone
+                row.fail(e)
+
+    def _begin(self) -> bool:
+        """Start the row's streaming methods on its prompt; a method that fails fails the row alone (False)."""
+        try:
+            for m in self.streaming:
+                m.begin(self.n)
+        except Exception as e:
+            self.fail(e)
+            return False
+        return True
 
     def decoded(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float, batch: int) -> None:
         """A decode step's (V,) logits and the row's (L, H, length + 1) attention rows (its padding cut off)."""

@@ -324,6 +324,44 @@ def test_a_failing_row_fails_alone(model):
     _clean(model)
 
 
+class FailsAtOnce(MACS):
+    def step(self, rows):
+        raise RuntimeError("failed at step 0")
+
+
+class FailsToBegin(MACS):
+    def begin(self, n):
+        raise RuntimeError("failed to begin")
+
+
+def test_a_row_that_fails_in_a_shared_prefill_fails_alone(model):
+    ok = _request(8, 16, k=5)
+    ref = _alone(model, ok)
+    out: dict = {}
+
+    def failing(key: str, method: MACS) -> None:
+        try:
+            sinks = SinkTracker(8, model)  # as "ok" has one: the same pass, so the prefill is shared
+            list(batched_steps(model, DecodeJob(ok["ids"], [method, get_method("rollout")], 5), None, sinks))
+            out[key] = None
+        except RuntimeError as e:
+            out[key] = e
+
+    with _paused(model):
+        threads = [threading.Thread(target=failing, args=("at once", FailsAtOnce()))]
+        threads.append(threading.Thread(target=failing, args=("to begin", FailsToBegin())))
+        for t in threads:
+            t.start()
+        threads += _start(model, {"ok": ok}, out)
+        _wait(lambda: counts(model)[1] == 3)
+    for t in threads:
+        t.join(120)
+    assert str(out["at once"]) == "failed at step 0" and str(out["to begin"]) == "failed to begin"
+    _assert_exact(out["ok"], ref)
+    assert out["ok"]["prefill_rows"] == 2  # it shared the pass with the row that failed at step 0
+    _clean(model)
+
+
 def test_requests_are_checked_before_they_join(model):
     with pytest.raises(InputError):  # one prompt per row: the job refuses a batch before anything joins
         batched_steps(model, DecodeJob(torch.zeros(2, 5, dtype=torch.long), [get_method("macs")], 3))
