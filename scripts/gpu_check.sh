@@ -13,7 +13,8 @@
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode
-#                                              # (scripts/library_crowd.py): the embedded model, then Qwen2.5-1.5B
+#                                              # (scripts/library_crowd.py): the embedded model, then Qwen2.5-1.5B,
+#                                              # distinct prompts, then the same prompt
 #
 # Then the checks of the first GPU session:
 #
@@ -167,8 +168,10 @@ stage() {  # stage NAME: one stage of the next GPU session
         product "$gpu"
         ;;
     crowd) # 8 visitors within 1.5x of one (issue #34), each with exactly the lone run's numbers
-        local specs=("embedded --folder embedded" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct") spec name
-        if [ -n "$DRY" ]; then specs=("tiny --model $LLAMA --tiny --device cpu"); fi
+        # distinct prompts first (no shared prefill: the harder case), then every visitor the same prompt
+        local specs=("embedded --folder embedded --distinct" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
+            "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct") spec name
+        if [ -n "$DRY" ]; then specs=("tiny --model $LLAMA --tiny --device cpu --distinct"); fi
         for spec in "${specs[@]}"; do
             read -r name select <<<"$spec"
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then

@@ -4,12 +4,13 @@
     python scripts/library_crowd.py --model Qwen/Qwen2.5-1.5B-Instruct --dtype bfloat16 --visitors 1,8 --json out.json
 
 Each visitor is a thread calling `explain_request` with the batched decode on (`batching.enable()`, as the app runs
-it): the same prompt, MACS + Rollout, a given answer of `--new-tokens` token ids (teacher-forced, so every request runs
-all its steps whatever random weights would generate). Before the crowds the request runs once to warm up, one crowd
-of the largest size runs uncounted (a process's first crowds also grow its memory, `explainer/runtime/malloc.py`),
-and the request runs alone: the reference. Each crowd size runs `--rounds` times, alternating (1, 8, 1, 8, ...); the
+it): the same prompt (with `--distinct` each visitor's own, its number at the end, so no two rows share a prefill),
+MACS + Rollout, a given answer of `--new-tokens` token ids (teacher-forced, so every request runs all its steps
+whatever random weights would generate). Before the crowds a request runs once to warm up, one crowd of the largest
+size runs uncounted (a process's first crowds also grow its memory, `explainer/runtime/malloc.py`), and each distinct
+request runs alone: its reference. Each crowd size runs `--rounds` times, alternating (1, 8, 1, 8, ...); the
 report gives each round's time until all were served, the medians, the median of each size over the median of the
-1-visitor rounds, and the visitors whose token ids, raw maps or step scores differ from the reference in any bit.
+1-visitor rounds, and the visitors whose token ids, raw maps or step scores differ from their reference in any bit.
 
 The model: `--folder` a saved model (a path, or `embedded`), or `--model` a shipped configuration built with random
 weights on the device (`gpu_bench.random_model`; `--tiny` shrinks it, a CPU dry run). Where `scripts/load_test.py
@@ -42,13 +43,14 @@ def _bundle(args):
     return bundle_from_objects(model, tok, name=name), device
 
 
-def _request(bundle, prompt_tokens: int, new_tokens: int):
+def _request(bundle, prompt_tokens: int, new_tokens: int, visitor: int | None = None):
+    """The request every visitor sends, or with `visitor` that visitor's own (its number ends the prompt)."""
     import torch
 
     from explainer.request import ExplainRequest
 
     words = (SENTENCE * (prompt_tokens // 16 + 1)).split()
-    prompt = " ".join(words[: max(1, prompt_tokens * 3 // 4)])
+    prompt = " ".join(words[: max(1, prompt_tokens * 3 // 4)]) + ("" if visitor is None else f" Visitor {visitor}.")
     vocab = bundle.model.config.get_text_config().vocab_size
     answer = torch.randint(10, min(vocab, 30_000), (new_tokens,), generator=torch.Generator().manual_seed(0))
     return ExplainRequest.build(prompt, ["macs", "rollout"], new_tokens, answer=tuple(answer.tolist()))
@@ -66,20 +68,22 @@ def _same(a, b) -> bool:
     )
 
 
-def _round(bundle, request, n: int, reference) -> dict:
+def _round(bundle, requests: list, n: int, references: list | None) -> dict:
+    """Visitor i sends requests[i]; its result is compared with references[i] (None: not compared)."""
     from crowd_rounds import at_once
 
     from explainer.explain import explain_request
 
-    out, wall = at_once(n, lambda i: explain_request(bundle, request))
-    done = [r for r in out if not isinstance(r, BaseException)]
+    out, wall = at_once(n, lambda i: explain_request(bundle, requests[i]))
+    done = [(i, r) for i, r in enumerate(out) if not isinstance(r, BaseException)]
     return {
         "visitors": n,
         "all_served_s": wall,
-        "tokens_per_s": sum(len(r.generated_token_ids) for r in done) / wall,
+        "tokens_per_s": sum(len(r.generated_token_ids) for _, r in done) / wall,
         "errors": [f"{type(r).__name__}: {r}" for r in out if isinstance(r, BaseException)],
-        "mismatched_visitors": None if reference is None else sum(not _same(r, reference) for r in done),
-        "largest_batch": max((r.meta.get("batch_size") or 1 for r in done), default=0),
+        "mismatched_visitors": None if references is None else sum(not _same(r, references[i]) for i, r in done),
+        "largest_batch": max((r.meta.get("batch_size") or 1 for _, r in done), default=0),
+        "shared_prefill": max((r.meta.get("prefill_rows") or 1 for _, r in done), default=0),
     }
 
 
@@ -94,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--prompt-tokens", type=int, default=150)
     p.add_argument("--new-tokens", type=int, default=32)
+    p.add_argument("--distinct", action="store_true", help="each visitor its own prompt: no two share a prefill")
     p.add_argument("--json", required=True, help="write the report here")
     args = p.parse_args(argv)
     if not (args.model or args.folder):
@@ -108,17 +113,23 @@ def main(argv: list[str] | None = None) -> int:
 
     keep_freed_memory()  # as the app runs
     bundle, device = _bundle(args)
-    request = _request(bundle, args.prompt_tokens, args.new_tokens)
-    batching.enable()
-    explain_request(bundle, request)  # warm-up
-    _round(bundle, request, max(int(n) for n in args.visitors.split(",")), None)  # a first crowd, uncounted
-    reference = explain_request(bundle, request)  # alone in the batcher: what every visitor must get
     sizes = [int(n) for n in args.visitors.split(",")]
-    rows = [_round(bundle, request, n, reference) for _ in range(args.rounds) for n in sizes]
+    if args.distinct:
+        requests = [_request(bundle, args.prompt_tokens, args.new_tokens, i) for i in range(1, max(sizes) + 1)]
+    else:
+        requests = [_request(bundle, args.prompt_tokens, args.new_tokens)] * max(sizes)
+    batching.enable()
+    explain_request(bundle, requests[0])  # warm-up
+    _round(bundle, requests, max(sizes), None)  # a first crowd, uncounted
+    alone = {id(r): explain_request(bundle, r) for r in requests}  # alone in the batcher: what each visitor must get
+    references = [alone[id(r)] for r in requests]
+    reference = references[0]
+    rows = [_round(bundle, requests, n, references) for _ in range(args.rounds) for n in sizes]
     report = {
         "model": bundle.name, "dtype": args.dtype, "date": datetime.now().strftime("%Y-%m-%d"),
         "machine": _machine(device), "prompt_tokens": reference.num_prompt_tokens, "new_tokens": args.new_tokens,
-        "decode": reference.meta.get("decode"), "rounds": rows, "medians": summary(rows),
+        "decode": reference.meta.get("decode"), "distinct_prompts": args.distinct, "rounds": rows,
+        "medians": summary(rows),
     }  # fmt: skip
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
     for m in report["medians"]:

@@ -79,6 +79,7 @@ def test_every_stage_writes_its_results(dry_run):
     crowd = json.loads((results / "crowd-gpu-cpu-dry-tiny.json").read_text())
     assert [(r["visitors"], r["mismatched_visitors"], r["errors"]) for r in crowd["rounds"]] == [(1, 0, []), (8, 0, [])]
     assert crowd["decode"] == "batched" and crowd["rounds"][1]["largest_batch"] == 8
+    assert crowd["distinct_prompts"] and crowd["rounds"][1]["shared_prefill"] == 1  # no two visitors alike
     assert [m["visitors"] for m in crowd["medians"]] == [1, 8] and crowd["medians"][0]["vs_one_alone_median"] == 1.0
 
 
