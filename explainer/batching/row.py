@@ -86,8 +86,7 @@ class Row:
         if not rows:
             return
         lead = rows[0]  # the pass runs on its ids, cache and sink tracker
-        consumers = [c for c in (decode.full_row_consumer(r.streaming) for r in rows) if c is not None]
-        capture = _each(consumers) if lead.streaming else False
+        capture = decode.full_row_consumer([m for r in rows for m in r.streaming]) if lead.streaming else False
         lead.cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
         logits, attention = decode.forward_pass(
@@ -158,18 +157,6 @@ def same_prefill(a: Row, b: Row) -> bool:
         and (a.sinks is None) == (b.sinks is None)
         and torch.equal(a.input_ids, b.input_ids)
     )
-
-
-def _each(consumers: list) -> object:
-    """One full-row consumer that hands each chunk to every one of `consumers` (None when there is none)."""
-    if len(consumers) <= 1:
-        return consumers[0] if consumers else None
-
-    def consume(layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
-        for c in consumers:
-            c(layer_idx, q_start, probs)
-
-    return consume
 
 
 def _row_bytes(model: torch.nn.Module, n: int, k: int, streaming: list[AttributionMethod]) -> int:
