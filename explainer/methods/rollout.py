@@ -67,7 +67,7 @@ class Rollout(AttributionMethod):
     def kept_bytes(request: MemoryRequest) -> int:
         """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
         of `kv.full_row_chunk` rows as wide as their last row: up to N x chunk / 2 more) and the generated rows
-        (L x K x T, in buffers that double)."""
+        (L x K x T, in one buffer that doubles)."""
         s, n, k = request.shape, request.n, request.k
         return 4 * s.layers * (n * (n + 1) // 2 + n * _prefill_chunk(request) // 2 + 2 * k * (n + 2 * k))
 
@@ -76,12 +76,8 @@ class Rollout(AttributionMethod):
         # layer -> [(first_row, (rows, W))]: Â's prompt rows in the chunks the prefill hands over, each only as wide
         # as its rows can see (W <= last row + 1 under causal attention), so about half of N² is stored.
         self.prompt_blocks: dict[int, list[tuple[int, torch.Tensor]]] = {}
-        self.gen: torch.Tensor | None = None  # (L, capacity, N + capacity) Â rows of the generated positions
-
-    @property
-    def gen_rows(self) -> dict[int, torch.Tensor]:
-        """layer -> its (capacity, N + capacity) Â rows of the generated positions (views of `gen`)."""
-        return {} if self.gen is None else {layer: self.gen[i] for i, layer in enumerate(sorted(self.prompt_blocks))}
+        # (L, capacity, N + capacity) Â rows of the generated positions, layers in order
+        self.gen: torch.Tensor | None = None
 
     def _hat(self, probs: torch.Tensor, first_row: int) -> torch.Tensor:
         """Head-fused attention rows with the residual added and rows renormalised.
@@ -136,7 +132,7 @@ class Rollout(AttributionMethod):
         if t >= n:  # decode step: append this query's row of every layer's Â, all layers at once
             self._store_generated_rows(t, self._hat(rows[:, :, None, :], t)[:, 0])  # (L, T)
         k = t - n + 1  # generated positions that have rows: n .. t
-        v = self._row(len(layers) - 1, t, total)  # (T,) = e_t · Â_L
+        v = self._last_row(t, total)  # (T,) = e_t · Â_L
         for pos in range(len(layers) - 2, -1, -1):
             nxt = v.new_zeros(total)
             for first, block in self.prompt_blocks[layers[pos]]:  # v[:N] · (Â_l's prompt rows), block by block
@@ -146,12 +142,11 @@ class Rollout(AttributionMethod):
             v = nxt
         return to_numpy(v[:n], np.float32)
 
-    def _row(self, pos: int, t: int, total: int) -> torch.Tensor:
-        """(T,) row t of the Â of the layer at `pos` (in layer order), on the device of the stored rows."""
+    def _last_row(self, t: int, total: int) -> torch.Tensor:
+        """(T,) row t of the last layer's Â, on the device of the stored rows."""
         if t >= self.n:
-            return self.gen[pos, t - self.n, :total]
-        first, block = next((f, b) for f, b in self.prompt_blocks[sorted(self.prompt_blocks)[pos]]
-                            if f <= t < f + b.shape[0])  # fmt: skip
+            return self.gen[-1, t - self.n, :total]
+        first, block = next((f, b) for f, b in self.prompt_blocks[max(self.prompt_blocks)] if f <= t < f + b.shape[0])
         out = block.new_zeros(total)
         out[: block.shape[1]] = block[t - first]
         return out

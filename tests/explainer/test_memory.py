@@ -83,7 +83,7 @@ def test_rollout_need_matches_what_it_stores(bundle):
     def spy(self, rows):
         out = step(self, rows)
         blocks = sum(b.numel() * b.element_size() for blocks in self.prompt_blocks.values() for _, b in blocks)
-        gen = sum(b.numel() * b.element_size() for b in self.gen_rows.values())
+        gen = 0 if self.gen is None else self.gen.numel() * self.gen.element_size()
         stored["bytes"] = blocks + gen
         return out
 
