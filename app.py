@@ -78,9 +78,8 @@ def start_up_line() -> str:
     """The start-up log line: the hardware, torch's threads, the memory free, each model with its dtype and whether
     it is loaded. Asks the Hub for the default models (when none is set) before the first visitor waits for it."""
     memory = format_bytes(free) if (free := available_bytes("cpu")) else "unknown"
-    return f"MACS Explorer on {hardware_name()}: {PROCESS.threads} torch threads, {memory} memory free; " + (
-        models.summary()
-    )
+    return (f"MACS Explorer on {hardware_name()}: {PROCESS.threads} torch threads, {memory} memory free; "
+            f"{models.summary()}")  # fmt: skip
 
 
 def main() -> None:
