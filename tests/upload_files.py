@@ -1,8 +1,11 @@
 """Tiny image files as users upload them: broken ones (with the message they must get) and odd but valid formats
-(with the RGB pixel they must give). Built in the test's tmp_path; none is over a few kilobytes."""
+(with the RGB pixel they must give). Built in the test's tmp_path; none is over a few kilobytes. `uploaded` records
+a file as Gradio's /upload route does (`Blocks.upload_file_set`), so the handlers' file gate (`ui/uploads.py`) lets
+it through; every file `write` makes is recorded so."""
 
 from __future__ import annotations
 
+import os
 import struct
 import zlib
 from collections.abc import Callable
@@ -10,6 +13,11 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
+
+from ui import uploads
+
+UPLOADED: set[str] = set()  # what the /upload route of an app would have recorded
+uploads.watch(UPLOADED)
 
 
 def png_header_only(path: Path, width: int, height: int) -> None:
@@ -105,4 +113,10 @@ def write(directory: Path, name: str) -> Path:
     """Write the file `name` of `BROKEN` or `ODD` into `directory` and return its path."""
     path = directory / name
     (BROKEN.get(name) or ODD[name])[0](path)
-    return path
+    return uploaded(path)
+
+
+def uploaded(path: Path | str) -> Path:
+    """`path`, recorded as an upload of this process (as Gradio's /upload route records the files it stores)."""
+    UPLOADED.add(os.path.realpath(path))
+    return Path(path)

@@ -22,13 +22,11 @@ import functools
 import inspect
 from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from pathlib import Path
 from typing import Any, get_args, get_origin, get_type_hints
 
 import anyio
 import gradio as gr
 from gradio.data_classes import FileData
-from gradio.processing_utils import check_all_files_in_cache
 
 from explainer.errors import InputError
 from explainer.faithfulness import stream_faithfulness
@@ -108,10 +106,7 @@ def _image_request(
     max_new_tokens: int = 24, max_image_tokens: int | None = None, answer: str = "",
     method_options: dict | None = None,
 ) -> ExplainRequest:  # fmt: skip
-    if isinstance(image, dict):  # only files Gradio received may be opened, never a path on the server
-        check_all_files_in_cache(image)
-    elif isinstance(image, str | Path):
-        raise InputError("Send the image as a file: gradio_client.handle_file(path or URL).")
+    # the image is opened by `requests.open_image`, through the gate of every file a visitor sends (`ui/uploads.py`)
     return build_image_request(
         image, question, methods or ["macs"], max_new_tokens, max_image_tokens, answer, None, method_options
     )

@@ -24,7 +24,7 @@ from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import examples, gpu_time, inputs, models, reliance
+from . import examples, gpu_time, inputs, models, reliance, uploads
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
@@ -250,6 +250,7 @@ def _question_column(c: Components) -> None:
     with gr.Row():
         c["ask"] = gr.Button("Ask about the image", variant="primary")
         c["cancel"] = gr.Button("Cancel", variant="stop")
+    uploads.add_examples(example_images())  # a clicked example comes back as a path: the gate lets these through
     gr.Examples(
         examples=[[str(path), DEFAULT_QUESTION] for path in example_images()],
         inputs=[c["image"], c["question_box"]],

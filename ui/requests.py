@@ -23,6 +23,7 @@ from explainer.request import ExplainRequest
 
 from . import inputs
 from .options import chosen_options
+from .uploads import uploaded_path
 
 
 def text_request(
@@ -93,21 +94,21 @@ def open_image(image: Any) -> Image.Image:
 
     Args:
         image: Gradio's raw upload payload (a dict with the file's path, or an inline data: URL sent through the
-            API), or a path, bytes or PIL image when called directly.
+            API), a path, bytes or a PIL image. A path, in a payload or not, is opened only if `uploads.uploaded_path`
+            lets it through (an upload of this process or an example image).
 
     Raises:
-        InputError: what is wrong with the upload (`vision.load_image` checks the image itself).
+        InputError: what is wrong with the upload (`vision.load_image` checks the image itself), or `uploads.REFUSED`.
     """
-    name = Path(image).name if isinstance(image, str | Path) else None
-    if isinstance(image, dict):  # gradio's payload: {"path": ..., "url": ..., "orig_name": ...}
-        url = image.get("url") or ""
-        name = image.get("orig_name") or (Path(image["path"]).name if image.get("path") else None)
-        if url.startswith("data:"):
-            image = data_url_bytes(url)
-        elif image.get("path"):
-            image = str(image["path"])
-        else:
-            raise InputError("The image upload carries no file: upload it again.")
+    name = None
+    if isinstance(image, dict) and str(image.get("url") or "").startswith("data:"):  # inline: no file is opened
+        name = image.get("orig_name") if isinstance(image.get("orig_name"), str) else None
+        image = data_url_bytes(image["url"])
+    elif isinstance(image, dict | str | Path):  # gradio's payload: {"path": ..., "url": ..., "orig_name": ...}
+        path = uploaded_path(image)
+        given = image.get("orig_name") if isinstance(image, dict) else None
+        name = given if isinstance(given, str) and given else path.name
+        image = str(path)
     return load_image(image, name=name)
 
 

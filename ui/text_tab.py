@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 from contextlib import aclosing
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import gradio as gr
@@ -31,6 +30,7 @@ from .events import KEEP, Components
 from .options import method_choices
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from .uploads import uploaded_path
 
 TOP_K = 5  # rows per method in the top-tokens table
 TOP_SENTENCES = 3  # sentences per method under a span or word/sentence view
@@ -224,18 +224,20 @@ def span_controls(result: Attribution | None, span: bool) -> TextView:
 
 
 @user_errors
-def open_saved(path: Any, show_all: bool, span: bool, granularity: str) -> TextView:
+def open_saved(upload: Any, show_all: bool, span: bool, granularity: str) -> TextView:
     """Load a result saved as JSON ("Open a saved result") into the session and show it with its methods ticked;
-    never runs the model. Returns the `SHOWN` fields and `methods`."""
-    if not path:
+    never runs the model. `upload` is the File's raw payload (the event runs with `preprocess=False`): only a file
+    uploaded to this app is opened (`uploads.uploaded_path`). Returns the `SHOWN` fields and `methods`."""
+    if not upload:
         return TextView()
+    path = uploaded_path(upload)
     attr = load_result(path)
     choices, _ = method_choices()
     methods = list(attr.methods)
     box = gr.update(choices=choices + [m for m in methods if m not in choices], value=methods)
     given = " of a given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
     status = (
-        f"Opened {Path(path).name}: {attr.num_steps} answer tokens{given} by {attr.model}, methods "
+        f"Opened {path.name}: {attr.num_steps} answer tokens{given} by {attr.model}, methods "
         f"{', '.join(methods) or 'none'}; no model was run. Move the slider to explain any token."
     )
     view = _shown(attr, methods, show_all, False, bool(span), inputs.granularity(granularity))

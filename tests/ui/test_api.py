@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from explainer.result.attribution import Attribution, MethodScores, load_result, result_json
-from ui import api, options, requests
+from ui import api, options, requests, uploads
 from visuals import top_tokens_rows
 
+from .. import upload_files
 from .conftest import collect, image_attr
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,10 +100,13 @@ def test_explain_image_opens_only_files_gradio_received(vl_fake, tmp_path):
     path = tmp_path / "red.png"
     Image.new("RGB", (32, 32), "red").save(path)
     handler = api.endpoint(api.explain_image, None)
-    with pytest.raises(gr.Error, match="handle_file"):
-        collect(handler(str(path)))
-    with pytest.raises(gr.Error, match="not in the cache folder"):
-        collect(handler({"path": str(path), "meta": {"_type": "gradio.FileData"}}))
+    for sent in (str(path), {"path": str(path), "meta": {"_type": "gradio.FileData"}}):  # a file never uploaded
+        with pytest.raises(gr.Error, match=re.escape(uploads.REFUSED)) as refused:
+            collect(handler(sent))
+        assert "handle_file" in str(refused.value)  # the message says how to send a file
+    upload_files.uploaded(path)  # as Gradio's /upload route records it
+    collect(handler({"path": str(path), "meta": {"_type": "gradio.FileData"}}))
+    assert vl_fake.calls[-1]["image"].getpixel((0, 0)) == (255, 0, 0)
     *_, saved = collect(api.explain_image(Image.open(path), "What is it?", ["macs"], 3))
     assert load_result(saved.encode()).image is not None and vl_fake.calls[-1]["prompt"] == "What is it?"
 

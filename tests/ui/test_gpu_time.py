@@ -16,6 +16,7 @@ from explainer.runtime.hardware import gpu_duration
 from ui import gpu_time, inputs, models
 from ui.measurement import SOFT_CHOICES
 
+from .. import upload_files
 from ..conftest import build_model, make_tokenizer
 
 PROMPT = "Where is Paris?"
@@ -62,7 +63,7 @@ def test_text_duration_of_a_post_hoc_method_is_estimated_over_the_given_answer(t
 @pytest.fixture
 def picture(tmp_path):
     """An upload of the image tab (its duration opens it, as the handler does)."""
-    path = tmp_path / "blue.png"
+    path = upload_files.uploaded(tmp_path / "blue.png")
     Image.new("RGB", (45, 31), (40, 90, 200)).save(path)
     return str(path)
 

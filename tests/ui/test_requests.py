@@ -13,6 +13,7 @@ from explainer.methods import available_methods, method_options
 from explainer.request import ExplainRequest
 from ui import contrast, gpu_time, image_tab, options, requests, stream, text_tab
 
+from .. import upload_files
 from .conftest import FakeStream, collect, image_attr
 from .test_contrast import result
 
@@ -71,7 +72,7 @@ def test_the_text_tab_and_its_duration_read_the_same_request(fake, seen):
 
 
 def test_the_image_tab_and_its_duration_read_the_same_request(vl_fake, seen, tmp_path):
-    path = tmp_path / "blue.png"
+    path = upload_files.uploaded(tmp_path / "blue.png")
     Image.new("RGB", (45, 31), (40, 90, 200)).save(path)
     gallery = [{"image": {"path": str(path), "orig_name": "b.png"}, "caption": None}]
     asked = (str(path), "What?", ["rollout", "macs"], 3, 0.3, False, 128, None, gallery, *option_values())

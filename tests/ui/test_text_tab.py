@@ -22,6 +22,7 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
+from .. import upload_files
 from .conftest import ANSWER, collect, first_then_close
 
 NOT_NUMBERS = [float("nan"), float("inf"), "many"]
@@ -364,7 +365,7 @@ def test_exports_are_the_libraries_files(fake):
 
 def test_a_saved_result_reopens_to_identical_views_without_a_model(fake, tmp_path):
     state = answered("Paris is big. It is far", ["macs", "random"])
-    saved = tmp_path / "saved.json"
+    saved = upload_files.uploaded(tmp_path / "saved.json")
     saved.write_bytes(_file(text_tab.export_files(state, ["macs"], False).json_file))
     models.forget_models()
     calls, loads = len(fake.calls), fake.loads
@@ -381,11 +382,11 @@ def test_a_saved_result_reopens_to_identical_views_without_a_model(fake, tmp_pat
         )
     assert load_result(str(saved)).to_dict() == opened.result.to_dict()
     assert text_tab.open_saved(None, False, False, "token") == text_tab.TextView()
-    broken = tmp_path / "broken.json"
+    broken = upload_files.uploaded(tmp_path / "broken.json")
     broken.write_text('{"model": "x"')
     with pytest.raises(gr.Error, match="not valid JSON"):
         text_tab.open_saved(str(broken), False, False, "token")
-    foreign = tmp_path / "foreign.json"
+    foreign = upload_files.uploaded(tmp_path / "foreign.json")
     mine = {"mine": MethodScores.from_raw(np.zeros((0, 1)))}
     foreign.write_text(result_json(Attribution(model="m", prompt_token_ids=[1], prompt_tokens=["a"], methods=mine)))
     box = text_tab.open_saved(str(foreign), False, False, "token").methods
