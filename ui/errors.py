@@ -1,9 +1,17 @@
-"""The one decorator through which the library's typed errors reach the visitor: `ExplainerError` -> `gr.Error`."""
+"""The one decorator through which the library's typed errors reach the visitor: `ExplainerError` -> `gr.Error`.
+
+A user error (bad input, a file the gate refuses, a model that cannot load...) is the visitor's to fix, not a fault
+of the server: it is logged as one INFO line on the `explainer.ui` logger (shown with `EXPLAINER_LOG=INFO`) and
+Gradio is told not to print its traceback (`print_exception=False`). Any other exception is a real fault: it passes
+through unchanged, and Gradio prints its traceback. The toast's text is escaped (`markup.html_text`): Gradio draws a
+toast as HTML, and the message may quote what the visitor typed.
+"""
 
 from __future__ import annotations
 
 import functools
 import inspect
+import logging
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -11,7 +19,16 @@ import gradio as gr
 
 from explainer.errors import ExplainerError
 
+from .markup import html_text
+
 F = TypeVar("F", bound=Callable[..., Any])
+log = logging.getLogger("explainer.ui")
+
+
+def user_error(e: ExplainerError, where: str = "") -> gr.Error:
+    """The toast of a user error, its message escaped, logged as one INFO line and without Gradio's traceback."""
+    log.info("user error%s: %s: %r", f" in {where}" if where else "", type(e).__name__, str(e))
+    return gr.Error(html_text(e), print_exception=False)
 
 
 def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = None) -> Callable[..., Any]:
@@ -24,6 +41,7 @@ def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = 
     `finally` cancels the library's work.
     """
     out = convert or (lambda item: item)
+    name = getattr(fn, "__name__", "")
     if inspect.isasyncgenfunction(fn):
 
         @functools.wraps(fn)
@@ -33,7 +51,7 @@ def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = 
                 async for item in gen:
                     yield out(item)
             except ExplainerError as e:
-                raise gr.Error(str(e)) from e
+                raise user_error(e, name) from e
             finally:
                 await gen.aclose()
 
@@ -46,7 +64,7 @@ def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = 
                 for item in gen:
                     yield out(item)
             except ExplainerError as e:
-                raise gr.Error(str(e)) from e
+                raise user_error(e, name) from e
             finally:
                 gen.close()
 
@@ -57,7 +75,7 @@ def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = 
             try:
                 return out(await fn(*args, **kwargs))
             except ExplainerError as e:
-                raise gr.Error(str(e)) from e
+                raise user_error(e, name) from e
 
     else:
 
@@ -66,7 +84,7 @@ def wrap_handler(fn: Callable[..., Any], convert: Callable[[Any], Any] | None = 
             try:
                 return out(fn(*args, **kwargs))
             except ExplainerError as e:
-                raise gr.Error(str(e)) from e
+                raise user_error(e, name) from e
 
     wrapper.maps_library_errors = True  # copied onto outer `functools.wraps` wrappers: tests find it on every event
     return wrapper

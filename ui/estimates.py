@@ -15,6 +15,7 @@ from explainer.runtime.hardware import zero_gpu
 from . import inputs, models
 from .errors import user_errors
 from .events import Components
+from .markup import markdown_text
 from .options import chosen_options
 
 HINT = "Type a prompt to see how long the slower methods would take on it."
@@ -42,11 +43,11 @@ def method_estimates(
             method_options=chosen_options(available_methods(), options), answer=given, probe=not zero_gpu(),
         )  # fmt: skip
     except ExplainerError as e:
-        return f"No time estimate: {e}"
+        return f"No time estimate: {markdown_text(e)}"
     slow = [e for e in figures if not e.cost.free]
     if not slow:
         return ""
-    parts = " · ".join(f"**{e.method}** {e.describe()}{' ✓' if e.corrected else ''}" for e in slow)
+    parts = " · ".join(f"**{e.method}** {e.describe()}{' ✓' if e.corrected else ''}" for e in slow)  # registry names
     length = "the given answer" if given else f"up to {new} new"
     source = "an assumed GPU speed (ZeroGPU runs the model only in requests)" if zero_gpu() else "a short speed probe"
     return (

@@ -18,6 +18,8 @@ import gradio as gr
 
 from explainer.result.attribution import Attribution, load_result
 
+from .markup import markdown_text
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES_PATH = ROOT / "assets" / "examples.json"
 IMAGE_EXAMPLES_LABEL = (
@@ -50,11 +52,12 @@ def saved_result(example: dict[str, str]) -> Attribution | None:
 def saved_status(attr: Attribution, label: str) -> str:
     """The status line of a shown example: saved, by which model, in which dtype, when; how to run it live."""
     saved = attr.meta.get("saved") or {}
-    made = f", made {saved['date']}" if saved.get("date") else ""
-    dtype = f" in {attr.meta['dtype']}" if attr.meta.get("dtype") else ""
-    methods = ", ".join(attr.methods)
+    made = f", made {markdown_text(saved['date'])}" if saved.get("date") else ""
+    dtype = f" in {markdown_text(attr.meta['dtype'])}" if attr.meta.get("dtype") else ""
+    methods = ", ".join(markdown_text(name) for name in attr.methods)
     return (
-        f"Saved result of the example “{label}”: {attr.num_steps} answer tokens by {attr.model}{dtype}{made}, "
+        f"Saved result of the example “{markdown_text(label)}”: {attr.num_steps} answer tokens by "
+        f"{markdown_text(attr.model)}{dtype}{made}, "
         f"methods {methods}; no model was run. Tick a method to see its map, move the slider to explain any token, "
         "or press **Generate** to run it live."
     )

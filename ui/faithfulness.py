@@ -19,6 +19,7 @@ from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, sof
 from . import gpu_time, models
 from .errors import user_errors
 from .events import KEEP, Components
+from .markup import markdown_text
 from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured, soft_steps
 from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 
@@ -104,7 +105,8 @@ def _measured(result: Attribution, chosen: list[str], report: FaithfulnessReport
     seconds = ", ".join(f"{part} {s:.1f} s" for part, s in report.seconds.items())
     if done:
         return (
-            f"Measured on {result.num_steps} answer tokens for {', '.join(chosen)} (random baseline added): {seconds}."
+            f"Measured on {result.num_steps} answer tokens for {', '.join(map(markdown_text, chosen))} (random "
+            f"baseline added): {seconds}."
         )
     eta = _soft_seconds(result, chosen, steps, report)  # kept short: the progress text is drawn over this line
     return f"Removal curves ready ({seconds}); π-Soft running" + (f", ~{eta:.0f} s" if eta else "") + "…"

@@ -33,6 +33,7 @@ from explainer.runtime.hardware import zero_gpu
 from explainer.runtime.precision import dtype_name, model_dtype, precision_label
 
 from .errors import user_errors
+from .markup import markdown_code, markdown_text
 
 NO_VLM = (
     f"**Image questions are off:** they need a vision-language model. The default, {HUB_VISION_MODEL}, comes from the "
@@ -169,10 +170,12 @@ def model_info() -> str:
     model_id = model_ids()[0]
     bundle = _bundles.get(model_id)
     if bundle is None and model_id in _failed:
-        return f"**Model:** `{model_id or EMBEDDED_MODEL}` · failed to load at start-up: {_failed[model_id]}"
+        name, why = markdown_code(model_id or EMBEDDED_MODEL), markdown_text(_failed[model_id])
+        return f"**Model:** {name} · failed to load at start-up: {why}"
     if bundle is None:
-        return f"**Model:** `{model_id or EMBEDDED_MODEL}` · loads with the first request"
-    return f"**Model:** `{bundle.name}`{_precision(bundle)} · prompts up to {bundle.max_prompt_tokens} tokens"
+        return f"**Model:** {markdown_code(model_id or EMBEDDED_MODEL)} · loads with the first request"
+    name = markdown_code(bundle.name)
+    return f"**Model:** {name}{markdown_text(_precision(bundle))} · prompts up to {bundle.max_prompt_tokens} tokens"
 
 
 @user_errors
@@ -183,14 +186,15 @@ def vlm_info() -> str:
         return NO_VLM
     bundle = _bundles.get(vlm)
     if bundle is None and vlm in _failed:
-        return f"**Vision-language model:** `{vlm}` · failed to load at start-up: {_failed[vlm]}"
+        why = markdown_text(_failed[vlm])
+        return f"**Vision-language model:** {markdown_code(vlm)} · failed to load at start-up: {why}"
     if bundle is None:
-        return f"**Vision-language model:** `{vlm}` · loads with the first image question"
+        return f"**Vision-language model:** {markdown_code(vlm)} · loads with the first image question"
     if getattr(bundle, "image_processor", None) is None:
-        return f"**`{bundle.name}` reads text only.** {NO_VLM}"
+        return f"**{markdown_code(bundle.name)} reads text only.** {NO_VLM}"
     return (
-        f"**Vision-language model:** `{bundle.name}`{_precision(bundle)} · the image is resized to a bounded number "
-        "of image tokens"
+        f"**Vision-language model:** {markdown_code(bundle.name)}{markdown_text(_precision(bundle))} · the image is "
+        "resized to a bounded number of image tokens"
     )
 
 

@@ -31,6 +31,8 @@ from explainer.result.attribution import Attribution
 from explainer.result.steps import last_content_step
 from explainer.runtime.session import CancelToken, WorkerStream, model_lock, place
 
+from .markup import markdown_text
+
 T = TypeVar("T")
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent
 CROWD_UPDATE_SECONDS = 2.0  # while visitors decode together, each one's stream waits up to this long between updates
@@ -218,7 +220,7 @@ async def run_stream(
             raise InputError(empty)
     except Exception as e:
         message = getattr(e, "message", None) or str(e)
-        note = f"Stopped before the first token: {message}" if item is None else ""
+        note = f"Stopped before the first token: {markdown_text(message)}" if item is None else ""
         yield Update(None, dataclasses.replace(request, error=message), note)
         raise
     yield Update(item, RequestState(Phase.DONE))
@@ -271,8 +273,8 @@ def step_slider(attr: Attribution, live: bool, value: int | None = None) -> dict
 def status_line(attr: Attribution, live: bool) -> str:
     """The status line of a result: the library's progress while live, then what was done and how long it took."""
     if live:
-        return str(attr.meta.get("status") or f"Generating… {attr.num_steps} tokens")
-    timings = ", ".join(f"{name} {scores.seconds:.2f} s" for name, scores in attr.methods.items())
+        return markdown_text(attr.meta.get("status") or f"Generating… {attr.num_steps} tokens")
+    timings = ", ".join(f"{markdown_text(name)} {scores.seconds:.2f} s" for name, scores in attr.methods.items())
     given = " of the given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
     done = f"Done: {attr.num_steps} tokens{given}. Time per method: {timings or 'n/a'}."
     return done + " Move the slider to explain any token."

@@ -27,6 +27,7 @@ from . import estimates, examples, gpu_time, inputs, models
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
+from .markup import markdown_text
 from .options import method_choices
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
@@ -236,9 +237,12 @@ def open_saved(upload: Any, show_all: bool, span: bool, granularity: str) -> Tex
     methods = list(attr.methods)
     box = gr.update(choices=choices + [m for m in methods if m not in choices], value=methods)
     given = " of a given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
+    name = upload.get("orig_name") if isinstance(upload, dict) else None  # the visitor's file name
+    shown = ", ".join(markdown_text(m) for m in methods) or "none"
     status = (
-        f"Opened {path.name}: {attr.num_steps} answer tokens{given} by {attr.model}, methods "
-        f"{', '.join(methods) or 'none'}; no model was run. Move the slider to explain any token."
+        f"Opened {markdown_text(name if isinstance(name, str) and name else path.name)}: {attr.num_steps} answer "
+        f"tokens{given} by {markdown_text(attr.model)}, methods {shown}; no model was run. Move the slider to explain "
+        "any token."
     )
     view = _shown(attr, methods, show_all, False, bool(span), inputs.granularity(granularity))
     return dataclasses.replace(view, status=status, request=RequestState(), methods=box)
