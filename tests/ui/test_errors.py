@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import html
 import inspect
+import json
+import logging
+import socket
+import uuid
 
 import gradio as gr
+import httpx
 import pytest
 
 from explainer.errors import InputError, UnknownMethodError
@@ -95,3 +101,69 @@ def test_closing_a_wrapped_generator_early_closes_the_handler_at_once():
 def test_results_and_updates_can_be_converted():
     assert wrap_handler(plain, lambda x: x * 10)(2) == 20
     assert next(wrap_handler(generator, str)(2)) == "0"
+
+
+def test_a_toast_shows_markup_as_text():
+    """Gradio draws a toast as HTML: a message quoting what the visitor typed must not make a tag."""
+
+    @user_errors
+    def foil(typed: str) -> None:
+        raise InputError(f"Not a token id: {typed!r}. Restart with EXPLAINER_VLM=<hub id or local folder>.")
+
+    with pytest.raises(gr.Error) as info:
+        foil('<img id="xai-inj" src="http://127.0.0.1:9/x.png">')
+    message = info.value.message
+    assert "<" not in message and ">" not in message
+    assert html.unescape(message) == (
+        "Not a token id: '<img id=\"xai-inj\" src=\"http://127.0.0.1:9/x.png\">'. "
+        "Restart with EXPLAINER_VLM=<hub id or local folder>."
+    )  # all of it shows, as written
+
+
+def _served(blocks: gr.Blocks):
+    """`blocks` launched on a free port: a function that calls an event by fn_index through the queue."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+    base = f"http://127.0.0.1:{port}/gradio_api"
+
+    def call(fn_index: int, data: list) -> dict:
+        session = uuid.uuid4().hex
+        join = {"data": data, "fn_index": fn_index, "session_hash": session}
+        httpx.post(f"{base}/queue/join", json=join, timeout=60).raise_for_status()
+        with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, timeout=60) as stream:
+            for line in stream.iter_lines():
+                message = json.loads(line[5:]) if line.startswith("data:") else {}
+                if message.get("msg") == "process_completed":
+                    return message
+        raise AssertionError("no answer")
+
+    return call
+
+
+def test_a_user_error_logs_one_info_line_and_a_fault_its_traceback(capfd, caplog):
+    """Through Gradio's queue, as in the app: a user error is one INFO line and no traceback on stderr; a bug
+    still prints its traceback."""
+    with gr.Blocks() as blocks:
+        box = gr.Number()
+        box.change(plain, inputs=box, outputs=box, api_name="plain")
+    call = _served(blocks)
+    try:
+        capfd.readouterr()
+        with caplog.at_level(logging.INFO, logger="explainer.ui"):
+            refused = call(0, [-1])
+            out, err = capfd.readouterr()
+            assert refused["success"] is False and refused["output"]["error"] == "x must not be negative"
+            assert "Traceback" not in out + err and "x must not be negative" not in out + err
+            lines = [r for r in caplog.records if r.name == "explainer.ui"]
+            assert len(lines) == 1 and lines[0].levelno == logging.INFO
+            assert lines[0].getMessage() == "user error in plain: InputError: 'x must not be negative'"
+            assert "\n" not in lines[0].getMessage()
+            fault = call(0, [0])
+            out, err = capfd.readouterr()
+        assert fault["success"] is False
+        assert "Traceback" in err and "ValueError: a bug, not the visitor's doing" in err  # a real fault: all of it
+        assert len([r for r in caplog.records if r.name == "explainer.ui"]) == 1  # and no user-error line for it
+    finally:
+        blocks.close()
