@@ -115,7 +115,7 @@ def test_a_toast_shows_markup_as_text():
     message = info.value.message
     assert "<" not in message and ">" not in message
     assert html.unescape(message) == (
-        "Not a token id: '<img id=\"xai-inj\" src=\"http://127.0.0.1:9/x.png\">'. "
+        'Not a token id: \'<img id="xai-inj" src="http://127.0.0.1:9/x.png">\'. '
         "Restart with EXPLAINER_VLM=<hub id or local folder>."
     )  # all of it shows, as written
 
