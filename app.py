@@ -18,20 +18,7 @@ import gradio as gr
 
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
-from ui import (
-    api,
-    contrast,
-    faithfulness,
-    image_tab,
-    layers,
-    models,
-    options,
-    regions,
-    share,
-    sources,
-    text_tab,
-    uploads,
-)
+from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
 from ui.process import prepare
 
 TITLE = "Why did the model write that?"
@@ -78,7 +65,6 @@ def build() -> gr.Blocks:
         image_tab.create_event_handlers(image, option_widgets)
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
         api.create_endpoints(blocks)  # the public API; every event above is the page's own, private
-        uploads.watch(blocks.upload_file_set)  # the files /upload receives: the only ones a handler may open
     return blocks.queue(default_concurrency_limit=1)
 
 

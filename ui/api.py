@@ -36,7 +36,7 @@ from explainer.result.steps import clamp_step
 from explainer.runtime.hardware import gpu_duration, on_gpu
 from visuals import top_tokens_rows
 
-from . import gpu_time, inputs, models
+from . import gpu_time, inputs, models, uploads
 from .errors import wrap_handler
 from .measurement import SOFT_CHOICES, faithfulness_request
 from .options import DEFAULT_METHODS
@@ -300,7 +300,9 @@ def endpoint(fn: Callable[..., Any], duration: Callable[..., int] | None) -> Cal
 def create_endpoints(blocks: gr.Blocks) -> None:
     """Add the public endpoints to `blocks` (call inside it, after the tabs' events). Each one that runs a model
     queues with the page's event of the same request (its concurrency limit and group), so API callers and
-    visitors share the model as the page's events share it."""
+    visitors share the model as the page's events share it. The files that `blocks`' /upload route stores, for the
+    page and the API alike, are the only ones the handlers may open (`uploads.watch`)."""
+    uploads.watch(blocks.upload_file_set)
     page = {fn.api_name: fn for fn in blocks.fns.values()}
     for name, (fn, duration, event) in ENDPOINTS.items():
         queued = page.get(event) if event else None
