@@ -34,6 +34,7 @@ from explainer.models.images import load_image
 from explainer.runtime.session import model_lock
 from visuals import answer_html, overlay_grid, side_by_side_html, top_tokens_rows
 
+from . import upload_files
 from .conftest import build_model, make_tokenizer
 from .vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
@@ -516,7 +517,7 @@ def test_app_explain_any_settings(app, text, data, methods, new):
 )
 def test_app_explain_any_image(app, vl, tmp_path_factory, data, as_payload, question, settings, step):
     new, detail, opacity = settings["new"], settings["detail"], settings["opacity"]
-    path = tmp_path_factory.mktemp("upload") / "photo.png"
+    path = upload_files.uploaded(tmp_path_factory.mktemp("upload") / "photo.png")  # as Gradio's /upload records it
     path.write_bytes(data)
     image = {"path": str(path), "orig_name": "photo.png", "url": None} if as_payload else str(path)
     from ui import image_tab

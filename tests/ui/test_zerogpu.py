@@ -40,6 +40,7 @@ for bundle in getattr(models, "loaded_bundles", list)():
 if os.environ.get("LATE_MODEL"):                # the model's folder appears once the app has started
     shutil.copytree(os.environ["LATE_MODEL"], os.environ["EXPLAINER_MODEL"])
 fns = {f.api_name: f for f in app.demo.fns.values()}
+app.demo.upload_file_set.add(os.path.realpath(os.environ["IMAGE"]))  # as Gradio's /upload route records it
 
 def args(name, **given):                        # an event's inputs at their defaults, some given by position
     values = [getattr(c, "value", None) for c in fns[name].inputs]
