@@ -18,7 +18,9 @@ Shared pieces: `models` (the process's model bundles, loaded on first use, and t
 (following a library stream, the request state kept in `gr.State`, the explain driver both tabs share), `events`
 (views turned into `{component: value}` and the one place handlers are put on the GPU), `errors` (the one decorator
 that turns the library's typed errors into `gr.Error`), `inputs` (widget values checked), `options` (the method
-option widgets and method choices) and `downloads` (files served by path).
+option widgets and method choices), `downloads` (files served by path), `uploads` (the one gate through which a
+handler opens a visitor's file) and `markup` (the one rule for text from outside: escaped before Markdown, HTML or
+a toast).
 
 Handlers return a view dataclass (`TextView`, `ImageView`, `FaithfulnessView`) with one field per component; a field
 left at `events.KEEP` leaves its component as it is. Per-visitor data lives in `gr.State` as plain CPU objects: the
