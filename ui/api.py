@@ -124,7 +124,8 @@ async def explain_image(
     """Answer a question about an image with the vision-language model and explain every answer token.
 
     Args:
-        image: the image (`gradio_client.handle_file(path_or_url)`).
+        image: the image, uploaded: `gradio_client.handle_file(path)` of a local file (an address is refused: the
+            server fetches nothing on a caller's behalf, and opens only files uploaded to it).
         question: the question about it.
         methods: methods that explain images (default: macs).
         max_new_tokens: at most this many answer tokens (1-128).

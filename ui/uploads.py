@@ -22,7 +22,9 @@ upload needs its exact bytes and the server's seed; someone who has the bytes le
 and the seed never leaves the server. A visitor can therefore only open what they uploaded or could have uploaded,
 without tying each upload to a session (Gradio keeps no such record: `upload_file_set` is one set per app).
 
-Inline `data:` URLs sent through the API open no file and need no gate (`requests.open_image` decodes them).
+Inline `data:` URLs sent through the API open no file and need no gate (`requests.open_image` decodes them). A
+payload naming a web address is refused too: Gradio fetches it into its cache (not into `upload_file_set`), and
+opening it would let a caller read addresses only the server can reach, returned as an overlay.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from explainer.errors import InputError
 
 REFUSED = (
     "This app opens only files uploaded to it: upload the file again, or pick an example "
-    "(through the API: send it with gradio_client.handle_file)."
+    "(through the API: gradio_client.handle_file of a local file)."
 )
 
 _uploads: list[Set[str]] = []  # each watched app's `Blocks.upload_file_set`, filled by its /upload route

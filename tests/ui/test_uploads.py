@@ -34,6 +34,8 @@ def refused(payload) -> str:
 
 
 def test_an_upload_is_opened_and_every_other_path_gets_the_same_message(tmp_path):
+    from gradio.utils import get_upload_folder
+
     mine = upload_files.uploaded(tmp_path / "up" / "mine.png")
     mine.parent.mkdir()
     Image.new("RGB", (9, 9)).save(mine)
@@ -46,7 +48,8 @@ def test_an_upload_is_opened_and_every_other_path_gets_the_same_message(tmp_path
     tricks = [
         str(SERVER_FILE), str(MISSING), "/etc/passwd", "/root", "/", str(tmp_path), str(mine.parent),
         str(mine) + "/../../../../../../../" + str(SERVER_FILE), f"{mine.parent}/../up/../../../{SERVER_FILE}",
-        str(link), str(gone), relative, "", "mine.png", str(mine) + "\x00",
+        str(link), str(gone), relative, "", "mine.png", str(mine) + "\x00", "http://127.0.0.1:9/x.png",
+        f"file://{mine}", f"{get_upload_folder()}/../{SERVER_FILE}",
     ]  # fmt: skip
     payloads = [*tricks, *({"path": t} for t in tricks), {"path": None}, {"url": None}, {}, {"path": 3},
                 {"path": [str(mine)]}, 3, None, [str(mine)], {"path": {"path": str(mine)}}]  # fmt: skip
