@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+import uuid
 
 import gradio as gr
 import pytest
@@ -22,6 +23,7 @@ from visuals.export import result_json
 from .. import upload_files
 from ..hostile import INJECTED, SINK, drawn_markup, hostile_result, markup
 from .conftest import FakeBundle, collect
+from .served import serve_app
 
 HOSTILE = [
     markup("field"), "<script>alert(1)</script>", "<b>bold</b> & &amp; &lt;", "[link](http://127.0.0.1:9/x)",
@@ -133,3 +135,62 @@ def test_toasts_quote_typed_foils_and_file_names_as_text(fake, tmp_path):
         collect(image_tab.explain_image(payload, "?", ["macs"], 4, 0.5, True))
     for message in (foil.value.message, named.value.message):
         assert drawn_markup(message) == [] and "<" not in message and INJECTED in html.unescape(message)
+
+
+def _values(update) -> list:
+    """The text an output carries: a value, or an update's value and its choices' labels."""
+    if isinstance(update, dict) and update.get("__type__") == "update":
+        labels = [c[0] if isinstance(c, list | tuple) else c for c in update.get("choices") or []]
+        return [update.get("value"), *labels]
+    return [update]
+
+
+def test_every_event_in_a_session_holding_markup_draws_none_of_it(monkeypatch):
+    """Every event the app registers, called through Gradio's queue in one visitor's session that opened a saved
+    result with markup in every field, with markup in every text box and a model whose loading fails with markup in
+    its message: no Markdown, HTML or error toast it returns draws any of it. A new event is covered as it is
+    registered."""
+
+    def no_model(*_, **__):
+        raise InputError(markup("load-error"))
+
+    monkeypatch.setattr(models, "get_bundle", no_model)
+    monkeypatch.setattr(models, "get_vl_bundle", no_model)
+    attr = _finished()
+    with serve_app() as server:
+        session = uuid.uuid4().hex
+        fns = {fn.api_name: (index, fn) for index, fn in server.demo.fns.items()}
+        index, fn = fns["open_saved"]
+        data = server.defaults(fn)
+        saved = server.upload("saved.json", result_json(attr).encode())
+        data[0] = {"path": saved, "orig_name": "saved.json", "meta": {"_type": "gradio.FileData"}}
+        opened = server.call(index, data, session)[-1]
+        assert opened["success"], opened
+        status = fn.outputs.index(next(b for b in fn.outputs if isinstance(b, gr.Markdown)))
+        assert drawn_markup(MD.render(opened["output"]["data"][status])) == []
+        shown = [shown_text(MD.render(opened["output"]["data"][status]))]
+        for index, fn in server.demo.fns.items():
+            if fn.fn is None:
+                continue
+            data = server.defaults(fn)
+            for i, block in enumerate(fn.inputs):
+                if isinstance(block, gr.Textbox) or (type(block).__name__ == "Api" and isinstance(data[i], str)):
+                    data[i] = markup(f"box{i}")
+            final = server.call(index, data, session)[-1]
+            what = f"{fn.api_name} ({index})"
+            if not final["success"]:
+                error = final["output"].get("error") or ""
+                assert "<" not in error and drawn_markup(error) == [], what
+                shown.append(html.unescape(error))
+                continue
+            for block, update in zip(fn.outputs, final["output"]["data"]):
+                for value in _values(update):
+                    if isinstance(block, gr.Markdown) and isinstance(value, str):
+                        assert drawn_markup(MD.render(value)) == [], (what, value)  # (the app's own links are fine)
+                        shown.append(shown_text(MD.render(value)))
+                    elif isinstance(block, gr.HTML) and isinstance(value, str):
+                        assert drawn_markup(value) == [], what
+                        shown.append(html.unescape(value))
+    seen = "\n".join(shown)
+    for field in ("model", "method", "load-error"):  # the markup reached the outputs, as text
+        assert f'id="{INJECTED}-{field}-img"' in seen, field

@@ -4,23 +4,20 @@ through Gradio's queue as an attacker would, with a server file and a missing fi
 
 from __future__ import annotations
 
-import inspect
 import io
 import json
 import os
-import socket
-import uuid
 from pathlib import Path
 
 import gradio as gr
-import httpx
 import pytest
 from PIL import Image
 
 from explainer.errors import InputError
-from ui import models, uploads
+from ui import uploads
 
 from .. import upload_files
+from .served import Server, serve_app
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER_FILE = ROOT / "docs" / "app-text-mode.png"  # a file of the server no visitor uploaded
@@ -84,49 +81,10 @@ def test_the_example_images_and_their_copies_in_gradios_cache_are_accepted(tmp_p
 # -- every event of the built app, through Gradio's queue ---------------------------------------------------------
 
 
-class Server:
-    """The app launched in this process on a free port, spoken to as a browser or an attacker does."""
-
-    def __init__(self, demo: gr.Blocks, port: int):
-        self.demo, self.base = demo, f"http://127.0.0.1:{port}/gradio_api"
-        self.http = httpx.Client(timeout=120)
-
-    def upload(self, name: str, data: bytes) -> str:
-        response = self.http.post(f"{self.base}/upload", files=[("files", (name, data, "application/octet-stream"))])
-        response.raise_for_status()
-        (path,) = response.json()
-        return path
-
-    def call(self, fn_index: int, data: list) -> list[dict]:
-        """Every message of the queue for one call, to `process_completed`."""
-        session = uuid.uuid4().hex
-        join = {"data": data, "fn_index": fn_index, "session_hash": session, "event_data": None, "trigger_id": None}
-        self.http.post(f"{self.base}/queue/join", json=join).raise_for_status()
-        messages = []
-        with self.http.stream("GET", f"{self.base}/queue/data", params={"session_hash": session}) as stream:
-            for line in stream.iter_lines():
-                if line.startswith("data:"):
-                    messages.append(json.loads(line[5:]))
-                    if messages[-1].get("msg") == "process_completed":
-                        break
-        return messages
-
-
 @pytest.fixture(scope="module")
 def server():
-    import app
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    patch = pytest.MonkeyPatch()
-    patch.setattr(models, "model_ids", lambda: (None, None))  # offline; the image tab says it has no model
-    app.demo.launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    try:
-        yield Server(app.demo, port)
-    finally:
-        app.demo.close()
-        patch.undo()
+    with serve_app() as served:
+        yield served
 
 
 def _takes_files(block) -> bool:
@@ -141,16 +99,6 @@ def _takes_files(block) -> bool:
 def _file_value(block, file: dict) -> object:
     """`file` in the shape of `block`'s payload: a Gallery's is a list of {image, caption}."""
     return [{"image": file, "caption": None}] if block.api_info().get("type") == "array" else file
-
-
-def _defaults(server: Server, fn) -> list:
-    """Ordinary values of an event's inputs: each widget's value on the page, an API parameter's default."""
-    values = {c["id"]: c["props"].get("value") for c in server.demo.config["components"]}
-    if all(type(b).__name__ == "Api" for b in fn.inputs) and fn.inputs:
-        params = list(inspect.signature(inspect.unwrap(fn.fn)).parameters.values())[: len(fn.inputs)]
-        return [None if p.default is inspect.Parameter.empty and p.annotation != "str" else
-                "x" if p.default is inspect.Parameter.empty else p.default for p in params]  # fmt: skip
-    return [None if b.stateful else values.get(b._id) for b in fn.inputs]
 
 
 def _file_inputs(server: Server) -> dict[int, list[int]]:
@@ -190,7 +138,7 @@ def test_every_event_with_a_file_input_refuses_server_and_missing_files_alike(se
             for meta in ({}, {"meta": {"_type": "gradio.FileData"}}):  # a bare dict, and one Gradio checks itself
                 answers = []
                 for path in (SERVER_FILE, MISSING):
-                    data = _defaults(server, fn)
+                    data = server.defaults(fn)
                     for other in positions:
                         data[other] = _benign(server, fn.inputs[other], picture)
                     data[position] = _file_value(block, {"path": str(path), "orig_name": path.name, **meta})
@@ -214,7 +162,7 @@ def test_real_uploads_and_a_clicked_example_pass_the_gate(server):
     fns = {fn.api_name: (index, fn) for index, fn in server.demo.fns.items()}
     index, fn = fns["page_explain_image"]
     uploaded = server.upload("photo.png", SERVER_FILE.read_bytes())  # the same bytes, uploaded: now theirs
-    data = _defaults(server, fn)
+    data = server.defaults(fn)
     data[0] = {"path": uploaded, "orig_name": "photo.png", "meta": {"_type": "gradio.FileData"}}
     final = server.call(index, data)[-1]
     assert final["success"] is False and "EXPLAINER_VLM" in final["output"]["error"]  # past the gate, to the model
@@ -228,7 +176,7 @@ def test_real_uploads_and_a_clicked_example_pass_the_gate(server):
     assert final["success"] is False and "EXPLAINER_VLM" in final["output"]["error"], final
     open_index, open_fn = fns["open_saved"]
     saved = server.upload("saved.json", (ROOT / "tests" / "data").glob("*.json").__next__().read_bytes())
-    data = _defaults(server, open_fn)
+    data = server.defaults(open_fn)
     data[0] = {"path": saved, "orig_name": "saved.json", "meta": {"_type": "gradio.FileData"}}
     final = server.call(open_index, data)[-1]
     assert final["success"], final
