@@ -349,9 +349,13 @@ class AppPage:
         )
 
     # --- the image tab -----------------------------------------------------------------------------------------
-    def ask_image(self, images: list[Path], question: str, max_new_tokens: int, methods: list[str]) -> str:
+    def ask_image(
+        self, images: list[Path], question: str, max_new_tokens: int, methods: list[str], busy: bool = False
+    ) -> str:
         """In the image tab: upload `images`, type the question, set the answer length and methods, press "Ask about
-        the image" and wait until done; returns the status line."""
+        the image" and wait until done and the button is ready again; returns the status line. With `busy`, the
+        button must read "Asking…", disabled, meanwhile (for a request long enough to see it: the first one loads
+        the model)."""
         panel = self.page.locator('[role="tabpanel"]:visible')
         panel.locator("input[type=file]").first.set_input_files(str(images[0]))
         if len(images) > 1:  # the rest into the "More images" gallery
@@ -364,7 +368,12 @@ class AppPage:
         box.press("Enter")
         self.set_methods(methods)
         self.press("Ask about the image")
-        return self.wait_done(timeout=GENERATE_SECONDS * 2)
+        button = self.page.locator("button#image-ask").element_handle()
+        if busy:
+            self.page.wait_for_function("b => b.innerText === 'Asking…' && b.disabled", arg=button, timeout=10_000)
+        status = self.wait_done(timeout=GENERATE_SECONDS * 2)
+        self.page.wait_for_function("b => b.innerText === 'Ask about the image' && !b.disabled", arg=button)
+        return status
 
     def image_overlay_size(self) -> tuple[int, int]:
         """The natural size of the overlay image shown, once it is loaded."""
