@@ -29,7 +29,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
 from .options import method_choices
-from .page import busy_on_click, ready_after
+from .page import VIEWS_CLASS, busy_on_click, ready_after
 from .requests import image_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
@@ -249,8 +249,8 @@ def _question_column(c: Components) -> None:
         label="Answer (optional)", lines=1, placeholder="Leave empty to generate, or give an answer to explain."
     )
     with gr.Row():
-        c["ask"] = gr.Button("Ask about the image", variant="primary", elem_id="image-ask")
-        c["cancel"] = gr.Button("Cancel", variant="stop")
+        c["ask"] = gr.Button("Ask about the image", variant="primary", scale=2, min_width=160, elem_id="image-ask")
+        c["cancel"] = gr.Button("Cancel", variant="stop", scale=1, min_width=80)
     gr.Examples(
         examples=[[str(path), DEFAULT_QUESTION] for path in example_images()],
         inputs=[c["image"], c["question_box"]],
@@ -299,7 +299,7 @@ def create_ui() -> Components:
             c["model"] = gr.Markdown("**Vision-language model:** checking…")
             _question_column(c)
             _settings_column(c)
-        with gr.Column(scale=5, min_width=560):
+        with gr.Column(scale=5, min_width=560, elem_classes=[VIEWS_CLASS]):
             _views(c)
     return c
 

@@ -17,6 +17,7 @@ import gradio as gr
 from .errors import wrap_handler
 
 VIEWS_ID = "text-views"  # the text tab's views column: what a share link scrolls to
+VIEWS_CLASS = "xai-views"  # both tabs' views columns
 CSS = (
     # Gradio's prose style draws borders around table cells and squeezes narrow columns: top-sentence tables have
     # neither
@@ -33,6 +34,8 @@ CSS = (
     # the panels side by side in a column two thirds wide: a little smaller type, so a QA prompt's panels fit the
     # first screen (the id outranks the heatmap's own class rules)
     f"#{VIEWS_ID} .xai-flow{{font-size:14px;line-height:1.7}}"
+    # the views' HTML cards line up with the blocks around them (Gradio pads an HTML component's content)
+    f".{VIEWS_CLASS} .html-container{{padding:0}}"
 )
 # Run on the first view's end (share.py): a link that names a step scrolls that step's views to the top of the window.
 # It only scrolls; it fetches nothing.

@@ -29,7 +29,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
 from .options import method_choices
-from .page import VIEWS_ID, busy_on_click, ready_after
+from .page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
@@ -317,8 +317,8 @@ def _controls(c: Components) -> None:
         placeholder="Leave empty to generate, or paste an answer to explain it (teacher-forced).",
     )
     with gr.Row():
-        c["generate"] = gr.Button("Generate", variant="primary", min_width=120, elem_id="text-generate")
-        c["cancel"] = gr.Button("Cancel", variant="stop", min_width=90)
+        c["generate"] = gr.Button("Generate", variant="primary", scale=2, min_width=120, elem_id="text-generate")
+        c["cancel"] = gr.Button("Cancel", variant="stop", scale=1, min_width=80)
     c["examples"] = examples.create_ui(examples.examples(), c["prompt"])
     choices, default_methods = method_choices()
     c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
@@ -366,7 +366,7 @@ def create_ui() -> Components:
     with gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=320):
             _controls(c)
-        with gr.Column(scale=5, min_width=560, elem_id=VIEWS_ID):
+        with gr.Column(scale=5, min_width=560, elem_id=VIEWS_ID, elem_classes=[VIEWS_CLASS]):
             _views(c)
     return c
 
