@@ -18,30 +18,27 @@ import gradio as gr
 
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
-from ui import api, contrast, faithfulness, image_tab, layers, models, options, regions, share, sources, text_tab
+from ui import api, contrast, faithfulness, image_tab, layers, models, options, page, regions, share, sources, text_tab
 from ui.process import prepare
 
 TITLE = "Why did the model write that?"
 INTRO = (
     f"# {TITLE}\n"
-    "Type a prompt and press **Generate**. The answer appears token by token; for the selected answer token the "
-    "heatmap shows which prompt tokens it relied on (red: more than average, blue: less). Hover a token for its "
-    "score."
-)
-# Gradio's prose style draws borders around table cells and squeezes narrow columns: top-sentence tables have neither
-CSS = (
-    ".xai-top table,.xai-top tr,.xai-top th,.xai-top td{border:none !important;background:none}"
-    ".xai-top tbody tr{border-top:1px solid #d0d7de !important}.xai-top{margin-top:8px}"
-    ".xai-top td:nth-child(-n+2),.xai-top th:nth-child(-n+2){white-space:nowrap;width:1%}"
+    "Type a prompt and press **Generate**: the answer appears token by token, and for the answer token on the step "
+    "slider each method's panel shows which prompt tokens it relied on (red: more than average, blue: less; hover a "
+    "token for its score)."
 )
 
 
 def build() -> gr.Blocks:
     """The whole page: the text tab with its faithfulness panel, the image tab, and the method options both use."""
     with gr.Blocks(title=TITLE, delete_cache=(3600, 86400)) as blocks:  # served files' copies kept a day at most
-        gr.Markdown(INTRO)
         options_box, option_widgets = options.create_ui()
-        hide_sinks = options.sinks_toggle().render()  # above the tabs: it changes the maps of both
+        with gr.Row(elem_id="xai-header"):  # the sinks toggle above the tabs: it changes the maps of both
+            with gr.Column(scale=3):
+                gr.Markdown(INTRO)
+            with gr.Column(scale=2, min_width=300):
+                hide_sinks = options.sinks_toggle().render()
         with gr.Tabs():
             with gr.Tab("Text prompt"):
                 text = text_tab.create_ui()
@@ -90,7 +87,7 @@ def main() -> None:
     demo.launch(
         server_name=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
         server_port=int(os.environ.get("GRADIO_SERVER_PORT", "7860")),
-        css=CSS,
+        css=page.CSS,
     )
 
 

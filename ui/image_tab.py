@@ -29,6 +29,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components
 from .options import method_choices
+from .page import VIEWS_CLASS, busy_on_click, ready_after
 from .requests import image_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 
@@ -248,8 +249,8 @@ def _question_column(c: Components) -> None:
         label="Answer (optional)", lines=1, placeholder="Leave empty to generate, or give an answer to explain."
     )
     with gr.Row():
-        c["ask"] = gr.Button("Ask about the image", variant="primary")
-        c["cancel"] = gr.Button("Cancel", variant="stop")
+        c["ask"] = gr.Button("Ask about the image", variant="primary", scale=2, min_width=160, elem_id="image-ask")
+        c["cancel"] = gr.Button("Cancel", variant="stop", scale=1, min_width=80)
     uploads.add_examples(example_images())  # a clicked example comes back as a path: the gate lets these through
     gr.Examples(
         examples=[[str(path), DEFAULT_QUESTION] for path in example_images()],
@@ -274,18 +275,8 @@ def _settings_column(c: Components) -> None:
     )
 
 
-def create_ui() -> Components:
-    """The image tab's components (call inside its `gr.Tab`); `model` is the vision-model line `demo.load` fills."""
-    c = Components()
-    c["model"] = gr.Markdown("**Vision-language model:** checking…")
-    c["result"] = gr.State(None)
-    c["request"] = gr.State(RequestState())
-    with gr.Row():
-        with gr.Column(scale=3):
-            _question_column(c)
-        with gr.Column(scale=2):
-            _settings_column(c)
-    c["status"] = gr.Markdown()
+def _views(c: Components) -> None:
+    c["status"] = gr.Markdown(elem_classes=["xai-status"])  # carries the request's progress bar
     c["answer"] = gr.HTML()
     c["step"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
@@ -296,6 +287,21 @@ def create_ui() -> Components:
     with gr.Row():
         for name, what in zip(FILES, ("JSON", "HTML report", "PNG of this view", "GIF")):
             c[name] = gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
+
+
+def create_ui() -> Components:
+    """The image tab's components (call inside its `gr.Tab`): as in the text tab, the controls in a side column and
+    the views beside them (`ui/page.py`); `model` is the vision-model line `demo.load` fills."""
+    c = Components()
+    c["result"] = gr.State(None)
+    c["request"] = gr.State(RequestState())
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=320):
+            c["model"] = gr.Markdown("**Vision-language model:** checking…")
+            _question_column(c)
+            _settings_column(c)
+        with gr.Column(scale=5, min_width=560, elem_classes=[VIEWS_CLASS]):
+            _views(c)
     return c
 
 
@@ -312,6 +318,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         "given_answer",
         "more_images",
     )
+    busy_on_click(c["ask"], "Asking…", "ask")  # first: see busy_on_click
     event = c["ask"].click(
         **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
         inputs=asked + option_widgets,
@@ -321,6 +328,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         concurrency_id="model",
         show_progress_on=c["status"],  # one progress line (see the text tab)
     )
+    ready_after(event, c["ask"], "ask")
     hidden = {"show_progress": "hidden"}
     view_png = c("result", "methods", "step", "opacity")
     view = c("result", "methods", "step", "opacity", "contour", "hide_sinks")  # hide_sinks: shared (app.py)

@@ -2,7 +2,8 @@
 
 On the first page view (`demo.load`) the text tab shows a saved example's result without any model: the one the
 page's address names (`result`: the example's id, the stem of its saved file, e.g. `reading-comprehension-qa`; `step`:
-the answer token, 1-based), else the first example's. Under the text tab a line gives the link to the example and
+the answer token, 1-based), else the first example's; a link that names a step then scrolls the text tab's views
+to the top of the window (`page.SCROLL_TO_STEP_JS`). Under the text tab a line gives the link to the example and
 step shown. Links name the app's own saved examples only: the server never fetches an address a link gives.
 """
 
@@ -21,6 +22,7 @@ from explainer.result.steps import clamp_step
 from . import examples, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components
+from .page import SCROLL_TO_STEP_JS
 from .stream import FOLLOWS_STEP, step_slider
 from .text_tab import EXAMPLE, TextView, open_example, render
 
@@ -89,6 +91,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, text: Components) ->
     asked = text("methods", "show_all", "span", "granularity")
     shown = blocks.load(**text.bind(first_view, EXAMPLE), inputs=asked, api_name="first_view")
     shown.then(models.model_info, outputs=text["model"], api_name="model_info")
+    shown.then(  # a link to a step brings that step's views into the window (only a scroll, in the browser)
+        None, js=SCROLL_TO_STEP_JS, api_name="scroll_to_step", api_visibility="private", queue=False,
+        show_progress="hidden",
+    )  # fmt: skip
     gr.on(
         triggers=[text["result"].change, text["step"].change], **c.bind(link_line, ("link",)),
         inputs=text("result", "step"), api_name="view_link", trigger_mode="always_last", show_progress="hidden",

@@ -29,6 +29,7 @@ from .errors import user_errors
 from .events import KEEP, Components
 from .markup import markdown_text
 from .options import method_choices
+from .page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 from .uploads import uploaded_path
@@ -310,45 +311,45 @@ def clear_downloads() -> TextView:
     return TextView(json_file=no_file(), report_file=no_file(), png_file=no_file())
 
 
-def _prompt_column(c: Components) -> None:
-    c["prompt"] = gr.Textbox(label="Prompt", lines=6, placeholder="Ask a question, or paste a context and ask.")
+def _controls(c: Components) -> None:
+    c["model"] = gr.Markdown("**Model:** loading…")
+    c["prompt"] = gr.Textbox(
+        label="Prompt", lines=4, max_lines=12, placeholder="Ask a question, or paste a context and ask."
+    )
     c["given_answer"] = gr.Textbox(
         label="Answer (optional)",
-        lines=2,
-        placeholder="Leave empty to generate. Or paste an answer to explain it: it is teacher-forced, and every "
-        "method explains each of its tokens as if the model had written it.",
+        lines=1,
+        max_lines=6,
+        placeholder="Leave empty to generate, or paste an answer to explain it (teacher-forced).",
     )
     with gr.Row():
-        c["generate"] = gr.Button("Generate", variant="primary")
-        c["cancel"] = gr.Button("Cancel", variant="stop")
+        c["generate"] = gr.Button("Generate", variant="primary", scale=2, min_width=120, elem_id="text-generate")
+        c["cancel"] = gr.Button("Cancel", variant="stop", scale=1, min_width=80)
     c["examples"] = examples.create_ui(examples.examples(), c["prompt"])
-    c["open_file"] = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
-
-
-def _settings_column(c: Components) -> None:
     choices, default_methods = method_choices()
     c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
     c["estimate"] = gr.Markdown(estimates.HINT)
-    c["show_all"] = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
-    c["chat_template"] = gr.Checkbox(True, label="Use the chat template")
     c["max_new"] = gr.Slider(
         *inputs.NEW_TOKENS, value=64, step=1, label="Max new tokens", info="A given answer raises it to fit."
     )
+    c["chat_template"] = gr.Checkbox(True, label="Use the chat template")
+    c["show_all"] = gr.Checkbox(False, label="Show all tokens (incl. chat template)")
+    c["open_file"] = gr.File(label="Open a saved result (.json)", file_types=[".json"], type="filepath", height=110)
 
 
 def _views(c: Components) -> None:
-    c["status"] = gr.Markdown()
+    c["status"] = gr.Markdown(elem_classes=["xai-status"])  # carries the request's progress bar
     c["answer"] = gr.HTML()
     c["step"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
     )
-    with gr.Row(equal_height=True):
-        c["span"] = gr.Checkbox(False, label="Explain a span of answer tokens (mean of their z-scores)")
-        c["granularity"] = gr.Radio(list(GRANULARITIES), value="token", label="Prompt units")
     c["span_end"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, visible=False, label="Span end (the span runs from the step above)"
     )
     c["heatmap"] = gr.HTML(EMPTY_HEATMAP)
+    with gr.Row(equal_height=True):
+        c["span"] = gr.Checkbox(False, label="Explain a span of answer tokens (mean of their z-scores)")
+        c["granularity"] = gr.Radio(list(GRANULARITIES), value="token", label="Prompt units")
     c["table"] = gr.Dataframe(
         headers=TABLE_HEADERS,
         datatype=["str", "number", "str", "number", "number"],
@@ -362,17 +363,17 @@ def _views(c: Components) -> None:
 
 
 def create_ui() -> Components:
-    """The text tab's components (call inside its `gr.Tab`); `model` is the model line that `demo.load` fills."""
+    """The text tab's components (call inside its `gr.Tab`): the controls in a side column and the views beside them,
+    the answer, the step slider and the method panels first, so that a 1280×900 screen shows a result at first view
+    (`ui/page.py`). `model` is the model line that `demo.load` fills."""
     c = Components()
-    c["model"] = gr.Markdown("**Model:** loading…")
     c["result"] = gr.State(None)
     c["request"] = gr.State(RequestState())
-    with gr.Row():
-        with gr.Column(scale=3):
-            _prompt_column(c)
-        with gr.Column(scale=2):
-            _settings_column(c)
-    _views(c)
+    with gr.Row(equal_height=False):
+        with gr.Column(scale=2, min_width=320):
+            _controls(c)
+        with gr.Column(scale=5, min_width=560, elem_id=VIEWS_ID, elem_classes=[VIEWS_CLASS]):
+            _views(c)
     return c
 
 
@@ -390,6 +391,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     """Wire the text tab's events (and its time estimates); `option_widgets` are the "Method options" widgets, and
     `c["hide_sinks"]` the shared "Leave out attention sinks" checkbox (`options.sinks_toggle`)."""
     asked = c("prompt", "methods", "max_new", "chat_template", "show_all", "given_answer", "span", "granularity")
+    busy_on_click(c["generate"], "Generating…", "generate")  # first: see busy_on_click
     explain_event = c["generate"].click(
         **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
         inputs=asked + option_widgets,
@@ -398,6 +400,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         concurrency_id="text_explain",  # model lock still orders everything else on the model
         show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
     )
+    ready_after(explain_event, c["generate"], "generate")
     hidden = {"show_progress": "hidden"}
     c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
     view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity", "hide_sinks")

@@ -37,11 +37,43 @@ class AppPage:
         line = re.compile(r"prompts up to \d+ tokens|loads with the first request")
         self.page.get_by_text(line).wait_for(timeout=120_000)
 
-    def shot(self, name: str) -> Path:
-        """A full-page screenshot `<name>.png` in the screenshot folder."""
+    def shot(self, name: str, full_page: bool = True) -> Path:
+        """A screenshot `<name>.png` in the screenshot folder: the whole page, or (`full_page=False`) the window."""
         path = self.screenshots / f"{name}.png"
-        self.page.screenshot(path=str(path), full_page=True)
+        self.page.screenshot(path=str(path), full_page=full_page)
         return path
+
+    # --- the first screen ----------------------------------------------------------------------------------------
+    def first_screen(self) -> dict[str, Any]:
+        """Locators of what a demo's first screen must show: the text tab's status line, answer strip, step slider
+        (its block: label, number box and range), each method's panel (`panel:<method>`), the prompt and Generate."""
+        shown = {
+            "status": self.page.locator("#text-views .block.xai-status"),
+            "answer strip": self.page.locator(".xai-answer:visible").first,
+            "step slider": self.page.locator("div.block", has=self.page.get_by_label(
+                "range slider for Generation step", exact=False)).first,  # fmt: skip
+            "prompt": self.page.get_by_label("Prompt", exact=True),
+            "Generate": self.run_button(),
+        }
+        for method in self.heatmap_methods():
+            shown[f"panel:{method}"] = self.page.locator(f'.xai-heatmap:visible .xai-panel[data-method="{method}"]')
+        return shown
+
+    def outside_window(self, shown: dict[str, Any]) -> dict[str, Any]:
+        """Those of `shown` (name -> locator) whose bounding box is not wholly inside the window, with their box."""
+        size = self.page.viewport_size
+        out = {}
+        for name, locator in shown.items():
+            box = locator.bounding_box()
+            inside = box is not None and box["x"] >= -1 and box["y"] >= -1  # a pixel's slack: sub-pixel layouts
+            inside = inside and box["x"] + box["width"] <= size["width"] + 1
+            if not (inside and box["y"] + box["height"] <= size["height"] + 1):
+                out[name] = box
+        return out
+
+    def run_button(self) -> Any:
+        """The text tab's Generate button, whatever it reads ("Generate", or "Generating…" while busy)."""
+        return self.page.locator("button#text-generate")
 
     # --- inputs ------------------------------------------------------------------------------------------------
     def type_prompt(self, text: str) -> None:
@@ -317,9 +349,13 @@ class AppPage:
         )
 
     # --- the image tab -----------------------------------------------------------------------------------------
-    def ask_image(self, images: list[Path], question: str, max_new_tokens: int, methods: list[str]) -> str:
+    def ask_image(
+        self, images: list[Path], question: str, max_new_tokens: int, methods: list[str], busy: bool = False
+    ) -> str:
         """In the image tab: upload `images`, type the question, set the answer length and methods, press "Ask about
-        the image" and wait until done; returns the status line."""
+        the image" and wait until done and the button is ready again; returns the status line. With `busy`, the
+        button must read "Asking…", disabled, meanwhile (for a request long enough to see it: the first one loads
+        the model)."""
         panel = self.page.locator('[role="tabpanel"]:visible')
         panel.locator("input[type=file]").first.set_input_files(str(images[0]))
         if len(images) > 1:  # the rest into the "More images" gallery
@@ -332,7 +368,12 @@ class AppPage:
         box.press("Enter")
         self.set_methods(methods)
         self.press("Ask about the image")
-        return self.wait_done(timeout=GENERATE_SECONDS * 2)
+        button = self.page.locator("button#image-ask").element_handle()
+        if busy:
+            self.page.wait_for_function("b => b.innerText === 'Asking…' && b.disabled", arg=button, timeout=10_000)
+        status = self.wait_done(timeout=GENERATE_SECONDS * 2)
+        self.page.wait_for_function("b => b.innerText === 'Ask about the image' && !b.disabled", arg=button)
+        return status
 
     def image_overlay_size(self) -> tuple[int, int]:
         """The natural size of the overlay image shown, once it is loaded."""

@@ -5,8 +5,8 @@ Every test in this folder gets the `browser` marker. The tests are skipped, with
 Chromium binary or the embedded model is missing; with `EXPLAINER_REQUIRE_BROWSER=1` (set by `.ci/run`) a missing
 piece fails them instead. Chromium is found at `$EXPLAINER_CHROMIUM`, else `/usr/bin/chromium` or `chromium` on the
 PATH (Debian's package; Playwright's own browser download is not needed). Screenshots go to `$EXPLAINER_SCREENSHOTS`
-if set, else a pytest temporary folder; a failing test leaves `FAILED-<test>.png` there, and the app's log is
-appended to the failure report.
+if set, else a pytest temporary folder; a failing test leaves `FAILED-<test>-<window width>.png` there, and the app's
+log is appended to the failure report.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -220,25 +220,54 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _visit(browser: object, server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+def _open(browser: object, url: str, screenshots: Path, viewport: dict[str, int]) -> AppPage:
+    context = browser.new_context(viewport=viewport)
     page = context.new_page()
     page.set_default_timeout(60_000)
-    page.goto(server.url)
-    view = AppPage(page, screenshots)
+    page.goto(url)
+    return AppPage(page, screenshots)
+
+
+def _close(view: AppPage, screenshots: Path, request: pytest.FixtureRequest) -> None:
+    if request.node.stash.get(_FAILED, True):  # failed (or never got to run): keep the evidence
+        name = f"FAILED-{request.node.name}"
+        view.page.screenshot(path=str(screenshots / f"{name}-{view.page.viewport_size['width']}.png"), full_page=True)
+    view.page.context.close()
+
+
+def _visit(browser: object, server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
+    view = _open(browser, server.url, screenshots, {"width": 1400, "height": 1000})
     try:
         view.wait_loaded()
         yield view
     finally:
-        if request.node.stash.get(_FAILED, True):  # failed (or never got to run): keep the evidence
-            page.screenshot(path=str(screenshots / f"FAILED-{request.node.name}.png"), full_page=True)
-        context.close()
+        _close(view, screenshots, request)
 
 
 @pytest.fixture
 def app(browser: object, app_server: AppServer, screenshots: Path, request: pytest.FixtureRequest) -> Iterator[AppPage]:
     """A fresh visitor: a new browser context on the app, with the model line loaded."""
     yield from _visit(browser, app_server, screenshots, request)
+
+
+@pytest.fixture
+def visit(
+    browser: object, app_server: AppServer, screenshots: Path, request: pytest.FixtureRequest
+) -> Iterator[Callable[..., AppPage]]:
+    """`visit(width, height, query="")`: a fresh visitor with a window of that size on the app's address plus `query`
+    (e.g. "?result=general-question&step=3"), with the model line loaded; as many as the test needs."""
+    views: list[AppPage] = []
+
+    def open_window(width: int, height: int, query: str = "") -> AppPage:
+        views.append(_open(browser, app_server.url + query, screenshots, {"width": width, "height": height}))
+        views[-1].wait_loaded()
+        return views[-1]
+
+    try:
+        yield open_window
+    finally:
+        for view in views:
+            _close(view, screenshots, request)
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ def _image(folder) -> object:
 
 
 def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(vl_app, tmp_path):
-    status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 3, ["macs", "input_x_gradient"])
+    status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 3, ["macs", "input_x_gradient"], busy=True)
     assert re.match(r"Done: \d+ tokens", status), status
     width, height = vl_app.image_overlay_size()
     assert width > 2 * 112 and height > 84  # two methods side by side, each with its caption strip
