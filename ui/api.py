@@ -89,9 +89,11 @@ async def explain(
     Args:
         prompt: the user's text.
         methods: registered method names (default: macs, rollout); see the README's Methods.
-        max_new_tokens: at most this many answer tokens (1-256; greedy decoding stops earlier at the end token).
+        max_new_tokens: at most this many answer tokens, a whole number from 1 to 256 (greedy decoding stops earlier
+            at the end token).
         chat_template: wrap the prompt in the model's chat template.
-        answer: empty to generate; else the answer to explain.
+        answer: empty to generate; else the answer to explain (max_new_tokens is raised to fit it, up to 1,024
+            tokens).
         method_options: {method: {option: value}}, e.g. {"macs": {"alpha": 0.5}}; unset options keep their defaults.
 
     Yields:
@@ -190,8 +192,16 @@ async def contrast(
         yield saved
 
 
+RESULT_TEXT = "The result text"  # what messages call a saved result sent as text (not a file)
+
+
+def _opened(result: str) -> Attribution:
+    """A saved result sent as its JSON text (`load_result`, its messages naming text, not a file)."""
+    return load_result(result.encode("utf-8") if isinstance(result, str) else result, name=RESULT_TEXT)
+
+
 def _measured_result(result: str) -> Attribution:
-    attr = load_result(result.encode("utf-8") if isinstance(result, str) else result)
+    attr = _opened(result)
     if attr.image is not None:
         raise InputError("This result is an image question's: measure its faithfulness in the app's image tab.")
     return attr
@@ -252,7 +262,7 @@ def open_result(result: str, step: int | None = None, top_k: int = 5) -> dict:
     Returns:
         {"model", "answer", "steps", "step", "token", "top_tokens": {method: [{"rank", "token", "position", "z"}]}}.
     """
-    attr = load_result(result.encode("utf-8") if isinstance(result, str) else result)
+    attr = _opened(result)
     index = clamp_step(inputs.step_index(step), attr.num_steps)
     k = inputs.whole(top_k, "top_k", (1, 100))
     rows = {m: top_tokens_rows(attr, m, index, k) for m in attr.methods}

@@ -345,10 +345,10 @@ def _size_text(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
-def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int) -> tuple[bytes, str]:
+def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int, name: str | None) -> tuple[bytes, str]:
     """The file's bytes and a name for messages; refuses a missing, unreadable or too large file."""
     if isinstance(source, bytes | bytearray | memoryview):
-        data, what = bytes(source), "The uploaded file"
+        data, what = bytes(source), name or "The uploaded file"
     elif isinstance(source, str | os.PathLike):
         path = Path(source)
         what = f"The file {path.name!r}"
@@ -374,12 +374,15 @@ def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int) -> tupl
     return data, what
 
 
-def load_result(source: bytes | bytearray | str | os.PathLike, max_bytes: int = MAX_RESULT_BYTES) -> Attribution:
+def load_result(
+    source: bytes | bytearray | str | os.PathLike, max_bytes: int = MAX_RESULT_BYTES, name: str | None = None
+) -> Attribution:
     """A saved result (`result_json`, the app's download, `explain --json`), of any format version.
 
     Args:
         source: the file's content as bytes, or the path of the file (str or Path; what an upload widget gives).
         max_bytes: largest file accepted (default `MAX_RESULT_BYTES`, 64 MiB).
+        name: what messages call content given as bytes, e.g. "The result text" (default "The uploaded file").
 
     Returns:
         The result, checked against `result_schema`: every view can show it without a model.
@@ -388,7 +391,7 @@ def load_result(source: bytes | bytearray | str | os.PathLike, max_bytes: int = 
         InputError: the file is missing, too large, empty, not UTF-8 text, not JSON, or not a saved result (the
             message names the field).
     """
-    data, what = _read(source, max_bytes)
+    data, what = _read(source, max_bytes, name)
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark from a Windows editor is harmless
     except UnicodeDecodeError as e:
