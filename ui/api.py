@@ -39,6 +39,7 @@ from explainer.runtime.hardware import gpu_duration, on_gpu
 from visuals import top_tokens_rows
 
 from . import gpu_time, inputs, models
+from .contrast import contrastive_methods
 from .errors import wrap_handler
 from .measurement import SOFT_CHOICES, faithfulness_request
 from .options import DEFAULT_METHODS
@@ -158,8 +159,8 @@ def _contrast_request(
 ) -> ExplainRequest:  # fmt: skip
     if not isinstance(answer, str) or not answer.strip():
         raise InputError("Give the answer to explain: the contrast explains a given answer, teacher-forced.")
-    request = _text_request(prompt, methods or ["atman"], CONTRAST_MAX_NEW_TOKENS, chat_template, answer,
-                            method_options)  # fmt: skip
+    chosen = contrastive_methods(list(methods or []))  # AtMan when none of them can be contrastive
+    request = _text_request(prompt, chosen, CONTRAST_MAX_NEW_TOKENS, chat_template, answer, method_options)
     return request.replace(contrast={round(inputs.number(step, "step")) - 1: foil})
 
 
@@ -180,7 +181,7 @@ async def contrast(
         answer: the answer's text (a result's `generated_tokens` joined).
         step: the answer token to contrast, 1-based.
         foil: the alternative, one token of text (e.g. " London"; the result's `meta.alternatives` lists likely ones).
-        methods: methods (default: atman).
+        methods: methods (default: atman; AtMan is added when none of them can be contrastive).
         chat_template: as the answer was generated.
         method_options: as in `/explain`.
 

@@ -295,7 +295,7 @@ def side_by_side_html(
     blank = [v.step is not None and is_blank(attr, m, v.step) for m, v in zip(methods, views)]  # see `contrast`
     scored = [v for v, b in zip(views, blank) if v.step is not None and not b]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
-    header_step = clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps)  # None only before the first token
     caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
     if scored:
         caption += f" · {html.escape(_scope_caption(scored[0]))}"

@@ -220,7 +220,7 @@ def _overlay(
 
 def _caption(attr: Attribution, step: int | None, scored: list) -> str:
     """The step caption of the HTML view, with the token in the font's ASCII."""
-    header_step = clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps)  # None only before the first token
     if header_step is None:
         caption = _step_caption(attr, None, attr.num_steps)
     else:

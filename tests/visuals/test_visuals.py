@@ -420,6 +420,11 @@ def test_a_contrasted_step_names_the_foil_and_leaves_out_methods_that_cannot_be_
     assert top_tokens_rows(attr, "macs", 1) == [] and top_tokens_rows(attr, "atman", 1)
     other = side_by_side_html(attr, ["macs", "atman"], 0)  # another step: both maps, the plain caption
     assert "No contrastive map" not in other and "rather than" not in other and "explains the token" in other
+    alone = side_by_side_html(attr, ["macs"], 1)  # no ticked method can be contrastive: the step is still named
+    assert "No generated tokens yet" not in alone and "Step 2 of 3 explains why" in alone
+    assert "No contrastive map" in panels(alone)["macs"] and 'class="xai-legend"' not in alone
+    streaming = make_attr({"macs": RAW[:0]}, generated=[" Paris"])  # a token, no rows yet: the token is named
+    assert "No generated tokens yet" not in side_by_side_html(streaming, ["macs"], 0)
 
 
 def test_the_report_leaves_a_contrasted_step_blank_for_methods_that_cannot_be_contrastive():
