@@ -143,6 +143,9 @@ class Attribution:
         reliance: for image prompts, how much each answer token relied on the image (`result/reliance.py`): its
             log-probability with the image hidden from the answer, and each method's share on the image; None for
             text prompts, when turned off, while the answer is being generated, and in files saved before it.
+        opened: True for a result read from a saved file (`from_dict`, `load_result`): its methods' seconds were
+            measured where it was made, so they are shown but `estimate.calibrate` does not learn from them. Not
+            saved.
     """
 
     model: str
@@ -156,6 +159,7 @@ class Attribution:
     image: dict[str, Any] | None = None
     step_scores: dict[str, list[float]] = field(default_factory=dict)
     reliance: Reliance | None = None
+    opened: bool = field(default=False, compare=False)
 
     @property
     def num_prompt_tokens(self) -> int:
@@ -256,6 +260,7 @@ class Attribution:
             image=saved.image.model_dump(exclude_none=True) if saved.image is not None else None,
             step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
             reliance=Reliance.from_dict(saved.reliance.model_dump()) if saved.reliance is not None else None,
+            opened=True,
         )
 
     def save_json(self, path: str | Path, layers: bool = False) -> None:
