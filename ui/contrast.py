@@ -28,7 +28,7 @@ from .errors import user_errors
 from .events import KEEP, Components
 from .options import chosen_options
 from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
-from .text_tab import SHOWN, TextView, _shown, _then_export, after_explain, render
+from .text_tab import SHOWN, TextView, _shown, after_explain, render, then_export
 
 NOTE = (
     "Pick a **foil** for the token on the step slider: one of the model's most probable alternatives at that step, "
@@ -196,4 +196,4 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     text["cancel"].click(None, cancels=[event])
     after = text("result", "request", "methods", "show_all", "span", "granularity")
     settled = event.then(**text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden)
-    _then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")
+    then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")
