@@ -72,6 +72,7 @@ class ImageView:
     report_file: Any = KEEP
     png_file: Any = KEEP
     gif_file: Any = KEEP
+    body: Any = KEEP  # the column of the tab's controls and views (hidden without a vision-language model)
 
 
 VIEWS = ("overlay", "answer", "question")  # what `render_image` draws for the step on the slider
@@ -273,12 +274,28 @@ def _settings_column(c: Components) -> None:
     )
 
 
+@user_errors
+def shown_controls() -> ImageView:
+    """The tab's controls and views on the first page view: shown only with a vision-language model configured;
+    without one, the tab is its model line alone, which says how to turn image questions on (`models.NO_VLM`)."""
+    return ImageView(body=gr.update(visible=models.vlm_configured()))
+
+
 def create_ui() -> Components:
-    """The image tab's components (call inside its `gr.Tab`); `model` is the vision-model line `demo.load` fills."""
+    """The image tab's components (call inside its `gr.Tab`): `model`, the vision-model line `demo.load` fills,
+    over `body`, a column with everything else (add the tab's panels inside it), hidden until `shown_controls` finds
+    a vision-language model."""
     c = Components()
     c["model"] = gr.Markdown("**Vision-language model:** checking…")
     c["result"] = gr.State(None)
     c["request"] = gr.State(RequestState())
+    c["body"] = gr.Column(visible=False)
+    with c["body"]:
+        _controls_and_views(c)
+    return c
+
+
+def _controls_and_views(c: Components) -> None:
     with gr.Row():
         with gr.Column(scale=3):
             _question_column(c)
@@ -295,11 +312,12 @@ def create_ui() -> Components:
     with gr.Row():
         for name, what in zip(FILES, ("JSON", "HTML report", "PNG of this view", "GIF")):
             c[name] = gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
-    return c
 
 
-def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
-    """Wire the image tab's events; `option_widgets` are the "Method options" widgets."""
+def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list[Any]) -> None:
+    """Wire the image tab's events (its controls shown on the first page view when there is a vision-language
+    model); `option_widgets` are the "Method options" widgets."""
+    blocks.load(**c.bind(shown_controls, ("body",)), api_name="image_controls", queue=False, show_progress="hidden")
     asked = c(
         "image",
         "question_box",
