@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,19 @@ STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores
 # about 35 MB in `result_json`'s compact form and 60 MB as float64 digits; parsing holds about five times the file in
 # Python objects, so 64 MiB (~350 MB while loading) stays well within a Space's memory and refuses anything larger.
 MAX_RESULT_BYTES = 64 * 2**20
+
+
+# How a result draws itself in a notebook (`Attribution._repr_html_`). The views sit above the results, which may not
+# import them: the library's front end (`explainer/__init__.py`) sets the HTML report's notebook view here.
+_notebook_view: Callable[[Attribution], str] | None = None
+
+
+def set_notebook_view(view: Callable[[Attribution], str] | None) -> Callable[[Attribution], str] | None:
+    """Set the function that turns a result into the HTML a notebook shows for it (None: the plain `repr`); returns
+    the one set before."""
+    global _notebook_view
+    previous, _notebook_view = _notebook_view, view
+    return previous
 
 
 def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -164,6 +178,11 @@ class Attribution:
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    def _repr_html_(self) -> str | None:
+        """What Jupyter shows for a result: the HTML report with its step slider (`visuals.report.notebook_html`,
+        set by `import explainer`); None (the plain repr) when no view is set."""
+        return None if _notebook_view is None else _notebook_view(self)
 
     @property
     def images(self) -> list[dict]:
