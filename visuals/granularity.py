@@ -175,10 +175,7 @@ def span_side_by_side_html(
     zmax = float(zmax)
     panels = []
     for m, scores in zip(methods, per_method, strict=True):
-        if scores is not None:
-            detail = f"{attr.methods[m].seconds:.2f} s"
-        else:
-            detail = no_scores_label(attr, m)
+        detail = f"{attr.methods[m].seconds:.2f} s" if scores is not None else no_scores_label(attr, m)
         panels.append(_panel(m, detail, _units_html(units, scores, zmax, granularity != "token", left_out)))
     label = "z-score" if granularity == "token" and first == last else "mean z-score"
     legend = _legend_html(zmax, granularity, label) if scored else ""
