@@ -18,6 +18,15 @@ def _image(folder) -> object:
     return path
 
 
+def test_with_a_vision_model_the_tab_shows_its_controls_answer_box_and_downloads(vl_app):
+    panel = vl_app.page.locator('[role="tabpanel"]:visible')
+    panel.get_by_role("button", name="Ask about the image", exact=True).wait_for()
+    assert panel.get_by_label("Answer (optional)", exact=True).is_visible()
+    for name in ("Download JSON", "Download HTML report", "Download PNG of this view", "Download GIF"):
+        button = vl_app.page.get_by_role("button", name=name, exact=True).filter(visible=True)
+        assert button.count() == 1 and not button.is_enabled()  # nothing asked yet
+
+
 def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(vl_app, tmp_path):
     status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 3, ["macs", "input_x_gradient"])
     assert re.match(r"Done: \d+ tokens", status), status
