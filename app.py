@@ -54,8 +54,7 @@ def build() -> gr.Blocks:
             with gr.Tab("Image + question"):
                 image = image_tab.create_ui()  # its model line; the rest is shown when there is a vision model
                 with image["body"]:
-                    layers_ui = layers.create_ui("image-macs-layers")
-                    layers.create_event_handlers(layers_ui, image, api="render_image_layers")
+                    layers.create_event_handlers(layers.create_ui("image-macs-layers"), image, "render_image_layers")
                     regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
                     image_faith = faithfulness.create_ui(image=True)
         options_box.render()
