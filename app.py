@@ -49,17 +49,18 @@ def build() -> gr.Blocks:
                 share.create_event_handlers(blocks, share.create_ui(), text)  # first view: a saved example; links
                 faith = faithfulness.create_ui()
             with gr.Tab("Image + question"):
-                image = image_tab.create_ui()
-                layers.create_event_handlers(layers.create_ui("image-macs-layers"), image, api="render_image_layers")
-                regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
-                image_faith = faithfulness.create_ui(image=True)
+                image = image_tab.create_ui()  # its model line; the rest is shown when there is a vision model
+                with image["body"]:
+                    layers.create_event_handlers(layers.create_ui("image-macs-layers"), image, "render_image_layers")
+                    regions.create_event_handlers(regions.create_ui(True, "image-region"), image, "render_image_region")
+                    image_faith = faithfulness.create_ui(image=True)
         options_box.render()
         text["hide_sinks"] = image["hide_sinks"] = hide_sinks
         text_tab.create_event_handlers(text, option_widgets)
         contrast.create_event_handlers(foil, text, option_widgets)
         faithfulness.create_event_handlers(faith, text["result"], text["methods"], text["step"])
         faithfulness.create_event_handlers(image_faith, image["result"], image["methods"], image["step"], "image_")
-        image_tab.create_event_handlers(image, option_widgets)
+        image_tab.create_event_handlers(blocks, image, option_widgets)
         blocks.load(models.vlm_info, outputs=image["model"], api_name="vlm_info")
         api.create_endpoints(blocks)  # the public API; every event above is the page's own, private
     return blocks.queue(default_concurrency_limit=1)

@@ -6,7 +6,17 @@ from .explain import explain, explain_request, stream_explain, stream_request
 from .methods import METHODS, available_methods, get_method
 from .models.loading import EMBEDDED_MODEL, ModelBundle, bundle_from_objects, load_model
 from .request import ExplainRequest
-from .result.attribution import Attribution, MethodScores, zscore
+from .result.attribution import Attribution, MethodScores, set_notebook_view, zscore
+
+
+def _notebook_html(attr: Attribution) -> str:
+    """A result in a notebook cell: its HTML report with the step slider (`visuals.report.notebook_html`)."""
+    from visuals.report import notebook_html  # the views (Plotly, PIL) load only when a notebook shows a result
+
+    return notebook_html(attr)
+
+
+set_notebook_view(_notebook_html)  # Jupyter shows an Attribution through `Attribution._repr_html_`
 
 __all__ = [
     "Attribution",

@@ -273,13 +273,14 @@ def calibrate(bundle: ModelBundle, attr: Attribution | None) -> list[str]:
     """Learn each method's correction from a finished text result of this model: measured / estimated seconds.
 
     Only post-hoc methods that ran the model are used; image results (whose image tokens this cost model does not
-    count) and results of another model are ignored. Does nothing before the model's speed is known.
+    count), results of another model and results opened from a file (`Attribution.opened`) are ignored. Does nothing
+    before the model's speed is known.
 
     Returns:
         The methods whose correction was updated.
     """
-    if attr is None or attr.image is not None or attr.model != bundle.name or not attr.num_steps:
-        return []
+    if attr is None or attr.opened or attr.image is not None or attr.model != bundle.name or not attr.num_steps:
+        return []  # an opened file's timings were measured where it was made
     if attr.meta.get("status") not in (None, "done"):
         return []
     with _speeds_guard:
@@ -287,7 +288,7 @@ def calibrate(bundle: ModelBundle, attr: Attribution | None) -> list[str]:
     if known is None:
         return []
     num_layers = _num_layers(bundle.model)
-    ran = [m for m, scores in attr.methods.items() if m in METHODS and scores.seconds > 0]  # not a loaded file's own
+    ran = [m for m, scores in attr.methods.items() if m in METHODS and scores.seconds > 0]
     embeddings = _embeddings(bundle, attr.prompt_token_ids) if _need_embeddings(ran) else None
     updated = {}
     for method in ran:

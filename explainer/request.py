@@ -139,6 +139,11 @@ class ExplainRequest:
 
 def answer_too_long(tokens: int, max_new_tokens: int) -> InputError:
     """The error of an answer with more tokens than `max_new_tokens` (ids here, text once it is tokenised)."""
+    if max_new_tokens >= MAX_NEW_TOKENS_LIMIT:  # nothing to raise (the app raises it to fit an answer, up to here)
+        return InputError(
+            f"The answer has {tokens} tokens; at most {MAX_NEW_TOKENS_LIMIT} answer tokens can be explained. Shorten "
+            "the answer."
+        )
     return InputError(
         f"The answer has {tokens} tokens, more than max_new_tokens ({max_new_tokens}). Raise max new tokens (at most "
         f"{MAX_NEW_TOKENS_LIMIT}, and prompt plus answer must fit the model's context) or shorten the answer."

@@ -37,6 +37,7 @@ from explainer.runtime.hardware import gpu_duration, on_gpu
 from visuals import top_tokens_rows
 
 from . import gpu_time, inputs, models, uploads
+from .contrast import contrastive_methods
 from .errors import wrap_handler
 from .measurement import SOFT_CHOICES, faithfulness_request
 from .options import DEFAULT_METHODS
@@ -87,9 +88,11 @@ async def explain(
     Args:
         prompt: the user's text.
         methods: registered method names (default: macs, rollout); see the README's Methods.
-        max_new_tokens: at most this many answer tokens (1-256; greedy decoding stops earlier at the end token).
+        max_new_tokens: at most this many answer tokens, a whole number from 1 to 256 (greedy decoding stops earlier
+            at the end token).
         chat_template: wrap the prompt in the model's chat template.
-        answer: empty to generate; else the answer to explain.
+        answer: empty to generate; else the answer to explain (max_new_tokens is raised to fit it, up to 1,024
+            tokens).
         method_options: {method: {option: value}}, e.g. {"macs": {"alpha": 0.5}}; unset options keep their defaults.
 
     Yields:
@@ -152,8 +155,8 @@ def _contrast_request(
 ) -> ExplainRequest:  # fmt: skip
     if not isinstance(answer, str) or not answer.strip():
         raise InputError("Give the answer to explain: the contrast explains a given answer, teacher-forced.")
-    request = _text_request(prompt, methods or ["atman"], CONTRAST_MAX_NEW_TOKENS, chat_template, answer,
-                            method_options)  # fmt: skip
+    chosen = contrastive_methods(list(methods or []))  # AtMan when none of them can be contrastive
+    request = _text_request(prompt, chosen, CONTRAST_MAX_NEW_TOKENS, chat_template, answer, method_options)
     return request.replace(contrast={round(inputs.number(step, "step")) - 1: foil})
 
 
@@ -174,7 +177,7 @@ async def contrast(
         answer: the answer's text (a result's `generated_tokens` joined).
         step: the answer token to contrast, 1-based.
         foil: the alternative, one token of text (e.g. " London"; the result's `meta.alternatives` lists likely ones).
-        methods: methods (default: atman).
+        methods: methods (default: atman; AtMan is added when none of them can be contrastive).
         chat_template: as the answer was generated.
         method_options: as in `/explain`.
 
@@ -186,8 +189,16 @@ async def contrast(
         yield saved
 
 
+RESULT_TEXT = "The result text"  # what messages call a saved result sent as text (not a file)
+
+
+def _opened(result: str) -> Attribution:
+    """A saved result sent as its JSON text (`load_result`, its messages naming text, not a file)."""
+    return load_result(result.encode("utf-8") if isinstance(result, str) else result, name=RESULT_TEXT)
+
+
 def _measured_result(result: str) -> Attribution:
-    attr = load_result(result.encode("utf-8") if isinstance(result, str) else result)
+    attr = _opened(result)
     if attr.image is not None:
         raise InputError("This result is an image question's: measure its faithfulness in the app's image tab.")
     return attr
@@ -248,7 +259,7 @@ def open_result(result: str, step: int | None = None, top_k: int = 5) -> dict:
     Returns:
         {"model", "answer", "steps", "step", "token", "top_tokens": {method: [{"rank", "token", "position", "z"}]}}.
     """
-    attr = load_result(result.encode("utf-8") if isinstance(result, str) else result)
+    attr = _opened(result)
     index = clamp_step(inputs.step_index(step), attr.num_steps)
     k = inputs.whole(top_k, "top_k", (1, 100))
     rows = {m: top_tokens_rows(attr, m, index, k) for m in attr.methods}

@@ -3,7 +3,9 @@
 For the step on the slider the visitor picks a foil from the model's most probable alternatives at that step (kept
 with every result, `meta["alternatives"]`) or types one, and the answer shown is explained again, teacher-forced,
 with that step contrastive: AtMan and the gradient methods explain logit(token) - logit(foil) there, and the attention
-methods say that they cannot (`explainer/contrast.py`). The new result replaces the one shown, opened on that step.
+methods say that they cannot (`explainer/contrast.py`). When none of the ticked methods can be contrastive (the
+default MACS and Rollout), AtMan is added and ticked, as the public `/contrast` does: a contrast of attention maps
+alone would explain nothing. The new result replaces the one shown, opened on that step.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 import gradio as gr
 
 from explainer.errors import InputError
+from explainer.methods import METHODS, method_class
 from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
@@ -25,14 +28,20 @@ from .errors import user_errors
 from .events import KEEP, Components
 from .options import chosen_options
 from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
-from .text_tab import SHOWN, TextView, _shown, _then_export, after_explain, render
+from .text_tab import SHOWN, TextView, _shown, after_explain, render, then_export
 
 NOTE = (
     "Pick a **foil** for the token on the step slider: one of the model's most probable alternatives at that step, "
     "or type a token. The answer is explained again with that step contrastive: **AtMan** scores each prompt "
     "token by how much hiding it changes log p(token) - log p(foil), and the **gradient methods** (Input × Gradient, "
     "Grad-ELLM, AttnLRP) explain the logit difference. MACS, Rollout and random cannot be contrastive (attention "
-    "does not depend on the target), so at that step they show a note instead of a map."
+    "does not depend on the target), so at that step they show a note instead of a map; with none of the ticked "
+    "methods contrastive, **AtMan** is added."
+)
+CONTRAST_METHOD = "atman"  # run when none of the methods asked for can be contrastive (the page and /contrast)
+ADDED = (
+    "None of the ticked methods can be contrastive (an attention map does not depend on the target), so AtMan was "
+    "added to explain this step against the foil."
 )
 NO_RESULT = "Generate an answer first: the foils are the model's alternatives at the step on the slider."
 
@@ -62,6 +71,16 @@ def foil_choices(result: Attribution | None, step: float | None) -> ContrastView
     return ContrastView(foil=gr.update(choices=choices, value=choices[0][1] if choices else None))
 
 
+def contrastive_methods(methods: list[str]) -> list[str]:
+    """The methods a contrast runs: those asked for, and AtMan (`CONTRAST_METHOD`) when none of them can be
+    contrastive (read from each method's `contrastive` flag; names the registry does not know are left to the
+    request's check)."""
+    known = [m for m in methods if isinstance(m, str) and m.strip().lower() in METHODS]
+    if any(method_class(m).contrastive for m in known):
+        return list(methods)
+    return [*methods, CONTRAST_METHOD]
+
+
 def _foil(picked: Any, typed: Any) -> int | str:
     """The foil the visitor chose: typed text wins over the dropdown (whose values are token ids)."""
     if isinstance(typed, str) and typed != "":
@@ -88,7 +107,7 @@ def contrast_request(
         raise InputError(NO_RESULT)
     index = clamp_step(inputs.step_index(step), result.num_steps)
     foil = _foil(picked, typed)
-    methods = inputs.chosen_methods(methods)
+    methods = contrastive_methods(inputs.chosen_methods(methods))
     return ExplainRequest(
         prompt, methods, chosen_options(methods, options), max_new_tokens=result.num_steps,
         chat_template=bool(chat_template), answer=tuple(result.generated_token_ids), contrast={index: foil},
@@ -111,13 +130,16 @@ async def explain_contrast(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Explain the answer shown again (teacher-forced, the prompt in the box) with the step on the slider
-    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`text_tab.SHOWN`), the last one
-    on that step."""
+    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`text_tab.SHOWN` and the
+    methods box, which ticks AtMan where it was added), the last one on that step."""
     asked = (prompt, methods, chat_template, show_all, granularity, result, step, picked, typed)
     request = contrast_request(*asked, *options)
     (index,) = request.contrast
+    added = [m for m in request.method_names if m not in (methods or [])]
     methods, granularity = list(request.method_names), request.unit
     updates = explain_updates(models.get_bundle(), request, progress)
+    if added:
+        yield TextView(methods=gr.update(value=methods))  # tick AtMan: the views follow the box
     async with aclosing(updates):
         async for update in updates:
             if update.item is None:
@@ -131,6 +153,8 @@ async def explain_contrast(
                 view = dataclasses.replace(
                     view, step=slider, answer=drawn.answer, heatmap=drawn.heatmap, table=drawn.table
                 )
+                if added:
+                    view = dataclasses.replace(view, status=f"{view.status} {ADDED}")
             yield dataclasses.replace(view, request=update.request)
 
 
@@ -162,7 +186,7 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     )  # fmt: skip
     asked = text("prompt", "methods", "chat_template", "show_all", "granularity", "result", "step")
     event = c["run"].click(
-        **text.bind(explain_contrast, SHOWN, gpu=True, duration=contrast_seconds),
+        **text.bind(explain_contrast, SHOWN + ("methods",), gpu=True, duration=contrast_seconds),
         inputs=asked + c("foil", "typed") + option_widgets,
         api_name="explain_contrast",
         concurrency_limit=1,  # shares the model with the explain event
@@ -172,4 +196,4 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     text["cancel"].click(None, cancels=[event])
     after = text("result", "request", "methods", "show_all", "span", "granularity")
     settled = event.then(**text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden)
-    _then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")
+    then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")

@@ -9,7 +9,6 @@ random, whose answers mean nothing, so they run live.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,8 @@ def examples() -> list[dict[str, str]]:
 
 
 def saved_result(example: dict[str, str]) -> Attribution | None:
-    """An example's saved result, loaded without a model (None when it has none), its methods' timings set to 0:
-    they were measured on the machine that made the file, and must not correct this one's time estimates
-    (`estimate.calibrate` learns from the result shown, and skips methods without a time).
+    """An example's saved result, loaded without a model (None when it has none), with the timings measured where
+    it was made (shown; `estimate.calibrate` does not learn from an opened file's, `Attribution.opened`).
 
     Raises:
         InputError: the file is missing or not a saved result (`load_result`).
@@ -44,9 +42,7 @@ def saved_result(example: dict[str, str]) -> Attribution | None:
     path = example.get("result")
     if not path:
         return None
-    attr = load_result(ROOT / path)
-    attr.methods = {name: dataclasses.replace(scores, seconds=0.0) for name, scores in attr.methods.items()}
-    return attr
+    return load_result(ROOT / path)
 
 
 def saved_status(attr: Attribution, label: str) -> str:

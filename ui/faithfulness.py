@@ -25,6 +25,9 @@ from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 
 REMOVAL_METRIC_KEYS = {m.label: m.key for m in REMOVAL_METRICS}  # the metric menu's labels -> the library's keys
 MEASURING = "Measuring the removal curves…"  # the status note until the first report
+# π-Soft calibrates a method's scores into keep probabilities: random orderings have none (`explainer.faithfulness.
+# soft`), so its plot has a random curve only for the random method's own scores, when the result has them
+SOFT_RANDOM = "has no random curve unless the method *random* was ticked (its scores are then measured, dashed)"
 NOTE = (
     "**Removal curves** (MACS paper, App. A.2): 0-20% of your text's tokens are hidden by attention masking, most "
     "(MIF) or least (LIF) influential first by the method's step-averaged score, and the answer is re-generated; "
@@ -32,16 +35,16 @@ NOTE = (
     "section 3.1): input embeddings kept with probability calibrated to π; higher is better. Quick setting here: "
     f"{QUICK_SOFT.samples} samples per π, π = {', '.join(str(p) for p in QUICK_SOFT.pis)}, for the step on the "
     "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
-    "`python -m explainer faithfulness --soft paper`). The random baseline is dashed. Removal curves appear first "
-    "(seconds), π-Soft after; **Cancel** stops the work."
+    "`python -m explainer faithfulness --soft paper`). The removal curves add a random baseline (random orderings, "
+    f"dashed); π-Soft {SOFT_RANDOM}. Removal curves appear first (seconds), π-Soft after; **Cancel** stops the work."
 )
 
 IMAGE_NOTE = (
     "**Removal curves over the image** (MACS paper, App. A.2): 0-20% of the image tokens (merged patches) are hidden "
     "from the model by attention masking, most (MIF) or least (LIF) influential first by the method's step-averaged "
     "score, and the answer is re-generated; SRG = AUC(LIF) - AUC(MIF), higher is better (for perplexity more "
-    "negative). *Tokens ranked* can add the question's tokens. π-Soft is measured on text prompts only. The random "
-    "baseline is dashed; **Cancel** stops the work."
+    "negative). *Tokens ranked* can add the question's tokens. The random baseline (random orderings) is dashed; "
+    "π-Soft is measured on text prompts only. **Cancel** stops the work."
 )
 
 

@@ -73,6 +73,7 @@ class ImageView:
     report_file: Any = KEEP
     png_file: Any = KEEP
     gif_file: Any = KEEP
+    body: Any = KEEP  # the column of the tab's controls and views (hidden without a vision-language model)
 
 
 VIEWS = ("overlay", "answer", "question")  # what `render_image` draws for the step on the slider
@@ -289,15 +290,24 @@ def _views(c: Components) -> None:
             c[name] = gr.DownloadButton(f"Download {what}", interactive=False, size="sm")
 
 
+@user_errors
+def shown_controls() -> ImageView:
+    """The tab's controls and views on the first page view: shown only with a vision-language model configured;
+    without one, the tab is its model line alone, which says how to turn image questions on (`models.NO_VLM`)."""
+    return ImageView(body=gr.update(visible=models.vlm_configured()))
+
+
 def create_ui() -> Components:
-    """The image tab's components (call inside its `gr.Tab`): as in the text tab, the controls in a side column and
-    the views beside them (`ui/page.py`); `model` is the vision-model line `demo.load` fills."""
+    """The image tab's components (call inside its `gr.Tab`): `model`, the vision-model line `demo.load` fills, over
+    `body`, a column hidden until `shown_controls` finds a vision-language model (add the tab's panels inside it).
+    In `body`, as in the text tab, the controls sit in a side column with the views beside them (`ui/page.py`)."""
     c = Components()
+    c["model"] = gr.Markdown("**Vision-language model:** checking…")
     c["result"] = gr.State(None)
     c["request"] = gr.State(RequestState())
-    with gr.Row(equal_height=False):
+    c["body"] = gr.Column(visible=False)
+    with c["body"], gr.Row(equal_height=False):
         with gr.Column(scale=2, min_width=320):
-            c["model"] = gr.Markdown("**Vision-language model:** checking…")
             _question_column(c)
             _settings_column(c)
         with gr.Column(scale=5, min_width=560, elem_classes=[VIEWS_CLASS]):
@@ -305,8 +315,10 @@ def create_ui() -> Components:
     return c
 
 
-def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
-    """Wire the image tab's events; `option_widgets` are the "Method options" widgets."""
+def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list[Any]) -> None:
+    """Wire the image tab's events (its controls shown on the first page view when there is a vision-language
+    model); `option_widgets` are the "Method options" widgets."""
+    blocks.load(**c.bind(shown_controls, ("body",)), api_name="image_controls", queue=False, show_progress="hidden")
     asked = c(
         "image",
         "question_box",

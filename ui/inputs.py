@@ -26,12 +26,15 @@ def number(value: Any, label: str) -> float:
 
 
 def whole(value: Any, label: str, bounds: tuple[int, int]) -> int:
-    """A slider's value as a whole number within its (min, max) bounds; API callers can send anything."""
+    """A slider's value as a whole number within its (min, max) bounds; API callers can send anything (3.0 is 3,
+    2.5 is refused: rounding it would run a request nobody asked for)."""
     x = number(value, label)
     lo, hi = bounds
     if not lo <= x <= hi:
         raise InputError(f"{label} must lie between {lo} and {hi}, got {value!r:.40}.")
-    return round(x)
+    if not x.is_integer():
+        raise InputError(f"{label} must be a whole number between {lo} and {hi}, got {value!r:.40}.")
+    return int(x)
 
 
 def fraction(value: Any, label: str) -> float:

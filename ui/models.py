@@ -1,7 +1,7 @@
 """The models the app runs: chosen and loaded in this one place, once per process, and shared read-only.
 
 `EXPLAINER_MODEL` / `EXPLAINER_VLM` choose them, else Hub models chosen by the hardware's memory when the Hub answers,
-else the embedded model and no image tab (`models.loading.default_model_ids`). The Hub is asked when a model is
+else the embedded model and no image questions (`models.loading.default_model_ids`). The Hub is asked when a model is
 first needed (or by `main()`), never at import. `get_bundle()` / `get_vl_bundle()` load on a tab's first request,
 serialised by a lock; a page visit loads nothing, and one id is loaded once (one vision-language model may serve both
 tabs). A loaded bundle is handed out without taking any lock.
@@ -35,11 +35,12 @@ from explainer.runtime.precision import dtype_name, model_dtype, precision_label
 from .errors import user_errors
 from .markup import markdown_code, markdown_text
 
+# No angle brackets: the page draws Markdown as HTML, where "<hub id>" was read as a tag and cut the line short.
 NO_VLM = (
     f"**Image questions are off:** they need a vision-language model. The default, {HUB_VISION_MODEL}, comes from the "
-    "Hugging Face Hub and is used only when `EXPLAINER_VLM` is unset and the Hub is reachable. Restart the app with "
-    "`EXPLAINER_VLM=<hub id or local folder>`, e.g. "
-    f"`EXPLAINER_VLM={HUB_VISION_MODEL} python app.py` (any Qwen2.5-VL or Qwen2-VL size)."
+    "Hugging Face Hub and is used only when `EXPLAINER_VLM` is unset and the Hub is reachable. To turn them on, "
+    "restart the app with `EXPLAINER_VLM` set to a Hub id or a local folder of any Qwen2.5-VL or Qwen2-VL size, e.g. "
+    f"`EXPLAINER_VLM={HUB_VISION_MODEL} python app.py`."
 )
 _load_lock = threading.Lock()  # serialises loading; never taken to hand out a loaded bundle (see `_bundle`)
 logger = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ logger = logging.getLogger(__name__)
 
 @functools.cache
 def model_ids() -> tuple[str | None, str | None]:
-    """(text model, vision-language model) ids; None: the embedded text model, or no image tab. Decided once."""
+    """(text model, vision-language model) ids; None: the embedded text model, or no image questions. Decided once."""
     return default_model_ids()
 
 
@@ -176,6 +177,11 @@ def model_info() -> str:
         return f"**Model:** {markdown_code(model_id or EMBEDDED_MODEL)} · loads with the first request"
     name = markdown_code(bundle.name)
     return f"**Model:** {name}{markdown_text(_precision(bundle))} · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+def vlm_configured() -> bool:
+    """Whether the app has a vision-language model (the image tab's controls are shown only then)."""
+    return model_ids()[1] is not None
 
 
 @user_errors

@@ -24,7 +24,7 @@ from .errors import user_errors
 from .events import KEEP, Components
 from .page import SCROLL_TO_STEP_JS
 from .stream import FOLLOWS_STEP, step_slider
-from .text_tab import EXAMPLE, TextView, open_example, render
+from .text_tab import EXAMPLE, TextView, open_example, render, then_export
 
 
 def example_id(example: dict[str, str]) -> str:
@@ -86,8 +86,8 @@ def create_ui() -> Components:
 
 
 def create_event_handlers(blocks: gr.Blocks, c: Components, text: Components) -> None:
-    """The first page view (then the model line, which names the model; it loads with the first request), and the
-    link line following the text tab's result and step."""
+    """The first page view (then the model line, which names the model; it loads with the first request, and the
+    downloads of the result shown), and the link line following the text tab's result and step."""
     asked = text("methods", "show_all", "span", "granularity")
     shown = blocks.load(**text.bind(first_view, EXAMPLE), inputs=asked, api_name="first_view")
     shown.then(models.model_info, outputs=text["model"], api_name="model_info")
@@ -95,6 +95,7 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, text: Components) ->
         None, js=SCROLL_TO_STEP_JS, api_name="scroll_to_step", api_visibility="private", queue=False,
         show_progress="hidden",
     )  # fmt: skip
+    then_export(text, shown, "export_files_after_first_view", "export_view_after_first_view")  # its downloads
     gr.on(
         triggers=[text["result"].change, text["step"].change], **c.bind(link_line, ("link",)),
         inputs=text("result", "step"), api_name="view_link", trigger_mode="always_last", show_progress="hidden",

@@ -377,8 +377,9 @@ def create_ui() -> Components:
     return c
 
 
-def _then_export(c: Components, event: Any, files_api: str | None, view_api: str) -> None:
-    """After `event`: the new result's JSON and report files (unless `files_api` is None), then this view's PNG."""
+def then_export(c: Components, event: Any, files_api: str | None, view_api: str) -> None:
+    """After `event`: the new result's JSON and report files (unless `files_api` is None), then this view's PNG;
+    every event that shows a result (a request, an opened file, an example, the first view) chains it."""
     hidden = {"show_progress": "hidden"}
     if files_api is not None:
         files = c("result", "methods", "show_all")
@@ -409,10 +410,10 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         triggers=[c[name].input for name in triggers], **c.bind(render, VIEWS), inputs=view, api_name="render",
         trigger_mode="always_last", **hidden,
     )  # fmt: skip
-    _then_export(c, rendered, None, "export_view")
+    then_export(c, rendered, None, "export_view")
     spanned = c["span"].input(**c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden)
     spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **hidden)
-    _then_export(c, spanned, None, "export_span_view")
+    then_export(c, spanned, None, "export_span_view")
     gr.on(
         triggers=[c["show_all"].input, c["methods"].input], **c.bind(export_report, FILES),
         inputs=c("result", "methods", "show_all"), api_name="export_report", trigger_mode="always_last", **hidden,
@@ -426,7 +427,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         api_name="after_explain",
         **hidden,
     )
-    _then_export(c, settled, "export_files", "export_view_after_explain")
+    then_export(c, settled, "export_files", "export_view_after_explain")
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
     settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
     # the model loads with the first request: its line then names the precision and the prompt limit
@@ -437,10 +438,10 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **c.bind(open_saved, SHOWN + ("methods",)), inputs=c("open_file", "show_all", "span", "granularity"),
         api_name="open_saved",
     )  # fmt: skip
-    _then_export(c, opened, "export_files_after_open", "export_view_after_open")
+    then_export(c, opened, "export_files_after_open", "export_view_after_open")
     opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **hidden)
     asked = c("examples", "methods", "show_all", "span", "granularity")
     picked = c["examples"].click(**c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example")
-    _then_export(c, picked, "export_files_after_example", "export_view_after_example")
+    then_export(c, picked, "export_files_after_example", "export_view_after_example")
     picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **hidden)
     estimates.create_event_handlers(c, option_widgets, explain_event)

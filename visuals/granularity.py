@@ -46,6 +46,7 @@ from visuals.heatmap import (
     _note_html,
     _ranges,
     bin_class,
+    no_scores_label,
     visible_whitespace,
 )
 
@@ -140,7 +141,8 @@ def span_side_by_side_html(
 
     Args:
         attr: the generation and its scores, each method (K, N).
-        methods: method names, one panel each; a method with no scores up to `last` gets a neutral "pending" panel.
+        methods: method names, one panel each; a method with no scores up to `last` gets a neutral panel saying why
+            (`no_scores_label`).
         first: first answer step, 0-based; None is the newest.
         last: last answer step, inclusive; None means `first` (one step, as in the token heatmap).
         granularity: "token", "word" or "sentence" (see `explainer.result.spans.word_groups` / `sentence_groups`).
@@ -173,10 +175,7 @@ def span_side_by_side_html(
     zmax = float(zmax)
     panels = []
     for m, scores in zip(methods, per_method, strict=True):
-        if scores is not None:
-            detail = f"{attr.methods[m].seconds:.2f} s"
-        else:
-            detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
+        detail = f"{attr.methods[m].seconds:.2f} s" if scores is not None else no_scores_label(attr, m)
         panels.append(_panel(m, detail, _units_html(units, scores, zmax, granularity != "token", left_out)))
     label = "z-score" if granularity == "token" and first == last else "mean z-score"
     legend = _legend_html(zmax, granularity, label) if scored else ""
@@ -228,10 +227,11 @@ def _panel(method: str, detail: str | None, body: str) -> str:
 _CELL = "padding:2px 6px;vertical-align:top;text-align:left;"
 
 
-def _top_table(method: str, top: list[ScoredGroup] | None, zmax: float) -> str:
-    """A method's top sentences as a table: rank, a score badge coloured like the heatmap, the sentence."""
+def _top_table(method: str, top: list[ScoredGroup] | None, zmax: float, missing: str) -> str:
+    """A method's top sentences as a table: rank, a score badge coloured like the heatmap, the sentence; `missing`
+    says why a method without scores has none (`no_scores_label`)."""
     if top is None:
-        body = f'<tr><td colspan="3" style="{_CELL}color:{_MUTED};">pending / not computed</td></tr>'
+        body = f'<tr><td colspan="3" style="{_CELL}color:{_MUTED};">{html.escape(missing)}</td></tr>'
     elif not top:
         body = f'<tr><td colspan="3" style="{_CELL}color:{_MUTED};">no sentence with a score</td></tr>'
     else:
@@ -275,7 +275,7 @@ def top_sentences_html(
 
     Args:
         attr: the generation and its scores, (K, N) per method.
-        methods: method names, one table each (a method with no scores up to `last` says "pending").
+        methods: method names, one table each (a method with no scores up to `last` says why: `no_scores_label`).
         first: first answer step, 0-based; None is the newest.
         last: last answer step, inclusive; None means `first`.
         k: rows per method at most.
@@ -306,7 +306,8 @@ def top_sentences_html(
     caption = (
         f"Top sentences of {scope} · {_span_caption(attr, first, last, attr.num_steps)} · mean z-score of their tokens"
     )
-    panels = [_panel(m, None, _top_table(m, top, zmax)) for m, top in zip(methods, tops, strict=True)]
+    tables = [_top_table(m, top, zmax, no_scores_label(attr, m)) for m, top in zip(methods, tops, strict=True)]
+    panels = [_panel(m, None, table) for m, table in zip(methods, tables)]
     return (
         f'<div class="xai-top" style="{_CARD}">{_STYLE}'
         f'<div style="font-size:13px;margin-bottom:8px;">{html.escape(caption)}</div>'

@@ -238,6 +238,17 @@ def _step_caption(attr: Attribution, step: int | None, num_steps: int) -> str:
     return f"Step {step + 1} of {num_steps} explains the token {_quoted(token)}"
 
 
+def no_scores_label(attr: Attribution, method: str) -> str:
+    """What a panel without scores for its step says: "no scores yet" before the first token, "pending" while the
+    result is still being made (a post-hoc method runs after the answer), and "not in this result" for a method a
+    finished or saved result does not hold (nothing is pending there)."""
+    if attr.num_steps == 0:
+        return "no scores yet"
+    if method not in attr.methods and attr.meta.get("status") in (None, "done"):
+        return "not in this result"
+    return "pending"
+
+
 NOT_CONTRASTIVE = "No contrastive map: this method's attention does not depend on the target token."
 
 
@@ -265,7 +276,8 @@ def side_by_side_html(
 
     Args:
         attr: the generation and its scores, each method (K, N).
-        methods: method names, one panel each (a method without scores yet gets a neutral "pending" panel).
+        methods: method names, one panel each (a method without scores gets a neutral panel saying why:
+            `no_scores_label`).
         step: 0-based generated-token index; None is the newest, out-of-range values are clamped.
         user_only: show only `attr.user_positions` and re-standardise `raw` over them (falls back to all N tokens
             when there are none); False shows all N tokens with the stored `z`.
@@ -283,7 +295,7 @@ def side_by_side_html(
     blank = [v.step is not None and is_blank(attr, m, v.step) for m, v in zip(methods, views)]  # see `contrast`
     scored = [v for v, b in zip(views, blank) if v.step is not None and not b]
     zmax = _auto_zmax(scored) if zmax is None or zmax <= 0 else float(zmax)
-    header_step = clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps)  # None only before the first token
     caption = html.escape(_step_caption(attr, header_step, attr.num_steps))
     if scored:
         caption += f" · {html.escape(_scope_caption(scored[0]))}"
@@ -295,7 +307,7 @@ def side_by_side_html(
         elif scores is not None and view.step is not None:
             detail = f"{scores.seconds:.2f} s"
         else:
-            detail = "no scores yet" if attr.num_steps == 0 else "pending / not computed"
+            detail = no_scores_label(attr, method)
         panels.append(
             f'<div class="xai-panel" data-method="{html.escape(method, quote=True)}" '
             'style="border:1px solid #d0d7de;border-radius:6px;padding:8px 10px;min-width:0;">'

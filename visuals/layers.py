@@ -26,6 +26,9 @@ from visuals.heatmap import visible_whitespace
 MAX_TICKS = 60  # token labels on the axis; every token keeps its hover
 FACTOR_COLORS = "Viridis"  # dark: the layer cut the token's score
 PRODUCT_COLORS = "Cividis"
+# The page lets Plotly grow the margins to fit the rotated token labels and the colour bars; below about 400 px a
+# model of a few layers left its plot a negative height and Plotly drew nothing (0 px, "axis scaling" error).
+MIN_HEIGHT = 420
 
 
 def has_layers(attr: Attribution | None, method: str = "macs") -> bool:
@@ -100,7 +103,7 @@ def layer_figure(
     fig.add_trace(
         go.Heatmap(
             z=product[None], x=x, y=["product"], text=hover, colorscale=PRODUCT_COLORS,
-            colorbar={"title": "product", "y": 0.07, "len": 0.2, "tickformat": ".1e"},  # c_L spans decades
+            colorbar={"title": "product", "y": 0, "yanchor": "bottom", "len": 0.2, "tickformat": ".1e"},  # decades
             hovertemplate="product over layers<br>token %{text}<br>c = %{z:.4g}<extra></extra>",
         ),
         row=2, col=1,
@@ -112,7 +115,7 @@ def layer_figure(
     name = "MACS" if method == "macs" else _label(method)
     fig.update_layout(
         title=f"{name} by layer, step {k + 1} ('{token}'): factor = α·{_label(str(pooling))} over heads + (1−α)",
-        height=max(320, 150 + 18 * layers),
+        height=max(MIN_HEIGHT, 150 + 18 * layers),
         margin={"l": 60, "r": 20, "t": 50, "b": 90},
     )
     return fig

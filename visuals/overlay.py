@@ -19,6 +19,7 @@ from PIL import Image, ImageDraw
 from explainer.result.attribution import Attribution
 from explainer.result.image_maps import image_map, image_sinks, image_zscores, upsample_map
 from explainer.result.steps import clamp_step
+from visuals.heatmap import no_scores_label
 
 # Nine stops approximating matplotlib's 'inferno' (perceptually uniform, dark to bright, readable in grey).
 _INFERNO = np.array(
@@ -155,7 +156,8 @@ def overlay_grid(
     """Small multiples: one labelled overlay per method for the same step, side by side; with several images (a
     list, in the result's order) one such row per image, one under the other.
 
-    Methods without scores yet get a grey "pending" tile. Each tile is scaled so its longer side is `max_side`.
+    Methods without scores get a grey tile saying why (`no_scores_label`). Each tile is scaled so its longer side is
+    `max_side`.
     `hide_sinks` is `image_overlay`'s; the labels then say how many sinks each map leaves out.
 
     Returns:
@@ -206,7 +208,7 @@ def _overlay_row(
             label = f"{prefix}{method} · step {k + 1} {token!r}{sinks}"
         except ValueError:
             panel = Image.new("RGB", tile.size, (220, 220, 220))
-            label = f"{prefix}{method} · pending"
+            label = f"{prefix}{method} · {no_scores_label(attr, method)}"
         canvas.paste(panel, (x, _LABEL_HEIGHT))
         draw.text((x + 2, 3), _fitted(draw, label[:60], tile.width - 4), fill=(31, 35, 40))
     return canvas

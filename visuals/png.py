@@ -33,6 +33,7 @@ from visuals.heatmap import (
     _view,
     bin_class,
     bin_color,
+    no_scores_label,
 )
 from visuals.overlay import overlay_grid
 
@@ -219,7 +220,7 @@ def _overlay(
 
 def _caption(attr: Attribution, step: int | None, scored: list) -> str:
     """The step caption of the HTML view, with the token in the font's ASCII."""
-    header_step = clamp_step(step, attr.num_steps) if scored else None
+    header_step = clamp_step(step, attr.num_steps)  # None only before the first token
     if header_step is None:
         caption = _step_caption(attr, None, attr.num_steps)
     else:
@@ -234,9 +235,8 @@ def _draw_panel(draw: ImageDraw.ImageDraw, attr: Attribution, method: str, view:
     (boxes, _, more), (x0, y0, panel_w, panel_h), (font, title_font) = layout, frame, fonts
     draw.rounded_rectangle((x0, y0, x0 + panel_w - 1, y0 + panel_h - 1), radius=6, outline=_BORDER_RGB)
     scores = attr.methods.get(method)
-    detail = f"{scores.seconds:.2f} s" if scores is not None and view.step is not None else (
-        "no scores yet" if attr.num_steps == 0 else "pending / not computed"
-    )  # fmt: skip
+    scored = scores is not None and view.step is not None
+    detail = f"{scores.seconds:.2f} s" if scored else no_scores_label(attr, method)
     name = _fit(draw, _label(method)[0], title_font, (panel_w - 2 * _PAD) * 0.7)
     draw.text((x0 + _PAD, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)
     draw.text((x0 + _PAD + 1, y0 + _PAD), name, fill=_TEXT_RGB, font=title_font)  # bold by a 1-pixel offset

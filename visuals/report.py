@@ -357,3 +357,24 @@ def report_html(
         f'<script type="application/json" id="xai-data">{_script_json(data)}</script>'
         f"<script>{report_script()}</script></body></html>\n"
     )
+
+
+NOTEBOOK_HEIGHT = 640  # pixels of a notebook cell's frame; the visitor can drag it taller
+
+
+def notebook_html(attr: Attribution, methods: Sequence[str] | None = None, height: int = NOTEBOOK_HEIGHT) -> str:
+    """`report_html(attr, methods)` for a notebook cell (what `Attribution._repr_html_` shows, as inseq's results
+    show themselves): the page in a sandboxed `<iframe srcdoc>`, so that its ids, styles and script cannot clash
+    with the notebook's or with another result's report in the same notebook; its script runs, with no access to
+    the notebook (`sandbox="allow-scripts"`, without same-origin).
+
+    Returns:
+        One `<iframe>` element; the report is its `srcdoc`, HTML-escaped.
+    """
+    page = report_html(attr, methods)
+    return (
+        f'<iframe class="xai-notebook" title="{_text(f"Attribution report · {attr.model}")}" sandbox="allow-scripts" '
+        f'style="width:100%;height:{int(height)}px;border:1px solid #d0d7de;border-radius:6px;resize:vertical;'
+        f'overflow:auto;" srcdoc="{html.escape(page, quote=True)}"></iframe>'
+    )
+

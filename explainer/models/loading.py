@@ -94,9 +94,9 @@ def hardware_defaults() -> Defaults:
 
 
 def default_model_ids() -> tuple[str | None, str | None]:
-    """(text model, vision-language model) for the app; None means the embedded model and no image tab.
+    """(text model, vision-language model) for the app; None means the embedded model and no image questions.
 
-    EXPLAINER_MODEL and EXPLAINER_VLM win when set (EXPLAINER_VLM=none turns the image tab off). Otherwise, when
+    EXPLAINER_MODEL and EXPLAINER_VLM win when set (EXPLAINER_VLM=none turns image questions off). Otherwise, when
     the Hub is reachable (`hub_reachable`), the models `hardware_defaults` chooses by memory (the same id twice: one
     vision-language model serves both tabs); offline: the embedded model and no vision model. Nothing is loaded.
     """

@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,19 @@ STEP_SCORES = ("probability", "entropy")  # the keys of `Attribution.step_scores
 # about 35 MB in `result_json`'s compact form and 60 MB as float64 digits; parsing holds about five times the file in
 # Python objects, so 64 MiB (~350 MB while loading) stays well within a Space's memory and refuses anything larger.
 MAX_RESULT_BYTES = 64 * 2**20
+
+
+# How a result draws itself in a notebook (`Attribution._repr_html_`). The views sit above the results, which may not
+# import them: the library's front end (`explainer/__init__.py`) sets the HTML report's notebook view here.
+_notebook_view: Callable[[Attribution], str] | None = None
+
+
+def set_notebook_view(view: Callable[[Attribution], str] | None) -> Callable[[Attribution], str] | None:
+    """Set the function that turns a result into the HTML a notebook shows for it (None: the plain `repr`); returns
+    the one set before."""
+    global _notebook_view
+    previous, _notebook_view = _notebook_view, view
+    return previous
 
 
 def zscore(raw: np.ndarray, positions: np.ndarray | list[int] | None = None) -> np.ndarray:
@@ -143,6 +157,9 @@ class Attribution:
         reliance: for image prompts, how much each answer token relied on the image (`result/reliance.py`): its
             log-probability with the image hidden from the answer, and each method's share on the image; None for
             text prompts, when turned off, while the answer is being generated, and in files saved before it.
+        opened: True for a result read from a saved file (`from_dict`, `load_result`): its methods' seconds were
+            measured where it was made, so they are shown but `estimate.calibrate` does not learn from them. Not
+            saved.
     """
 
     model: str
@@ -156,10 +173,16 @@ class Attribution:
     image: dict[str, Any] | None = None
     step_scores: dict[str, list[float]] = field(default_factory=dict)
     reliance: Reliance | None = None
+    opened: bool = field(default=False, compare=False)
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_token_ids)
+
+    def _repr_html_(self) -> str | None:
+        """What Jupyter shows for a result: the HTML report with its step slider (`visuals.report.notebook_html`,
+        set by `import explainer`); None (the plain repr) when no view is set."""
+        return None if _notebook_view is None else _notebook_view(self)
 
     @property
     def images(self) -> list[dict]:
@@ -256,6 +279,7 @@ class Attribution:
             image=saved.image.model_dump(exclude_none=True) if saved.image is not None else None,
             step_scores={key: list(v) for key, v in saved.step_scores.model_dump(exclude_none=True).items()},
             reliance=Reliance.from_dict(saved.reliance.model_dump()) if saved.reliance is not None else None,
+            opened=True,
         )
 
     def save_json(self, path: str | Path, layers: bool = False) -> None:
@@ -345,10 +369,10 @@ def _size_text(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB" if n >= 2**10 else f"{n} bytes"
 
 
-def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int) -> tuple[bytes, str]:
+def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int, name: str | None) -> tuple[bytes, str]:
     """The file's bytes and a name for messages; refuses a missing, unreadable or too large file."""
     if isinstance(source, bytes | bytearray | memoryview):
-        data, what = bytes(source), "The uploaded file"
+        data, what = bytes(source), name or "The uploaded file"
     elif isinstance(source, str | os.PathLike):
         path = Path(source)
         what = f"The file {path.name!r}"
@@ -374,12 +398,15 @@ def _read(source: bytes | bytearray | str | os.PathLike, max_bytes: int) -> tupl
     return data, what
 
 
-def load_result(source: bytes | bytearray | str | os.PathLike, max_bytes: int = MAX_RESULT_BYTES) -> Attribution:
+def load_result(
+    source: bytes | bytearray | str | os.PathLike, max_bytes: int = MAX_RESULT_BYTES, name: str | None = None
+) -> Attribution:
     """A saved result (`result_json`, the app's download, `explain --json`), of any format version.
 
     Args:
         source: the file's content as bytes, or the path of the file (str or Path; what an upload widget gives).
         max_bytes: largest file accepted (default `MAX_RESULT_BYTES`, 64 MiB).
+        name: what messages call content given as bytes, e.g. "The result text" (default "The uploaded file").
 
     Returns:
         The result, checked against `result_schema`: every view can show it without a model.
@@ -388,7 +415,7 @@ def load_result(source: bytes | bytearray | str | os.PathLike, max_bytes: int = 
         InputError: the file is missing, too large, empty, not UTF-8 text, not JSON, or not a saved result (the
             message names the field).
     """
-    data, what = _read(source, max_bytes)
+    data, what = _read(source, max_bytes, name)
     try:
         text = data.decode("utf-8-sig")  # a byte-order mark from a Windows editor is harmless
     except UnicodeDecodeError as e:

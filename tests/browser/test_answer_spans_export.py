@@ -135,14 +135,23 @@ def test_downloads_reopen_to_the_same_views_without_a_model(answered, browser, a
         context.close()
 
 
-def test_the_answer_box_is_also_in_the_image_tab(answered):
-    """The image tab has its own answer box and downloads (the image tab itself needs a vision model to run)."""
+def test_without_a_vision_model_the_image_tab_is_one_readable_line(answered):
+    """This app has no vision-language model (offline): its image tab says, in full, how to turn image questions on,
+    and shows no upload box, button, answer box, examples or downloads (tests/browser/test_image_tab.py checks the
+    tab with a model)."""
     page = answered.page
     page.get_by_role("tab", name="Image + question").click()
     try:
-        assert page.get_by_label("Answer (optional)", exact=True).nth(1).is_visible()
-        for name in ("Download JSON", "Download HTML report", "Download PNG of this view", "Download GIF"):
-            button = page.get_by_role("button", name=name, exact=True).filter(visible=True)
-            assert button.count() == 1 and not button.is_enabled()  # nothing asked yet
+        panel = page.locator('[role="tabpanel"]:visible')
+        line = panel.get_by_text(re.compile(r"^Image questions are off:"))
+        line.wait_for()
+        text = " ".join(line.locator("xpath=..").inner_text().split())
+        assert re.search(r"restart the app with EXPLAINER_VLM set to a Hub id or a local folder .* e\.g\. "
+                         r"EXPLAINER_VLM=\S+ python app\.py\.$", text), text  # not cut at "EXPLAINER_VLM="
+        for name in ("Ask about the image", "Download JSON", "Download GIF"):
+            assert page.get_by_role("button", name=name, exact=True).filter(visible=True).count() == 0, name
+        assert panel.locator("input[type=file]").count() == 0 and panel.locator("textarea").count() == 0
+        assert not panel.get_by_text(re.compile("^Example images")).is_visible()
+        answered.shot("image-tab-offline")
     finally:
         page.get_by_role("tab", name="Text prompt").click()

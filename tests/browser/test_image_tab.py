@@ -18,6 +18,15 @@ def _image(folder) -> object:
     return path
 
 
+def test_with_a_vision_model_the_tab_shows_its_controls_answer_box_and_downloads(vl_app):
+    panel = vl_app.page.locator('[role="tabpanel"]:visible')
+    panel.get_by_role("button", name="Ask about the image", exact=True).wait_for()
+    assert panel.get_by_label("Answer (optional)", exact=True).is_visible()
+    for name in ("Download JSON", "Download HTML report", "Download PNG of this view", "Download GIF"):
+        button = vl_app.page.get_by_role("button", name=name, exact=True).filter(visible=True)
+        assert button.count() == 1 and not button.is_enabled()  # nothing asked yet
+
+
 def test_an_image_question_with_a_gradient_method_its_faithfulness_and_a_region(vl_app, tmp_path):
     status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 3, ["macs", "input_x_gradient"], busy=True)
     assert re.match(r"Done: \d+ tokens", status), status
@@ -94,3 +103,19 @@ def test_two_images_get_a_row_of_overlays_each_and_the_sink_toggle_redraws(vl_ap
     vl_app.page.wait_for_timeout(1500)
     assert vl_app.image_overlay_size()[1] > 84 + 56 and "sink" not in vl_app.status()
     assert not vl_app.page.locator(".toast-body").count()  # no error on the way
+
+
+def test_the_macs_by_layer_plot_is_drawn_at_its_height_when_its_accordion_opens(vl_app, tmp_path):
+    """The layer figure, drawn while its accordion was closed, came out 0 px high when it opened (the tiny VLM has
+    3 layers; the figure asks for 320 px at least): opening the accordion draws it again, visible."""
+    status = vl_app.ask_image([_image(tmp_path)], "What is in the image?", 2, ["macs"])
+    assert re.match(r"Done: \d+ tokens", status), status
+    vl_app.page.wait_for_timeout(1000)  # the layer view of the finished result, drawn in the closed accordion
+    vl_app.open_accordion("MACS by layer")
+    drawn = """() => { const p = document.querySelector('#image-macs-layers .js-plotly-plot');
+        return !!p && !!p.data && p.getBoundingClientRect().height >= 300; }"""
+    vl_app.page.wait_for_function(drawn, timeout=30_000)
+    plot = vl_app.page.locator("#image-macs-layers .js-plotly-plot")
+    assert plot.evaluate("el => el._fullData[0].z.length") == 3  # one row per layer
+    vl_app.page.locator("#image-macs-layers").scroll_into_view_if_needed()
+    vl_app.shot("image-tab-macs-by-layer")

@@ -60,6 +60,12 @@ def test_an_example_shows_its_saved_result_at_once_and_a_link_reopens_its_step(a
     app.wait_status(r"^Saved result of the example “General question”")
     assert app.step_slider_value() == 3
     app.page.get_by_role("link", name="?result=general-question&step=3").wait_for()
+    for name in ("Download JSON", "Download HTML report", "Download PNG of this view"):  # the result on screen
+        app.page.wait_for_function(
+            "name => [...document.querySelectorAll('button')].some(b => b.innerText.trim() === name && !b.disabled)",
+            arg=name,
+        )
+    assert not app.page.get_by_text("· 0.00 s").first.is_visible()  # the saved timings, not zeros
     app.shot("saved-example")
 
 

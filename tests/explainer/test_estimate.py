@@ -17,7 +17,7 @@ from explainer import bundle_from_objects, explain
 from explainer import estimate as est
 from explainer.errors import InputError, UnknownMethodError
 from explainer.methods import METHODS, GenerationRun, get_method, method_config
-from explainer.result.attribution import Attribution
+from explainer.result.attribution import Attribution, load_result, result_json
 from explainer.runtime.session import hold
 
 from ..conftest import build_model, make_tokenizer
@@ -296,7 +296,9 @@ def test_calibration_ignores_what_it_cannot_count(bundle):
     other = Attribution(**{**attr.__dict__, "model": "another-model"})
     image = Attribution(**{**attr.__dict__, "image": {"token_positions": [0], "grid": [1, 1], "size": [4, 4]}})
     running = Attribution(**{**attr.__dict__, "meta": {**attr.meta, "status": "running input_x_gradient"}})
-    for result in (None, other, image, running):
+    opened = load_result(result_json(attr).encode())  # timings measured where the file was made
+    assert opened.opened and not attr.opened and opened.methods["input_x_gradient"].seconds > 0
+    for result in (None, other, image, running, opened):
         assert est.calibrate(bundle, result) == []
     est.forget_speed(bundle)
     assert est.calibrate(bundle, attr) == []  # no speed known yet: nothing to correct

@@ -56,6 +56,11 @@ class NoModel:
         ({"answer": 3}, "must be a list of whole numbers, got int"),
         ({"answer": b"Paris"}, "must be a list of whole numbers, got bytes"),
         ({"answer": list(range(9)), "max_new_tokens": 8}, r"The answer has 9 tokens, more than max_new_tokens \(8\)"),
+        (  # at the limit there is nothing to raise (the app raises it to fit an answer): the message says the limit
+            {"answer": [1] * (MAX_NEW_TOKENS_LIMIT + 1), "max_new_tokens": MAX_NEW_TOKENS_LIMIT},
+            rf"The answer has {MAX_NEW_TOKENS_LIMIT + 1} tokens; at most {MAX_NEW_TOKENS_LIMIT} answer tokens can be "
+            r"explained\. Shorten the answer\.$",
+        ),
         ({"contrast": [0, 5]}, "contrast maps steps to foils"),
         ({"contrast": {8: 5}, "max_new_tokens": 8}, "Contrast step 8 is not a step of the answer \\(at most 8"),
         ({"contrast": {2: 5}, "answer": [4, 5]}, "Contrast step 2 is not a step of the answer \\(at most 2"),

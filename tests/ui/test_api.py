@@ -78,7 +78,8 @@ def test_explain_builds_the_text_tabs_request_and_returns_the_saved_json(fake):
 @pytest.mark.parametrize(
     "kwargs, message",
     [({"method_options": {"macs": {"alpha": 7}}}, "alpha"), ({"methods": ["nope"]}, "nope"),
-     ({"method_options": ["macs"]}, "method_options"), ({"max_new_tokens": 10_000}, "Max new tokens")],
+     ({"method_options": ["macs"]}, "method_options"), ({"max_new_tokens": 10_000}, "Max new tokens"),
+     ({"max_new_tokens": 2.5}, "Max new tokens must be a whole number between 1 and 256, got 2.5")],
 )  # fmt: skip
 def test_explain_refuses_bad_values_with_the_librarys_message(fake, kwargs, message):
     with pytest.raises(gr.Error, match=message):
@@ -130,6 +131,19 @@ def test_open_result_gives_the_pages_top_tokens_without_a_model(fake):
     assert api.open_result(result_json(attr))["step"] == 3  # the last by default
     json.dumps(out)  # plain data
     assert fake.loads == 0
+
+
+@pytest.mark.parametrize("sent", ["", "{not json"])
+def test_open_result_calls_the_text_it_was_sent_text(fake, sent):
+    with pytest.raises(gr.Error) as refused:
+        api.endpoint(api.open_result, None)(sent)
+    message = str(refused.value)
+    assert "result text" in message and "uploaded" not in message and "file " not in message.split(";")[0]
+
+
+def test_a_whole_number_given_as_a_float_is_taken(fake):
+    collect(api.explain("Where is Paris?", ["macs"], 3.0))
+    assert fake.calls[-1]["max_new_tokens"] == 3
 
 
 def test_faithfulness_measures_text_results_of_the_apps_model_only(fake):

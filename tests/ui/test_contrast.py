@@ -91,6 +91,29 @@ def test_the_request_teacher_forces_the_answer_shown_with_the_step_contrastive(r
     assert recorder.calls[-1]["contrast"] == {0: " That"}
 
 
+def test_with_no_contrastive_method_ticked_atman_is_added_ticked_and_said(recorder):
+    """The default MACS + Rollout cannot be contrastive: AtMan is added (as /contrast does), and the step named."""
+    ticked = ["macs", "rollout"]
+    views = collect(contrast.explain_contrast("Where is it?", ticked, True, False, "token", result(), 1, "11", ""))
+    assert recorder.calls[-1]["methods"] == ["macs", "rollout", "atman"]
+    assert views[0].methods["value"] == ["macs", "rollout", "atman"]  # the box ticks it: later views keep it
+    final = views[-1]
+    assert "AtMan was added" in final.status
+    assert "No generated tokens yet" not in final.heatmap and "Step 1 of 2 explains why" in final.heatmap
+    assert [row[0] for row in final.table] and {row[0] for row in final.table} == {"atman"}  # its top tokens
+    collect(contrast.explain_contrast("Where is it?", ["atman"], True, False, "token", result(), 1, "11", ""))
+    assert recorder.calls[-1]["methods"] == ["atman"]  # a contrastive method ticked: nothing is added
+    assert contrast.contrastive_methods(["macs", "input_x_gradient"]) == ["macs", "input_x_gradient"]
+    assert contrast.contrastive_methods(["random"]) == ["random", "atman"]
+
+
+def test_the_contrast_endpoint_adds_atman_by_the_same_rule(recorder):
+    from ui import api
+
+    collect(api.contrast("Where is it?", "It is", 1, " That", ["macs"]))
+    assert recorder.calls[-1]["methods"] == ["macs", "atman"]
+
+
 @pytest.mark.parametrize(
     ("shown", "picked", "message"),
     [(None, "21", "Generate an answer first"), (result(status="generating"), "21", "Generate an answer first"),

@@ -70,11 +70,16 @@ def test_the_first_page_view_is_the_first_examples_saved_result_then_the_model_l
     assert models.loaded_models() == 0
 
 
-def test_saved_timings_do_not_correct_this_machines_estimates():
+def test_saved_timings_are_shown_and_do_not_correct_this_machines_estimates():
     for example in SHOWN:
         raw = json.loads((examples.ROOT / example["result"]).read_text(encoding="utf-8"))
         assert any(m["seconds"] > 0 for m in raw["methods"].values())  # the file keeps what it took there
-        assert all(s.seconds == 0 for s in examples.saved_result(example).methods.values())  # calibrate skips them
+        attr = examples.saved_result(example)
+        assert {m: s.seconds for m, s in attr.methods.items()} == {m: v["seconds"] for m, v in raw["methods"].items()}
+        assert attr.opened  # `estimate.calibrate` skips an opened file's timings
+    first = text_tab.open_example(0, ["macs", "rollout"], False)
+    raw = json.loads((examples.ROOT / SHOWN[0]["result"]).read_text(encoding="utf-8"))
+    assert f"· {raw['methods']['macs']['seconds']:.2f} s" in first.heatmap and "· 0.00 s" not in first.heatmap
 
 
 def test_shown_methods_are_the_ticked_ones_the_result_has_else_the_defaults():

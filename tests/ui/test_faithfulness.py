@@ -200,3 +200,23 @@ def test_the_gpu_time_asked_is_that_of_the_request_the_handler_runs(answer, vl_f
         assert gpu_time.faithfulness_seconds(*args) == expected
         asked.append(expected)
     assert len(streamed) == len(settings) and len(set(asked)) == 5  # skip; steps 1 (= every 5th), 3, the newest; image
+
+
+def test_the_note_promises_a_dashed_random_curve_only_where_one_is_drawn():
+    """The removal curves always add the random orderings (dashed); π-Soft has no random curve (random orderings have
+    no scores to calibrate) unless the result holds the random method's scores."""
+    from visuals import soft_figure
+
+    dashed = lambda fig: {t.name.split(" ")[0] for t in fig.data if t.line.dash == "dash"}  # noqa: E731
+    curves = {"pis": [0.1, 0.5], "steps": [0]}
+    without = SoftReport(**curves, ns={"macs": [0.2, 0.6]}, nc={"macs": [0.5, 0.9]}, auc_ns={"macs": 0.1},
+                         auc_nc={"macs": 0.2})  # fmt: skip
+    assert dashed(soft_figure(without)) == set()
+    scored = SoftReport(**curves, ns={"macs": [0.2, 0.6], "random": [0.1, 0.2]},
+                        nc={"macs": [0.5, 0.9], "random": [0.3, 0.4]}, auc_ns={"macs": 0.1, "random": 0.05},
+                        auc_nc={"macs": 0.2, "random": 0.1})  # fmt: skip
+    assert dashed(soft_figure(scored)) == {"random"}
+    soft_part = faithfulness.NOTE.split("**π-Soft**")[1]
+    assert "The random baseline is dashed" not in faithfulness.NOTE  # it read as a promise for π-Soft too
+    assert "π-Soft has no random curve unless the method *random* was ticked" in soft_part
+    assert "removal curves add a random baseline (random orderings, dashed)" in faithfulness.NOTE

@@ -51,6 +51,35 @@ def test_image_tab_without_a_vision_model_says_how_to_set_one(fake, monkeypatch)
     assert empty.overlay is None and empty.answer == "" and empty.question == image_tab.EMPTY_QUESTION
 
 
+def test_without_a_vision_model_the_tab_is_one_readable_line(fake, monkeypatch):
+    """Offline (no VLM), the tab shows only its model line, which says how to turn image questions on: no upload
+    box, Ask button or example images (they are in the body the first view hides), and no angle brackets, which the
+    page's Markdown read as a tag that cut the line at "EXPLAINER_VLM="."""
+    import app
+
+    monkeypatch.setattr(models, "model_ids", lambda: (None, None))
+    assert image_tab.shown_controls().body == {"visible": False, "__type__": "update"}
+    assert "<" not in models.NO_VLM and ">" not in models.NO_VLM
+    assert "set to a Hub id or a local folder" in models.NO_VLM and "EXPLAINER_VLM=" in models.NO_VLM
+    monkeypatch.setattr(models, "model_ids", lambda: (None, "my-vlm"))
+    assert image_tab.shown_controls().body == {"visible": True, "__type__": "update"}
+    fns = {fn.api_name: fn for fn in app.demo.fns.values()}
+    load = fns["image_controls"]
+    (body,) = load.outputs
+    assert [t[1] for t in load.targets] == ["load"] and isinstance(body, gr.Column) and not body.visible
+
+    def inside(block):
+        for child in getattr(block, "children", []):
+            yield child
+            yield from inside(child)
+
+    held = list(inside(body))
+    assert any(isinstance(b, gr.Image) and b.interactive is not False for b in held)  # the upload box
+    assert any(isinstance(b, gr.Button) and b.value == "Ask about the image" for b in held)
+    assert any(isinstance(b, gr.Dataset) for b in held)  # the example images
+    assert any(getattr(b, "elem_id", None) == "image-macs-layers" for b in held)  # and the tab's panels
+
+
 def test_image_questions_stream_overlays_and_rerender_from_state(vl_fake, tmp_path):
     assert "fake-vlm" in models.vlm_info()
     path = upload_files.uploaded(tmp_path / "blue.png")

@@ -46,3 +46,19 @@ def test_the_link_line_names_the_example_and_step_shown_and_nothing_else():
     other = Attribution(model="m", prompt_token_ids=[1], prompt_tokens=["a"], generated_token_ids=[2],
                         generated_tokens=["b"])  # fmt: skip
     assert share.link_line(other, 1).link == "" and share.link_line(None, 1).link == ""
+
+
+def test_the_first_view_and_a_link_get_their_downloads(no_model):
+    import app
+
+    fns = {fn.api_name: fn for fn in app.demo.fns.values()}
+    files, view = fns["export_files_after_first_view"], fns["export_view_after_first_view"]
+    assert files.trigger_after == fns["first_view"]._id and view.trigger_after == files._id
+    labels = {getattr(o, "label", None) or getattr(o, "value", None) for o in files.outputs}
+    assert {"Download JSON", "Download HTML report", "Download PNG of this view"} <= labels
+    shown = share.first_view(["macs"], False, False, "token", request(result="general-question", step="5"))
+    got = text_tab.export_files(shown.result, ["macs"], False)
+    assert got.json_file["interactive"] and got.report_file["interactive"]
+    png = text_tab.export_view(shown.result, ["macs"], shown.step["value"], False)
+    assert png.png_file["interactive"] and png.png_file["value"].endswith(".png")
+

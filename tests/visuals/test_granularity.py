@@ -140,7 +140,10 @@ def test_pending_methods_no_methods_no_steps_and_bad_input():
     attr = make_attr()
     fragment = span_side_by_side_html(attr, ["macs", "atman"], 0, 2, granularity="word")
     pending = panels(fragment)["atman"]
-    assert "pending" in pending and all(c == "" and t == "" for c, t, _ in units(pending))
+    assert "not in this result" in pending and all(c == "" and t == "" for c, t, _ in units(pending))
+    assert "not in this result" in panels(top_sentences_html(attr, ["macs", "atman"], 0, 2))["atman"]
+    attr.meta["status"] = "running atman"  # still being made
+    assert "· pending<" in panels(span_side_by_side_html(attr, ["macs", "atman"], 0, 2, granularity="word"))["atman"]
     partial = make_attr({"macs": RAW["macs"], "slow": RAW["rollout"][:2]})  # a method two steps behind
     assert "pending" in panels(span_side_by_side_html(partial, ["macs", "slow"], 1, 3))["slow"]
     assert "Select at least one" in span_side_by_side_html(attr, [])
@@ -173,7 +176,7 @@ def test_top_sentences_table_follows_the_library():
         assert [r[3] for r in rows] == [f"{t.score:+.2f}" for t in want]  # the number is written, not only coloured
         assert [html.unescape(r[4]).replace("⏎<br>", "\n") for r in rows] == [t.text.strip() for t in want]
         assert '<th scope="col"' in panel and "<caption" in panel
-    assert "pending" in panels(fragment)["atman"]
+    assert "not in this result" in panels(fragment)["atman"]  # a finished result without it: nothing is pending
     assert "Top sentences of the whole prompt" in top_sentences_html(attr, ["macs"], 0, user_only=False)
 
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from explainer.result.attribution import Attribution, MethodScores
-from visuals.layers import MAX_TICKS, has_layers, layer_figure, layer_positions
+from visuals.layers import MAX_TICKS, MIN_HEIGHT, has_layers, layer_figure, layer_positions
 
 from .test_export import HOSTILE
 
@@ -92,3 +92,16 @@ def test_results_without_layers_are_told_apart():
     assert not has_layers(make_attr(steps=0)) and not has_layers(attr, "rollout")
     with pytest.raises(ValueError, match="keep_layers"):
         layer_figure(attr, method="random")
+
+
+@pytest.mark.parametrize("layers", [1, 2, 3])
+def test_a_model_of_few_layers_gets_room_for_its_labels_and_colour_bars(layers):
+    """The page grows the margins to fit the rotated token labels and the colour bars; a 320-px figure of a 2- or
+    3-layer model had no plot left and was drawn 0 px high (tests/browser/test_image_tab.py draws one)."""
+    fig = layer_figure(make_attr(layers=layers))
+    assert fig.layout.height >= MIN_HEIGHT >= 400
+    for bar in (trace.colorbar for trace in fig.data):  # inside the plot's height: no bar pushes the margins
+        anchor = bar.yanchor or "middle"
+        low = bar.y - {"bottom": 0, "middle": 0.5, "top": 1}[anchor] * bar.len
+        assert 0 <= low and low + bar.len <= 1, bar
+    assert layer_figure(make_attr(layers=40)).layout.height > MIN_HEIGHT  # many layers: a row each

@@ -262,7 +262,9 @@ def test_side_by_side_pending_method_and_no_methods():
     fragment = side_by_side_html(attr, ["macs", "atman"], 0)
     pending = spans(panels(fragment)["atman"])
     assert sorted(pending) == USER and all(math.isnan(z) and title == "" for z, _, title, _ in pending.values())
-    assert "pending" in panels(fragment)["atman"]
+    assert "not in this result" in panels(fragment)["atman"] and "pending" not in fragment  # a finished result
+    attr.meta["status"] = "running atman"  # still being made: its post-hoc method is pending
+    assert "· pending<" in panels(side_by_side_html(attr, ["macs", "atman"], 0))["atman"]
     assert "Select at least one" in side_by_side_html(attr, [], 0)
 
 
@@ -418,6 +420,11 @@ def test_a_contrasted_step_names_the_foil_and_leaves_out_methods_that_cannot_be_
     assert top_tokens_rows(attr, "macs", 1) == [] and top_tokens_rows(attr, "atman", 1)
     other = side_by_side_html(attr, ["macs", "atman"], 0)  # another step: both maps, the plain caption
     assert "No contrastive map" not in other and "rather than" not in other and "explains the token" in other
+    alone = side_by_side_html(attr, ["macs"], 1)  # no ticked method can be contrastive: the step is still named
+    assert "No generated tokens yet" not in alone and "Step 2 of 3 explains why" in alone
+    assert "No contrastive map" in panels(alone)["macs"] and 'class="xai-legend"' not in alone
+    streaming = make_attr({"macs": RAW[:0]}, generated=[" Paris"])  # a token, no rows yet: the token is named
+    assert "No generated tokens yet" not in side_by_side_html(streaming, ["macs"], 0)
 
 
 def test_the_report_leaves_a_contrasted_step_blank_for_methods_that_cannot_be_contrastive():
