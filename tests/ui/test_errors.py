@@ -6,12 +6,11 @@ import asyncio
 import html
 import inspect
 import json
-import logging
-import socket
-import uuid
+import subprocess
+import sys
+from pathlib import Path
 
 import gradio as gr
-import httpx
 import pytest
 
 from explainer.errors import InputError, UnknownMethodError
@@ -120,50 +119,58 @@ def test_a_toast_shows_markup_as_text():
     )  # all of it shows, as written
 
 
-def _served(blocks: gr.Blocks):
-    """`blocks` launched on a free port: a function that calls an event by fn_index through the queue."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
-    base = f"http://127.0.0.1:{port}/gradio_api"
+SERVED = """
+import json, logging, socket, sys, uuid
+import gradio as gr, httpx
+from tests.ui.test_errors import plain
 
-    def call(fn_index: int, data: list) -> dict:
-        session = uuid.uuid4().hex
-        join = {"data": data, "fn_index": fn_index, "session_hash": session}
-        httpx.post(f"{base}/queue/join", json=join, timeout=60).raise_for_status()
-        with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, timeout=60) as stream:
-            for line in stream.iter_lines():
-                message = json.loads(line[5:]) if line.startswith("data:") else {}
-                if message.get("msg") == "process_completed":
-                    return message
-        raise AssertionError("no answer")
+logging.basicConfig(stream=sys.stderr, format="LOG %(levelname)s %(name)s %(message)s")
+logging.getLogger("explainer.ui").setLevel(logging.INFO)
+with gr.Blocks() as blocks:
+    box = gr.Number()
+    box.change(plain, inputs=box, outputs=box, api_name="plain")
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+blocks.queue().launch(server_name="127.0.0.1", server_port=port, prevent_thread_lock=True, quiet=True)
+base = f"http://127.0.0.1:{port}/gradio_api"
 
-    return call
+def call(value):
+    session = uuid.uuid4().hex
+    join = {"data": [value], "fn_index": 0, "session_hash": session}
+    httpx.post(f"{base}/queue/join", json=join, timeout=60).raise_for_status()
+    with httpx.stream("GET", f"{base}/queue/data", params={"session_hash": session}, timeout=60) as stream:
+        for line in stream.iter_lines():
+            message = json.loads(line[5:]) if line.startswith("data:") else {}
+            if message.get("msg") == "process_completed":
+                return message
+
+print("=== refused", file=sys.stderr, flush=True)
+refused = call(-1)
+print("=== fault", file=sys.stderr, flush=True)
+fault = call(0)
+print("=== end", file=sys.stderr, flush=True)
+print("RESULT " + json.dumps({"refused": refused, "fault": fault}), flush=True)
+blocks.close()
+"""
 
 
-def test_a_user_error_logs_one_info_line_and_a_fault_its_traceback(capfd, caplog):
-    """Through Gradio's queue, as in the app: a user error is one INFO line and no traceback on stderr; a bug
-    still prints its traceback."""
-    with gr.Blocks() as blocks:
-        box = gr.Number()
-        box.change(plain, inputs=box, outputs=box, api_name="plain")
-    call = _served(blocks)
-    try:
-        capfd.readouterr()
-        with caplog.at_level(logging.INFO, logger="explainer.ui"):
-            refused = call(0, [-1])
-            out, err = capfd.readouterr()
-            assert refused["success"] is False and refused["output"]["error"] == "x must not be negative"
-            assert "Traceback" not in out + err and "x must not be negative" not in out + err
-            lines = [r for r in caplog.records if r.name == "explainer.ui"]
-            assert len(lines) == 1 and lines[0].levelno == logging.INFO
-            assert lines[0].getMessage() == "user error in plain: InputError: 'x must not be negative'"
-            assert "\n" not in lines[0].getMessage()
-            fault = call(0, [0])
-            out, err = capfd.readouterr()
-        assert fault["success"] is False
-        assert "Traceback" in err and "ValueError: a bug, not the visitor's doing" in err  # a real fault: all of it
-        assert len([r for r in caplog.records if r.name == "explainer.ui"]) == 1  # and no user-error line for it
-    finally:
-        blocks.close()
+def test_a_user_error_logs_one_info_line_and_a_fault_its_traceback():
+    """Through Gradio's queue, as in the app (a fresh process, its stderr read whole): a user error is one INFO line
+    and no traceback; a bug still prints its traceback."""
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", SERVED], cwd=root, capture_output=True, text=True, timeout=300, check=False
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    answers = json.loads(next(ln[7:] for ln in done.stdout.splitlines() if ln.startswith("RESULT ")))
+    refused, fault = answers["refused"], answers["fault"]
+    before, rest = done.stderr.split("=== refused\n", 1)[1].split("=== fault\n", 1)
+    during_fault = rest.split("=== end\n", 1)[0]
+    assert refused["success"] is False and refused["output"]["error"] == "x must not be negative"
+    assert "Traceback" not in before, before
+    lines = [line for line in before.splitlines() if line.startswith("LOG ")]
+    assert lines == ["LOG INFO explainer.ui user error in plain: InputError: 'x must not be negative'"], before
+    assert fault["success"] is False
+    assert "Traceback" in during_fault and "ValueError: a bug, not the visitor's doing" in during_fault  # all of it
+    assert not [line for line in during_fault.splitlines() if line.startswith("LOG ")]  # no user-error line for it
