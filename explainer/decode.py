@@ -68,7 +68,7 @@ def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, f
 
 
 def _full_row_consumer(methods: Sequence[AttributionMethod]):
-    consumers = [m.consume_full_rows for m in methods if getattr(m, "needs_full_rows", False)]
+    consumers = [m.consume_full_rows for m in methods if m.needs_full_rows]
     if not consumers:
         return None
 

@@ -47,7 +47,6 @@ from .capture import additive_mask, attention_function_selected, attention_probs
 from .contrast import TOP_ALTERNATIVES
 from .errors import InputError
 from .methods import AttributionMethod
-from .methods.macs import MACS, log_factors
 from .result.sinks import SinkTracker
 from .runtime.devices import spread_over_devices
 from .runtime.host import to_numpy
@@ -70,7 +69,7 @@ def unsupported_reason(
     """Why this request cannot take the static path, or None when it can (on any device)."""
     if extra_inputs:
         return "image prompts (prefill inputs beyond the ids) take the dynamic path"
-    others = [m.name for m in streaming if type(m) is not MACS]  # a subclass may change `step`: not the same work
+    others = [m.name for m in streaming if not m.has_device_step]  # a subclass with its own `step` has none
     if others:
         return f"{', '.join(others)} runs on the dynamic path only"
     if getattr(model.config, "vision_config", None) is not None:
@@ -138,7 +137,7 @@ class StaticDecoder:
         self,
         model: torch.nn.Module,
         input_ids: torch.Tensor,
-        macs: Sequence[MACS],
+        macs: Sequence[AttributionMethod],
         steps: int,
         eos_token_ids: Iterable[int] = (),
         forced_ids: Sequence[int] | None = None,
@@ -210,10 +209,10 @@ class StaticDecoder:
 
     def _record_rows(self, prefill: bool) -> None:
         for m, logs, layers in zip(self.macs, self.logs, self.layers):
-            floored, log_c = log_factors(self.rows, self.n, m.config)  # (L, N), (N,) float64
+            log_c, floored = m.device_step(self.rows)  # (N,) float64, (L, N) float32 or None
             logs.index_copy_(0, self.k, log_c[None])
             if layers is not None:
-                layers.index_copy_(0, self.k, floored.float()[None])
+                layers.index_copy_(0, self.k, floored[None])
         if self.sinks is None:
             return
         if prefill:
@@ -312,7 +311,7 @@ def static_steps(
     see `choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given answer). `path`:
     `STATIC` or `CUDA_GRAPH`; None: `choose_path`'s."""
     path = path or choose_path(model, input_ids, streaming)
-    decoder = StaticDecoder(model, input_ids, [m for m in streaming if isinstance(m, MACS)], max_new_tokens,
+    decoder = StaticDecoder(model, input_ids, [m for m in streaming if m.has_device_step], max_new_tokens,
                             eos_token_ids, forced_ids, sinks, graphs=path == CUDA_GRAPH)  # fmt: skip
     eos = set() if forced_ids is not None else set(eos_token_ids)
     check_cancelled()
