@@ -29,6 +29,7 @@ from transformers import DynamicCache
 from . import static_decode
 from .capture import capture_attention
 from .contrast import TOP_ALTERNATIVES
+from .decoding.choice import BATCHED, SOLO, DecodeChoice, choose_path
 from .errors import InputError
 from .methods import AttributionMethod
 from .result.sinks import SinkTracker
@@ -47,7 +48,7 @@ class Step:
     probability: float = float("nan")  # softmax probability of `token_id` at this step
     entropy: float = float("nan")  # entropy of this step's next-token distribution, in nats
     alternatives: list[tuple[int, float]] = field(default_factory=list)  # the most probable tokens: (id, probability)
-    decode_path: str = "dynamic"  # which loop computed it: "dynamic" (this module) or static_decode's paths
+    decode_path: str = SOLO  # the path that computed it (`decoding.PATHS`): meta["decode"]["path"] of its result
 
 
 def _next_token(logits: torch.Tensor, forced: int | None) -> tuple[int, float, float, list[tuple[int, float]]]:
@@ -126,25 +127,31 @@ def generate_steps(
     job: DecodeJob,
     method_seconds: dict[str, float] | None = None,
     sinks: SinkTracker | None = None,
+    choice: DecodeChoice | None = None,
 ) -> Iterator[Step]:
     """Greedy decoding (or the job's given answer, teacher-forced) that yields each token with the streaming
-    methods' scores.
+    methods' scores, on the solo loop or the static step.
 
     Args:
         model: causal LM.
         job: the prompt, methods and answer (`DecodeJob`).
         method_seconds: if given, accumulates per-method time spent in `step`.
         sinks: gathers, on the device, what attention-sink detection needs when a streaming method captures rows.
+        choice: the path (`decoding.choose_path`'s, made once per request); None: chosen here, never `batched`
+            (a batched row runs through `batching.batched_steps`).
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
+    choice = choice or choose_path(model, job, can_batch=False)
+    if choice.path == BATCHED:
+        raise ValueError("a batched row runs through batching.batched_steps")
     input_ids, forced_ids = job.input_ids, job.forced_ids
     n = input_ids.shape[1]
     streaming = [m for m in job.methods if m.streaming]
     for m in streaming:
         m.begin(n)
-    if static_decode.applies(model, input_ids, streaming, job.extra_inputs):  # dispatch hook (#33): static cache
-        args = (job.num_steps, job.eos_token_ids, forced_ids, sinks, method_seconds)
+    if choice.path != SOLO:  # the static step: eager or as a CUDA graph
+        args = (job.num_steps, job.eos_token_ids, forced_ids, sinks, method_seconds, choice.path)
         return (yield from (Step(**r) for r in static_decode.static_steps(model, input_ids, streaming, *args)))
     capture = _full_row_consumer(streaming) if streaming else False  # False: no attention captured
     cache = DynamicCache(config=model.config)

@@ -21,23 +21,17 @@ the steps computed after it are dropped (a flag on the device keeps them out of 
 
 On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
 replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
-Which path runs (`choose_path`): graphs on CUDA for text prompts on one device, with MACS or no streaming method,
-on models whose layers all use full attention and that transformers marks as working with a static cache; today's
-dynamic loop for everything else (the CPU by default, `device_map`, image prompts, sliding windows, Rollout). The
-environment variable `EXPLAINER_DECODE` overrides it for tests and `bench`: `dynamic`, `static` (the static path
-wherever it applies, graphs on CUDA), `static-eager` (never graphs). Each step reports its path (`Step.decode_path`;
-`meta["decode_path"]`, bench rows).
+Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
+that all have a device step (`has_device_step`: MACS), text prompts, models on one device whose layers all use full
+attention and that transformers marks as working with a static cache. Each step reports its path (`Step.decode_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
-import weakref
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
 
 import torch
 from transformers import StaticCache
@@ -45,75 +39,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .capture import additive_mask, attention_function_selected, attention_probs, check_attention_kwargs
 from .contrast import TOP_ALTERNATIVES
-from .errors import InputError
+from .decoding.choice import CUDA_GRAPH, STATIC, remember_graph_failure
 from .methods import AttributionMethod
 from .result.sinks import SinkTracker
-from .runtime.devices import spread_over_devices
 from .runtime.host import to_numpy
 from .runtime.memory import language_config
 from .runtime.session import check_cancelled
 
-DECODE_ENV = "EXPLAINER_DECODE"  # auto (default) | dynamic | static | static-eager
-POLICIES = ("auto", "dynamic", "static", "static-eager")
-DYNAMIC, STATIC, CUDA_GRAPH = "dynamic", "static", "cuda-graph"  # the paths a step reports
 MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
-_graph_failures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its graph capture failed
-
-
-def unsupported_reason(
-    model: torch.nn.Module,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-) -> str | None:
-    """Why this request cannot take the static path, or None when it can (on any device)."""
-    if extra_inputs:
-        return "image prompts (prefill inputs beyond the ids) take the dynamic path"
-    others = [m.name for m in streaming if not m.has_device_step]  # a subclass with its own `step` has none
-    if others:
-        return f"{', '.join(others)} runs on the dynamic path only"
-    if getattr(model.config, "vision_config", None) is not None:
-        return "vision-language models take the dynamic path"
-    if not getattr(model, "_can_compile_fullgraph", False):  # transformers' mark of models that run a static cache
-        return f"{type(model).__name__} is not marked as working with a static cache"
-    types = getattr(language_config(model), "layer_types", None)
-    if types and any(t != "full_attention" for t in types):
-        return "sliding-window (or other non-full) attention layers take the dynamic path"
-    if len({p.device for p in model.parameters()}) != 1 or spread_over_devices(model):
-        return "a model spread over several devices takes the dynamic path"
-    return None
-
-
-def choose_path(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-    policy: str | None = None,
-) -> str:
-    """`DYNAMIC`, `STATIC` or `CUDA_GRAPH` for this request under `policy` (default: `$EXPLAINER_DECODE`, else
-    "auto": graphs on CUDA where the static path applies, the dynamic path everywhere else)."""
-    policy = (policy or os.environ.get(DECODE_ENV) or "auto").strip().lower()
-    if policy not in POLICIES:
-        raise InputError(f"{DECODE_ENV} must be one of {', '.join(POLICIES)}, got {policy!r}.")
-    cuda = input_ids.device.type == "cuda"
-    if policy == "dynamic" or (policy == "auto" and not cuda):
-        return DYNAMIC
-    if unsupported_reason(model, streaming, extra_inputs) is not None:
-        return DYNAMIC
-    if policy == "static-eager" or not cuda or model in _graph_failures:
-        return STATIC
-    return CUDA_GRAPH
-
-
-def applies(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-) -> bool:
-    """Whether `decode.generate_steps` hands this request to `static_steps` (`choose_path` is not `DYNAMIC`)."""
-    return choose_path(model, input_ids, streaming, extra_inputs) != DYNAMIC
 
 
 def last_row_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
@@ -247,7 +181,7 @@ class StaticDecoder:
 
     def _capture_graph(self) -> None:
         """One real step on a side stream (it loads every kernel), then the next step recorded, not run; where the
-        capture fails the model is remembered (`choose_path`) and this request goes on eagerly."""
+        capture fails the model is remembered (`decoding.choose_path`) and this request goes on eagerly."""
         device = self.k.device
         with self.capturing():
             side = torch.cuda.Stream(device)
@@ -262,7 +196,7 @@ class StaticDecoder:
             except torch.cuda.OutOfMemoryError:
                 raise  # not the graph's fault: the request does not fit
             except RuntimeError as e:  # an op that cannot be captured: run the same step eagerly
-                _graph_failures[self.model] = f"{type(e).__name__}: {e}"
+                remember_graph_failure(self.model, f"{type(e).__name__}: {e}")
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
                 self.graphs, self.path = False, STATIC
                 return
@@ -305,12 +239,11 @@ def static_steps(
     forced_ids: Sequence[int] | None = None,
     sinks: SinkTracker | None = None,
     method_seconds: dict[str, float] | None = None,
-    path: str | None = None,
+    path: str = STATIC,
 ) -> Iterator[dict]:
-    """What `decode.generate_steps` yields, as `Step` fields, from the static path; the streaming methods (MACS only,
-    see `choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given answer). `path`:
-    `STATIC` or `CUDA_GRAPH`; None: `choose_path`'s."""
-    path = path or choose_path(model, input_ids, streaming)
+    """What `decode.generate_steps` yields, as `Step` fields, from the static path; the streaming methods (each with a
+    device step, see `decoding.choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given
+    answer). `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
     decoder = StaticDecoder(model, input_ids, [m for m in streaming if m.has_device_step], max_new_tokens,
                             eos_token_ids, forced_ids, sinks, graphs=path == CUDA_GRAPH)  # fmt: skip
     eos = set() if forced_ids is not None else set(eos_token_ids)

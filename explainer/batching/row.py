@@ -20,6 +20,7 @@ from transformers import DynamicCache
 
 from .. import decode
 from ..decode import Step
+from ..decoding.choice import BATCHED
 from ..methods import AttributionMethod
 from ..result.sinks import SinkTracker
 from ..runtime.memory import MemoryRequest, ModelShape, request_bytes
@@ -130,7 +131,7 @@ class Row:
         scores = decode.method_scores(self.streaming, rows, self.method_seconds)
         step = Step(
             index=self.k, token_id=token, scores=scores, seconds=seconds, probability=probability, entropy=entropy,
-            alternatives=alternatives,
+            alternatives=alternatives, decode_path=BATCHED,
         )  # fmt: skip
         self.k += 1
         self.next_input = token
