@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -109,23 +110,12 @@ def stream_request(
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
     """
     choice = choose_path(bundle, request)  # the one decision of the decode path
+    run = partial(_run, bundle, request, progress, choice)
     if holds(bundle.model):
-        return _inline(bundle, request, progress, cancel, choice)
-    return _in_worker(bundle, request, progress, cancel, choice)
-
-
-def _in_worker(
-    bundle: ModelBundle,
-    request: ExplainRequest,
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
-    choice: DecodeChoice,
-) -> Iterator[Attribution]:
-    """`_run` in its own thread. On the batched path (the app) a text request joins the model's batched decode
-    (explainer/batching/) and holds the model only for its post-hoc methods; otherwise the thread holds it from the
-    first forward pass to the last."""
-    batched = choice.path == BATCHED
-    return run_in_worker(lambda: _run(bundle, request, progress, choice), bundle.model, cancel, hold_model=not batched)
+        return _inline(bundle.model, run, cancel)
+    # On the batched path (the app) a text request joins the model's batched decode (explainer/batching/) and holds
+    # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
+    return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
 
 
 def explain_request(
@@ -139,16 +129,10 @@ def explain_request(
     return final
 
 
-def _inline(
-    bundle: ModelBundle,
-    request: ExplainRequest,
-    progress: ProgressFn | None,
-    cancel: CancelToken | None,
-    choice: DecodeChoice,
-) -> Iterator[Attribution]:
-    """`_run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
-    with hold(bundle.model, cancel):
-        yield from _run(bundle, request, progress, choice)
+def _inline(model: torch.nn.Module, run: Callable[[], Iterator[Attribution]], cancel: CancelToken | None):
+    """`run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
+    with hold(model, cancel):
+        yield from run()
 
 
 def _run(

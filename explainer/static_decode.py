@@ -31,15 +31,16 @@ from __future__ import annotations
 import contextlib
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .capture import additive_mask, attention_function_selected, attention_probs, check_attention_kwargs
-from .contrast import TOP_ALTERNATIVES
 from .decoding.choice import CUDA_GRAPH, STATIC, remember_graph_failure
+from .decoding.job import DecodeJob
+from .decoding.step import Step, ends, make_step, method_scores, token_stats
 from .methods import AttributionMethod
 from .result.sinks import SinkTracker
 from .runtime.host import to_numpy
@@ -68,26 +69,21 @@ class StaticDecoder:
     """One request's preallocated buffers and its fixed-shape step (see the module docstring)."""
 
     def __init__(
-        self,
-        model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        macs: Sequence[AttributionMethod],
-        steps: int,
-        eos_token_ids: Iterable[int] = (),
-        forced_ids: Sequence[int] | None = None,
-        sinks: SinkTracker | None = None,
-        graphs: bool = False,
+        self, model: torch.nn.Module, job: DecodeJob, sinks: SinkTracker | None = None, graphs: bool = False
     ) -> None:
+        """The job's streaming methods all have a device step (`decoding.choose_path` checked) and have had `begin`;
+        K = `job.num_steps`."""
+        input_ids, steps, forced_ids = job.input_ids, job.num_steps, job.forced_ids
         device, text = input_ids.device, language_config(model)
-        self.model, self.n, self.steps, self.macs = model, input_ids.shape[1], steps, list(macs)
+        self.model, self.n, self.steps = model, input_ids.shape[1], steps
+        self.macs = [m for m in job.methods if m.streaming]  # each with `has_device_step`
         self.graphs, self.graph, self.path = graphs, None, CUDA_GRAPH if graphs else STATIC
         self.cache = StaticCache(config=model.config, max_cache_len=self.n + steps - 1)
         self.k = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step the next pass explains
         self.token_in = torch.zeros((1, 1), dtype=input_ids.dtype, device=device)  # the next pass's input id
         forced = [-1] * steps if forced_ids is None else list(forced_ids)  # -1: the argmax
         self.forced = torch.tensor(forced, dtype=torch.long, device=device)  # (K,)
-        eos = [] if forced_ids is not None else sorted(set(eos_token_ids))  # a given answer runs all K steps
-        self.eos = torch.tensor(eos, dtype=torch.long, device=device)  # (E,)
+        self.eos = torch.tensor(sorted(job.stop_ids), dtype=torch.long, device=device)  # (E,) none for a given answer
         self.alive = torch.ones(1, dtype=torch.bool, device=device)  # (1,) no end-of-sequence token yet
         self.stats: torch.Tensor | None = None  # (K, 3 + 2A) float64, made at the prefill (A from the logits)
         self.rows = self.sinks = None
@@ -125,16 +121,10 @@ class StaticDecoder:
 
     def _record(self, logits: torch.Tensor, prefill: bool) -> None:
         """Row k of every buffer from this pass, the token fed to the next one, then k += 1; no host read."""
-        probs = torch.softmax(logits.float(), dim=-1)  # (V,)
-        forced = self.forced.index_select(0, self.k)  # (1,)
-        token = torch.where(forced >= 0, forced, logits.argmax().view(1))  # (1,)
+        token, stats = token_stats(logits, self.forced.index_select(0, self.k))  # (1,), (3 + 2A,)
         if self.stats is None:
-            self.stats = torch.zeros((self.steps, 3 + 2 * min(TOP_ALTERNATIVES, probs.shape[0])),
-                                     dtype=torch.float64, device=probs.device)  # fmt: skip
-        top = probs.topk((self.stats.shape[1] - 3) // 2)  # (A,) values and indices
-        entropy = torch.special.entr(probs).sum()  # entr(0) = 0: masked logits are fine
-        head = torch.stack([token[0].double(), probs.gather(0, token)[0].double(), entropy.double()])  # (3,)
-        self.stats.index_copy_(0, self.k, torch.cat([head, top.indices.double(), top.values.double()])[None])
+            self.stats = torch.zeros((self.steps, stats.shape[0]), dtype=torch.float64, device=stats.device)
+        self.stats.index_copy_(0, self.k, stats[None])
         if self.rows is not None:
             self._record_rows(prefill)
         self.token_in.copy_(token.view(1, 1))
@@ -152,8 +142,8 @@ class StaticDecoder:
         if prefill:
             self.sinks.add(self.rows)
             return
-        share = self.rows[..., : self.n].mean(dim=(0, 1))  # (N,), as `SinkTracker.add`; steps after an end-of-
-        self.share_sum.add_(share * self.alive)  # sequence token are left out
+        share = self.sinks.share(self.rows)  # (N,); steps after an end-of-sequence token are left out
+        self.share_sum.add_(share * self.alive)
         self.share_min.copy_(torch.where(self.alive, torch.minimum(self.share_min, share), self.share_min))
 
     def prefill(self, input_ids: torch.Tensor) -> None:
@@ -203,26 +193,14 @@ class StaticDecoder:
         self.graph = graph
 
     # --- the host reads ---------------------------------------------------------------------------------------
-    def read(self, start: int, stop: int, seconds: float, method_seconds: dict[str, float] | None) -> Iterator[dict]:
-        """The steps start .. stop - 1 as `decode.Step` fields, read from the device once per buffer; each MACS row
-        is finished (`MACS.finish_step`) only when its step is taken."""
+    def read(self, start: int, stop: int, seconds: float, method_seconds: dict[str, float] | None) -> Iterator[Step]:
+        """The steps start .. stop - 1, read from the device once per buffer; each method's row is finished
+        (`finish_step`) only when its step is taken."""
         stats = to_numpy(self.stats[start:stop])  # (k, 3 + 2A) float64
-        logs = [to_numpy(x[start:stop]) for x in self.logs]  # each (k, N) float64
-        a = (stats.shape[1] - 3) // 2
+        logs = {m.name: to_numpy(x[start:stop]) for m, x in zip(self.macs, self.logs)}  # each (k, N) float64
         for j in range(stop - start):
-            token, p, h = stats[j, :3]
-            scores = {}
-            for m, log in zip(self.macs, logs):
-                t1 = time.perf_counter()
-                scores[m.name] = m.finish_step(log[j])  # the device work ran inside the step, not timed apart
-                if method_seconds is not None:
-                    method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
-            alternatives = [(int(i), float(q)) for i, q in zip(stats[j, 3 : 3 + a], stats[j, 3 + a :])]
-            yield dict(
-                index=start + j, token_id=int(token), scores=scores, seconds=seconds / (stop - start),
-                probability=min(max(float(p), 0.0), 1.0), entropy=max(float(h), 0.0), alternatives=alternatives,
-                decode_path=self.path,
-            )  # fmt: skip
+            scores = method_scores(self.macs, lambda m, j=j: m.finish_step(logs[m.name][j]), method_seconds)
+            yield make_step(start + j, stats[j], scores, seconds / (stop - start), self.path)
 
     def finish(self, steps_taken: int) -> None:
         """Hand the decode steps' sink shares to the tracker (steps after an end-of-sequence token hold nothing)."""
@@ -232,39 +210,33 @@ class StaticDecoder:
 
 def static_steps(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
+    job: DecodeJob,
     streaming: Sequence[AttributionMethod],
-    max_new_tokens: int,
-    eos_token_ids: Iterable[int] = (),
-    forced_ids: Sequence[int] | None = None,
     sinks: SinkTracker | None = None,
     method_seconds: dict[str, float] | None = None,
     path: str = STATIC,
-) -> Iterator[dict]:
-    """What `decode.generate_steps` yields, as `Step` fields, from the static path; the streaming methods (each with a
-    device step, see `decoding.choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given
-    answer). `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
-    decoder = StaticDecoder(model, input_ids, [m for m in streaming if m.has_device_step], max_new_tokens,
-                            eos_token_ids, forced_ids, sinks, graphs=path == CUDA_GRAPH)  # fmt: skip
-    eos = set() if forced_ids is not None else set(eos_token_ids)
+) -> Iterator[Step]:
+    """What `decode.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
+    see `decoding.choose_path`) have had `begin`. `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
+    decoder = StaticDecoder(model, job, sinks, graphs=path == CUDA_GRAPH)
     check_cancelled()
     t0 = time.perf_counter()
-    decoder.prefill(input_ids)
+    decoder.prefill(job.input_ids)
     done = taken = 1  # steps computed on the device; steps yielded
     stopped = False
-    for record in decoder.read(0, 1, time.perf_counter() - t0, method_seconds):
-        yield record
-        stopped = record["token_id"] in eos
-    while not stopped and done < max_new_tokens:
+    for step in decoder.read(0, 1, time.perf_counter() - t0, method_seconds):
+        yield step
+        stopped = ends(1, step.token_id, job.num_steps, job.stop_ids)
+    while not stopped:
         t0 = time.perf_counter()
-        stop = min(max_new_tokens, done + min(done, MAX_CHUNK))
+        stop = min(job.num_steps, done + min(done, MAX_CHUNK))
         decoder.decode(stop - done)
         seconds = time.perf_counter() - t0
-        for record in decoder.read(done, stop, seconds, method_seconds):
-            yield record
+        for step in decoder.read(done, stop, seconds, method_seconds):
+            yield step
             taken += 1
-            if record["token_id"] in eos:
-                stopped = True
+            stopped = ends(taken, step.token_id, job.num_steps, job.stop_ids)
+            if stopped:
                 break
         done = stop
     decoder.finish(taken)

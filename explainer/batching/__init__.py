@@ -72,9 +72,7 @@ def batched_steps(
     """
     if job.extra_inputs:
         raise ValueError("image prompts run the solo decode loop (decode.generate_steps)")
-    row = Row(
-        model, job.input_ids, job.methods, job.num_steps, job.eos_token_ids, method_seconds, job.forced_ids, sinks
-    )
+    row = Row(model, job, method_seconds, sinks)
     return _follow(row, model, record)
 
 

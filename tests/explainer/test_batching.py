@@ -290,7 +290,8 @@ def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeyp
     from explainer.batching.row import Row
 
     need = max(
-        Row(model, r["ids"], [get_method(m) for m in METHODS], r["k"], (), None, None, None).need for r in reqs.values()
+        Row(model, DecodeJob(r["ids"], [get_method(m) for m in METHODS], r["k"]), None, None).need
+        for r in reqs.values()
     )
     monkeypatch.setenv(memory.BUDGET_ENV, str(int(1.5 * need / memory.USABLE)))  # one row fits, two do not
     out = _together(model, reqs)

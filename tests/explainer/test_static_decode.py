@@ -131,7 +131,8 @@ def test_a_decode_step_reads_nothing_on_the_host():
     for macs in ([], [MACS(keep_layers=True)]):
         for m in macs:
             m.begin(N)
-        decoder = StaticDecoder(model, ids, macs, K, eos_token_ids=[2], sinks=SinkTracker(N, model) if macs else None)
+        sinks = SinkTracker(N, model) if macs else None
+        decoder = StaticDecoder(model, DecodeJob(ids, macs, K, eos_token_ids=[2]), sinks)
         decoder.prefill(ids)
         with decoder.capturing():
             for _ in range(K - 1):
