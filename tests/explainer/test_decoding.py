@@ -7,13 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explainer.decode import DecodeJob
+from explainer.batching import batched_steps
+from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import (
     BATCHED,
     CUDA_GRAPH,
     DECODE_ENV,
     SOLO,
     STATIC,
+    DecodeChoice,
     choice,
     choose_path,
     decode_record,
@@ -109,3 +111,19 @@ def test_decode_record_reads_every_version():
     old_static = {"decode": "solo", "decode_path": "cuda-graph", "batch_size": 1, "prefill_rows": 1}
     assert decode_record(old_static)["path"] == CUDA_GRAPH
     assert decode_record({})["path"] == SOLO  # before either key
+
+
+def test_every_step_carries_the_path_that_computed_it(monkeypatch):
+    """Solo steps say `solo`, the static step's `static`, a batched row's `batched` (no longer "dynamic")."""
+    model = _model()
+    ids = torch.arange(3, 12)[None]
+
+    def paths(steps) -> set[str]:
+        return {s.decode_path for s in steps}
+
+    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {SOLO}
+    assert paths(batched_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {BATCHED}
+    monkeypatch.setenv(DECODE_ENV, "static")
+    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {STATIC}
+    with pytest.raises(ValueError, match="batched_steps"):  # the solo loop never runs a batched row itself
+        list(generate_steps(model, DecodeJob(ids, [], 3), choice=DecodeChoice(BATCHED, "the batcher's")))
