@@ -13,7 +13,8 @@ same addresses:
 - MACS's Eqs. 4-7 (`macs.log_factors`) write step k's (N,) log-product into row k of a (K, N) float64 buffer, and its
   layer factors into a (K, L, N) buffer with `keep_layers`; the sinks' share sums accumulate in place;
 - the token (the argmax, or the forced token of a given answer), its probability, the entropy and the top
-  alternatives go to row k of a (K, 3 + 2A) buffer, and the token is fed to the next step on the device.
+  alternatives (`decoding.step.token_stats`, as every path computes them) go to row k of a (K, 3 + 2A) buffer, and
+  the token is fed to the next step on the device.
 
 Nothing is read on the host per token: the buffers are read after the prefill and then after 1, 2, 4, ... 32 decode
 steps (`MAX_CHUNK`), so a visitor still sees the answer grow. An end-of-sequence token is found when its chunk is read;

@@ -1,4 +1,5 @@
-"""The decode layer's one decision: which path a request's decode takes (`choose_path`), and why.
+"""The decode layer: which path a request's decode takes (`choose_path`, `choice.py`) and why, the job every path
+runs (`DecodeJob`, `job.py`) and the per-token work that every path's scheduler calls (`step.py`).
 
 By default (`EXPLAINER_DECODE` unset or `auto`):
 
@@ -28,6 +29,8 @@ from .choice import (
     decode_record,
     enable_batching,
 )
+from .job import DecodeJob
+from .step import Step
 
 __all__ = [
     "BATCHED",
@@ -38,6 +41,8 @@ __all__ = [
     "SOLO",
     "STATIC",
     "DecodeChoice",
+    "DecodeJob",
+    "Step",
     "batching_enabled",
     "choose_path",
     "decode_record",
