@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
 import torch
 
-from . import batching
+from .batching import batched_steps
 from .contrast import alternatives_record, foil_vector, resolve_contrast
 from .decode import DecodeJob, generate_steps
+from .decoding.choice import BATCHED, DecodeChoice, choose_path, graph_failure
 from .estimate import post_hoc_seconds
 from .methods import AttributionMethod, GenerationRun, ProgressFn
 from .models.answer import answer_token_ids
@@ -97,9 +98,10 @@ def stream_request(
     """Run a request (`ExplainRequest`, validated when it was built) on `bundle`: the stream of `stream_explain`.
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
-    last, so concurrent calls on one bundle never see each other's attention (with `batching.enable()`, text requests
-    share decode steps, `meta["decode"]`). Each update is a snapshot that the work does not change afterwards. Closing
-    the stream (or dropping it) cancels the work. Called while the caller holds the model (eval), it runs inline.
+    last, so concurrent calls on one bundle never see each other's attention (on the batched path, text requests
+    share decode steps: `decoding.choose_path` decides, `meta["decode"]` records it). Each update is a snapshot that
+    the work does not change afterwards. Closing the stream (or dropping it) cancels the work. Called while the
+    caller holds the model (eval), it runs inline.
 
     Args:
         bundle: loaded model.
@@ -107,19 +109,13 @@ def stream_request(
         progress: callback for post-hoc methods' progress: (fraction, message).
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
     """
+    choice = choose_path(bundle, request)  # the one decision of the decode path
+    run = partial(_run, bundle, request, progress, choice)
     if holds(bundle.model):
-        return _inline(bundle, request, progress, cancel)
-    return _in_worker(bundle, request, progress, cancel)
-
-
-def _in_worker(
-    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, cancel: CancelToken | None
-) -> Iterator[Attribution]:
-    """`_run` in its own thread. With batching on (`batching.enable()`, the app), a text request joins the model's
-    batched decode (explainer/batching/) and holds the model only for its post-hoc methods; otherwise the thread
-    holds it from the first forward pass to the last."""
-    batched = batching.enabled() and not request.images and batching.solo_reason(bundle.model) is None
-    return run_in_worker(lambda: _run(bundle, request, progress, batched), bundle.model, cancel, hold_model=not batched)
+        return _inline(bundle.model, run, cancel)
+    # On the batched path (the app) a text request joins the model's batched decode (explainer/batching/) and holds
+    # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
+    return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
 
 
 def explain_request(
@@ -133,20 +129,19 @@ def explain_request(
     return final
 
 
-def _inline(
-    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, cancel: CancelToken | None
-) -> Iterator[Attribution]:
-    """`_run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
-    with hold(bundle.model, cancel):
-        yield from _run(bundle, request, progress)
+def _inline(model: torch.nn.Module, run: Callable[[], Iterator[Attribution]], cancel: CancelToken | None):
+    """`run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
+    with hold(model, cancel):
+        yield from run()
 
 
 def _run(
-    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, batched: bool = False
+    bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None, choice: DecodeChoice
 ) -> Iterator[Attribution]:
     instances = request.instances()
     attr, job = _meet(bundle, request, instances)
-    yield from _generate(bundle, attr, job, batched)
+    yield from _generate(bundle, attr, job, choice)
+    batched = choice.path == BATCHED
     foils = resolve_contrast(bundle, attr, request.contrast, instances)  # {step: foil id}; sets meta["contrast"]
     post_hoc = [m.name for m in instances if not m.streaming] if batched else []
     seconds = post_hoc_seconds(bundle, attr, post_hoc, dict(request.method_options)) if post_hoc else None
@@ -219,11 +214,10 @@ def _encode_request(
     return attr, encoded.input_ids, extra_inputs, (ids, text, add_special)
 
 
-def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: bool = False) -> Iterator[Attribution]:
+def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: DecodeChoice) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
-    step scores: a snapshot after every token. `batched`: as a row of the model's batch (`batching.batched_steps`);
-    `meta["decode"]` says which loop ran, `meta["batch_size"]` the most rows a step shared, `meta["prefill_rows"]`
-    how many rows with this prompt shared its prefill pass."""
+    step scores: a snapshot after every token, on the path `choice` names (`batched`: as a row of the model's batch,
+    `batching.batched_steps`). `meta["decode"]` records it (`DecodeChoice.record`)."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
@@ -234,11 +228,16 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: b
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     seen = {"batch_size": 1, "prefill_rows": 1}
-    decode = partial(batching.batched_steps, record=seen) if batched else generate_steps
-    attr.meta["decode"] = "batched" if batched else "solo"
-    for step in decode(bundle.model, job, method_seconds, sinks):
+    if choice.path == BATCHED:
+        steps = batched_steps(bundle.model, job, method_seconds, sinks, record=seen)
+    else:
+        steps = generate_steps(bundle.model, job, method_seconds, sinks, choice)
+    attr.meta["decode"] = choice.record()
+    for step in steps:
         forward_seconds += step.seconds
-        attr.meta["decode_path"] = step.decode_path  # static_decode.choose_path: dynamic, static or cuda-graph
+        if step.decode_path != choice.path:  # a CUDA graph's capture failed: the same step goes on eagerly
+            choice = DecodeChoice(step.decode_path, f"CUDA graph capture failed: {graph_failure(bundle.model)}")
+            attr.meta["decode"] = choice.record()
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:
@@ -263,8 +262,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, batched: b
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
-        batch_size=seen["batch_size"],
-        prefill_rows=seen["prefill_rows"],
+        decode=choice.record(seen["batch_size"], seen["prefill_rows"]),
     )
 
 

@@ -13,7 +13,8 @@ same addresses:
 - MACS's Eqs. 4-7 (`macs.log_factors`) write step k's (N,) log-product into row k of a (K, N) float64 buffer, and its
   layer factors into a (K, L, N) buffer with `keep_layers`; the sinks' share sums accumulate in place;
 - the token (the argmax, or the forced token of a given answer), its probability, the entropy and the top
-  alternatives go to row k of a (K, 3 + 2A) buffer, and the token is fed to the next step on the device.
+  alternatives (`decoding.step.token_stats`, as every path computes them) go to row k of a (K, 3 + 2A) buffer, and
+  the token is fed to the next step on the device.
 
 Nothing is read on the host per token: the buffers are read after the prefill and then after 1, 2, 4, ... 32 decode
 steps (`MAX_CHUNK`), so a visitor still sees the answer grow. An end-of-sequence token is found when its chunk is read;
@@ -21,100 +22,34 @@ the steps computed after it are dropped (a flag on the device keeps them out of 
 
 On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
 replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
-Which path runs (`choose_path`): graphs on CUDA for text prompts on one device, with MACS or no streaming method,
-on models whose layers all use full attention and that transformers marks as working with a static cache; today's
-dynamic loop for everything else (the CPU by default, `device_map`, image prompts, sliding windows, Rollout). The
-environment variable `EXPLAINER_DECODE` overrides it for tests and `bench`: `dynamic`, `static` (the static path
-wherever it applies, graphs on CUDA), `static-eager` (never graphs). Each step reports its path (`Step.decode_path`;
-`meta["decode_path"]`, bench rows).
+Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
+that all have a device step (`has_device_step`: MACS), text prompts, models on one device whose layers all use full
+attention and that transformers marks as working with a static cache. Each step reports its path (`Step.decode_path`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 import warnings
-import weakref
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from .capture import additive_mask, attention_function_selected, attention_probs, check_attention_kwargs
-from .contrast import TOP_ALTERNATIVES
-from .errors import InputError
+from .decoding.choice import CUDA_GRAPH, STATIC, remember_graph_failure
+from .decoding.job import DecodeJob
+from .decoding.step import Step, ends, make_step, method_scores, token_stats
 from .methods import AttributionMethod
-from .methods.macs import MACS, log_factors
 from .result.sinks import SinkTracker
-from .runtime.devices import spread_over_devices
 from .runtime.host import to_numpy
 from .runtime.memory import language_config
 from .runtime.session import check_cancelled
 
-DECODE_ENV = "EXPLAINER_DECODE"  # auto (default) | dynamic | static | static-eager
-POLICIES = ("auto", "dynamic", "static", "static-eager")
-DYNAMIC, STATIC, CUDA_GRAPH = "dynamic", "static", "cuda-graph"  # the paths a step reports
 MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
-_graph_failures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its graph capture failed
-
-
-def unsupported_reason(
-    model: torch.nn.Module,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-) -> str | None:
-    """Why this request cannot take the static path, or None when it can (on any device)."""
-    if extra_inputs:
-        return "image prompts (prefill inputs beyond the ids) take the dynamic path"
-    others = [m.name for m in streaming if type(m) is not MACS]  # a subclass may change `step`: not the same work
-    if others:
-        return f"{', '.join(others)} runs on the dynamic path only"
-    if getattr(model.config, "vision_config", None) is not None:
-        return "vision-language models take the dynamic path"
-    if not getattr(model, "_can_compile_fullgraph", False):  # transformers' mark of models that run a static cache
-        return f"{type(model).__name__} is not marked as working with a static cache"
-    types = getattr(language_config(model), "layer_types", None)
-    if types and any(t != "full_attention" for t in types):
-        return "sliding-window (or other non-full) attention layers take the dynamic path"
-    if len({p.device for p in model.parameters()}) != 1 or spread_over_devices(model):
-        return "a model spread over several devices takes the dynamic path"
-    return None
-
-
-def choose_path(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-    policy: str | None = None,
-) -> str:
-    """`DYNAMIC`, `STATIC` or `CUDA_GRAPH` for this request under `policy` (default: `$EXPLAINER_DECODE`, else
-    "auto": graphs on CUDA where the static path applies, the dynamic path everywhere else)."""
-    policy = (policy or os.environ.get(DECODE_ENV) or "auto").strip().lower()
-    if policy not in POLICIES:
-        raise InputError(f"{DECODE_ENV} must be one of {', '.join(POLICIES)}, got {policy!r}.")
-    cuda = input_ids.device.type == "cuda"
-    if policy == "dynamic" or (policy == "auto" and not cuda):
-        return DYNAMIC
-    if unsupported_reason(model, streaming, extra_inputs) is not None:
-        return DYNAMIC
-    if policy == "static-eager" or not cuda or model in _graph_failures:
-        return STATIC
-    return CUDA_GRAPH
-
-
-def applies(
-    model: torch.nn.Module,
-    input_ids: torch.Tensor,
-    streaming: Sequence[AttributionMethod],
-    extra_inputs: dict[str, Any] | None = None,
-) -> bool:
-    """Whether `decode.generate_steps` hands this request to `static_steps` (`choose_path` is not `DYNAMIC`)."""
-    return choose_path(model, input_ids, streaming, extra_inputs) != DYNAMIC
 
 
 def last_row_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
@@ -135,26 +70,21 @@ class StaticDecoder:
     """One request's preallocated buffers and its fixed-shape step (see the module docstring)."""
 
     def __init__(
-        self,
-        model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        macs: Sequence[MACS],
-        steps: int,
-        eos_token_ids: Iterable[int] = (),
-        forced_ids: Sequence[int] | None = None,
-        sinks: SinkTracker | None = None,
-        graphs: bool = False,
+        self, model: torch.nn.Module, job: DecodeJob, sinks: SinkTracker | None = None, graphs: bool = False
     ) -> None:
+        """The job's streaming methods all have a device step (`decoding.choose_path` checked) and have had `begin`;
+        K = `job.num_steps`."""
+        input_ids, steps, forced_ids = job.input_ids, job.num_steps, job.forced_ids
         device, text = input_ids.device, language_config(model)
-        self.model, self.n, self.steps, self.macs = model, input_ids.shape[1], steps, list(macs)
+        self.model, self.n, self.steps = model, input_ids.shape[1], steps
+        self.macs = [m for m in job.methods if m.streaming]  # each with `has_device_step`
         self.graphs, self.graph, self.path = graphs, None, CUDA_GRAPH if graphs else STATIC
         self.cache = StaticCache(config=model.config, max_cache_len=self.n + steps - 1)
         self.k = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step the next pass explains
         self.token_in = torch.zeros((1, 1), dtype=input_ids.dtype, device=device)  # the next pass's input id
         forced = [-1] * steps if forced_ids is None else list(forced_ids)  # -1: the argmax
         self.forced = torch.tensor(forced, dtype=torch.long, device=device)  # (K,)
-        eos = [] if forced_ids is not None else sorted(set(eos_token_ids))  # a given answer runs all K steps
-        self.eos = torch.tensor(eos, dtype=torch.long, device=device)  # (E,)
+        self.eos = torch.tensor(sorted(job.stop_ids), dtype=torch.long, device=device)  # (E,) none for a given answer
         self.alive = torch.ones(1, dtype=torch.bool, device=device)  # (1,) no end-of-sequence token yet
         self.stats: torch.Tensor | None = None  # (K, 3 + 2A) float64, made at the prefill (A from the logits)
         self.rows = self.sinks = None
@@ -192,16 +122,10 @@ class StaticDecoder:
 
     def _record(self, logits: torch.Tensor, prefill: bool) -> None:
         """Row k of every buffer from this pass, the token fed to the next one, then k += 1; no host read."""
-        probs = torch.softmax(logits.float(), dim=-1)  # (V,)
-        forced = self.forced.index_select(0, self.k)  # (1,)
-        token = torch.where(forced >= 0, forced, logits.argmax().view(1))  # (1,)
+        token, stats = token_stats(logits, self.forced.index_select(0, self.k))  # (1,), (3 + 2A,)
         if self.stats is None:
-            self.stats = torch.zeros((self.steps, 3 + 2 * min(TOP_ALTERNATIVES, probs.shape[0])),
-                                     dtype=torch.float64, device=probs.device)  # fmt: skip
-        top = probs.topk((self.stats.shape[1] - 3) // 2)  # (A,) values and indices
-        entropy = torch.special.entr(probs).sum()  # entr(0) = 0: masked logits are fine
-        head = torch.stack([token[0].double(), probs.gather(0, token)[0].double(), entropy.double()])  # (3,)
-        self.stats.index_copy_(0, self.k, torch.cat([head, top.indices.double(), top.values.double()])[None])
+            self.stats = torch.zeros((self.steps, stats.shape[0]), dtype=torch.float64, device=stats.device)
+        self.stats.index_copy_(0, self.k, stats[None])
         if self.rows is not None:
             self._record_rows(prefill)
         self.token_in.copy_(token.view(1, 1))
@@ -210,17 +134,17 @@ class StaticDecoder:
 
     def _record_rows(self, prefill: bool) -> None:
         for m, logs, layers in zip(self.macs, self.logs, self.layers):
-            floored, log_c = log_factors(self.rows, self.n, m.config)  # (L, N), (N,) float64
+            log_c, floored = m.device_step(self.rows)  # (N,) float64, (L, N) float32 or None
             logs.index_copy_(0, self.k, log_c[None])
             if layers is not None:
-                layers.index_copy_(0, self.k, floored.float()[None])
+                layers.index_copy_(0, self.k, floored[None])
         if self.sinks is None:
             return
         if prefill:
             self.sinks.add(self.rows)
             return
-        share = self.rows[..., : self.n].mean(dim=(0, 1))  # (N,), as `SinkTracker.add`; steps after an end-of-
-        self.share_sum.add_(share * self.alive)  # sequence token are left out
+        share = self.sinks.share(self.rows)  # (N,); steps after an end-of-sequence token are left out
+        self.share_sum.add_(share * self.alive)
         self.share_min.copy_(torch.where(self.alive, torch.minimum(self.share_min, share), self.share_min))
 
     def prefill(self, input_ids: torch.Tensor) -> None:
@@ -248,7 +172,7 @@ class StaticDecoder:
 
     def _capture_graph(self) -> None:
         """One real step on a side stream (it loads every kernel), then the next step recorded, not run; where the
-        capture fails the model is remembered (`choose_path`) and this request goes on eagerly."""
+        capture fails the model is remembered (`decoding.choose_path`) and this request goes on eagerly."""
         device = self.k.device
         with self.capturing():
             side = torch.cuda.Stream(device)
@@ -263,33 +187,21 @@ class StaticDecoder:
             except torch.cuda.OutOfMemoryError:
                 raise  # not the graph's fault: the request does not fit
             except RuntimeError as e:  # an op that cannot be captured: run the same step eagerly
-                _graph_failures[self.model] = f"{type(e).__name__}: {e}"
+                remember_graph_failure(self.model, f"{type(e).__name__}: {e}")
                 warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
                 self.graphs, self.path = False, STATIC
                 return
         self.graph = graph
 
     # --- the host reads ---------------------------------------------------------------------------------------
-    def read(self, start: int, stop: int, seconds: float, method_seconds: dict[str, float] | None) -> Iterator[dict]:
-        """The steps start .. stop - 1 as `decode.Step` fields, read from the device once per buffer; each MACS row
-        is finished (`MACS.finish_step`) only when its step is taken."""
+    def read(self, start: int, stop: int, seconds: float, method_seconds: dict[str, float] | None) -> Iterator[Step]:
+        """The steps start .. stop - 1, read from the device once per buffer; each method's row is finished
+        (`finish_step`) only when its step is taken."""
         stats = to_numpy(self.stats[start:stop])  # (k, 3 + 2A) float64
-        logs = [to_numpy(x[start:stop]) for x in self.logs]  # each (k, N) float64
-        a = (stats.shape[1] - 3) // 2
+        logs = {m.name: to_numpy(x[start:stop]) for m, x in zip(self.macs, self.logs)}  # each (k, N) float64
         for j in range(stop - start):
-            token, p, h = stats[j, :3]
-            scores = {}
-            for m, log in zip(self.macs, logs):
-                t1 = time.perf_counter()
-                scores[m.name] = m.finish_step(log[j])  # the device work ran inside the step, not timed apart
-                if method_seconds is not None:
-                    method_seconds[m.name] = method_seconds.get(m.name, 0.0) + time.perf_counter() - t1
-            alternatives = [(int(i), float(q)) for i, q in zip(stats[j, 3 : 3 + a], stats[j, 3 + a :])]
-            yield dict(
-                index=start + j, token_id=int(token), scores=scores, seconds=seconds / (stop - start),
-                probability=min(max(float(p), 0.0), 1.0), entropy=max(float(h), 0.0), alternatives=alternatives,
-                decode_path=self.path,
-            )  # fmt: skip
+            scores = method_scores(self.macs, lambda m, j=j: m.finish_step(logs[m.name][j]), method_seconds)
+            yield make_step(start + j, stats[j], scores, seconds / (stop - start), self.path)
 
     def finish(self, steps_taken: int) -> None:
         """Hand the decode steps' sink shares to the tracker (steps after an end-of-sequence token hold nothing)."""
@@ -299,40 +211,33 @@ class StaticDecoder:
 
 def static_steps(
     model: torch.nn.Module,
-    input_ids: torch.Tensor,
+    job: DecodeJob,
     streaming: Sequence[AttributionMethod],
-    max_new_tokens: int,
-    eos_token_ids: Iterable[int] = (),
-    forced_ids: Sequence[int] | None = None,
     sinks: SinkTracker | None = None,
     method_seconds: dict[str, float] | None = None,
-    path: str | None = None,
-) -> Iterator[dict]:
-    """What `decode.generate_steps` yields, as `Step` fields, from the static path; the streaming methods (MACS only,
-    see `choose_path`) have had `begin`. K = `max_new_tokens` (= len(forced_ids) for a given answer). `path`:
-    `STATIC` or `CUDA_GRAPH`; None: `choose_path`'s."""
-    path = path or choose_path(model, input_ids, streaming)
-    decoder = StaticDecoder(model, input_ids, [m for m in streaming if isinstance(m, MACS)], max_new_tokens,
-                            eos_token_ids, forced_ids, sinks, graphs=path == CUDA_GRAPH)  # fmt: skip
-    eos = set() if forced_ids is not None else set(eos_token_ids)
+    path: str = STATIC,
+) -> Iterator[Step]:
+    """What `decode.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
+    see `decoding.choose_path`) have had `begin`. `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
+    decoder = StaticDecoder(model, job, sinks, graphs=path == CUDA_GRAPH)
     check_cancelled()
     t0 = time.perf_counter()
-    decoder.prefill(input_ids)
+    decoder.prefill(job.input_ids)
     done = taken = 1  # steps computed on the device; steps yielded
     stopped = False
-    for record in decoder.read(0, 1, time.perf_counter() - t0, method_seconds):
-        yield record
-        stopped = record["token_id"] in eos
-    while not stopped and done < max_new_tokens:
+    for step in decoder.read(0, 1, time.perf_counter() - t0, method_seconds):
+        yield step
+        stopped = ends(1, step.token_id, job.num_steps, job.stop_ids)
+    while not stopped:
         t0 = time.perf_counter()
-        stop = min(max_new_tokens, done + min(done, MAX_CHUNK))
+        stop = min(job.num_steps, done + min(done, MAX_CHUNK))
         decoder.decode(stop - done)
         seconds = time.perf_counter() - t0
-        for record in decoder.read(done, stop, seconds, method_seconds):
-            yield record
+        for step in decoder.read(done, stop, seconds, method_seconds):
+            yield step
             taken += 1
-            if record["token_id"] in eos:
-                stopped = True
+            stopped = ends(taken, step.token_id, job.num_steps, job.stop_ids)
+            if stopped:
                 break
         done = stop
     decoder.finish(taken)

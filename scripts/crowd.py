@@ -66,8 +66,8 @@ def visit(client: Client, prompt: str) -> dict:
         "total_s": total,
         "tokens": len(json.loads(saved)["generated_token_ids"]),
         "views": views(saved),
-        "decode": json.loads(saved)["meta"].get("decode"),
-        "batch_size": json.loads(saved)["meta"].get("batch_size"),
+        "decode": json.loads(saved)["meta"]["decode"]["path"],  # `decoding.DecodeChoice.record`
+        "batch_size": json.loads(saved)["meta"]["decode"]["batch_size"],
     }
 
 

@@ -9,7 +9,7 @@
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
 #   scripts/gpu_check.sh OUTDIR static         # the embedded model: none, plain, MACS on the CUDA-graph path and on
-#                                              # the dynamic loop at 1k/4k/16k/32k prompt tokens
+#                                              # the solo loop at 1k/4k/16k/32k prompt tokens
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode
@@ -155,10 +155,10 @@ stage() {  # stage NAME: one stage of the next GPU session
             --repeats 1 --json "$RESULTS/bench-gpu-$gpu-llama-3.1-8b-long.json" --deadline "$(box 90)" \
             --plan "$LONG:none,plain,macs,rollout"
         ;;
-    static) # where launches dominate: the CUDA-graph path against the dynamic loop, same model, same process kind
+    static) # where launches dominate: the CUDA-graph path against the solo loop, same model, same process kind
         model=(--folder /tmp/smollm2-135m-32k)
         if [ -n "$DRY" ]; then model=(--model $LLAMA "${TINY[@]}"); else long_copy /tmp/smollm2-135m-32k; fi
-        for decode in $DECODE dynamic; do
+        for decode in $DECODE solo; do
             run "$(box 60)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-static-$decode.json" \
                 --deadline "$(box 50)" --plan "$STATIC_LENGTHS:none,plain,macs"

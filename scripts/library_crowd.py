@@ -3,8 +3,8 @@
     python scripts/library_crowd.py --folder embedded --visitors 1,8 --rounds 3 --json out.json
     python scripts/library_crowd.py --model Qwen/Qwen2.5-1.5B-Instruct --dtype bfloat16 --visitors 1,8 --json out.json
 
-Each visitor is a thread calling `explain_request` with the batched decode on (`batching.enable()`, as the app runs
-it): the same prompt (with `--distinct` each visitor's own, its number at the end, so no two rows share a prefill),
+Each visitor is a thread calling `explain_request` with the batched decode on (`decoding.enable_batching()`, as the app
+runs it): the same prompt (with `--distinct` each visitor's own, its number at the end, so no two rows share a prefill),
 MACS + Rollout, a given answer of `--new-tokens` token ids (teacher-forced, so every request runs all its steps
 whatever random weights would generate). Before the crowds a request runs once to warm up, one crowd of the largest
 size runs uncounted (a process's first crowds also grow its memory, `explainer/runtime/malloc.py`), and each distinct
@@ -82,8 +82,8 @@ def _round(bundle, requests: list, n: int, references: list | None) -> dict:
         "tokens_per_s": sum(len(r.generated_token_ids) for _, r in done) / wall,
         "errors": [f"{type(r).__name__}: {r}" for r in out if isinstance(r, BaseException)],
         "mismatched_visitors": None if references is None else sum(not _same(r, references[i]) for i, r in done),
-        "largest_batch": max((r.meta.get("batch_size") or 1 for _, r in done), default=0),
-        "shared_prefill": max((r.meta.get("prefill_rows") or 1 for _, r in done), default=0),
+        "largest_batch": max((r.meta["decode"]["batch_size"] for _, r in done), default=0),
+        "shared_prefill": max((r.meta["decode"]["prefill_rows"] for _, r in done), default=0),
     }
 
 
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     from crowd_rounds import summary
     from gpu_bench import _machine
 
-    from explainer import batching
+    from explainer.decoding import enable_batching
     from explainer.explain import explain_request
     from explainer.runtime.malloc import keep_freed_memory
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         requests = [_request(bundle, args.prompt_tokens, args.new_tokens, i) for i in range(1, max(sizes) + 1)]
     else:
         requests = [_request(bundle, args.prompt_tokens, args.new_tokens)] * max(sizes)
-    batching.enable()
+    enable_batching()
     explain_request(bundle, requests[0])  # warm-up
     _round(bundle, requests, max(sizes), None)  # a first crowd, uncounted
     alone = {id(r): explain_request(bundle, r) for r in requests}  # alone in the batcher: what each visitor must get
@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": bundle.name, "dtype": args.dtype, "date": datetime.now().strftime("%Y-%m-%d"),
         "machine": _machine(device), "prompt_tokens": reference.num_prompt_tokens, "new_tokens": args.new_tokens,
-        "decode": reference.meta.get("decode"), "distinct_prompts": args.distinct, "rounds": rows,
+        "decode": reference.meta["decode"]["path"], "distinct_prompts": args.distinct, "rounds": rows,
         "medians": summary(rows),
     }  # fmt: skip
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")

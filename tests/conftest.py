@@ -204,6 +204,7 @@ def cpu_flags(plain_cpu):
 def _library_defaults(monkeypatch):
     """Every test starts with the library's own defaults, whatever an import of `app` (which turns the batched decode
     on for its visitors) did before: a test that wants the batched decode turns it on itself."""
-    from explainer import batching
+    from explainer.decoding import choice
 
-    monkeypatch.setattr(batching, "_enabled", False)
+    monkeypatch.setattr(choice, "_batching", False)
+    monkeypatch.delenv(choice.DECODE_ENV, raising=False)

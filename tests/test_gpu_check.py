@@ -63,7 +63,7 @@ def test_every_stage_writes_its_results(dry_run):
     assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b.json") == {(m, n) for m in methods for n in (16, 32)}
     long = {(m, 48) for m in ("none", "plain", "macs", "rollout")}
     assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b-long.json") == long
-    for decode, path in (("static", "static"), ("dynamic", "dynamic")):
+    for decode, path in (("static", "static"), ("solo", "solo")):
         report = json.loads((results / f"bench-gpu-cpu-dry-static-{decode}.json").read_text())
         assert {r["decode_path"] for r in report["rows"] if r["method"] != "none"} == {path}
         assert {(r["method"], r["prompt_tokens"]) for r in report["rows"]} == {
@@ -86,5 +86,5 @@ def test_every_stage_writes_its_results(dry_run):
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
-    assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, dynamic)
+    assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, solo)
     assert second.count("is there") == 4 + 1 + 5 + 1  # ... product rows, crowd

@@ -223,7 +223,7 @@ LAYERS = (
     ("result",),  # the Attribution and what is computed from it
     ("methods",),  # the attribution methods and their registry
     ("request",),  # ExplainRequest (explainer/request.py): checked with the registry
-    ("decode", "static_decode", "batching", "estimate", "reliance"),  # decode loops; estimates; image knockout
+    ("decoding", "decode", "static_decode", "batching", "estimate", "reliance"),  # decode paths; estimates; knockout
     ("explain",),  # the request orchestration
     ("faithfulness", "eval", "bench"),  # evaluation and measurement
     ("visuals",),  # pure views

@@ -1,7 +1,7 @@
 """What the app sets up for its own process before it serves, so that a crowd's decode steps keep their cores:
 
 - torch's CPU threads from the container's quota, not the host's cores (`explainer.runtime.threads`);
-- visitors' text requests share decode steps (`explainer.batching`; EXPLAINER_BATCHING=0: one at a time);
+- visitors' text requests share decode steps (`explainer.batching`; EXPLAINER_DECODE=solo: one at a time);
 - glibc keeps the memory the process frees (`explainer.runtime.malloc.keep_freed_memory`; docs/memory.md);
 - Gradio's queue summarises its event log for its monitoring page once in 1,000 events instead of after every
   event: it builds a pandas table of every event since the start each time, so in a long demo each click cost more
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from explainer import batching
+from explainer.decoding import enable_batching
 from explainer.runtime.malloc import keep_freed_memory
 from explainer.runtime.threads import configure_threads
 
@@ -29,5 +29,5 @@ class Process:
 def prepare() -> Process:
     """Call at import of the app, before the server's threads start and before the page's queue is made."""
     os.environ.setdefault("GRADIO_ANALYTICS_CACHE_FREQUENCY", ANALYTICS_EVERY)
-    batching.enable(os.environ.get("EXPLAINER_BATCHING", "1") != "0")
+    enable_batching()  # `decoding.choose_path` sends text requests to the batched decode
     return Process(threads=configure_threads(), keeps_freed_memory=keep_freed_memory())

@@ -15,12 +15,10 @@ A request's row joins the batch at the next step and leaves when it is done or i
   decodes, and give the model up between their passes when one arrives; a row that does not fit the memory check
   beside the others waits for room.
 
-Off by default in the library (`enable()`): a request then holds the model for its whole run, as before; the app
-turns it on.
-
-What runs solo instead (`solo_reason`): image prompts (their prefill inputs, Qwen-VL's 3D mRoPE positions),
+Off by default in the library (`decoding.enable_batching()`): a request then holds the model for its whole run, as
+before; the app turns it on. Which requests join is `decoding.choose_path`'s choice (path `batched`); image prompts,
 vision-language models, models with sliding-window layers (their window is measured in cache positions, which left
-padding shifts), and models spread over several devices.
+padding shifts) and models spread over several devices run solo.
 
 Why not transformers' `ContinuousBatchingManager` (paged attention): it flattens all requests into one (1, sum of
 queries) sequence over keys gathered from a paged cache, samples inside its own thread and hands back token ids only.
@@ -47,42 +45,13 @@ import torch
 
 from ..decode import DecodeJob, Step
 from ..result.sinks import SinkTracker
-from ..runtime.devices import spread_over_devices
-from ..runtime.memory import language_config
 from ..runtime.session import check_cancelled
 from .engine import batcher_for, counts
 from .row import Row
 
-__all__ = ["batched_steps", "counts", "enable", "enabled", "solo_reason"]
+__all__ = ["batched_steps", "counts"]
 
 POLL_SECONDS = 0.05  # how often a request waiting for its next step looks at its cancel token
-_enabled = False
-
-
-def enable(on: bool = True) -> None:
-    """Let `stream_explain` requests of this process join batches (the app turns it on; library callers opt in).
-    Off, every request holds the model from its first forward pass to its last, one after the other."""
-    global _enabled
-    _enabled = bool(on)
-
-
-def enabled() -> bool:
-    return _enabled
-
-
-def solo_reason(model: torch.nn.Module, extra_inputs: dict[str, Any] | None = None) -> str | None:
-    """Why a request on `model` (with these prefill inputs) runs the solo loop, or None when it can join a batch."""
-    if extra_inputs:
-        return "image prompt"
-    config = language_config(model)
-    if config is not model.config:
-        return "vision-language model"
-    types = getattr(config, "layer_types", None) or []
-    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in types):
-        return "sliding-window layers"
-    if spread_over_devices(model):
-        return "model spread over devices"
-    return None
 
 
 def batched_steps(
@@ -99,13 +68,11 @@ def batched_steps(
     rows (itself included) took their step 0 from its prefill pass.
 
     Raises:
-        ValueError: the job has prefill inputs (an image prompt: run it solo, see `solo_reason`).
+        ValueError: the job has prefill inputs (an image prompt: run it solo, see `decoding.choose_path`).
     """
     if job.extra_inputs:
         raise ValueError("image prompts run the solo decode loop (decode.generate_steps)")
-    row = Row(
-        model, job.input_ids, job.methods, job.num_steps, job.eos_token_ids, method_seconds, job.forced_ids, sinks
-    )
+    row = Row(model, job, method_seconds, sinks)
     return _follow(row, model, record)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import decode
+from ..decoding.step import forward_pass
 from ..runtime.devices import input_device
 from ..runtime.kv import batch_budget
 from ..runtime.memory import MemoryLimitError, check_fits
@@ -173,11 +173,11 @@ class Batcher:
     def _forward_fixed(
         self, rows: list[Row], ids: torch.Tensor, cached: int, record: bool
     ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """A lone row on its own cache runs the solo loop's call (`decode.forward_pass`); otherwise attention runs
-        row by row (`attention.rows_apart`)."""
+        """A lone row on its own cache runs the solo loop's call (`decoding.step.forward_pass`); otherwise attention
+        runs row by row (`attention.rows_apart`)."""
         if len(rows) == 1 and rows[0].length == cached:
             consumer = None if record else False  # False: no capture
-            logits, attention = decode.forward_pass(self.model, ids, self._cache, {}, consumer, cached + 1)
+            logits, attention = forward_pass(self.model, ids, self._cache, {}, consumer, cached + 1)
             return logits[None], None if attention is None else [attention]
         mask, positions = batch_cache.decode_inputs([r.length for r in rows], cached, self.device)
         call = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache)

@@ -13,13 +13,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 from transformers import DynamicCache
 
-from .. import decode
-from ..decode import Step
+from ..decoding.choice import BATCHED
+from ..decoding.job import DecodeJob
+from ..decoding.step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
 from ..methods import AttributionMethod
 from ..result.sinks import SinkTracker
 from ..runtime.memory import MemoryRequest, ModelShape, request_bytes
@@ -41,20 +42,17 @@ class Row:
     def __init__(
         self,
         model: torch.nn.Module,
-        input_ids: torch.Tensor,
-        methods: Sequence[AttributionMethod],
-        max_new_tokens: int,
-        eos_token_ids: Iterable[int],
+        job: DecodeJob,
         method_seconds: dict[str, float] | None,
-        forced_ids: Sequence[int] | None,
         sinks: SinkTracker | None,
     ) -> None:
-        self.forced = None if forced_ids is None else list(forced_ids)  # checked when the DecodeJob was built
-        self.steps = max_new_tokens if self.forced is None else len(self.forced)
-        self.input_ids = input_ids  # (1, N)
+        self.job = job
+        self.steps = job.num_steps
+        self.input_ids = input_ids = job.input_ids  # (1, N)
         self.n = input_ids.shape[1]
-        self.streaming = [m for m in methods if m.streaming]
-        self.eos = set(eos_token_ids)
+        forced = job.forced_ids
+        self.forced = None if forced is None else torch.tensor(forced, device=input_ids.device)  # (K,)
+        self.streaming = [m for m in job.methods if m.streaming]
         self.method_seconds = method_seconds
         self.sinks = sinks
         self.out: queue.Queue = queue.Queue()
@@ -86,12 +84,10 @@ class Row:
         if not rows:
             return
         lead = rows[0]  # the pass runs on its ids, cache and sink tracker
-        capture = decode.full_row_consumer([m for r in rows for m in r.streaming]) if lead.streaming else False
+        capture = full_row_consumer([m for r in rows for m in r.streaming]) if lead.streaming else False
         lead.cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
-        logits, attention = decode.forward_pass(
-            model, lead.input_ids, lead.cache, {}, capture, lead.n, lead.sinks, True
-        )  # fmt: skip
+        logits, attention = forward_pass(model, lead.input_ids, lead.cache, {}, capture, lead.n, lead.sinks, True)
         for row in rows:
             if row is not lead:
                 row.cache = lead.cache
@@ -124,17 +120,14 @@ class Row:
         self.emit(logits, rows, t0)
 
     def emit(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float) -> None:
-        forced = None if self.forced is None else self.forced[self.k]
-        token, probability, entropy, alternatives = decode.next_token(logits, forced)
+        forced = None if self.forced is None else self.forced[self.k : self.k + 1]  # (1,)
+        stats = token_stats(logits, forced)[1].tolist()  # the step's one read
         seconds = time.perf_counter() - t0
-        scores = decode.method_scores(self.streaming, rows, self.method_seconds)
-        step = Step(
-            index=self.k, token_id=token, scores=scores, seconds=seconds, probability=probability, entropy=entropy,
-            alternatives=alternatives,
-        )  # fmt: skip
+        scores = method_scores(self.streaming, lambda m: m.step(rows), self.method_seconds)
+        step = make_step(self.k, stats, scores, seconds, BATCHED)
         self.k += 1
-        self.next_input = token
-        self.done = self.k == self.steps or (self.forced is None and token in self.eos)
+        self.next_input = step.token_id
+        self.done = ends(self.k, step.token_id, self.steps, self.job.stop_ids)
         self.out.put(("step", step))
         if self.done:
             self.out.put(("done", None))

@@ -20,7 +20,7 @@ longer): every run records the share of the CPUs others used (`other_cpu_frac_al
 and `--quiet-wait` holds each timed run until the machine is idle.
 
 Each row records the loop that generated (`decode_path`: "generate", "dynamic", "static" or "cuda-graph");
-`--decode` chooses it for the library's runs (`static_decode.POLICIES`).
+`--decode` chooses it for the library's runs (`decoding.OVERRIDES`, set as `EXPLAINER_DECODE`).
 
 Prompts are real text, tokenised without chat template and cut to exactly N tokens: the essays in
 `explainer/data/bench_text.txt` by default, a text file (`--prompt-file`) or the contexts of a SQuAD file (`--data`,

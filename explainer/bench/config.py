@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from ..decoding.choice import OVERRIDES
 from ..errors import InputError, UnknownMethodError
-from ..static_decode import POLICIES
 from .prompts import prompt_text
 from .report import BASELINE, PLAIN
 
@@ -62,7 +62,7 @@ class BenchConfig:
         quiet_wait: seconds to wait, before each timed run, for other processes to leave the CPUs alone.
         threads: `torch.set_num_threads` in every worker (None: torch's default).
         live_mem: also measure `BenchRow.live_peak_mem_mb` (CPU only).
-        decode: the decode loop's policy in every worker (a `static_decode.POLICIES` name; None: the default choice).
+        decode: the decode loop's policy in every worker (a `decoding.OVERRIDES` name; None: the default choice).
     """
 
     model: str | None = None
@@ -93,8 +93,8 @@ class BenchConfig:
             raise InputError(f"Threads must be at least 1, got {self.threads!r}.")
         if self.quiet_wait < 0:
             raise InputError(f"The quiet wait must be zero or more seconds, got {self.quiet_wait}.")
-        if self.decode is not None and self.decode not in POLICIES:
-            raise InputError(f"The decode policy must be one of {', '.join(POLICIES)}, got {self.decode!r:.40}.")
+        if self.decode is not None and self.decode not in OVERRIDES:
+            raise InputError(f"The decode policy must be one of {', '.join(OVERRIDES)}, got {self.decode!r:.40}.")
         parse_dtype(self.dtype)  # a bad name fails here, before any worker starts; workers get the name
         for name in ("data_path", "prompt_file"):
             value = getattr(self, name)

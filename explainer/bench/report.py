@@ -37,7 +37,8 @@ class BenchRow:
         tokens_per_s_ratio, peak_mem_ratio, live_peak_mem_ratio: relative to `none` at the same prompt and
             new-token lengths.
         decode_path: the loop that generated: "generate" (`model.generate`, the `none` baseline) or what
-            `static_decode.choose_path` chose ("dynamic", "static", "cuda-graph"); None in reports saved before it.
+            `decoding.choose_path` chose ("solo", "static", "cuda-graph"; "dynamic" for the solo loop in reports saved
+            before it); None in reports saved before that.
         positions: forward positions of the last timed run, where counted: `forward_positions` (computed; plain
             generation's N + K - 1) and, for Sources, what leave-one-sentence-out without a cache and ContextCite's
             64 ablations would compute (`leave_one_sentence_out_positions`, `contextcite_positions`). None elsewhere.

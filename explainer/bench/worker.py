@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from ..decode import DecodeJob, generate_steps
+from ..decoding.choice import DECODE_ENV, choose_path
 from ..errors import ExplainerError, InputError
 from ..methods import GenerationRun
 from ..methods import method_from_spec as from_spec
 from ..models.loading import load_model
 from ..runtime.precision import dtype_name
 from ..runtime.session import hold
-from ..static_decode import DECODE_ENV, choose_path
 from .config import BenchConfig
 from .probes import ContentionProbe, MemoryProbe, live_peak_mb
 from .prompts import prompt_ids
@@ -191,12 +191,13 @@ def timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_id
 
 
 def decode_path(model: Any, method_name: str, input_ids: Any) -> str:
-    """The loop a configuration generates with: "generate" for the baseline, else `static_decode.choose_path`'s
+    """The loop a configuration generates with: "generate" for the baseline, else `decoding.choose_path`'s
     (asked after the runs, so a CUDA graph that failed to record reads as the eager static path it fell back to)."""
     if method_name == BASELINE:
         return "generate"
     method = None if method_name == PLAIN else method_from_spec(method_name)
-    return choose_path(model, input_ids, [method] if method is not None and method.streaming else [])
+    job = DecodeJob(input_ids, [method] if method is not None and method.streaming else [], 1)
+    return choose_path(model, job, can_batch=False).path
 
 
 def worker_main(argv: list[str]) -> int:

@@ -20,9 +20,9 @@ from ..bench import (
     markdown_caption,
     run_bench,
 )
+from ..decoding.choice import OVERRIDES
 from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
-from ..static_decode import POLICIES
 from .options import add_device_map_option, dtype_option, methods_help, placement
 
 
@@ -31,7 +31,8 @@ def _split(text: str) -> list[str]:
 
 _DECODE_HELP = (
     "the library's decode loop in every worker (rows say which ran): auto (CUDA graphs on a GPU where they apply), "
-    "dynamic (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs)"
+    "solo (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs); "
+    "$EXPLAINER_DECODE in each worker"
 )
 
 
@@ -155,7 +156,7 @@ def add_bench_parser(sub: Any) -> None:
     dtype_option(p)
     add_device_map_option(p)
     _text_options(p)
-    p.add_argument("--decode", choices=POLICIES, help=_DECODE_HELP)
+    p.add_argument("--decode", choices=OVERRIDES, help=_DECODE_HELP)
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads in every worker (default: torch's)")
     p.add_argument(
         "--quiet-wait",

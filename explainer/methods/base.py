@@ -69,11 +69,20 @@ class AttributionMethod:
     # Contrastive steps (`GenerationRun.foils`): the method explains l_A - l_B there. Attention methods cannot: their
     # maps do not depend on the target.
     contrastive: ClassVar[bool] = False
+    # Streaming capabilities, read by the decode paths (`explainer/decoding/`) instead of testing a method's type:
+    # needs_full_rows: it also reads every prompt query's attention rows in the prefill (`consume_full_rows`), not
+    # only the predicting query's (Rollout);
+    # has_device_step: its step also exists as fixed-shape device work (`device_step`, then `finish_step` on the
+    # host), which the static decode path runs inside its step and a CUDA graph records (MACS).
+    needs_full_rows: ClassVar[bool] = False
+    has_device_step: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "display_name" not in cls.__dict__ and "name" in cls.__dict__:
             cls.display_name = cls.name
+        if "step" in cls.__dict__ and "has_device_step" not in cls.__dict__:
+            cls.has_device_step = False  # a new `step` is not the device step it inherited: say so again to keep it
 
     @classmethod
     def cost(cls, request: CostRequest, config: Any) -> Cost:
@@ -111,6 +120,25 @@ class AttributionMethod:
         Returns:
             (N,) float raw scores.
         """
+        raise NotImplementedError
+
+    def consume_full_rows(self, layer_idx: int, q_start: int, probs: torch.Tensor) -> None:
+        """With `needs_full_rows`: a chunk of one layer's prefill rows, (H, chunk, T) probabilities of the queries
+        from `q_start` on."""
+        raise NotImplementedError
+
+    def device_step(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With `has_device_step`: this step's device work from its (L, H, T) rows, no host read: ((N,) the row that
+        `finish_step` turns into scores on the host, (L, N) float32 layer scores to keep or None)."""
+        raise NotImplementedError
+
+    def reserve_layers(self, steps: int, num_layers: int, device: torch.device) -> torch.Tensor | None:
+        """With `has_device_step`: the (steps, L, N) float32 buffer that the static path writes `device_step`'s layer
+        scores into, allocated at once; None (the default) when it keeps none."""
+        return None
+
+    def finish_step(self, row: np.ndarray) -> np.ndarray:
+        """With `has_device_step`: the (N,) raw scores of the next step from `device_step`'s row, read to the host."""
         raise NotImplementedError
 
     def layer_scores(self) -> np.ndarray | None:

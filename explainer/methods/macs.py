@@ -75,6 +75,7 @@ class MACS(AttributionMethod):
     display_name = "MACS"
     streaming = True
     explains_images = True
+    has_device_step = True  # `device_step`: Eqs. 4-7 as fixed-shape device work
     Config = MACSConfig
 
     @classmethod
@@ -109,6 +110,11 @@ class MACS(AttributionMethod):
         if self.config.keep_layers:
             self._keep(floored)
         return self.finish_step(to_numpy(log_c))  # the step's one device sync
+
+    def device_step(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(N,) float64 log of Eq. 7 and, with `keep_layers`, the (L, N) float32 layer factors, left on the device."""
+        floored, log_c = log_factors(rows, self.n, self.config)
+        return log_c, floored.float() if self.config.keep_layers else None
 
     def finish_step(self, log_c: np.ndarray) -> np.ndarray:
         """The (N,) float32 raw row of the next step from its (N,) float64 log of Eq. 7, read from the device: c_L,

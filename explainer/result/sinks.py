@@ -129,14 +129,18 @@ class SinkTracker:
         self.norms: torch.Tensor | None = None  # (N,) float32 on the probed layer's device
         self.norm_layer: int | None = None
 
-    def add(self, rows: torch.Tensor) -> None:
-        """One step's captured attention rows (L, H, T), T >= N: adds the mean over layers and heads of the prompt
-        columns (no host read)."""
+    def share(self, rows: torch.Tensor) -> torch.Tensor:
+        """(N,) float32 a step's share of each prompt position: the mean over the counted layers and the heads of its
+        captured attention rows (L, H, T), T >= N (no host read)."""
         if self.layers is not None:
             if self._index is None:
                 self._index = torch.tensor(self.layers, dtype=torch.long, device=rows.device)  # (L_full,)
             rows = rows.index_select(0, self._index)  # (L_full, H, T)
-        share = rows[..., : self.n].float().mean(dim=(0, 1))  # (N,)
+        return rows[..., : self.n].float().mean(dim=(0, 1))  # (N,)
+
+    def add(self, rows: torch.Tensor) -> None:
+        """One step's captured attention rows (L, H, T), T >= N: adds their `share` (no host read)."""
+        share = self.share(rows)  # (N,)
         self.share_sum = share if self.share_sum is None else self.share_sum + share
         self.share_min = share if self.share_min is None else torch.minimum(self.share_min, share)
         self.steps += 1

@@ -20,10 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from explainer import batching, bundle_from_objects, explain, stream_explain
-from explainer.batching import batched_steps, counts, solo_reason
+from explainer import bundle_from_objects, explain, stream_explain
+from explainer.batching import batched_steps, counts
 from explainer.capture import registered_names
 from explainer.decode import DecodeJob, generate_steps
+from explainer.decoding import enable_batching
 from explainer.errors import Cancelled, InputError
 from explainer.methods import MACS, get_method
 from explainer.result.sinks import SinkTracker
@@ -289,7 +290,8 @@ def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeyp
     from explainer.batching.row import Row
 
     need = max(
-        Row(model, r["ids"], [get_method(m) for m in METHODS], r["k"], (), None, None, None).need for r in reqs.values()
+        Row(model, DecodeJob(r["ids"], [get_method(m) for m in METHODS], r["k"]), None, None).need
+        for r in reqs.values()
     )
     monkeypatch.setenv(memory.BUDGET_ENV, str(int(1.5 * need / memory.USABLE)))  # one row fits, two do not
     out = _together(model, reqs)
@@ -370,19 +372,14 @@ def test_requests_are_checked_before_they_join(model):
     assert counts(model) == (0, 0)
 
 
-def test_what_runs_solo():
-    assert solo_reason(build_model("llama")) is None and solo_reason(build_model("qwen2")) is None
-    assert solo_reason(build_model("qwen2_sliding")) == "sliding-window layers"
-    assert solo_reason(build_model("llama"), {"pixel_values": torch.zeros(1)}) == "image prompt"
-
-
 def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, monkeypatch):
     bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
     prompts = ["What is the capital of France?", "The quick brown fox jumps over the lazy dog.", "Name three colours."]
     methods = ["macs", "rollout", "random"]  # random is post-hoc: it holds the model after the decode
     alone = [explain(bundle, p, methods=methods, max_new_tokens=8) for p in prompts]
-    assert all(a.meta["decode"] == "solo" for a in alone)
-    monkeypatch.setattr(batching, "_enabled", True)
+    assert all(a.meta["decode"] == {"path": "solo", "reason": a.meta["decode"]["reason"], "batch_size": 1,
+                                    "prefill_rows": 1} for a in alone)  # fmt: skip
+    enable_batching()
     results: dict = {}
     with _paused(bundle.model):
         streams = [stream_explain(bundle, p, methods=methods, max_new_tokens=8) for p in prompts]
@@ -394,7 +391,9 @@ def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, mo
         t.join(120)
     for i, ref in enumerate(alone):
         got = results[i]
-        assert got.meta["decode"] == "batched" and got.meta["batch_size"] == 3 and got.meta["status"] == "done"
+        assert got.meta["decode"] == {"path": "batched", "reason": "batching is on", "batch_size": 3,
+                                      "prefill_rows": 1}  # fmt: skip
+        assert got.meta["status"] == "done"
         assert got.generated_token_ids == ref.generated_token_ids
         for m in methods:
             np.testing.assert_allclose(got.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
@@ -405,7 +404,7 @@ def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(to
     bundle = bundle_from_objects(build_model("qwen2"), tokenizer, name="tiny-qwen2")
     prompt = "What is the capital of France?"
     ref = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)
-    monkeypatch.setattr(batching, "_enabled", True)
+    enable_batching()
     alone = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=20)  # alone in the batcher
     gated, token = GatedMACS(at=2), CancelToken()
     with _paused(bundle.model):
@@ -418,7 +417,7 @@ def test_a_cancelled_visitor_leaves_the_batch_and_the_others_finish_unchanged(to
     with pytest.raises(Cancelled):
         list(gone)
     final = list(kept)[-1]
-    assert final.meta["batch_size"] == 2 and final.generated_token_ids == ref.generated_token_ids
+    assert final.meta["decode"]["batch_size"] == 2 and final.generated_token_ids == ref.generated_token_ids
     for m in ("macs", "rollout"):
         np.testing.assert_allclose(final.methods[m].raw, ref.methods[m].raw, rtol=RTOL, atol=ATOL, err_msg=m)
         np.testing.assert_array_equal(final.methods[m].raw, alone.methods[m].raw, err_msg=m)
@@ -475,9 +474,9 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
     long_prompt = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. " * 4
     short_prompt = "Name three colours."
     ref_atman = explain(bundle, long_prompt, methods=["atman"], max_new_tokens=6)
-    monkeypatch.setattr(batching, "_enabled", True)
+    enable_batching()
     alone = explain(bundle, short_prompt, methods=list(METHODS), max_new_tokens=12)  # alone in the batcher
-    monkeypatch.setattr(batching, "_enabled", False)  # the AtMan request runs solo: it holds the model throughout
+    enable_batching(False)  # the AtMan request runs solo: it holds the model throughout
     in_atman, queued = threading.Event(), threading.Event()
     out: dict = {}
 
@@ -497,7 +496,7 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
     threads = [threading.Thread(target=long_request)]
     threads[0].start()
     assert in_atman.wait(120)
-    monkeypatch.setattr(batching, "_enabled", True)
+    enable_batching()
     threads.append(threading.Thread(target=visitor))
     threads[1].start()
     _wait(lambda: counts(bundle.model)[1] == 1)  # the visitor's row waits for the model
@@ -506,7 +505,7 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
         t.join(120)
     assert out["text_end"] < out["atman_end"]  # not stuck behind AtMan
     got = out["text"]
-    assert got.meta["decode"] == "batched" and got.generated_token_ids == alone.generated_token_ids
+    assert got.meta["decode"]["path"] == "batched" and got.generated_token_ids == alone.generated_token_ids
     for m in METHODS:
         np.testing.assert_array_equal(got.methods[m].raw, alone.methods[m].raw, err_msg=m)
     np.testing.assert_array_equal(out["atman"].methods["atman"].raw, ref_atman.methods["atman"].raw)

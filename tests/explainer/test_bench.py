@@ -387,7 +387,7 @@ def test_plain_rows_say_which_decode_loop_ran(tiny_model_dir, monkeypatch):
     """`plain` times the library's own loop without methods; each row names the loop (`--decode` chooses it)."""
     from explainer.bench.config import BenchConfig
     from explainer.bench.worker import measure
-    from explainer.static_decode import DECODE_ENV
+    from explainer.decoding import DECODE_ENV
 
     monkeypatch.setenv(DECODE_ENV, "auto")  # restored after the test, whatever the worker sets
     paths = {}
@@ -405,5 +405,5 @@ def test_plain_rows_say_which_decode_loop_ran(tiny_model_dir, monkeypatch):
         row = measure(config, method, 16)["row"]
         assert row["new_tokens"] == 3 and row["tokens_per_s"] > 0
         paths[method, decode] = row["decode_path"]
-    assert paths == {("none", None): "generate", ("plain", None): "dynamic", ("plain", "static"): "static",
-                     ("macs", "static"): "static", ("rollout", "static"): "dynamic"}  # fmt: skip
+    assert paths == {("none", None): "generate", ("plain", None): "solo", ("plain", "static"): "static",
+                     ("macs", "static"): "static", ("rollout", "static"): "solo"}  # fmt: skip

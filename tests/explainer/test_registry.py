@@ -9,6 +9,7 @@ import pytest
 
 from explainer import METHODS, UnknownMethodError, bundle_from_objects, explain, get_method
 from explainer.capture import registered_names
+from explainer.methods import AttributionMethod
 
 from ..conftest import build_model
 
@@ -44,6 +45,34 @@ def test_method_declares_paper_and_config(name):
     assert "display_name" in vars(cls) and cls.display_name.strip()  # each built-in names itself for people
     method = get_method(name)
     assert method.name == name and isinstance(method.options(), dict)
+
+
+CAPABILITIES = ("streaming", "explains_images", "needs_prompt_embeddings", "contrastive", "needs_full_rows",
+                "has_device_step")  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_method_declares_its_capabilities(name):
+    """The decode paths read these flags, never a method's type: each is a bool, and a flag's hooks exist."""
+    cls = METHODS[name]
+    assert all(isinstance(getattr(cls, flag), bool) for flag in CAPABILITIES), name
+    base = AttributionMethod
+    if cls.needs_full_rows:
+        assert cls.streaming and cls.consume_full_rows is not base.consume_full_rows
+    if cls.has_device_step:
+        assert cls.streaming and cls.device_step is not base.device_step and cls.finish_step is not base.finish_step
+
+
+def test_a_subclass_with_its_own_step_loses_the_device_step():
+    class Changed(METHODS["macs"]):
+        def step(self, rows):
+            return super().step(rows)
+
+    class Kept(Changed):
+        has_device_step = True
+
+    assert METHODS["macs"].has_device_step and not Changed.has_device_step and Kept.has_device_step
+    assert METHODS["rollout"].needs_full_rows and not METHODS["macs"].needs_full_rows
 
 
 def test_methods_side_by_side_share_one_generation(bundle):

@@ -1,15 +1,13 @@
-"""The static decode path (`explainer/static_decode.py`) against today's dynamic loop and the eager references.
+"""The static decode path (`explainer/static_decode.py`) against the solo loop and the eager references.
 
 The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its fixed-shape step eagerly; on CUDA it
-replays it as a CUDA graph). Checked row by row against `generate_steps` on the dynamic path: the same tokens, their
+replays it as a CUDA graph). Checked row by row against `generate_steps` on the solo loop: the same tokens, their
 probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and the same sink
 shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation without
 methods; MACS against `reference_macs` on eager attention; no host read inside a decode step; the fallbacks.
 """
 
 from __future__ import annotations
-
-import types
 
 import numpy as np
 import pytest
@@ -18,21 +16,13 @@ import torch
 from explainer import explain
 from explainer.capture import registered_names
 from explainer.decode import DecodeJob, generate_steps
-from explainer.errors import InputError
-from explainer.methods import MACS, Rollout
+from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
+from explainer.methods import MACS
 from explainer.models.loading import bundle_from_objects
 from explainer.result.sinks import SinkTracker
-from explainer.static_decode import (
-    CUDA_GRAPH,
-    DECODE_ENV,
-    DYNAMIC,
-    STATIC,
-    StaticDecoder,
-    choose_path,
-    unsupported_reason,
-)
+from explainer.static_decode import StaticDecoder
 
-from ..conftest import ACCELERATORS, DEVICES, FailingMACS, build_model, eager_attentions
+from ..conftest import ACCELERATORS, DEVICES, build_model, eager_attentions
 from ..reference import reference_macs
 from .test_host_syncs import CountHostReads, reads_of_each_step
 from .test_on_device import _syncs_per_step
@@ -45,7 +35,7 @@ def _ids(model, n: int = N, device="cpu") -> torch.Tensor:
 
 
 def _run(model, ids, path: str, monkeypatch, macs_options=None, **kwargs):
-    """(steps, MACS layer factors, sink tracker) of one generation on `path` ("dynamic" or "static")."""
+    """(steps, MACS layer factors, sink tracker) of one generation on `path` ("solo" or "static")."""
     monkeypatch.setenv(DECODE_ENV, path)
     methods = [] if macs_options is None else [MACS(**macs_options)]
     sinks = SinkTracker(ids.shape[1], model) if methods else None
@@ -57,7 +47,7 @@ def _run(model, ids, path: str, monkeypatch, macs_options=None, **kwargs):
 def _assert_same_steps(static, dynamic, path=STATIC) -> None:
     assert [s.token_id for s in static] == [s.token_id for s in dynamic]
     assert [s.index for s in static] == list(range(len(dynamic)))
-    assert {s.decode_path for s in static} == {path} and {s.decode_path for s in dynamic} == {DYNAMIC}
+    assert {s.decode_path for s in static} == {path} and {s.decode_path for s in dynamic} == {SOLO}
     for a, b in zip(static, dynamic):
         assert a.scores.keys() == b.scores.keys()
         for name in a.scores:
@@ -75,7 +65,7 @@ def test_static_path_equals_the_dynamic_path(kind, options, monkeypatch):
     model = build_model(kind)
     ids = _ids(model)
     static, layers, sinks = _run(model, ids, "static", monkeypatch, options)
-    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, options)
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, options)
     assert len(static) == K
     _assert_same_steps(static, dynamic)
     if options.get("keep_layers"):
@@ -95,22 +85,22 @@ def test_teacher_forced_answer_and_plain_generation(kind, monkeypatch):
     forced = [int(t) for t in (torch.arange(K) * 11 + 5) % model.config.vocab_size]
     forced[4] = model.config.eos_token_id  # a given answer runs all K steps, an end-of-sequence id inside included
     static, _, _ = _run(model, ids, "static", monkeypatch, {}, forced_ids=forced, eos_token_ids=[forced[4]])
-    dynamic, _, _ = _run(model, ids, "dynamic", monkeypatch, {}, forced_ids=forced, eos_token_ids=[forced[4]])
+    dynamic, _, _ = _run(model, ids, "solo", monkeypatch, {}, forced_ids=forced, eos_token_ids=[forced[4]])
     assert [s.token_id for s in static] == forced
     _assert_same_steps(static, dynamic)
     plain, _, _ = _run(model, ids, "static", monkeypatch)  # no method: no capture, only the tokens and their stats
-    _assert_same_steps(plain, _run(model, ids, "dynamic", monkeypatch)[0])
+    _assert_same_steps(plain, _run(model, ids, "solo", monkeypatch)[0])
 
 
 @pytest.mark.parametrize("stop_at", [0, 1, 5, K - 1])  # the prefill, a chunk of one, inside a chunk, the last step
 def test_end_of_sequence_stops_both_paths_at_the_same_step(stop_at, monkeypatch):
     model = build_model("llama")
     ids = _ids(model)
-    tokens = [s.token_id for s in _run(model, ids, "dynamic", monkeypatch, {}, k=K)[0]]
+    tokens = [s.token_id for s in _run(model, ids, "solo", monkeypatch, {}, k=K)[0]]
     eos = tokens[stop_at]
     first = tokens.index(eos)  # the first time that token comes
     static, _, sinks = _run(model, ids, "static", monkeypatch, {}, eos_token_ids=[eos])
-    dynamic, _, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, {}, eos_token_ids=[eos])
+    dynamic, _, dyn_sinks = _run(model, ids, "solo", monkeypatch, {}, eos_token_ids=[eos])
     assert len(static) == len(dynamic) == first + 1
     _assert_same_steps(static, dynamic)
     assert sinks.steps == dyn_sinks.steps == first + 1  # the steps computed after it are left out of the shares
@@ -123,14 +113,14 @@ def test_macs_on_the_static_path_equals_the_reference(tokenizer, kind, monkeypat
     bundle = bundle_from_objects(build_model(kind), tokenizer, name=kind)
     prompt = "Question: What is the capital of France? Context: Paris is the capital of France."
     attr = explain(bundle, prompt, methods=["macs"], max_new_tokens=8)
-    assert attr.meta["decode_path"] == STATIC
+    assert attr.meta["decode"]["path"] == STATIC
     n, k = attr.num_prompt_tokens, attr.num_steps
     attentions, _ = eager_attentions(bundle.model, torch.tensor([attr.prompt_token_ids + attr.generated_token_ids]))
     ref_raw, ref_z = reference_macs(attentions, n, k)
     np.testing.assert_allclose(attr.methods["macs"].raw, np.array(ref_raw), rtol=1e-4, atol=0)
     np.testing.assert_allclose(attr.methods["macs"].z, np.array(ref_z), atol=1e-4)
-    monkeypatch.setenv(DECODE_ENV, "dynamic")
-    assert explain(bundle, prompt, methods=["macs"], max_new_tokens=8).meta["decode_path"] == DYNAMIC
+    monkeypatch.setenv(DECODE_ENV, "solo")
+    assert explain(bundle, prompt, methods=["macs"], max_new_tokens=8).meta["decode"]["path"] == SOLO
 
 
 def test_a_decode_step_reads_nothing_on_the_host():
@@ -141,7 +131,8 @@ def test_a_decode_step_reads_nothing_on_the_host():
     for macs in ([], [MACS(keep_layers=True)]):
         for m in macs:
             m.begin(N)
-        decoder = StaticDecoder(model, ids, macs, K, eos_token_ids=[2], sinks=SinkTracker(N, model) if macs else None)
+        sinks = SinkTracker(N, model) if macs else None
+        decoder = StaticDecoder(model, DecodeJob(ids, macs, K, eos_token_ids=[2]), sinks)
         decoder.prefill(ids)
         with decoder.capturing():
             for _ in range(K - 1):
@@ -159,28 +150,6 @@ def test_host_reads_happen_only_between_chunks(monkeypatch):
     reads = [i for i, c in enumerate(counts) if c]
     assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps; one read for the tokens, one for MACS
     assert all(counts[i] <= 2 for i in reads), counts
-
-
-def test_the_path_chosen():
-    llama, sliding = build_model("llama"), build_model("qwen2_sliding")
-    cpu = _ids(llama)
-    cuda = types.SimpleNamespace(device=torch.device("cuda"))  # only its device is read
-    assert choose_path(llama, cpu, [MACS()]) == DYNAMIC  # the CPU keeps today's loop by default
-    assert choose_path(llama, cuda, [MACS()]) == choose_path(llama, cuda, []) == CUDA_GRAPH
-    assert choose_path(llama, cpu, [MACS()], policy="static") == STATIC
-    assert choose_path(llama, cuda, [MACS()], policy="static-eager") == STATIC
-    assert choose_path(llama, cuda, [MACS()], policy="dynamic") == DYNAMIC
-    for model, methods, extra in [
-        (llama, [Rollout()], None),  # Rollout's update stays on the dynamic path
-        (llama, [FailingMACS()], None),  # a subclass may change MACS's step
-        (llama, [MACS()], {"pixel_values": torch.zeros(1)}),  # image prompts
-        (sliding, [MACS()], None),  # sliding-window layers
-    ]:
-        assert unsupported_reason(model, methods, extra) is not None
-        assert choose_path(model, cuda, methods, extra, policy="static") == DYNAMIC
-    assert unsupported_reason(llama, [MACS()]) is None
-    with pytest.raises(InputError, match=DECODE_ENV):
-        choose_path(llama, cpu, [], policy="graphs")
 
 
 def test_a_stopped_consumer_leaves_nothing_registered(monkeypatch):
@@ -202,13 +171,13 @@ def test_static_path_on_the_device(device, kind, monkeypatch):
     model = build_model(kind).to(device)
     ids = _ids(model, device=device)
     static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True})
-    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "dynamic", monkeypatch, {"keep_layers": True})
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True})
     _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
     np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
     assert sinks.record() == dyn_sinks.record()
     if device == "cuda":
         monkeypatch.setenv(DECODE_ENV, "auto")
-        assert choose_path(model, ids, [MACS()]) == CUDA_GRAPH
+        assert choose_path(model, DecodeJob(ids, [MACS()], K)).path == CUDA_GRAPH
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)

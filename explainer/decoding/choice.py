@@ -1,0 +1,175 @@
+"""Which decode path a request takes, and why: `choose_path`, the one place that decides, and the one variable that
+overrides it, `EXPLAINER_DECODE`.
+
+The paths (the schedulers of one decode step):
+
+- `solo`: the plain loop (`decode.generate_steps`): a dynamic cache, one Python step per token, the request alone.
+- `static`: the static-cache step (`static_decode.py`) run eagerly: what `cuda-graph` replays, on any device.
+- `cuda-graph`: the same step recorded once as a CUDA graph and replayed.
+- `batched`: a row of the model's batched decode (`batching/`), beside the other visitors' text requests.
+
+The choice (`DecodeChoice`) goes into the result once, `meta["decode"] = {path, reason, batch_size, prefill_rows}`,
+and each `Step` carries its path.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import InputError
+from ..methods import method_class
+from ..runtime.devices import input_device, spread_over_devices
+from ..runtime.memory import language_config
+from ..runtime.session import holds
+
+DECODE_ENV = "EXPLAINER_DECODE"
+OVERRIDES = ("auto", "solo", "static", "static-eager", "batched")  # the values of $EXPLAINER_DECODE
+SOLO, STATIC, CUDA_GRAPH, BATCHED = "solo", "static", "cuda-graph", "batched"  # the paths
+PATHS = (SOLO, STATIC, CUDA_GRAPH, BATCHED)
+
+_batching = False  # whether text requests of this process join the batched decode (`enable_batching`)
+_graph_failures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its graph capture failed
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    """The path a request's decode takes (one of `PATHS`) and why, in words a person can act on."""
+
+    path: str
+    reason: str
+
+    def record(self, batch_size: int = 1, prefill_rows: int = 1) -> dict[str, Any]:
+        """What `meta["decode"]` keeps: the path, the reason, the most rows a step shared (`batch_size`) and how many
+        rows with this prompt shared its prefill pass (`prefill_rows`); 1 and 1 off the batched path."""
+        return {"path": self.path, "reason": self.reason, "batch_size": batch_size, "prefill_rows": prefill_rows}
+
+
+def enable_batching(on: bool = True) -> None:
+    """Let text requests of this process join the batched decode (the app turns it on; library callers opt in).
+    Off, every request holds the model from its first forward pass to its last, one after the other."""
+    global _batching
+    _batching = bool(on)
+
+
+def batching_enabled() -> bool:
+    return _batching
+
+
+def remember_graph_failure(model: torch.nn.Module, why: str) -> None:
+    """A CUDA graph capture failed on `model`: its later requests run the static step eagerly."""
+    _graph_failures[model] = why
+
+
+def graph_failure(model: torch.nn.Module) -> str | None:
+    """Why a CUDA graph capture failed on `model`, or None when none did."""
+    return _graph_failures.get(model)
+
+
+def solo_reason(model: torch.nn.Module, images: bool = False) -> str | None:
+    """Why a request on `model` can take neither the static nor the batched path, or None when it may."""
+    if images:
+        return "image prompt: its prefill inputs (pixels, 3-D positions) run the solo loop"
+    config = language_config(model)
+    if config is not model.config or getattr(model.config, "vision_config", None) is not None:
+        return "vision-language model: runs the solo loop"
+    types = getattr(config, "layer_types", None) or []
+    if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in types):
+        return "sliding-window layers: their window is measured in cache positions"
+    if spread_over_devices(model) or len({p.device for p in model.parameters()}) > 1:
+        return "model spread over several devices (device map)"
+    return None
+
+
+def static_reason(model: torch.nn.Module, streaming: Sequence[Any]) -> str | None:
+    """Why the static step cannot run this request (beyond `solo_reason`), or None when it can. `streaming`: the
+    streaming methods, instances or classes (their `has_device_step` flag is read)."""
+    others = [m.name for m in streaming if not m.has_device_step]
+    if others:
+        return f"{', '.join(others)} has no device step: runs the solo loop"
+    if not getattr(model, "_can_compile_fullgraph", False):  # transformers' mark of models that run a static cache
+        return f"{type(model).__name__} is not marked as working with a static cache"
+    return None
+
+
+def override() -> str:
+    """$EXPLAINER_DECODE, checked: one of `OVERRIDES` ("auto" when unset)."""
+    value = (os.environ.get(DECODE_ENV) or "auto").strip().lower()
+    if value not in OVERRIDES:
+        raise InputError(f"{DECODE_ENV} must be one of {', '.join(OVERRIDES)}, got {value!r}.")
+    return value
+
+
+def choose_path(
+    bundle: Any, request: Any, *, device: torch.device | None = None, can_batch: bool | None = None
+) -> DecodeChoice:
+    """The path a request decodes on, and why.
+
+    By default (`EXPLAINER_DECODE` unset or "auto"): `batched` for a text request when batching is on
+    (`enable_batching`, the app) and the caller does not hold the model; else on CUDA `cuda-graph` where the static
+    step can run (`static` where a capture failed before); `solo` everywhere else. `solo`, `static` (graphs on CUDA,
+    eager elsewhere), `static-eager` and `batched` force a path wherever it can run; where it cannot, `solo` runs and
+    the reason says why.
+
+    Args:
+        bundle: the `ModelBundle`, or the model itself.
+        request: an `ExplainRequest` (its images and methods are read) or a `DecodeJob` (its prefill inputs, methods
+            and prompt's device).
+        device: where the decode runs (default: the job's ids, else the model's input device).
+        can_batch: whether the caller could follow a batched row (default: it does not hold the model).
+
+    Raises:
+        InputError: `EXPLAINER_DECODE` names no path.
+    """
+    forced = override()
+    model = bundle if isinstance(bundle, torch.nn.Module) else bundle.model  # a causal LM has a `.model` too
+    images, streaming, ids = _facts(request)
+    device = device or (ids.device if ids is not None else input_device(model))
+    can_batch = not holds(model) if can_batch is None else can_batch
+    if forced == "solo":
+        return DecodeChoice(SOLO, f"{DECODE_ENV}=solo")
+    why = solo_reason(model, images)
+    if why is not None:
+        return DecodeChoice(SOLO, why)
+    if forced == "batched" or (forced == "auto" and _batching):
+        if can_batch:
+            return DecodeChoice(BATCHED, f"{DECODE_ENV}=batched" if forced == "batched" else "batching is on")
+        if forced == "batched":
+            return DecodeChoice(SOLO, "this caller cannot follow a batched row (it holds the model: an evaluation)")
+    cuda = device.type == "cuda"
+    if forced in ("auto", "batched") and not cuda:
+        return DecodeChoice(SOLO, "the CPU runs the plain loop (the static step is not faster there)")
+    why = static_reason(model, streaming)
+    if why is not None:
+        return DecodeChoice(SOLO, why)
+    if forced == "static-eager" or not cuda:
+        return DecodeChoice(STATIC, f"{DECODE_ENV}={forced}: the static step, run eagerly")
+    failed = graph_failure(model)
+    if failed is not None:
+        return DecodeChoice(STATIC, f"CUDA graph capture failed before ({failed}): the step runs eagerly")
+    return DecodeChoice(CUDA_GRAPH, f"{DECODE_ENV}=static" if forced == "static" else "CUDA: the step as one graph")
+
+
+def _facts(request: Any) -> tuple[bool, list[Any], torch.Tensor | None]:
+    """(image prompt?, the streaming methods (instances or classes), the prompt ids or None) of a request or job."""
+    if hasattr(request, "input_ids"):  # a DecodeJob
+        return bool(request.extra_inputs), [m for m in request.methods if m.streaming], request.input_ids
+    methods = [method_class(m) if isinstance(m, str) else m for m in request.methods]
+    return bool(request.images), [m for m in methods if m.streaming], None
+
+
+def decode_record(meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta["decode"]` as this version writes it, from a result of any version: before it, "decode" was "solo" or
+    "batched", and the loop ("dynamic", "static", "cuda-graph"), batch size and shared prefill had keys of their own."""
+    value = meta.get("decode")
+    if isinstance(value, dict):
+        return value
+    path = meta.get("decode_path")
+    path = BATCHED if value == "batched" else SOLO if path in (None, "dynamic") else path
+    return {"path": path, "reason": "", "batch_size": meta.get("batch_size", 1),
+            "prefill_rows": meta.get("prefill_rows", 1)}  # fmt: skip
