@@ -1,10 +1,10 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds|hitratio ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
-`agreement.py`, `haystack.py`, `lds.py`), the options they share in `options.py`; this one holds the
+`agreement.py`, `haystack.py`, `lds.py`, `hitratio.py`), the options they share in `options.py`; this one holds the
 parser and `main`. Only this package imports `visuals`: the library returns data.
 """
 
@@ -22,6 +22,7 @@ from .bench import add_bench_parser
 from .eval import add_eval_parser
 from .explain import cmd_explain, cmd_faithfulness
 from .haystack import add_haystack_parser
+from .hitratio import add_hitratio_parser
 from .lds import add_lds_parser
 from .options import answer_options, contrast_options, methods_help, prompt_and_model_options
 
@@ -101,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agreement_parser(sub)
     add_haystack_parser(sub)
     add_lds_parser(sub)
+    add_hitratio_parser(sub)
     return parser
 
 
