@@ -13,12 +13,12 @@ from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
 from ..eval.parallel import rank_from_env
-from ..methods import parse_methods
+from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
 
-DEFAULT_METHODS = "macs,rollout,atman,attnlrp,grad_ellm,input_x_gradient,sources,random"
+DEFAULT_METHODS = ",".join(available_methods())  # every registered method
 
 
 def cmd_lds(args: argparse.Namespace) -> int:
