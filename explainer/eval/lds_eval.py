@@ -98,9 +98,9 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def method_metrics(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], runs: _Runs, cfg: LdsConfig) -> dict:
+def method_plan(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], runs: _Runs, cfg: LdsConfig) -> dict:
     """What one method's entries of a row need: its scores, the masks' runs and the removal runs of its top-k drops
-    (added to `runs`); `fill_drops` turns it into the entries once the runs are measured.
+    (added to `runs`); `method_entries` turns it into the entries once the runs are measured.
 
     Args:
         scores: (K, S) the method's sentence scores at each response step.
@@ -119,7 +119,7 @@ def method_metrics(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], 
     return {"whole": whole, "scores": scores, "masks": masks, "mask_runs": mask_runs, "top": top}
 
 
-def fill_drops(plan: dict, logp: np.ndarray) -> dict[str, Any]:
+def method_entries(plan: dict, logp: np.ndarray) -> dict[str, Any]:
     """A method's LDS and top-k drops from the measured log-probabilities `logp` (runs, K); run 0 keeps everything."""
     actual = logp[plan["mask_runs"]]  # (M, K)
     out: dict[str, Any] = {
@@ -157,10 +157,10 @@ def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str
     for name, method in attr.methods.items():
         raw = np.asarray(method.raw[:k], dtype=np.float32)  # (K, N)
         label = method_label(name, cfg.method_options.get(name))
-        plans[label] = method_metrics(source_scores(raw, sentences), masks, mask_runs, runs, cfg)
+        plans[label] = method_plan(source_scores(raw, sentences), masks, mask_runs, runs, cfg)
         if name in ZERO_MEAN:
             zero_mean = source_scores(centred(raw, positions), sentences)
-            plans[label + ZERO_MEAN_SUFFIX] = method_metrics(zero_mean, masks, mask_runs, runs, cfg)
+            plans[label + ZERO_MEAN_SUFFIX] = method_plan(zero_mean, masks, mask_runs, runs, cfg)
     device = bundle.device
     prompt_ids = torch.as_tensor(attr.prompt_token_ids, dtype=torch.long, device=device)  # (N,)
     response = torch.as_tensor(attr.generated_token_ids[:k], dtype=torch.long, device=device)  # (K,)
@@ -170,7 +170,7 @@ def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str
         "id": row["id"], "answer": attr.generated_text, "n_prompt_tokens": attr.num_prompt_tokens,
         "n_sentences": len(sentences), "n_response_tokens": k, "n_runs": len(runs.rows),
         "log_p": float(logp[0].sum()), "dtype": attr.meta.get("dtype"),
-        "methods": {label: fill_drops(plan, logp) for label, plan in plans.items()},
+        "methods": {label: method_entries(plan, logp) for label, plan in plans.items()},
         "seconds": time.perf_counter() - t0, "command": cfg.command,
     }  # fmt: skip
 
