@@ -137,18 +137,41 @@ def _row_seed(seed: int, row_id: str) -> list[int]:
     return [seed, zlib.crc32(str(row_id).encode("utf-8"))]
 
 
-def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str, Any]:
-    """One SQuAD row: the answer, the measured log-probabilities' summary and every method's LDS and drops."""
-    t0 = time.perf_counter()
+@dataclass
+class LdsRow:
+    """A SQuAD row answered and cut into sources, as every LDS measurement sees it (the methods' and the peers')."""
+
+    prompt: str  # the user's text (the QA prompt); `encoded.text` is it inside the chat template
+    attr: Any  # the Attribution of the greedy answer
+    encoded: Any  # the EncodedPrompt of `prompt`
+    positions: list[int]  # prompt positions of the context tokens
+    sentences: list[list[int]]  # S sources: the context's sentences, each a contiguous run of prompt positions
+    k: int  # response length: the answer's content tokens, no trailing end-of-sequence token
+
+
+def answer_row(bundle, row: dict[str, Any], methods, max_new_tokens: int, method_options=None) -> LdsRow:
+    """Answer a SQuAD row greedily while `methods` explain it, and cut its context into sentences.
+
+    Raises:
+        InputError: no answer, or fewer than 2 context sentences to ablate.
+    """
     prompt, context_start = qa_prompt(row)
-    attr = explain(bundle, prompt, methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens,
-                   method_options=cfg.method_options)  # fmt: skip
-    encoded = bundle.encode(prompt, max_new_tokens=cfg.max_new_tokens)
+    attr = explain(bundle, prompt, methods=list(methods), max_new_tokens=max_new_tokens,
+                   method_options=method_options or {})  # fmt: skip
+    encoded = bundle.encode(prompt, max_new_tokens=max_new_tokens)
     positions, _ = context_positions(bundle, encoded, prompt, context_start)
     sentences = [list(g.positions) for g in sentence_groups(attr.prompt_tokens, positions) if g.kind == "sentence"]
     if attr.num_steps == 0 or len(sentences) < 2:
         raise InputError(f"Row {row['id']!r}: no answer, or fewer than 2 context sentences to ablate.")
-    k = last_content_step(attr) + 1  # the response: content tokens, no trailing end-of-sequence token
+    k = last_content_step(attr) + 1
+    return LdsRow(prompt, attr, encoded, positions, sentences, k)
+
+
+def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str, Any]:
+    """One SQuAD row: the answer, the measured log-probabilities' summary and every method's LDS and drops."""
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, cfg.methods, cfg.max_new_tokens, cfg.method_options)
+    attr, positions, sentences, k = answered.attr, answered.positions, answered.sentences, answered.k
     runs = _Runs(sentences, attr.num_prompt_tokens)
     runs.add(np.ones(len(sentences), dtype=bool))  # run 0: the whole prompt
     masks = ablation_masks(len(sentences), cfg.masks, cfg.keep, _row_seed(cfg.seed, row["id"]))  # (M, S)
