@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..errors import ExplainerError
+from ..errors import ExplainerError, InputError
 from .ablate import response_logprobs
 from .lds import KEEP_PROBABILITY, MASKS, lds, predictions
 from .lds_eval import LdsRow, answer_row
@@ -261,16 +261,26 @@ def at2_row(bundle, p: PeerRow, estimator, cfg: PeerConfig) -> dict[str, Any]:
     return _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks))
 
 
+def _prepared(bundle, row: dict[str, Any], cfg: PeerConfig) -> PeerRow | None:
+    try:
+        return prepare(bundle, row, cfg)
+    except InputError:
+        return None
+
+
 def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any]], cfg: PeerConfig,
               workdir: str | Path) -> list[dict[str, Any]]:  # fmt: skip
     """Both peers on every row, as rows of the `lds` command's results (joinable with `lds --report`): id, answer,
     dtype, "methods" {"context-cite": {"lds"}, "at2": {"lds"}} (our LDS of their scores) and "peers" with the
     rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their scores."""
-    estimator = train_at2(bundle, [prepare(bundle, r, cfg) for r in train_rows], cfg, workdir)
+    estimator = train_at2(bundle, [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p], cfg, workdir)
     out = []
     for row in rows:
         t0 = time.perf_counter()
-        p = prepare(bundle, row, cfg)
+        p = _prepared(bundle, row, cfg)
+        if p is None:
+            out.append({"id": row["id"], "error": "no answer, or fewer than 2 context sentences to ablate"})
+            continue
         peers = {"context-cite": context_cite_row(bundle, p, cfg), "at2": at2_row(bundle, p, estimator, cfg)}
         out.append({"id": row["id"], "answer": p.row.attr.generated_text, "dtype": p.row.attr.meta.get("dtype"),
                     "n_sentences": len(p.row.sentences), "n_response_tokens": p.row.k,
