@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps)
     p.add_argument("--max-new-tokens", type=int, default=PeerConfig.max_new_tokens)
     p.add_argument("--masks", type=int, default=PeerConfig.masks, help="evaluation masks per row")
+    p.add_argument("--context-cite-ablations", type=int, default=PeerConfig.context_cite_ablations,
+                   help="ablations ContextCite fits its surrogate on (its default: 64)")  # fmt: skip
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
@@ -68,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     evaluated = {r["id"] for r in rows}
     train = [r for r in train if r["id"] not in evaluated]
     command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps, command=command)
+    cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
+                     context_cite_ablations=args.context_cite_ablations, command=command)
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
     with tempfile.TemporaryDirectory() as work:
         results = run_peers(bundle, rows, train, cfg, work)
