@@ -254,3 +254,38 @@ def test_every_module_has_a_layer():
 def test_the_layer_check_sees_an_upward_import():
     graph = {"explainer.runtime.memory": {"explainer.capture", "explainer.errors"}, "ui.models": {"explainer"}}
     assert upward_imports(graph) == ["explainer.runtime.memory -> explainer.capture"]
+
+
+# --- optional extras -----------------------------------------------------------------------------------------------
+PEER_PACKAGES = {"context_cite", "at2", "nltk", "spacy", "datasets", "scipy", "sklearn"}  # .[peers] and what it brings
+PEERS_MODULE = ROOT / "explainer" / "eval" / "peers.py"
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """Top-level names imported by the file's module-level statements (not inside functions or classes)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+@pytest.mark.parametrize("path", files("explainer", "visuals", "ui"), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_peers_are_optional(path):
+    """Only eval/peers.py imports the `.[peers]` extras, and only inside its functions: the app and the library
+    import without them."""
+    if path == PEERS_MODULE:
+        assert not module_level_imports(path) & PEER_PACKAGES
+    else:
+        assert not imported_modules(path) & PEER_PACKAGES
+    assert not imported_modules(ROOT / "app.py") & PEER_PACKAGES
+
+
+def test_the_optional_check_sees_a_module_level_import(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("import numpy\nfrom context_cite import ContextCiter\n\ndef f():\n    import at2\n")
+    assert module_level_imports(probe) == {"numpy", "context_cite"}
+    assert imported_modules(probe) >= {"context_cite", "at2"}

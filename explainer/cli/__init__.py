@@ -1,11 +1,11 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds|hitratio ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
-`agreement.py`, `haystack.py`), the options they share in `options.py`; this one holds the parser and `main`. Only
-this package imports `visuals`: the library returns data.
+`agreement.py`, `haystack.py`, `lds.py`, `hitratio.py`), the options they share in `options.py`; this one holds the
+parser and `main`. Only this package imports `visuals`: the library returns data.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shlex
 import sys
 
 from ..errors import ExplainerError
@@ -21,6 +22,8 @@ from .bench import add_bench_parser
 from .eval import add_eval_parser
 from .explain import cmd_explain, cmd_faithfulness
 from .haystack import add_haystack_parser
+from .hitratio import add_hitratio_parser
+from .lds import add_lds_parser
 from .options import answer_options, contrast_options, methods_help, prompt_and_model_options
 
 EXIT_USER_ERROR = 2
@@ -98,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_eval_parser(sub)
     add_agreement_parser(sub)
     add_haystack_parser(sub)
+    add_lds_parser(sub)
+    add_hitratio_parser(sub)
     return parser
 
 
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     hf_logging.set_verbosity_error()
     parser = build_parser()
     args = parser.parse_args(argv)
+    args.command_line = shlex.join(["python", "-m", "explainer", *(sys.argv[1:] if argv is None else argv)])
     try:
         return args.func(args)
     except ExplainerError as e:

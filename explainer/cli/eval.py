@@ -12,11 +12,11 @@ from typing import Any
 from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..eval.evaluate import EvalConfig, format_tables, load_squad, merge_results, run_evaluation, summarise
-from ..eval.parallel import Rank, rank_from_env, rank_path, shard
+from ..eval.parallel import rank_from_env
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype, precision_meta
-from .options import add_device_map_option, dtype_option, methods_help, placement
+from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -48,7 +48,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     # squad_v2-dev: downloaded once, then the cached copy
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if rank.world > 1:
-        rows, args = _rank_share(rows, args, rank)
+        rows, args = rank_share(rows, args, rank)
     cfg = EvalConfig(
         methods=methods,
         max_new_tokens=args.max_new_tokens,
@@ -65,27 +65,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(format_tables(summary))
     print(f"\nelapsed: {summary['seconds']:.1f} s")
     return _write_summary(summary, args.json)
-
-
-def _rank_share(rows: list, args: argparse.Namespace, rank: Rank) -> tuple[list, argparse.Namespace]:
-    """Under torchrun / accelerate launch: this rank's block of rows, its own results and JSON files (created now,
-    so a complete set of rank files tells that every rank ran) and, by default, the GPU of its local rank."""
-    if args.device_map is not None and rank.local_world > 1:
-        raise InputError(
-            f"{rank.local_world} processes on this machine would each spread the model over all its GPUs with "
-            "--device-map: launch one process per machine for that, or leave --device-map out (one GPU per rank)."
-        )
-    share = shard(rows, rank.rank, rank.world)
-    results = rank_path(args.results, rank.rank, rank.world)
-    results.touch()
-    json_path = str(rank_path(args.json, rank.rank, rank.world)) if args.json else None
-    device = args.device
-    if device is None and args.device_map is None:
-        import torch
-
-        device = f"cuda:{rank.local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else None
-    print(f"rank {rank.rank} of {rank.world}: {len(share)} of {len(rows)} rows -> {results}", file=sys.stderr)
-    return share, argparse.Namespace(**{**vars(args), "results": str(results), "json": json_path, "device": device})
 
 
 def _write_summary(summary: dict[str, Any], path: str | None) -> int:

@@ -1,11 +1,14 @@
-"""The options and argument readers the commands share: prompt, answer, model placement, dtype, methods, contrast."""
+"""The options and argument readers the commands share: prompt, answer, model placement, dtype, methods, contrast,
+and a data-parallel rank's share of the rows."""
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..errors import InputError
+from ..eval.parallel import Rank, rank_path, shard
 from ..methods import method_choices
 from ..models.loading import parse_device_map
 from ..runtime.precision import DTYPE_CHOICES
@@ -112,3 +115,25 @@ def contrast_of(args: argparse.Namespace) -> dict[int, str | int] | None:
     if args.contrast_step < 1:
         raise InputError(f"--contrast-step counts answer tokens from 1, got {args.contrast_step}.")
     return {args.contrast_step - 1: foil}
+
+
+def rank_share(rows: list, args: argparse.Namespace, rank: Rank) -> tuple[list, argparse.Namespace]:
+    """Under torchrun / accelerate launch (`eval`, `lds`): this rank's block of rows, its own results and JSON files
+    (created now, so a complete set of rank files tells that every rank ran) and, by default, the GPU of its local
+    rank."""
+    if args.device_map is not None and rank.local_world > 1:
+        raise InputError(
+            f"{rank.local_world} processes on this machine would each spread the model over all its GPUs with "
+            "--device-map: launch one process per machine for that, or leave --device-map out (one GPU per rank)."
+        )
+    share = shard(rows, rank.rank, rank.world)
+    results = rank_path(args.results, rank.rank, rank.world)
+    results.touch()
+    json_path = str(rank_path(args.json, rank.rank, rank.world)) if args.json else None
+    device = args.device
+    if device is None and args.device_map is None:
+        import torch
+
+        device = f"cuda:{rank.local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else None
+    print(f"rank {rank.rank} of {rank.world}: {len(share)} of {len(rows)} rows -> {results}", file=sys.stderr)
+    return share, argparse.Namespace(**{**vars(args), "results": str(results), "json": json_path, "device": device})

@@ -12,16 +12,15 @@ from explainer.cli import main
 from explainer.errors import InputError
 from explainer.eval.agreement import (
     AgreementConfig,
-    average_ranks,
     compare_rows,
     example_prompts,
     format_table,
     run_agreement,
-    spearman,
     summarise,
     top_k,
     top_k_overlap,
 )
+from explainer.eval.metrics import average_ranks, spearman
 from explainer.models.loading import load_model
 
 

@@ -18,6 +18,7 @@ from PIL import Image
 from explainer.bench.worker import BASELINE, make_runner
 from explainer.estimate import calibrate, estimate
 from explainer.eval.evaluate import EvalConfig, evaluate_sample
+from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample
 from explainer.explain import explain
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
@@ -194,3 +195,16 @@ def test_evaluation_benchmark_and_estimate_run_under_the_guard(bundle):
             k: v for k, v in values.items() if k != "seconds"
         }
     assert {e.method for e in estimates} == set(METHODS)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])
+def test_lds_runs_under_the_guard(kind, tokenizer):
+    """The removal runs (batched for full attention, solo under a sliding window) and one LDS row."""
+    lds_bundle = bundle_from_objects(build_model(kind), tokenizer, name=f"tiny-{kind}")
+    row = {**QA_ROW, "context": "Paris is the capital of France. Berlin is the capital of Germany."}
+    cfg = LdsConfig(methods=("macs", "random"), max_new_tokens=3, masks=4, top_k=(1,))
+    plain = evaluate_lds_sample(lds_bundle, row, cfg)
+    with factory_guard() as hits:
+        guarded = evaluate_lds_sample(lds_bundle, row, cfg)
+    assert hits == []
+    assert guarded["methods"] == plain["methods"] and guarded["n_runs"] == plain["n_runs"] > 1

@@ -1,0 +1,78 @@
+"""The `lds` command: LDS and top-k log-probability drop over the context's sentences on SQuAD rows
+(`explainer/eval/lds_eval.py`), resumable, and data-parallel under `torchrun` as `eval` is."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..errors import InputError
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..eval.evaluate import load_squad, merge_results
+from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
+from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
+from ..eval.parallel import rank_from_env
+from ..methods import available_methods, parse_methods
+from ..models.loading import load_model
+from ..runtime.precision import parse_dtype
+from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
+
+DEFAULT_METHODS = ",".join(available_methods())  # every registered method
+
+
+def cmd_lds(args: argparse.Namespace) -> int:
+    rank = rank_from_env()
+    if args.report:
+        if rank.rank > 0:
+            return 0  # launched data-parallel: one report is enough
+        samples = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
+        print(format_table(summarise(samples)))
+        return 0
+    if not args.data:
+        raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
+    names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
+    if args.results and not Path(args.results).resolve().parent.is_dir():
+        raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
+    if rank.world > 1 and not args.results:
+        raise InputError(
+            f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
+            "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
+        )
+    rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    if rank.world > 1:
+        rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
+    cfg = LdsConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, masks=args.masks, seed=args.seed,
+                    batch_size=args.batch_size, method_options=method_options, command=args.command_line)  # fmt: skip
+    bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
+    summary = run_lds(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
+    print(format_table(summary))
+    return 0
+
+
+def add_lds_parser(sub) -> None:
+    """Register `python -m explainer lds` on the CLI's subparsers."""
+    p = sub.add_parser(
+        "lds",
+        help=f"LDS ({MASKS} random ablations of the context's sentences, each kept with probability "
+        f"{KEEP_PROBABILITY}) and top-{'/'.join(map(str, TOP_K))} log-probability drop on a SQuAD file",
+    )
+    p.add_argument("--data", help=f"SQuAD JSON file (as for eval) or {SQUAD_V2_DEV}, downloaded once into the cache")
+    p.add_argument("--methods", default=DEFAULT_METHODS, help=methods_help("comma-separated methods with options"))
+    p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows (from --offset on)")
+    p.add_argument("--offset", type=int, default=0, help="skip the first N rows")
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--masks", type=int, default=MASKS, help="random ablation masks per row")
+    p.add_argument("--seed", type=int, default=0, help="seed of the masks (with each row's id)")
+    p.add_argument("--batch-size", type=int, default=0, help="most ablation runs per forward (0: from the device)")
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
+    dtype_option(p)
+    add_device_map_option(p)
+    p.add_argument("--results", help="JSON-lines file, one row per sample; a rerun skips the rows already in it")
+    p.add_argument(
+        "--report",
+        help="comma-separated --results files (e.g. methods run separately on the same rows): join them by row id "
+        "and print the tables without measuring; a path also joins the rank files of a data-parallel run",
+    )
+    p.set_defaults(func=cmd_lds)

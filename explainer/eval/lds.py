@@ -1,0 +1,135 @@
+"""The field's attribution metrics over sources (sentences), in plain numpy (no model, no torch).
+
+- **LDS**, the linear datamodeling score (ContextCite, Cohen-Wang et al. 2024, section 4; AT2, 2025): draw M random
+  ablation masks over the S sources (each kept with probability 1/2), measure the model's log-probability of the
+  fixed response under each, predict it from the method as the sum of the kept sources' scores, and take the
+  Spearman correlation of the two over the M masks. ContextCite and AT2 regress the response's logit-probability,
+  log p - log(1 - p), rather than log p: an increasing function of log p, so the ranks, hence the LDS, are the same.
+- **Top-k log-probability drop** (ContextCite, section 4): log p(response | all sources) - log p(response | all but
+  the method's k highest-scored sources); higher is better.
+- **Hit ratio** (ABO, "The Fragile Truth of Saliency", the long-context needle test): the share of a map's positive
+  saliency that lies on the tokens that matter (system prompt, needle, query) among the evaluated tokens.
+
+A source's score is the **sum** of the method's raw token scores over its tokens, not their mean: the surrogate
+predicts log p(masked) as a constant plus the scores of the kept tokens, so a sentence weighs what its tokens weigh
+together: a long sentence whose every token matters a little counts as much as removing it does, where a mean would
+rank it with a one-token sentence of the same average. For the whole answer, a source's score is the sum of its
+per-step scores over the answer's steps, the surrogate of log p(response) = sum over steps of log p(token): each
+step's row is taken as that step's surrogate. Tokens without a score (NaN) count as 0.
+
+Scores that are positive everywhere (Random, attention methods) predict more for masks that keep more sources, and
+the answer's log-probability also tends to grow with the context kept: such a map gets a positive LDS without any
+ranking. `centred` gives zero-mean scores (each step's row minus its mean over the evaluated tokens) so that a method
+can be scored without that effect; the tables show Random both ways.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from .metrics import spearman
+
+MASKS = 32  # ablation masks per example (ContextCite and AT2)
+KEEP_PROBABILITY = 0.5  # each source kept with this probability (ContextCite's ablation_keep_prob, AT2's alpha)
+TOP_K = (1, 3, 5)  # sources removed for the top-k log-probability drop
+
+
+def ablation_masks(n_sources: int, n_masks: int = MASKS, keep: float = KEEP_PROBABILITY, seed=0) -> np.ndarray:
+    """Random ablation masks: (M, S) booleans, True = the source is kept, each independently with probability `keep`.
+
+    Args:
+        seed: anything `np.random.default_rng` takes (an int, or a list of ints such as [run seed, row number]);
+            the same seed gives the same masks.
+    """
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"keep must lie in [0, 1], got {keep}")
+    return np.random.default_rng(seed).random((n_masks, n_sources)) < keep
+
+
+def source_scores(raw: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
+    """Each source's score at each step: the sum of its tokens' raw scores (NaN counts as 0).
+
+    Args:
+        raw: (K, N) raw token scores of K steps (or (N,) for one map).
+        sources: S lists of prompt positions.
+
+    Returns:
+        (K, S) float64 (or (S,) for an (N,) map).
+    """
+    r = np.nan_to_num(np.asarray(raw, dtype=np.float64), nan=0.0)
+    one = r.ndim == 1
+    r = np.atleast_2d(r)  # (K, N)
+    out = np.stack([r[:, list(p)].sum(axis=1) for p in sources], axis=1) if sources else np.zeros((len(r), 0))
+    return out[0] if one else out  # (K, S)
+
+
+def centred(raw: np.ndarray, positions: Sequence[int]) -> np.ndarray:
+    """Zero-mean scores: each step's row minus its mean over `positions` (finite scores only); (K, N) float64."""
+    r = np.atleast_2d(np.asarray(raw, dtype=np.float64))  # (K, N)
+    pos = np.asarray(positions, dtype=np.int64)
+    sub = r[:, pos]  # (K, P)
+    known = np.isfinite(sub)
+    count = np.maximum(known.sum(axis=1, keepdims=True), 1)
+    mean = np.where(known, sub, 0.0).sum(axis=1, keepdims=True) / count  # (K, 1)
+    return r - mean
+
+
+def predictions(masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """The linear surrogate's prediction for each mask: the sum of the kept sources' scores.
+
+    Args:
+        masks: (M, S) booleans. scores: (S,) or (K, S).
+
+    Returns:
+        (M,) or (M, K) float64.
+    """
+    return np.asarray(masks, dtype=np.float64) @ np.asarray(scores, dtype=np.float64).T
+
+
+def lds(actual: np.ndarray, predicted: np.ndarray) -> float | None:
+    """The LDS of one example: Spearman's correlation of the measured and predicted values over the M masks (ties get
+    their mean rank); None when either is constant."""
+    return spearman(np.asarray(actual).ravel(), np.asarray(predicted).ravel())
+
+
+def lds_per_token(actual: np.ndarray, predicted: np.ndarray) -> list[float | None]:
+    """The LDS of each answer token: column k of `actual` (M, K), the token's log-probability under each mask, against
+    column k of `predicted` (M, K), from the method's scores at step k. Returns K values (None where undefined)."""
+    a, p = np.asarray(actual), np.asarray(predicted)
+    if a.shape != p.shape or a.ndim != 2:
+        raise ValueError(f"expected two (M, K) arrays, got {a.shape} and {p.shape}")
+    return [lds(a[:, k], p[:, k]) for k in range(a.shape[1])]
+
+
+def top_sources(scores: np.ndarray, k: int) -> list[int]:
+    """The k highest-scored sources of a (S,) row, highest first; ties go to the earlier source."""
+    s = np.asarray(scores, dtype=np.float64)
+    return np.argsort(-s, kind="stable")[: max(0, k)].tolist()
+
+
+def without(n_sources: int, removed: Sequence[int]) -> np.ndarray:
+    """The (S,) keep mask that removes the sources `removed` and keeps every other."""
+    keep = np.ones(n_sources, dtype=bool)
+    keep[list(removed)] = False
+    return keep
+
+
+def hit_ratio(scores: np.ndarray, hits: Sequence[int], evaluated: Sequence[int]) -> float | None:
+    """The share of positive saliency on the `hits` positions among the `evaluated` ones (ABO's hit ratio).
+
+    Args:
+        scores: (N,) one map over the prompt (NaN counts as 0).
+        hits: the positions that should hold the saliency (a subset of `evaluated`).
+        evaluated: the positions the saliency is shared over.
+
+    Returns:
+        sum(max(s, 0) over hits) / sum(max(s, 0) over evaluated), in [0, 1]; None when no evaluated score is positive.
+    """
+    s = np.clip(np.nan_to_num(np.asarray(scores, dtype=np.float64), nan=0.0), 0.0, None)
+    total = float(s[list(evaluated)].sum())
+    if total <= 0.0:
+        return None
+    inside = sorted(set(hits) & set(evaluated))
+    return float(s[inside].sum()) / total

@@ -1,0 +1,85 @@
+"""The external references' LDS (ContextCite 0.0.4, AT2 0.0.1) on the rows the `lds` command measures, written as
+rows of its results file so that `python -m explainer lds --report LDS.jsonl,PEERS.jsonl` shows them beside the methods
+(explainer/eval/peers.py says what each peer is handed and what is compared).
+
+Needs the optional extras: pip install .[peers]. AT2 is first trained by its own trainer on --train-limit rows of
+--train-data (default: the rows after the evaluated ones in --data; never the evaluated rows), --at2-steps steps.
+
+Usage: python scripts/peers_lds.py --data squad2-dev.json --limit 39 --results peers.jsonl
+       [--train-data squad-train.json --train-limit 8 --at2-steps 50] [--dtype float32] [--model ID_OR_FOLDER]
+Each row also records the peers' own LDS ("lds_theirs") and the largest per-token log-probability difference between
+their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Join with an `lds` run of the same
+--dtype and --max-new-tokens (the report refuses rows whose answers or precisions differ).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+import tempfile
+from pathlib import Path
+
+from explainer.eval.datasets import resolve_data
+from explainer.eval.evaluate import load_squad
+from explainer.eval.lds_eval import format_table, summarise
+from explainer.eval.peers import PeerConfig, run_peers
+from explainer.models.loading import load_model
+from explainer.runtime.precision import parse_dtype
+
+
+def agreement_lines(rows: list[dict]) -> list[str]:
+    """One line per peer: its mean LDS by its own code and by ours, their largest difference, and the largest
+    per-token log-probability difference of its ablations from ours."""
+    lines = []
+    for name in dict.fromkeys(n for r in rows for n in r.get("peers", {})):
+        entries = [r["peers"][name] for r in rows if name in r.get("peers", {})]
+        pairs = [(e["lds"], e["lds_theirs"]) for e in entries if None not in (e["lds"], e["lds_theirs"])]
+        ours = sum(p[0] for p in pairs) / max(len(pairs), 1)
+        theirs = sum(p[1] for p in pairs) / max(len(pairs), 1)
+        gap = max((abs(a - b) for a, b in pairs), default=float("nan"))
+        logp = max(e["max_abs_logp_diff"] for e in entries)
+        lines.append(f"{name}: LDS ours {ours:.4f}, theirs {theirs:.4f} (largest row difference {gap:.2e}); "
+                     f"largest per-token log p difference {logp:.2e} over {len(entries)} rows")  # fmt: skip
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
+    p.add_argument("--train-limit", type=int, default=4, help="rows AT2 is trained on (a check, not a result)")
+    p.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps)
+    p.add_argument("--max-new-tokens", type=int, default=PeerConfig.max_new_tokens)
+    p.add_argument("--masks", type=int, default=PeerConfig.masks, help="evaluation masks per row")
+    p.add_argument("--context-cite-ablations", type=int, default=PeerConfig.context_cite_ablations,
+                   help="ablations ContextCite fits its surrogate on (its default: 64)")  # fmt: skip
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
+    p.add_argument("--results", required=True, help="JSON-lines file written with one row per evaluated row")
+    args = p.parse_args(argv)
+    rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    if args.train_data:
+        train = load_squad(resolve_data(args.train_data), args.train_limit)
+    else:
+        train = load_squad(resolve_data(args.data), args.train_limit, offset=args.offset + len(rows))
+    evaluated = {r["id"] for r in rows}
+    train = [r for r in train if r["id"] not in evaluated]
+    command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
+    cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
+                     context_cite_ablations=args.context_cite_ablations, command=command)
+    bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
+    with tempfile.TemporaryDirectory() as work:
+        results = run_peers(bundle, rows, train, cfg, work)
+    Path(args.results).write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+    print(format_table(summarise(results)))
+    print("\n".join(["", *agreement_lines(results)]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,142 @@
+"""LDS and top-k drop on a tiny model (`explainer/eval/ablate.py`, `explainer/eval/lds_eval.py`, the `lds` command):
+the batched removal runs against a solo forward of each shortened prompt, a row's LDS and drops recomputed with
+plain loops from solo forwards, and the command resumed, sharded into rank files and reported."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from explainer.cli import main
+from explainer.eval.ablate import response_logprobs
+from explainer.eval.evaluate import context_positions, qa_prompt
+from explainer.eval.lds import ablation_masks
+from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample
+from explainer.eval.metrics import spearman
+from explainer.explain import explain
+from explainer.models.loading import ModelBundle
+from explainer.result.segments import sentence_groups
+from explainer.result.steps import last_content_step
+
+from ..conftest import build_model
+
+SHARED_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad2-dev-350.json"
+CONTEXT = (
+    "Paris is the capital of France. Berlin is the capital of Germany. The quick brown fox jumps over the lazy dog. "
+    "Numbers 0123456789 and punctuation."
+)
+ROW = {"id": "q1", "title": "t", "question": "What is the capital of France?", "context": CONTEXT,
+       "answers": [{"text": "Paris", "answer_start": 0}]}  # fmt: skip
+
+
+def solo_logprobs(model, ids: list[int], response: list[int]) -> np.ndarray:
+    """(K,) log p of each response token after `ids`, from one plain forward of the whole sequence."""
+    seq = torch.tensor([ids + response])
+    with torch.no_grad():
+        logits = model(input_ids=seq).logits[0].float()  # (T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    return np.array([float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(response)])
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])
+def test_removal_runs_equal_a_solo_forward_of_the_shortened_prompt(kind):
+    model = build_model(kind)
+    g = torch.Generator().manual_seed(0)
+    prompt, response = torch.randint(3, 300, (40,), generator=g), torch.randint(3, 300, (5,), generator=g)
+    keep = torch.rand(12, 40, generator=g) > 0.4
+    keep[0], keep[1, :3], keep[:, -1] = True, False, True  # the unperturbed run; a removal from position 0
+    got = response_logprobs(model, prompt, response, keep, batch_size=3)
+    for i in range(12):
+        want = solo_logprobs(model, prompt[keep[i]].tolist(), response.tolist())
+        np.testing.assert_allclose(got[i], want, atol=2e-4)
+    with pytest.raises(ValueError, match="last token"):
+        response_logprobs(model, prompt, response, ~keep[:1])
+
+
+def test_a_row_recomputed_from_solo_forwards(llama, tokenizer):
+    bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
+    cfg = LdsConfig(methods=("macs", "random"), max_new_tokens=4, masks=10, top_k=(1, 2))
+    got = evaluate_lds_sample(bundle, ROW, cfg)
+    # the same generation, then every quantity by hand
+    prompt, start = qa_prompt(ROW)
+    attr = explain(bundle, prompt, methods=["macs", "random"], max_new_tokens=4)
+    positions, _ = context_positions(bundle, bundle.encode(prompt, max_new_tokens=4), prompt, start)
+    sentences = [list(s.positions) for s in sentence_groups(attr.prompt_tokens, positions) if s.kind == "sentence"]
+    assert got["n_sentences"] == len(sentences) == 4
+    k = last_content_step(attr) + 1
+    response, ids = attr.generated_token_ids[:k], attr.prompt_token_ids
+
+    def logp_without(removed: set[int]) -> np.ndarray:
+        drop = {p for s in removed for p in sentences[s]}
+        return solo_logprobs(llama, [t for i, t in enumerate(ids) if i not in drop], response)
+
+    full = logp_without(set())
+    assert got["log_p"] == pytest.approx(full.sum(), abs=1e-3)
+    masks = ablation_masks(4, 10, 0.5, [0, zlib.crc32(b"q1")])
+    measured = np.stack([logp_without({s for s in range(4) if not m[s]}) for m in masks])  # (M, K)
+    for name in ("macs", "random"):
+        raw = np.nan_to_num(attr.methods[name].raw[:k].astype(np.float64))  # (K, N)
+        per_step = np.array([[sum(raw[j, p] for p in s) for s in sentences] for j in range(k)])  # (K, S)
+        whole = per_step.sum(axis=0)
+        predicted = [sum(whole[s] for s in range(4) if m[s]) for m in masks]
+        entry = got["methods"][name]
+        assert entry["lds"] == pytest.approx(spearman(measured.sum(axis=1), predicted), abs=1e-6)
+        tokens = [spearman(measured[:, j], [sum(per_step[j, s] for s in range(4) if m[s]) for m in masks])
+                  for j in range(k)]  # fmt: skip
+        assert entry["lds_token"] == pytest.approx(np.mean([t for t in tokens if t is not None]), abs=1e-6)
+        for top in (1, 2):
+            best = set(np.argsort(-whole, kind="stable")[:top].tolist())
+            assert entry[f"drop@{top}"] == pytest.approx(full.sum() - logp_without(best).sum(), abs=1e-3)
+            drops = [full[j] - logp_without(set(np.argsort(-per_step[j], kind="stable")[:top].tolist()))[j]
+                     for j in range(k)]  # fmt: skip
+            assert entry[f"drop_token@{top}"] == pytest.approx(np.mean(drops), abs=1e-3)
+    assert set(got["methods"]) == {"macs", "random", "random (zero-mean)"}
+
+
+def _rows() -> list[dict]:
+    out = []
+    for i, question in enumerate(["What is the capital of France?", "Which dog is lazy?"]):
+        out.append({**ROW, "id": f"q{i}", "question": question})
+    return out
+
+
+def test_lds_command_resumes_shards_and_reports(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    data = tmp_path / "squad.json"
+    data.write_text(json.dumps(_rows()))
+    results = tmp_path / "lds.jsonl"
+    args = ["lds", "--data", str(data), "--model", str(tiny_model_dir), "--methods", "macs,random", "--masks", "4",
+            "--max-new-tokens", "2", "--device", "cpu", "--results", str(results)]  # fmt: skip
+    assert main([*args, "--limit", "1"]) == 0
+    assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["q0"]
+    out = capsys.readouterr().out
+    assert "N = 1 rows" in out and "random (zero-mean)" in out and "command: python -m explainer lds" in out
+    assert main(args) == 0 and len(results.read_text().splitlines()) == 2  # resumed: one new row
+    single = {json.loads(line)["id"]: json.loads(line) for line in results.read_text().splitlines()}
+    sharded = tmp_path / "sharded.jsonl"
+    for rank in (0, 1):  # what torchrun sets for each of two processes
+        monkeypatch.setenv("RANK", str(rank))
+        monkeypatch.setenv("WORLD_SIZE", "2")
+        assert main([*args[:-1], str(sharded)]) == 0
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    capsys.readouterr()
+    assert main(["lds", "--report", str(sharded)]) == 0
+    assert "N = 2 rows" in capsys.readouterr().out
+    ranks = [[json.loads(line) for line in (tmp_path / f"sharded.rank{r}-of-2.jsonl").read_text().splitlines()]
+             for r in (0, 1)]  # fmt: skip
+    assert [[row["id"] for row in rows] for rows in ranks] == [["q0"], ["q1"]]  # one contiguous block per rank
+    for row in ranks[0] + ranks[1]:
+        assert row["methods"]["macs"] == pytest.approx(single[row["id"]]["methods"]["macs"])
+
+
+@pytest.mark.skipif(not SHARED_DEV.is_file(), reason=f"{SHARED_DEV} is absent (the shared SQuAD 2.0 dev sample)")
+def test_lds_runs_on_a_squad_dev_row(tiny_model_dir, capsys):
+    # row 67 has the shortest context: the tiny model's 512 positions hold it with the tiny tokenizer
+    assert main(["lds", "--data", str(SHARED_DEV), "--offset", "67", "--limit", "1", "--model", str(tiny_model_dir),
+                 "--methods", "random", "--masks", "4", "--max-new-tokens", "2", "--device", "cpu"]) == 0  # fmt: skip
+    assert "N = 1 rows" in capsys.readouterr().out

@@ -1,0 +1,80 @@
+"""The external references (ContextCite, AT2) on the embedded model: their LDS equals ours on their scores, and their
+ablation log-probabilities equal ours (explainer/eval/peers.py). Skipped without `pip install .[peers]`.
+
+Small on purpose (short contexts, 8 masks, a 4-token answer, 3 AT2 steps): it checks agreement, not quality."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("context_cite", reason="context-cite is not installed (optional: pip install .[peers])")
+pytest.importorskip("at2", reason="at2 is not installed (optional: pip install .[peers])")
+
+from explainer import load_model  # noqa: E402
+from explainer.eval.peers import (  # noqa: E402
+    PeerConfig,
+    at2_row,
+    context_cite_row,
+    prepare,
+    train_at2,
+)
+
+LOGP_TOLERANCE = 1e-4  # float32, their solo forwards against our cached, batched ones; measured ~1.5e-5
+CFG = PeerConfig(max_new_tokens=4, masks=8, context_cite_ablations=8, at2_steps=3)
+
+
+def _row(i: int, question: str, context: str) -> dict:
+    return {"id": f"p{i}", "question": question, "context": context, "answers": [{"text": "x", "answer_start": 0}]}
+
+
+ROWS = [
+    _row(0, "What colour is the sky?", "The sky is blue on a clear day. Grass is green. Snow is white in winter. "
+         "Coal is black."),  # fmt: skip
+    _row(1, "Where do penguins live?", "Penguins live in the Southern Hemisphere. They cannot fly. "
+         "Most of them eat fish. Some live in Antarctica."),  # fmt: skip
+    _row(2, "What is the capital of France?", "France is a country in Europe. Its capital is Paris. "
+         "Paris lies on the Seine. Lyon is its third city."),  # fmt: skip
+]
+
+
+@pytest.fixture(scope="module")
+def bundle():
+    return load_model(None, device="cpu", dtype="float32")  # the agreement is stated for float32
+
+
+@pytest.fixture(scope="module")
+def prepared(bundle):
+    return [prepare(bundle, row, CFG) for row in ROWS]
+
+
+def _check_agreement(entry: dict, bundle, p) -> None:
+    assert entry["n_masks"] == CFG.masks
+    assert entry["lds"] is not None and entry["lds_theirs"] is not None
+    assert entry["lds"] == pytest.approx(entry["lds_theirs"], abs=1e-9)
+    assert entry["max_abs_logp_diff"] < LOGP_TOLERANCE
+    assert len(entry["scores"]) == len(p.row.sentences) and np.isfinite(entry["scores"]).all()
+
+
+def test_the_peers_see_the_projects_sentences(prepared):
+    for row, p in zip(ROWS, prepared):
+        assert len(p.row.sentences) == 4
+        assert p.row.prompt[p.spans[0][0] : p.spans[-1][1]].strip() == row["context"]
+        assert all(b[0] >= a[1] for a, b in zip(p.spans, p.spans[1:]))  # in order, not overlapping
+
+
+def test_context_cite_lds_and_ablations_agree_with_ours(bundle, prepared):
+    p = prepared[0]
+    entry = context_cite_row(bundle, p, CFG)
+    assert entry["retokenised_masks"] == 0  # its re-tokenised prompts are our prompts with the tokens removed
+    _check_agreement(entry, bundle, p)
+
+
+def test_at2_trained_by_its_trainer_agrees_with_ours(bundle, prepared, tmp_path):
+    estimator = train_at2(bundle, prepared[1:], CFG, tmp_path)
+    weights = estimator.linear.weight.detach().float().numpy().ravel()
+    assert weights.shape == (bundle.model.config.num_hidden_layers * bundle.model.config.num_attention_heads,)
+    assert np.abs(weights).sum() == pytest.approx(1.0, rel=1e-4)  # its finalize_parameters L1-normalises
+    assert not np.allclose(weights, weights[0])  # training moved the uniform start
+    entry = at2_row(bundle, prepared[0], estimator, CFG)
+    _check_agreement(entry, bundle, prepared[0])
