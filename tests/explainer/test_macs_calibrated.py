@@ -1,0 +1,139 @@
+"""macs_calibrated: MACS with fitted layer weights. Weights of 1 give MACS to the bit; other weights equal a plain loop
+over layers; the fit recovers planted weights; weights files round-trip and are refused for another model; a model
+without weights gets the command that makes them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from explainer import InputError, bundle_from_objects, explain
+from explainer.eval.calibrate import fit_weights
+from explainer.methods.calibration import CalibrationWeights, config_fingerprint, find_weights
+
+from ..conftest import TINY_CALIBRATION, build_model, eager_attentions
+
+PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
+
+
+@pytest.fixture(scope="module")
+def bundle(tokenizer):
+    return bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+
+
+def weights_file(tmp_path, model, weights) -> str:
+    path = tmp_path / "w.json"
+    CalibrationWeights(config_fingerprint(model), "tiny", list(weights), {"data": "test"}).save(path)
+    return str(path)
+
+
+def test_weights_of_one_give_macs_exactly_in_the_same_pass(bundle, tmp_path):
+    path = weights_file(tmp_path, bundle.model, [1.0, 1.0, 1.0])
+    attr = explain(bundle, PROMPT, methods=["macs", "macs_calibrated"], max_new_tokens=6,
+                   method_options={"macs_calibrated": {"weights": path}})  # fmt: skip
+    macs, calibrated = attr.methods["macs"], attr.methods["macs_calibrated"]
+    np.testing.assert_array_equal(calibrated.raw, macs.raw)
+    np.testing.assert_array_equal(calibrated.z, macs.z)
+    assert calibrated.meta["calibration"]["fingerprint"] == config_fingerprint(bundle.model)
+
+
+def reference_weighted(attentions, n, k_steps, weights, alpha=0.8):
+    """Plain loops: prod over layers of (alpha * max over heads of the redistributed row + 1 - alpha) ** w_l."""
+    raws = []
+    for k in range(k_steps):
+        q = n - 1 + k
+        c = [1.0] * n
+        for layer, att in enumerate(attentions):
+            a = att[0].double()  # (H, T, T)
+            for i in range(n):
+                spill = [sum(float(a[h, q, n + p]) for p in range(k)) / n for h in range(a.shape[0])]
+                heads = [float(a[h, q, i]) + spill[h] for h in range(a.shape[0])]
+                c[i] *= (alpha * max(heads) + 1 - alpha) ** weights[layer]
+        raws.append(c)
+    return np.array(raws)
+
+
+@pytest.mark.parametrize("weights", [(0.5, 1.0, 1.5), (2.0, 0.0, -0.5)])
+def test_weighted_scores_equal_a_plain_loop_over_layers(bundle, tmp_path, weights):
+    path = weights_file(tmp_path, bundle.model, weights)
+    attr = explain(bundle, PROMPT, methods=["macs_calibrated"], max_new_tokens=5,
+                   method_options={"macs_calibrated": {"weights": path, "keep_layers": True}})  # fmt: skip
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    attentions, _ = eager_attentions(bundle.model, ids)
+    got = attr.methods["macs_calibrated"]
+    ref = reference_weighted(attentions, attr.num_prompt_tokens, attr.num_steps, weights)
+    np.testing.assert_allclose(got.raw, ref, rtol=1e-4)
+    np.testing.assert_allclose(got.layers.prod(axis=1), got.raw, rtol=1e-4)  # kept factors are f_l ** w_l
+    assert got.meta["rescaled_steps"] == []
+
+
+def synthetic(weights, rows=24, k=3, p=20, s=5, m=32, seed=0):
+    rng = np.random.default_rng(seed)
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    out = []
+    for _ in range(rows):
+        e = {"features": np.log(rng.uniform(0.2, 1.0, (k, len(weights), p))).astype(np.float32),
+             "source": rng.integers(0, s, p), "masks": rng.random((m, s)) < 0.5}  # fmt: skip
+        t = {"features": torch.as_tensor(e["features"], dtype=torch.float64), "source": torch.as_tensor(e["source"]),
+             "masks": torch.as_tensor(e["masks"], dtype=torch.float64)}  # fmt: skip
+        z = torch.einsum("klp,l->kp", t["features"], w)
+        tokens = torch.exp(z).sum(0)
+        scores = torch.zeros(s, dtype=torch.float64).index_add(0, t["source"], tokens)
+        e["actual"] = (3.0 * (t["masks"] @ scores) - 7.0).numpy()  # any increasing affine map: Pearson ignores it
+        out.append(e)
+    return out
+
+
+def test_the_fit_recovers_planted_weights():
+    planted = [0.3, 1.8, 1.0, 2.5]
+    fit = fit_weights(synthetic(planted), l2=0.0, iterations=200)
+    np.testing.assert_allclose(fit["weights"], planted, atol=0.02)
+    assert fit["pearson"] > 0.9999 > fit["pearson_macs"]
+    assert fit["rows"] == 24
+
+
+def test_the_pull_towards_macs_keeps_weights_of_one_when_nothing_is_learnt():
+    fit = fit_weights(synthetic([1.0, 1.0, 1.0]), l2=0.01)
+    np.testing.assert_allclose(fit["weights"], 1.0, atol=1e-3)
+    assert fit["pearson_macs"] == pytest.approx(1.0, abs=1e-9)
+
+
+def test_a_weights_file_round_trips_and_is_refused_for_another_model(tmp_path):
+    model = build_model("qwen2")
+    path = tmp_path / "w.json"
+    made = CalibrationWeights(config_fingerprint(model), "tiny-qwen2", [0.1, 0.2, 0.3], {"seed": 3, "data": "x"})
+    made.save(path)
+    assert CalibrationWeights.load(path) == made
+    assert find_weights(model, path) == made
+    other = build_model("llama")
+    with pytest.raises(InputError, match=r"fitted for another model.*explainer calibrate --model"):
+        find_weights(other, path)
+    deeper = build_model("qwen2", num_hidden_layers=4)
+    with pytest.raises(InputError, match="fitted for another model"):
+        find_weights(deeper, path)
+    path.write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(InputError, match="not a calibration weights file"):
+        CalibrationWeights.load(path)
+
+
+def test_a_model_without_weights_is_told_how_to_make_them(tokenizer):
+    bundle = bundle_from_objects(build_model("llama", num_hidden_layers=2), tokenizer, name="tiny-2")
+    with pytest.raises(InputError, match=r"no weights for .*Make them with: explainer calibrate --model"):
+        explain(bundle, PROMPT, methods=["macs_calibrated"], max_new_tokens=2)
+    assert bundle.model.config._attn_implementation == "sdpa"
+
+
+def test_the_user_folder_weights_are_found_by_fingerprint(bundle, tiny_calibration):
+    found = find_weights(bundle.model)
+    assert found.layer_weights == list(TINY_CALIBRATION)
+    assert (tiny_calibration / f"{config_fingerprint(bundle.model)}.json").is_file()
+
+
+def test_the_fingerprint_ignores_names_and_precision():
+    a, b = build_model("llama"), build_model("llama", seed=1).to(torch.bfloat16)
+    b.config.name_or_path = "somewhere/else"
+    assert config_fingerprint(a) == config_fingerprint(b)
+    assert config_fingerprint(a) != config_fingerprint(build_model("qwen2"))
