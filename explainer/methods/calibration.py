@@ -15,6 +15,8 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from importlib import resources
+from importlib.resources.abc import Traversable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ from ..models.loading import cache_root
 from ..runtime.memory import language_config
 
 FORMAT = "macs-calibration/1"
-SHIPPED_DIR = Path(__file__).resolve().parent.parent / "data" / "calibration"
+SHIPPED_DIR: Traversable = resources.files("explainer").joinpath("data", "calibration")  # package data
 # The configuration keys that make two models' layers the same layers; names, dtypes and versions are left out.
 FINGERPRINT_KEYS = (
     "model_type", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "hidden_size",
@@ -72,14 +74,14 @@ class CalibrationWeights:
         return path
 
     @classmethod
-    def load(cls, path: str | Path) -> CalibrationWeights:
+    def load(cls, path: str | Path | Traversable) -> CalibrationWeights:
         """Read a weights file.
 
         Raises:
             InputError: missing, not JSON, or not a weights file of this format.
         """
         try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
+            data = json.loads((Path(path) if isinstance(path, str) else path).read_text(encoding="utf-8"))
         except FileNotFoundError:
             raise InputError(f"No calibration weights file at {str(path)!r}.") from None
         except (OSError, ValueError) as e:
@@ -117,7 +119,7 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
                 f"{calibrate_command(name)}"
             )
     else:
-        candidates = [SHIPPED_DIR / f"{fingerprint}.json", user_dir() / f"{fingerprint}.json"]
+        candidates = [SHIPPED_DIR.joinpath(f"{fingerprint}.json"), user_dir() / f"{fingerprint}.json"]
         existing = [p for p in candidates if p.is_file()]
         if not existing:
             raise InputError(
@@ -131,9 +133,16 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
     return found
 
 
-def training_ids(paths: list[Path] | None = None) -> set[str]:
+def shipped_files() -> list[Traversable]:
+    """The weights files that ship with the package."""
+    if not SHIPPED_DIR.is_dir():
+        return []
+    return sorted((p for p in SHIPPED_DIR.iterdir() if p.name.endswith(".json")), key=lambda p: p.name)
+
+
+def training_ids(paths: list[Path | Traversable] | None = None) -> set[str]:
     """The row ids the shipped weights were fitted on, which evaluations leave out."""
     ids: set[str] = set()
-    for path in paths if paths is not None else sorted(SHIPPED_DIR.glob("*.json")):
+    for path in paths if paths is not None else shipped_files():
         ids.update(str(i) for i in CalibrationWeights.load(path).fit.get("row_ids", []))
     return ids
