@@ -4,9 +4,10 @@ A weights file is small JSON, one per model, keyed by the fingerprint of the lan
 architecture facts that fix what the L layers are, `config_fingerprint`): weights fitted for one model are refused for
 another. It states how the weights were made (data, rows, seed, masks, fit time) so a reader can judge them.
 
-Where `find_weights` looks, in order: the file a user names (`macs_calibrated:weights=PATH`); the weights shipped with
-the package (`explainer/data/calibration/<fingerprint>.json`, the embedded model's); the user's calibration folder
-(`$EXPLAINER_CALIBRATION`, else `models.cache_root()/calibration`), where `explainer calibrate` writes by default.
+Where `find_weights` looks, in order: the weights shipped with the package (`explainer/data/calibration/
+<fingerprint>.json`, the embedded model's); the user's calibration folder (`$EXPLAINER_CALIBRATION`, else
+`models.cache_root()/calibration`), where `explainer calibrate` writes by default. No request names a file: the app's
+visitors cannot make the server open one.
 """
 
 from __future__ import annotations
@@ -125,7 +126,7 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
             raise InputError(
                 f"macs_calibrated has no weights for {name} (config fingerprint {fingerprint}). Make them with: "
                 f"{calibrate_command(name)} (SQuAD 2.0 train, github.com/chrischute/squad, data/train-v2.0.json); "
-                f"they are written to {user_dir()} and found there, or pass macs_calibrated:weights=PATH."
+                f"they are written to {user_dir()} (or the folder $EXPLAINER_CALIBRATION names) and found there."
             )
         found = CalibrationWeights.load(existing[0])
     if len(found.layer_weights) != layers:

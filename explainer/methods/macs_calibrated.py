@@ -35,8 +35,9 @@ from .macs import MACS, MACSConfig, log_factors
 
 @dataclass
 class MACSCalibratedConfig(MACSConfig):
-    weights: str = ""  # a weights file from `explainer calibrate`; "": the shipped or user weights of the loaded model
-    # (found by its config fingerprint). alpha, pooling and redistribute should be those the weights were fitted with.
+    """MACS's options; the weights are not one: they belong to the model and are found by its config fingerprint
+    (shipped, or in the user's calibration folder), so no request names a file on the server. The weights were fitted
+    with MACS's defaults (alpha 0.8, max pooling, redistribution); other values run, uncalibrated for them."""
 
 
 def weighted_log_factors(
@@ -62,9 +63,9 @@ class MACSCalibrated(MACS):
     Config = MACSCalibratedConfig
 
     def prepare(self, model: torch.nn.Module) -> None:
-        """Find the loaded model's weights (the config's file, else shipped, else the user's), or say how to make
-        them (`InputError`)."""
-        self.calibration: CalibrationWeights = find_weights(model, self.config.weights or None)
+        """Find the loaded model's weights (shipped, else in the user's calibration folder), or say how to make them
+        (`InputError`)."""
+        self.calibration: CalibrationWeights = find_weights(model)
         self.weights: torch.Tensor | None = None  # (L,) float64 on the rows' device, made at the first step
 
     def meta(self) -> dict:

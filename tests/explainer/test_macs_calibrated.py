@@ -24,16 +24,21 @@ def bundle(tokenizer):
     return bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
 
 
-def weights_file(tmp_path, model, weights) -> str:
-    path = tmp_path / "w.json"
-    CalibrationWeights(config_fingerprint(model), "tiny", list(weights), {"data": "test"}).save(path)
-    return str(path)
+@pytest.fixture
+def calibrated(tmp_path, monkeypatch):
+    """Give a model these weights in a user calibration folder of this test's own."""
+
+    def give(model, weights) -> None:
+        fingerprint = config_fingerprint(model)
+        CalibrationWeights(fingerprint, "tiny", list(weights), {"data": "test"}).save(tmp_path / f"{fingerprint}.json")
+        monkeypatch.setenv("EXPLAINER_CALIBRATION", str(tmp_path))
+
+    return give
 
 
-def test_weights_of_one_give_macs_exactly_in_the_same_pass(bundle, tmp_path):
-    path = weights_file(tmp_path, bundle.model, [1.0, 1.0, 1.0])
-    attr = explain(bundle, PROMPT, methods=["macs", "macs_calibrated"], max_new_tokens=6,
-                   method_options={"macs_calibrated": {"weights": path}})  # fmt: skip
+def test_weights_of_one_give_macs_exactly_in_the_same_pass(bundle, calibrated):
+    calibrated(bundle.model, [1.0, 1.0, 1.0])
+    attr = explain(bundle, PROMPT, methods=["macs", "macs_calibrated"], max_new_tokens=6)
     macs, calibrated = attr.methods["macs"], attr.methods["macs_calibrated"]
     np.testing.assert_array_equal(calibrated.raw, macs.raw)
     np.testing.assert_array_equal(calibrated.z, macs.z)
@@ -57,17 +62,17 @@ def reference_weighted(attentions, n, k_steps, weights, alpha=0.8):
 
 
 @pytest.mark.parametrize("weights", [(0.5, 1.0, 1.5), (2.0, 0.0, -0.5)])
-def test_weighted_scores_equal_a_plain_loop_over_layers(bundle, tmp_path, weights):
-    path = weights_file(tmp_path, bundle.model, weights)
+def test_weighted_scores_equal_a_plain_loop_over_layers(bundle, calibrated, weights):
+    calibrated(bundle.model, weights)
     attr = explain(bundle, PROMPT, methods=["macs_calibrated"], max_new_tokens=5,
-                   method_options={"macs_calibrated": {"weights": path, "keep_layers": True}})  # fmt: skip
+                   method_options={"macs_calibrated": {"keep_layers": True}})  # fmt: skip
     ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
     attentions, _ = eager_attentions(bundle.model, ids)
     got = attr.methods["macs_calibrated"]
     ref = reference_weighted(attentions, attr.num_prompt_tokens, attr.num_steps, weights)
     np.testing.assert_allclose(got.raw, ref, rtol=1e-4)
     np.testing.assert_allclose(got.layers.prod(axis=1), got.raw, rtol=1e-4)  # kept factors are f_l ** w_l
-    assert got.meta["rescaled_steps"] == []
+    assert got.meta["rescaled_steps"] == [] and got.meta["calibration"]["fit"] == {"data": "test"}
 
 
 def synthetic(weights, rows=24, k=3, p=20, s=5, m=32, seed=0):
@@ -121,7 +126,7 @@ def test_a_weights_file_round_trips_and_is_refused_for_another_model(tmp_path):
 
 def test_a_model_without_weights_is_told_how_to_make_them(tokenizer):
     bundle = bundle_from_objects(build_model("llama", num_hidden_layers=2), tokenizer, name="tiny-2")
-    with pytest.raises(InputError, match=r"no weights for .*Make them with: explainer calibrate --model"):
+    with pytest.raises(InputError, match=r"no weights for .*Make them with: explainer calibrate --model .*--data"):
         explain(bundle, PROMPT, methods=["macs_calibrated"], max_new_tokens=2)
     assert bundle.model.config._attn_implementation == "sdpa"
 
