@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..errors import InputError
 from ..eval.calibrate import CalibrateConfig, calibrate
-from ..eval.datasets import resolve_data
+from ..eval.datasets import SQUAD_V2_TRAIN, resolve_data
 from ..eval.evaluate import load_squad
 from ..eval.lds import KEEP_PROBABILITY, MASKS
 from ..methods.calibration import config_fingerprint, user_dir
@@ -47,8 +47,8 @@ def add_calibrate_parser(sub) -> None:
         f"context's sentences per row, each kept with probability {KEEP_PROBABILITY}) on a SQuAD file's rows; "
         "use training data, never the rows you evaluate on",
     )
-    p.add_argument("--data", required=True, help="SQuAD JSON file, e.g. SQuAD 2.0 train (github.com/chrischute/squad, "
-                   "data/train-v2.0.json)")  # fmt: skip
+    p.add_argument("--data", default=SQUAD_V2_TRAIN, help=f"SQuAD JSON file, or {SQUAD_V2_TRAIN} (the default: SQuAD "
+                   "2.0 train, downloaded once into the cache; also github.com/chrischute/squad, data/train-v2.0.json)")
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--out", default=None, help="weights file (default: the user's calibration folder, "
                    "$EXPLAINER_CALIBRATION or <cache>/calibration, as <fingerprint>.json, where the method finds it)")

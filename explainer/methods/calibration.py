@@ -98,7 +98,7 @@ class CalibrationWeights:
 
 def calibrate_command(model_name: str) -> str:
     """The command that makes weights for a model (what the missing-weights message shows)."""
-    return f"explainer calibrate --model {model_name} --data train-v2.0.json"
+    return f"explainer calibrate --model {model_name} --data squad_v2-train"
 
 
 def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: str | None = None) -> CalibrationWeights:
@@ -125,7 +125,7 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
         if not existing:
             raise InputError(
                 f"macs_calibrated has no weights for {name} (config fingerprint {fingerprint}). Make them with: "
-                f"{calibrate_command(name)} (SQuAD 2.0 train, github.com/chrischute/squad, data/train-v2.0.json); "
+                f"{calibrate_command(name)} (SQuAD 2.0 train, downloaded once; or a local SQuAD file); "
                 f"they are written to {user_dir()} (or the folder $EXPLAINER_CALIBRATION names) and found there."
             )
         found = CalibrationWeights.load(existing[0])
