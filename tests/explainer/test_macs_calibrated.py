@@ -142,3 +142,16 @@ def test_the_fingerprint_ignores_names_and_precision():
     b.config.name_or_path = "somewhere/else"
     assert config_fingerprint(a) == config_fingerprint(b)
     assert config_fingerprint(a) != config_fingerprint(build_model("qwen2"))
+
+
+def test_the_cli_runs_it_and_says_how_to_calibrate_a_model_without_weights(tiny_model_dir, tmp_path, monkeypatch,
+                                                                           capsys):  # fmt: skip
+    from explainer.cli import main
+
+    base = ["explain", "--model", str(tiny_model_dir), "--prompt", "Paris is", "--max-new-tokens", "2", "--methods",
+            "macs_calibrated"]  # fmt: skip
+    assert main(base) == 0
+    monkeypatch.setenv("EXPLAINER_CALIBRATION", str(tmp_path))  # an empty folder: no weights for the tiny model
+    assert main(base) == 2
+    err = capsys.readouterr().err
+    assert "no weights" in err and f"explainer calibrate --model {tiny_model_dir}" in err
