@@ -57,7 +57,7 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16)
     p.add_argument("--masks", type=int, default=MASKS, help="random ablation masks per row")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks (with each row's id)")
-    p.add_argument("--l2", type=float, default=0.01, help="pull of the weights towards 1 (MACS)")
+    p.add_argument("--l2", type=float, default=CalibrateConfig.l2, help="pull of the weights towards 1 (MACS)")
     p.add_argument("--batch-size", type=int, default=0, help="most ablation runs per forward (0: from the device)")
     p.add_argument("--cache", default=str(cache_root() / "calibration-rows"),
                    help="folder of the measured rows (a rerun reads them instead of measuring again)")  # fmt: skip

@@ -155,3 +155,17 @@ def test_the_cli_runs_it_and_says_how_to_calibrate_a_model_without_weights(tiny_
     assert main(base) == 2
     err = capsys.readouterr().err
     assert "no weights" in err and f"explainer calibrate --model {tiny_model_dir}" in err
+
+
+def test_the_embedded_models_weights_ship_and_say_how_they_were_made():
+    from explainer.methods.calibration import shipped_files, training_ids
+
+    files = shipped_files()
+    assert [f.name for f in files] == ["7a1b7e37769d640b.json"]  # SmolLM2-135M-Instruct's config fingerprint
+    w = CalibrationWeights.load(files[0])
+    assert w.fingerprint == "7a1b7e37769d640b" and len(w.layer_weights) == 30
+    assert all(np.isfinite(w.layer_weights))
+    for key in ("data", "seed", "row_ids", "masks", "fit_seconds", "ablation_seconds", "created", "objective"):
+        assert key in w.fit, key
+    ids = training_ids()
+    assert ids == {str(i) for i in w.fit["row_ids"]} and ids
