@@ -169,3 +169,37 @@ def test_the_embedded_models_weights_ship_and_say_how_they_were_made():
         assert key in w.fit, key
     ids = training_ids()
     assert ids == {str(i) for i in w.fit["row_ids"]} and ids
+
+
+def test_calibrate_writes_weights_for_the_model_and_resumes_from_its_cache(tiny_model_dir, tmp_path, monkeypatch):
+    from explainer.cli import main
+    from explainer.eval import calibrate as calibrate_module
+
+    context = "Paris is the capital of France. Berlin is the capital of Germany. The quick brown fox jumps."
+    rows = [{"id": f"r{i}", "question": q, "context": context, "answers": [{"text": "Paris", "answer_start": 0}]}
+            for i, q in enumerate(["What is the capital of France?", "What is the capital of Germany?"])]  # fmt: skip
+    data = tmp_path / "train.json"
+    data.write_text(json.dumps(rows))
+    out, cache = tmp_path / "w.json", tmp_path / "cache"
+    args = ["calibrate", "--model", str(tiny_model_dir), "--data", str(data), "--out", str(out), "--cache", str(cache),
+            "--masks", "8", "--max-new-tokens", "3", "--quiet", "--dtype", "float32"]  # fmt: skip
+    assert main(args) == 0
+    first = CalibrationWeights.load(out)
+    assert first.fingerprint == config_fingerprint(build_model("llama")) and len(first.layer_weights) == 3
+    assert first.fit["row_ids"] == ["r0", "r1"] and first.fit["seed"] == 0 and first.fit["masks"] == 8
+    assert "train.json rows 0-1" in first.fit["data"] and first.fit["fit_seconds"] >= 0
+
+    def measured_again(*_args, **_kwargs):
+        raise AssertionError("a cached row was measured again")
+
+    monkeypatch.setattr(calibrate_module, "collect_row", measured_again)
+    assert main(args) == 0
+    assert CalibrationWeights.load(out).layer_weights == first.layer_weights
+
+
+def test_evaluations_leave_out_the_rows_the_shipped_weights_were_fitted_on():
+    from explainer.cli.options import held_out
+    from explainer.methods.calibration import training_ids
+
+    fitted = sorted(training_ids())[0]
+    assert held_out([{"id": fitted}, {"id": "unseen"}]) == [{"id": "unseen"}]
