@@ -170,6 +170,8 @@ def _meet(
         if len(forced) > request.max_new_tokens:  # text: known once tokenised (ids were checked when built)
             raise answer_too_long(len(forced), request.max_new_tokens)
         attr.meta.update(answer="given", answer_tokenization=how)
+    for m in instances:
+        m.prepare(bundle.model)
     job = DecodeJob(input_ids, instances, request.max_new_tokens, forced, bundle.eos_token_ids, extra_inputs)
     n, k = input_ids.shape[1], job.num_steps
     check_request(bundle.model, instances, n, k, batch_budget(bundle.model, n + k, k, 0, 0)[0])

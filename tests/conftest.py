@@ -200,6 +200,27 @@ def cpu_flags(plain_cpu):
     write()
 
 
+TINY_CALIBRATION = (0.5, 1.0, 1.5)  # macs_calibrated's layer weights for every tiny model of BUILDERS (3 layers)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_calibration(tmp_path_factory):
+    """A user calibration folder ($EXPLAINER_CALIBRATION) with weights for the tiny models of BUILDERS (their default
+    configs), so that macs_calibrated runs through every test parametrised over the registry; a model built with
+    other settings has none. Yields the folder."""
+    from explainer.methods.calibration import CalibrationWeights, config_fingerprint
+
+    folder = tmp_path_factory.mktemp("calibration")
+    for kind in BUILDERS:
+        fingerprint = config_fingerprint(build_model(kind))
+        CalibrationWeights(fingerprint, kind, list(TINY_CALIBRATION), {"data": "tests"}).save(
+            folder / f"{fingerprint}.json"
+        )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("EXPLAINER_CALIBRATION", str(folder))
+        yield folder
+
+
 @pytest.fixture(autouse=True)
 def _library_defaults(monkeypatch):
     """Every test starts with the library's own defaults, whatever an import of `app` (which turns the batched decode

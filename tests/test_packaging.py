@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-DATA_FILES = ("explainer/data/bench_text.txt", "visuals/static/report.js", "visuals/static/report.css")
+DATA_FILES = (
+    "explainer/data/bench_text.txt",
+    "explainer/data/calibration/7a1b7e37769d640b.json",  # macs_calibrated's weights for the embedded model
+    "visuals/static/report.js",
+    "visuals/static/report.css",
+)
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +54,9 @@ def test_the_installed_package_reads_its_own_data(wheel, tmp_path):
         "import explainer, visuals.report as r; from explainer.bench.prompts import prompt_text;"
         f"paragraphs, source = prompt_text(); assert explainer.__file__.startswith({str(target)!r});"
         "assert source.startswith('explainer/data/bench_text.txt (Source:') and len(paragraphs[0]) > 20000;"
-        "assert r.report_script().startswith('(function ()') and 'xai-report' in r.report_style(); print('ok')"
+        "assert r.report_script().startswith('(function ()') and 'xai-report' in r.report_style();"
+        "from explainer.methods.calibration import shipped_files, training_ids;"
+        "assert [f.name for f in shipped_files()] == ['7a1b7e37769d640b.json'] and training_ids(); print('ok')"
     )
     done = subprocess.run(
         [sys.executable, "-c", probe], cwd=tmp_path, env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"},

@@ -87,6 +87,7 @@ def _make_runner(
         return run_library
 
     method = method_from_spec(method_name)
+    method.prepare(model)
     if method.streaming:
 
         def run_streaming(input_ids: torch.Tensor, k: int) -> int:

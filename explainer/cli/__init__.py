@@ -1,11 +1,11 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds|hitratio ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds|hitratio|calibrate ...`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
-`agreement.py`, `haystack.py`, `lds.py`, `hitratio.py`), the options they share in `options.py`; this one holds the
-parser and `main`. Only this package imports `visuals`: the library returns data.
+`agreement.py`, `haystack.py`, `lds.py`, `hitratio.py`, `calibrate.py`), the options they share in `options.py`; this
+one holds the parser and `main`. Only this package imports `visuals`: the library returns data.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import sys
 from ..errors import ExplainerError
 from .agreement import add_agreement_parser
 from .bench import add_bench_parser
+from .calibrate import add_calibrate_parser
 from .eval import add_eval_parser
 from .explain import cmd_explain, cmd_faithfulness
 from .haystack import add_haystack_parser
@@ -103,6 +104,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_haystack_parser(sub)
     add_lds_parser(sub)
     add_hitratio_parser(sub)
+    add_calibrate_parser(sub)
     return parser
 
 

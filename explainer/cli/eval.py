@@ -16,7 +16,7 @@ from ..eval.parallel import rank_from_env
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype, precision_meta
-from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
+from .options import add_device_map_option, dtype_option, held_out, methods_help, placement, rank_share
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -46,7 +46,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"--data is required: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise earlier results)."
         )
     # squad_v2-dev: downloaded once, then the cached copy
-    rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    rows = held_out(load_squad(resolve_data(args.data), args.limit, offset=args.offset))
     if rank.world > 1:
         rows, args = rank_share(rows, args, rank)
     cfg = EvalConfig(

@@ -16,7 +16,7 @@ from ..eval.parallel import rank_from_env
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
-from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
+from .options import add_device_map_option, dtype_option, held_out, methods_help, placement, rank_share
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
 
@@ -39,7 +39,7 @@ def cmd_lds(args: argparse.Namespace) -> int:
             f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
             "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
         )
-    rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    rows = held_out(load_squad(resolve_data(args.data), args.limit, offset=args.offset))
     if rank.world > 1:
         rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
     cfg = LdsConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, masks=args.masks, seed=args.seed,

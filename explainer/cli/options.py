@@ -10,6 +10,7 @@ from pathlib import Path
 from ..errors import InputError
 from ..eval.parallel import Rank, rank_path, shard
 from ..methods import method_choices
+from ..methods.calibration import training_ids
 from ..models.loading import parse_device_map
 from ..runtime.precision import DTYPE_CHOICES
 
@@ -137,3 +138,14 @@ def rank_share(rows: list, args: argparse.Namespace, rank: Rank) -> tuple[list, 
         device = f"cuda:{rank.local_rank % torch.cuda.device_count()}" if torch.cuda.is_available() else None
     print(f"rank {rank.rank} of {rank.world}: {len(share)} of {len(rows)} rows -> {results}", file=sys.stderr)
     return share, argparse.Namespace(**{**vars(args), "results": str(results), "json": json_path, "device": device})
+
+
+def held_out(rows: list[dict]) -> list[dict]:
+    """The rows that the shipped calibration weights (macs_calibrated) were not fitted on: an evaluation scores no
+    training row. Says on stderr how many it left out."""
+    fitted = training_ids()
+    kept = [r for r in rows if str(r["id"]) not in fitted]
+    if len(kept) < len(rows):
+        print(f"left out {len(rows) - len(kept)} rows that the shipped macs_calibrated weights were fitted on",
+              file=sys.stderr)  # fmt: skip
+    return kept

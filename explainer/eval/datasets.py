@@ -9,7 +9,8 @@ Two layouts hold the same questions:
 
 `rows_from_official` turns the second into the first, keeping answerable questions only (the MACS paper's AUC-PR
 needs a gold span) and dropping repeated answers. `resolve_data("squad_v2-dev")` downloads the official dev set once
-into `models.cache_root()/data/`, converted, and reuses that file afterwards; any other value is a local path.
+into `models.cache_root()/data/`, converted, and reuses that file afterwards (`squad_v2-train`, the training set, for
+`calibrate`); any other value is a local path.
 """
 
 from __future__ import annotations
@@ -29,8 +30,10 @@ from ..models.loading import cache_root
 from ..result.segments import sentence_starts
 
 SQUAD_V2_DEV = "squad_v2-dev"
+SQUAD_V2_TRAIN = "squad_v2-train"  # for `calibrate`: training questions, never the evaluated ones (~40 MB)
 DOWNLOADS = {  # data set name -> official file (CC BY-SA 4.0)
     SQUAD_V2_DEV: "https://rajpurkar.github.io/SQuAD-explorer/dataset/dev-v2.0.json",
+    SQUAD_V2_TRAIN: "https://rajpurkar.github.io/SQuAD-explorer/dataset/train-v2.0.json",
 }
 DOWNLOAD_TIMEOUT = 30.0  # seconds to connect and between reads; a stalled download fails with the offline message
 _open_url = urllib.request.urlopen  # tests replace it; nothing here touches the network otherwise

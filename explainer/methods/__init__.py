@@ -21,12 +21,14 @@ from .cost import Cost, CostRequest
 from .grad_ellm import GradELLM, GradELLMConfig
 from .input_x_gradient import InputXGradient, InputXGradientConfig
 from .macs import MACS, MACSConfig
+from .macs_calibrated import MACSCalibrated, MACSCalibratedConfig
 from .random import RandomBaseline, RandomConfig
 from .rollout import Rollout, RolloutConfig
 from .sources import Sources, SourcesConfig
 
 METHODS: dict[str, type[AttributionMethod]] = {
     MACS.name: MACS,
+    MACSCalibrated.name: MACSCalibrated,
     Rollout.name: Rollout,
     AtMan.name: AtMan,
     AttnLRP.name: AttnLRP,
@@ -199,6 +201,8 @@ __all__ = [
     "InputXGradientConfig",
     "MACS",
     "MACSConfig",
+    "MACSCalibrated",
+    "MACSCalibratedConfig",
     "RandomBaseline",
     "RandomConfig",
     "Rollout",

@@ -106,6 +106,11 @@ class AttributionMethod:
             raise TypeError("pass either a config object or keyword options, not both")
         self.config = config
 
+    def prepare(self, model: torch.nn.Module) -> None:
+        """Called once per request where it meets the model, before any forward pass: read what the method needs of
+        that model (its calibration weights, say) and raise an `InputError` a user can act on if it is missing. The
+        default: nothing."""
+
     # Streaming methods -----------------------------------------------------------------------------------------
     def begin(self, num_prompt_tokens: int) -> None:
         """Reset state for a new generation over N prompt tokens."""
