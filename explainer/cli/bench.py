@@ -29,6 +29,7 @@ from .options import add_device_map_option, dtype_option, methods_help, placemen
 def _split(text: str) -> list[str]:
     return [v.strip() for v in text.split(",") if v.strip()]
 
+
 _DECODE_HELP = (
     "the library's decode loop in every worker (rows say which ran): auto (CUDA graphs on a GPU where they apply), "
     "solo (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs); "

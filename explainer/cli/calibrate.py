@@ -15,7 +15,7 @@ from ..eval.lds import KEEP_PROBABILITY, MASKS
 from ..methods.calibration import config_fingerprint, user_dir
 from ..models.loading import cache_root, load_model
 from ..runtime.precision import parse_dtype
-from .options import add_device_map_option, dtype_option, placement
+from .options import model_options, placement
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
@@ -47,11 +47,18 @@ def add_calibrate_parser(sub) -> None:
         f"context's sentences per row, each kept with probability {KEEP_PROBABILITY}) on a SQuAD file's rows; "
         "use training data, never the rows you evaluate on",
     )
-    p.add_argument("--data", default=SQUAD_V2_TRAIN, help=f"SQuAD JSON file, or {SQUAD_V2_TRAIN} (the default: SQuAD "
-                   "2.0 train, downloaded once into the cache; also github.com/chrischute/squad, data/train-v2.0.json)")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--out", default=None, help="weights file (default: the user's calibration folder, "
-                   "$EXPLAINER_CALIBRATION or <cache>/calibration, as <fingerprint>.json, where the method finds it)")
+    p.add_argument(
+        "--data",
+        default=SQUAD_V2_TRAIN,
+        help=f"SQuAD JSON file, or {SQUAD_V2_TRAIN} (the default: SQuAD "
+        "2.0 train, downloaded once into the cache; also github.com/chrischute/squad, data/train-v2.0.json)",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="weights file (default: the user's calibration folder, "
+        "$EXPLAINER_CALIBRATION or <cache>/calibration, as <fingerprint>.json, where the method finds it)",
+    )
     p.add_argument("--limit", type=int, default=100, help="use the first N rows (from --offset on)")
     p.add_argument("--offset", type=int, default=0, help="skip the first N rows")
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -62,7 +69,5 @@ def add_calibrate_parser(sub) -> None:
     p.add_argument("--cache", default=str(cache_root() / "calibration-rows"),
                    help="folder of the measured rows (a rerun reads them instead of measuring again)")  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
+    model_options(p)
     p.set_defaults(func=cmd_calibrate)

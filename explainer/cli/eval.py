@@ -16,7 +16,7 @@ from ..eval.parallel import rank_from_env
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype, precision_meta
-from .options import add_device_map_option, dtype_option, held_out, methods_help, placement, rank_share
+from .options import held_out, methods_help, model_options, placement, rank_share
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
@@ -95,10 +95,7 @@ def add_eval_parser(sub) -> None:
         help=methods_help("comma-separated methods with options: macs:alpha=0.5"),
     )
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
+    model_options(p)
     p.add_argument("--json", help="write the summary and per-sample rows as JSON to this path")
     p.add_argument("--results", help="JSON-lines file of per-sample results; a rerun skips the ids already in it")
     p.add_argument("--skip-faithfulness", action="store_true", help="AUC-PR only (no removal runs)")

@@ -14,7 +14,7 @@ from ..eval.resumable import read_results
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
-from .options import dtype_option, methods_help, placement
+from .options import methods_help, model_options, placement
 
 
 def cmd_haystack(args: argparse.Namespace) -> int:
@@ -52,9 +52,7 @@ def add_haystack_parser(sub) -> None:
     p.add_argument("--paragraphs", type=int, default=HAYSTACK_PARAGRAPHS, help="paragraphs per prompt, gold included")
     p.add_argument("--seed", type=int, default=0, help="seed of the distractors and the gold paragraph's position")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype_option(p)
+    model_options(p, device_map=False)
     p.add_argument("--results", help="JSON-lines file, one row per prompt; a rerun skips the prompts already in it")
     p.add_argument("--report", help="comma-separated --results files: print their table without measuring")
     p.set_defaults(func=cmd_haystack)

@@ -18,7 +18,7 @@ from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .lds import DEFAULT_METHODS
-from .options import add_device_map_option, dtype_option, methods_help, placement, rank_share
+from .options import methods_help, model_options, placement, rank_share
 
 
 def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
@@ -81,10 +81,7 @@ def add_hitratio_parser(sub) -> None:
     p.add_argument("--text", default=None, help="haystack text from a plain UTF-8 file instead")
     p.add_argument("--seed", type=int, default=0, help="seed of the passwords and of where each haystack starts")
     p.add_argument("--max-new-tokens", type=int, default=16)
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
+    model_options(p)
     p.add_argument("--results", help="JSON-lines file, one row per prompt; a rerun skips the prompts already in it")
     p.add_argument("--report", help="comma-separated --results files (rank files joined): print the table only")
     p.set_defaults(func=cmd_hitratio)

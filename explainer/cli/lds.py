@@ -16,7 +16,7 @@ from ..eval.parallel import rank_from_env
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
-from .options import add_device_map_option, dtype_option, held_out, methods_help, placement, rank_share
+from .options import held_out, methods_help, model_options, placement, rank_share
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
 
@@ -65,10 +65,7 @@ def add_lds_parser(sub) -> None:
     p.add_argument("--masks", type=int, default=MASKS, help="random ablation masks per row")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks (with each row's id)")
     p.add_argument("--batch-size", type=int, default=0, help="most ablation runs per forward (0: from the device)")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
-    p.add_argument("--device", default=None, help="cpu, cuda, ... (default: cuda if available)")
-    dtype_option(p)
-    add_device_map_option(p)
+    model_options(p)
     p.add_argument("--results", help="JSON-lines file, one row per sample; a rerun skips the rows already in it")
     p.add_argument(
         "--report",

@@ -70,13 +70,20 @@ def methods_help(what: str) -> str:
 def prompt_and_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prompt", help="the prompt text")
     p.add_argument("--prompt-file", help="read the prompt from a UTF-8 text file")
-    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--max-prompt-tokens", type=int, default=4096, help="refuse longer prompts")
     p.add_argument("--no-chat-template", action="store_true", help="feed the prompt as plain text")
+    model_options(p)
+
+
+def model_options(p: argparse.ArgumentParser, device_map: bool = True) -> None:
+    """`--model`, `--device`, `--dtype` and (with `device_map`) `--device-map`: which model, where, in what precision
+    (`placement` and `precision.parse_dtype` read them)."""
+    p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     dtype_option(p)
-    add_device_map_option(p)
+    if device_map:
+        add_device_map_option(p)
 
 
 DEVICE_MAP_HELP = (
