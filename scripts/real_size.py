@@ -100,11 +100,24 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
-def _methods(spec: str, image: bool) -> list[str]:
-    """`--methods`: names, or "all" (every registered method; for an image prompt those that explain images)."""
-    from explainer.methods import method_choices
+def _methods(spec: str, image: bool, model) -> list[str]:
+    """`--methods`: names, or "all": every registered method (for an image prompt those that explain images) that
+    can run on `model`; one that needs data this model lacks (`macs_calibrated` without fitted weights, which random
+    weights would make meaningless) is left out, with a line saying why."""
+    from explainer.errors import InputError
+    from explainer.methods import get_method, method_choices
 
-    return method_choices(image=image) if spec == "all" else [m for m in spec.split(",") if m]
+    if spec != "all":
+        return [m for m in spec.split(",") if m]
+    chosen = []
+    for name in method_choices(image=image):
+        try:
+            get_method(name).prepare(model)
+        except InputError as e:
+            print(f"real_size: {name} left out of 'all' on this model: {e}", file=sys.stderr)
+            continue
+        chosen.append(name)
+    return chosen
 
 
 def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image_tokens: int, methods: str = "macs,"
@@ -127,14 +140,15 @@ def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image
         n = len(bundle.encode(" ".join(words), chat_template=True, max_new_tokens=new_tokens).input_ids[0])
     answer = [int(i) for i in np.random.default_rng(0).integers(5, len(bundle.tokenizer) - 1, new_tokens)]
     if text:
-        row.update(_timed(stream_explain(bundle, " ".join(words), methods=_methods(methods, False),
+        row.update(_timed(stream_explain(bundle, " ".join(words), methods=_methods(methods, False, bundle.model),
                                          max_new_tokens=new_tokens, answer=answer), "text"))  # fmt: skip
         row["text_prompt_tokens"] = n
     if bundle.image_processor is not None:
         rng = np.random.default_rng(0)
         side = max(448, 28 * int(np.ceil(np.sqrt(image_tokens))))  # 28 pixels a merged token: room for all of them
         image = Image.fromarray(rng.integers(0, 255, (side, side, 3), dtype=np.uint8))
-        stream = stream_explain(bundle, "What is in the image?", methods=_methods(methods, True), image=image,
+        chosen = _methods(methods, True, bundle.model)
+        stream = stream_explain(bundle, "What is in the image?", methods=chosen, image=image,
                                 max_image_tokens=image_tokens, max_new_tokens=new_tokens, answer=answer)  # fmt: skip
         row.update(_timed(stream, "image"))
     row["peak_rss_gb"] = _rss_gb()
