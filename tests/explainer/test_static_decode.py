@@ -220,23 +220,23 @@ def test_static_path_on_the_device(device, kind, monkeypatch):
     Either way: the dynamic loop's tokens and rows on the same device."""
     model = build_model(kind).to(device)
     ids = _ids(model, device=device)
-    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True})
-    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True})
+    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True}, {})  # MACS + Rollout
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True}, {})
     _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
     np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
     assert sinks.record() == dyn_sinks.record()
     if device == "cuda":
         monkeypatch.setenv(DECODE_ENV, "auto")
-        assert choose_path(model, DecodeJob(ids, [MACS()], K)).path == CUDA_GRAPH
+        assert choose_path(model, DecodeJob(ids, [MACS(), Rollout()], K)).path == CUDA_GRAPH
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
     """What CUDA itself reports: inside a chunk the graph's replays never wait for the device; a chunk's first
-    step reads the buffers (the tokens, one per MACS), whatever the prompt length. Step 1 also records the graph."""
+    step reads the buffers (the tokens, one per method), whatever the prompt length. Step 1 also records the graph."""
     monkeypatch.setenv(DECODE_ENV, "auto")
     model = build_model("llama").to(device)
-    for n in (23, 61):
-        counts = _syncs_per_step(model, n, ["macs"], steps=K)
-        assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, counts)
-        assert max(counts[2:]) <= 2, (n, counts)
+    for n, methods in ((23, ["macs"]), (61, ["macs"]), (23, ["macs", "rollout"])):
+        counts = _syncs_per_step(model, n, methods, steps=K)
+        assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, methods, counts)
+        assert max(counts[2:]) <= 1 + len(methods), (n, methods, counts)
