@@ -7,7 +7,9 @@ a host read for its token and for each streaming method's row: on a GPU a small 
 same addresses:
 
 - the KV cache holds N + K - 1 positions (`StaticCache`); the model attends over all of them with a mask, and the
-  positions come from the cache's own length counter on the device;
+  positions come from the cache's own length counter on the device; an image prompt's prefill gets its pixels and
+  explicit 3-D (mRoPE) positions (`DecodeJob.extra_inputs`), and decode step k the prompt's last position + k in
+  every axis, k read on the device;
 - the attention function writes the last query's float32 probability rows into one (L, H, N + K - 1) buffer, keys
   after the query masked to exactly 0 (MACS's redistribution of Eq. 4 sums them unchanged);
 - each streaming method's `device_step` writes step k's (N,) row into row k of a (K, N) buffer: MACS's Eqs. 4-7
@@ -26,8 +28,8 @@ the steps computed after it are dropped (a flag on the device keeps them out of 
 On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
 replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
 Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
-that all have a device step (`has_device_step`: MACS, Rollout), text prompts, models on one device whose layers all
-use full attention and that transformers marks as working with a static cache. Each step reports its path
+that all have a device step (`has_device_step`: MACS, Rollout), text and image prompts, models on one device whose
+layers all use full attention and that transformers marks as working with a static cache. Each step reports its path
 (`Step.decode_path`).
 """
 
@@ -92,6 +94,9 @@ class StaticDecoder:
         self.consumer = full_row_consumer(self.methods)  # the prefill's full rows, for `needs_full_rows` (Rollout)
         self.graphs, self.graph, self.path = graphs, None, CUDA_GRAPH if graphs else STATIC
         self.cache = StaticCache(config=model.config, max_cache_len=self.n + steps - 1)
+        self.prefill_inputs = dict(job.extra_inputs or {})  # an image prompt's pixels, grid and 3-D positions
+        positions = self.prefill_inputs.get("position_ids")  # (..., N) or None (the cache counts the positions)
+        self.last_position = None if positions is None else positions[..., -1:]  # (..., 1): step k is at it + k
         self.k = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step the next pass explains
         self.token_in = torch.zeros((1, 1), dtype=input_ids.dtype, device=device)  # the next pass's input id
         forced = [-1] * steps if forced_ids is None else list(forced_ids)  # -1: the argmax
@@ -130,8 +135,8 @@ class StaticDecoder:
             return contextlib.nullcontext()
         return attention_function_selected(self.model, _NAME_PREFIX, self._attention)
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+    def _forward(self, ids: torch.Tensor, inputs: dict) -> torch.Tensor:
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1]  # (V,)
 
     def _record(self, logits: torch.Tensor, prefill: bool) -> None:
@@ -167,11 +172,13 @@ class StaticDecoder:
         """The prompt's pass (eager: its length is the prompt's), which also explains step 0."""
         probe = self.sinks.probing_norms(self.model) if self.sinks is not None else contextlib.nullcontext()
         with self.capturing(), probe:
-            self._record(self._forward(input_ids), prefill=True)
+            self._record(self._forward(input_ids, self.prefill_inputs), prefill=True)
 
     def step(self) -> None:
         """One decode step: the fixed-shape work that a CUDA graph records."""
-        self._record(self._forward(self.token_in), prefill=False)
+        # Explicit positions (Qwen's mRoPE) continue from the prompt's last in every axis, from k on the device.
+        inputs = {} if self.last_position is None else {"position_ids": self.last_position + self.k}  # (..., 1)
+        self._record(self._forward(self.token_in, inputs), prefill=False)
 
     def decode(self, count: int) -> None:
         """`count` more decode steps on the device; the first call on a graph path records the graph."""

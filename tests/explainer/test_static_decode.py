@@ -4,8 +4,9 @@ The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its
 replays it as a CUDA graph). Checked row by row against `generate_steps` on the solo loop: the same tokens, their
 probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and the same sink
 shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation without
-methods; Rollout alone and beside MACS the same way; MACS against `reference_macs` and Rollout against
-`reference_rollout` on eager attention; no host read inside a decode step; the fallbacks.
+methods; Rollout alone and beside MACS the same way; an image prompt (Qwen2.5-VL, 3-D positions); MACS against
+`reference_macs` and Rollout against `reference_rollout` on eager attention; no host read inside a decode step; the
+fallbacks.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from explainer import explain
 from explainer.capture import registered_names
@@ -20,11 +22,13 @@ from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
 from explainer.methods import MACS, Rollout
 from explainer.models.loading import bundle_from_objects
+from explainer.models.vision import encode_image_prompt
 from explainer.result.sinks import SinkTracker
 from explainer.static_decode import StaticDecoder
 
 from ..conftest import ACCELERATORS, DEVICES, build_model, eager_attentions
 from ..reference import reference_macs, reference_rollout
+from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 from .test_host_syncs import CountHostReads, reads_of_each_step
 from .test_on_device import _syncs_per_step
 
@@ -240,3 +244,46 @@ def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
         counts = _syncs_per_step(model, n, methods, steps=K)
         assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, methods, counts)
         assert max(counts[2:]) <= 1 + len(methods), (n, methods, counts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, monkeypatch):
+    """Qwen2.5-VL: the prefill takes the pixels and the 3-D (mRoPE) positions as on the solo loop; the decode steps
+    continue every axis from the prompt's last position, k taken on the device. Generated and given answers, MACS +
+    Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `static` on CUDA records the graph)
+    and the decode loop; nothing is left in the model."""
+    tokenizer = make_vl_tokenizer()
+    model = build_vl_model(tokenizer).to(device)
+    bundle = vl_bundle(model, tokenizer)
+    graph = CUDA_GRAPH if device == "cuda" else STATIC
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 120, 3), dtype=np.uint8))
+    question = "What is in the image?"
+    results = {}
+    for path in ("static-eager", "solo"):
+        monkeypatch.setenv(DECODE_ENV, path)
+        results[path] = explain(bundle, question, image=image, methods=["macs", "rollout"], max_new_tokens=9)
+        assert registered_names() == [] and model.model.rope_deltas is None
+    static, solo = results["static-eager"], results["solo"]
+    assert static.meta["decode"]["path"] == STATIC and solo.meta["decode"]["path"] == SOLO
+    assert static.generated_token_ids == solo.generated_token_ids and static.num_steps == 9
+    for name in ("macs", "rollout"):
+        np.testing.assert_allclose(static.methods[name].raw, solo.methods[name].raw, rtol=2e-5, atol=0, err_msg=name)
+    enc = encode_image_prompt(bundle, image, question)
+    forced = [int(t) for t in (torch.arange(7) * 13 + 5) % model.config.text_config.vocab_size]
+    steps = {}
+    for path in ("static", "solo"):
+        monkeypatch.setenv(DECODE_ENV, path)
+        job = DecodeJob(enc.input_ids, [MACS(), Rollout()], 7, forced_ids=forced, extra_inputs=enc.prefill_inputs)
+        steps[path] = list(generate_steps(model, job))
+    assert [s.token_id for s in steps["static"]] == forced
+    _assert_same_steps(steps["static"], steps["solo"], graph)
+    methods = [MACS(), Rollout()]
+    for m in methods:
+        m.begin(enc.input_ids.shape[1])
+    decoder = StaticDecoder(model, DecodeJob(enc.input_ids, methods, 5, extra_inputs=enc.prefill_inputs))
+    decoder.prefill(enc.input_ids)
+    with decoder.capturing():
+        for _ in range(4):
+            with CountHostReads() as mode:
+                decoder.step()  # the 3-D positions from k on the device: no host read
+            assert mode.count == 0
