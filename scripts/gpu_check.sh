@@ -5,7 +5,7 @@
 #
 #   scripts/gpu_check.sh OUTDIR all            # the six stages below in this order, within $TOTAL_SECONDS (540)
 #   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs):
-#                                              # MACS + Rollout against the dynamic loop
+#                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image
 #   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
@@ -143,7 +143,7 @@ stage() {  # stage NAME: one stage of the next GPU session
             return
         fi
         select=cuda
-        if [ -n "$DRY" ]; then select="cpu and on_the_device"; fi
+        if [ -n "$DRY" ]; then select="cpu and (on_the_device or image)"; fi
         run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/test_static_decode.py \
             -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
