@@ -167,6 +167,49 @@ def check_attention_kwargs(module: torch.nn.Module, kwargs: dict, what: str) -> 
         )
 
 
+def _mask_rows(attention_mask: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    """The additive float32 mask of query rows start..stop - 1, (B|1, 1, rows|1, Tk), or None."""
+    if attention_mask is None:
+        return None
+    rows = attention_mask if attention_mask.shape[-2] == 1 else attention_mask[..., start:stop, :]
+    return additive_mask(rows, torch.float32)  # converted per chunk: never a full (Tq, Tk) float copy
+
+
+def hand_full_rows(
+    consumer: FullRowConsumer,
+    chunk_rows: int,
+    layer_idx: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    first_query: int,
+    device: torch.device | None = None,
+) -> None:
+    """Every query row of a multi-query pass of one layer to `consumer`, `chunk_rows` rows at a time, each chunk's
+    (B, H, chunk, W) float32 probabilities only as wide as its queries can see (the capture's prefill rows, and the
+    static decode path's).
+
+    Args:
+        query: (B, H, Tq, D); key: (B, KVH, Tk, D), unexpanded; attention_mask: the layer's mask (Tq or 1 rows) or
+            None (causal); first_query: the key index of query 0; device: where the chunks go (None: where computed).
+    """
+    tq, tk = query.shape[2], key.shape[2]
+    key = key.float()  # a no-op when the caller upcast it
+    step = max(1, chunk_rows)
+    for start in range(0, tq, step):
+        stop = min(tq, start + step)
+        chunk_mask = _mask_rows(attention_mask, start, stop)
+        # Keys no query of the chunk can see have probability 0: they are left out of the chunk's rows.
+        width = _visible_keys(chunk_mask, first_query + start, stop - start, tk)
+        chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]
+        q = query[:, :, start:stop, :]  # (B, H, chunk, D)
+        chunk = attention_probs(q, key[:, :, :width], chunk_mask, scaling, first_query + start)
+        if device is not None:
+            chunk = chunk.to(device)  # every layer's chunks on one device
+        consumer(layer_idx, first_query + start, chunk)
+
+
 def _make_attention_function(recorder: AttentionRecorder) -> Callable:
     def capture_attention_forward(
         module: torch.nn.Module,
@@ -183,13 +226,6 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
         tk = key.shape[2]
         scale = scaling if scaling is not None else d**-0.5
 
-        def mask_rows(start: int, stop: int) -> torch.Tensor | None:
-            """The additive float32 mask of query rows start..stop - 1, (B|1, 1, rows|1, Tk), or None."""
-            if attention_mask is None:
-                return None
-            rows = attention_mask if attention_mask.shape[-2] == 1 else attention_mask[..., start:stop, :]
-            return additive_mask(rows, torch.float32)  # converted per chunk: never a full (Tq, Tk) float copy
-
         # Without a mask the model relies on causality; the last query then sees every key (it is the newest).
         offset = tk - tq
         # The output is exactly the model's own SDPA call (same mask function, same arguments), so greedy decoding
@@ -198,21 +234,13 @@ def _make_attention_function(recorder: AttentionRecorder) -> Callable:
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         key = key.float()  # once per layer, not per chunk (a no-op for a float32 model)
-        last = attention_probs(query[:, :, -1:, :], key, mask_rows(tq - 1, tq), scale, tk - 1)  # (B, H, 1, Tk)
-        recorder.rows[module.layer_idx] = last[:, :, 0, :]
+        last = attention_probs(query[:, :, -1:, :], key, _mask_rows(attention_mask, tq - 1, tq), scale, tk - 1)
+        recorder.rows[module.layer_idx] = last[:, :, 0, :]  # (B, H, Tk)
         if recorder.full_row_consumer is not None and tq > 1:  # prefill passes only
-            step = max(1, recorder.full_row_chunk)
-            for start in range(0, tq, step):
-                stop = min(tq, start + step)
-                chunk_mask = mask_rows(start, stop)
-                # Keys no query of the chunk can see have probability 0: they are left out of the chunk's rows.
-                width = _visible_keys(chunk_mask, offset + start, stop - start, tk)
-                chunk_mask = None if chunk_mask is None else chunk_mask[..., :width]
-                q = query[:, :, start:stop, :]  # (B, H, chunk, D)
-                chunk = attention_probs(q, key[:, :, :width], chunk_mask, scale, offset + start)
-                if recorder.device is not None:
-                    chunk = chunk.to(recorder.device)  # every layer's chunks on one device
-                recorder.full_row_consumer(module.layer_idx, offset + start, chunk)
+            hand_full_rows(
+                recorder.full_row_consumer, recorder.full_row_chunk, module.layer_idx, query, key, attention_mask,
+                scale, offset, recorder.device,
+            )  # fmt: skip
         return out, None
 
     return capture_attention_forward

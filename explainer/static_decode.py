@@ -7,11 +7,16 @@ a host read for its token and for each streaming method's row: on a GPU a small 
 same addresses:
 
 - the KV cache holds N + K - 1 positions (`StaticCache`); the model attends over all of them with a mask, and the
-  positions come from the cache's own length counter on the device;
+  positions come from the cache's own length counter on the device; an image prompt's prefill gets its pixels and
+  explicit 3-D (mRoPE) positions (`DecodeJob.extra_inputs`), and decode step k the prompt's last position + k in
+  every axis, k read on the device;
 - the attention function writes the last query's float32 probability rows into one (L, H, N + K - 1) buffer, keys
   after the query masked to exactly 0 (MACS's redistribution of Eq. 4 sums them unchanged);
-- MACS's Eqs. 4-7 (`macs.log_factors`) write step k's (N,) log-product into row k of a (K, N) float64 buffer, and its
-  layer factors into a (K, L, N) buffer with `keep_layers`; the sinks' share sums accumulate in place;
+- each streaming method's `device_step` writes step k's (N,) row into row k of a (K, N) buffer: MACS's Eqs. 4-7
+  (`macs.log_factors`) its float64 log-product, and its layer factors into a (K, L, N) buffer with `keep_layers`;
+  Rollout its float32 row, after writing the step's Â rows into its (L, K - 1, N + K - 1) buffer (its prompt rows
+  come from the prefill, whose every query row this path hands over as the capture does: `capture.hand_full_rows`);
+  the sinks' share sums accumulate in place;
 - the token (the argmax, or the forced token of a given answer), its probability, the entropy and the top
   alternatives (`decoding.step.token_stats`, as every path computes them) go to row k of a (K, 3 + 2A) buffer, and
   the token is fed to the next step on the device.
@@ -23,8 +28,9 @@ the steps computed after it are dropped (a flag on the device keeps them out of 
 On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
 replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
 Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
-that all have a device step (`has_device_step`: MACS), text prompts, models on one device whose layers all use full
-attention and that transformers marks as working with a static cache. Each step reports its path (`Step.decode_path`).
+that all have a device step (`has_device_step`: MACS, Rollout), text and image prompts, models on one device whose
+layers all use full attention and that transformers marks as working with a static cache. Each step reports its path
+(`Step.decode_path`).
 """
 
 from __future__ import annotations
@@ -38,13 +44,20 @@ import torch
 from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .capture import additive_mask, attention_function_selected, attention_probs, check_attention_kwargs
+from .capture import (
+    additive_mask,
+    attention_function_selected,
+    attention_probs,
+    check_attention_kwargs,
+    hand_full_rows,
+)
 from .decoding.choice import CUDA_GRAPH, STATIC, remember_graph_failure
 from .decoding.job import DecodeJob
-from .decoding.step import Step, ends, make_step, method_scores, token_stats
+from .decoding.step import Step, ends, full_row_consumer, make_step, method_scores, token_stats
 from .methods import AttributionMethod
 from .result.sinks import SinkTracker
 from .runtime.host import to_numpy
+from .runtime.kv import full_row_chunk
 from .runtime.memory import language_config
 from .runtime.session import check_cancelled
 
@@ -77,9 +90,13 @@ class StaticDecoder:
         input_ids, steps, forced_ids = job.input_ids, job.num_steps, job.forced_ids
         device, text = input_ids.device, language_config(model)
         self.model, self.n, self.steps = model, input_ids.shape[1], steps
-        self.macs = [m for m in job.methods if m.streaming]  # each with `has_device_step`
+        self.methods = [m for m in job.methods if m.streaming]  # each with `has_device_step`
+        self.consumer = full_row_consumer(self.methods)  # the prefill's full rows, for `needs_full_rows` (Rollout)
         self.graphs, self.graph, self.path = graphs, None, CUDA_GRAPH if graphs else STATIC
         self.cache = StaticCache(config=model.config, max_cache_len=self.n + steps - 1)
+        self.prefill_inputs = dict(job.extra_inputs or {})  # an image prompt's pixels, grid and 3-D positions
+        positions = self.prefill_inputs.get("position_ids")  # (..., N) or None (the cache counts the positions)
+        self.last_position = None if positions is None else positions[..., -1:]  # (..., 1): step k is at it + k
         self.k = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step the next pass explains
         self.token_in = torch.zeros((1, 1), dtype=input_ids.dtype, device=device)  # the next pass's input id
         forced = [-1] * steps if forced_ids is None else list(forced_ids)  # -1: the argmax
@@ -88,13 +105,12 @@ class StaticDecoder:
         self.alive = torch.ones(1, dtype=torch.bool, device=device)  # (1,) no end-of-sequence token yet
         self.stats: torch.Tensor | None = None  # (K, 3 + 2A) float64, made at the prefill (A from the logits)
         self.rows = self.sinks = None
-        self.logs: list[torch.Tensor] = []
+        self.outs: list[torch.Tensor | None] = [None] * len(self.methods)  # (K, N) each, made at the prefill
         self.layers: list[torch.Tensor | None] = []
-        if self.macs:
+        if self.methods:
             total = self.n + steps - 1
             self.rows = torch.zeros((text.num_hidden_layers, text.num_attention_heads, total), device=device)
-            self.logs = [torch.zeros((steps, self.n), dtype=torch.float64, device=device) for _ in self.macs]
-            self.layers = [m.reserve_layers(steps, text.num_hidden_layers, device) for m in self.macs]
+            self.layers = [m.reserve_layers(steps, text.num_hidden_layers, device) for m in self.methods]
             self.sinks = sinks
             self.share_sum = torch.zeros(self.n, device=device)  # (N,) decode steps' shares, summed
             self.share_min = torch.full((self.n,), float("inf"), device=device)  # (N,) their smallest
@@ -108,16 +124,19 @@ class StaticDecoder:
         )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         self.rows[module.layer_idx].copy_(last_row_probs(query, key, attention_mask, scale))
+        if self.consumer is not None and query.shape[2] > 1:  # the prefill, from an empty cache: query 0 is key 0
+            chunk = full_row_chunk(self.n, query.device.type)
+            hand_full_rows(self.consumer, chunk, module.layer_idx, query, key, attention_mask, scale, 0)
         return out, None
 
     def capturing(self) -> contextlib.AbstractContextManager:
-        """The block within which forward passes write the rows buffer (nothing without MACS)."""
+        """The block within which forward passes write the rows buffer (nothing without a streaming method)."""
         if self.rows is None:
             return contextlib.nullcontext()
         return attention_function_selected(self.model, _NAME_PREFIX, self._attention)
 
-    def _forward(self, ids: torch.Tensor) -> torch.Tensor:
-        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+    def _forward(self, ids: torch.Tensor, inputs: dict) -> torch.Tensor:
+        out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1]  # (V,)
 
     def _record(self, logits: torch.Tensor, prefill: bool) -> None:
@@ -133,9 +152,11 @@ class StaticDecoder:
         self.k.add_(1)
 
     def _record_rows(self, prefill: bool) -> None:
-        for m, logs, layers in zip(self.macs, self.logs, self.layers):
-            log_c, floored = m.device_step(self.rows)  # (N,) float64, (L, N) float32 or None
-            logs.index_copy_(0, self.k, log_c[None])
+        for i, (m, layers) in enumerate(zip(self.methods, self.layers)):
+            row, floored = m.device_step(self.rows, self.k)  # (N,) (MACS: float64 log; Rollout: float32), (L, N)
+            if self.outs[i] is None:  # the prefill: the buffer takes the row's dtype
+                self.outs[i] = torch.zeros((self.steps, *row.shape), dtype=row.dtype, device=row.device)  # (K, N)
+            self.outs[i].index_copy_(0, self.k, row[None])
             if layers is not None:
                 layers.index_copy_(0, self.k, floored[None])
         if self.sinks is None:
@@ -151,11 +172,13 @@ class StaticDecoder:
         """The prompt's pass (eager: its length is the prompt's), which also explains step 0."""
         probe = self.sinks.probing_norms(self.model) if self.sinks is not None else contextlib.nullcontext()
         with self.capturing(), probe:
-            self._record(self._forward(input_ids), prefill=True)
+            self._record(self._forward(input_ids, self.prefill_inputs), prefill=True)
 
     def step(self) -> None:
         """One decode step: the fixed-shape work that a CUDA graph records."""
-        self._record(self._forward(self.token_in), prefill=False)
+        # Explicit positions (Qwen's mRoPE) continue from the prompt's last in every axis, from k on the device.
+        inputs = {} if self.last_position is None else {"position_ids": self.last_position + self.k}  # (..., 1)
+        self._record(self._forward(self.token_in, inputs), prefill=False)
 
     def decode(self, count: int) -> None:
         """`count` more decode steps on the device; the first call on a graph path records the graph."""
@@ -198,9 +221,9 @@ class StaticDecoder:
         """The steps start .. stop - 1, read from the device once per buffer; each method's row is finished
         (`finish_step`) only when its step is taken."""
         stats = to_numpy(self.stats[start:stop])  # (k, 3 + 2A) float64
-        logs = {m.name: to_numpy(x[start:stop]) for m, x in zip(self.macs, self.logs)}  # each (k, N) float64
+        outs = {m.name: to_numpy(x[start:stop]) for m, x in zip(self.methods, self.outs)}  # each (k, N)
         for j in range(stop - start):
-            scores = method_scores(self.macs, lambda m, j=j: m.finish_step(logs[m.name][j]), method_seconds)
+            scores = method_scores(self.methods, lambda m, j=j: m.finish_step(outs[m.name][j]), method_seconds)
             yield make_step(start + j, stats[j], scores, seconds / (stop - start), self.path)
 
     def finish(self, steps_taken: int) -> None:

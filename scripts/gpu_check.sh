@@ -4,12 +4,13 @@
 # hold, so a call cut short resumes where it stopped when made again:
 #
 #   scripts/gpu_check.sh OUTDIR all            # the six stages below in this order, within $TOTAL_SECONDS (540)
-#   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs)
+#   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs):
+#                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image
 #   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
 #   scripts/gpu_check.sh OUTDIR static         # the embedded model: none, plain, MACS on the CUDA-graph path and on
-#                                              # the solo loop at 1k/4k/16k/32k prompt tokens
+#                                              # the solo loop at 1k/4k/16k/32k prompt tokens, Rollout at 1k/4k
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode
@@ -89,9 +90,10 @@ EOF
 
 LLAMA=meta-llama/Llama-3.1-8B-Instruct
 if [ -n "$DRY" ]; then # tiny dimensions and lengths on the CPU
-    SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
-else
-    SHORT=512,1024,2048 LONG=8192,32768 STATIC_LENGTHS=1024,4096,16384,32768 K=32 REPEATS=2 TINY=() DECODE=auto
+    SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 ROLLOUT_LENGTHS=16 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
+else  # Rollout's prompt rows are L x N^2 / 2 floats: 61 GiB for the embedded model at 32k, so only 1k and 4k
+    SHORT=512,1024,2048 LONG=8192,32768 STATIC_LENGTHS=1024,4096,16384,32768 ROLLOUT_LENGTHS=1024,4096 K=32 REPEATS=2
+    TINY=() DECODE=auto
 fi
 
 has_row() {  # has_row FILE MODEL METHODS IMAGE_TOKENS: whether the product rows hold that run
@@ -141,7 +143,7 @@ stage() {  # stage NAME: one stage of the next GPU session
             return
         fi
         select=cuda
-        if [ -n "$DRY" ]; then select="cpu and on_the_device"; fi
+        if [ -n "$DRY" ]; then select="cpu and (on_the_device or image)"; fi
         run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/test_static_decode.py \
             -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
@@ -155,13 +157,14 @@ stage() {  # stage NAME: one stage of the next GPU session
             --repeats 1 --json "$RESULTS/bench-gpu-$gpu-llama-3.1-8b-long.json" --deadline "$(box 90)" \
             --plan "$LONG:none,plain,macs,rollout"
         ;;
-    static) # where launches dominate: the CUDA-graph path against the solo loop, same model, same process kind
+    static) # where launches dominate: the CUDA-graph path against the solo loop, same model, same process kind;
+        # Rollout's device step (its chain over a fixed (L, K - 1, N + K - 1) buffer) at the shorter lengths
         model=(--folder /tmp/smollm2-135m-32k)
         if [ -n "$DRY" ]; then model=(--model $LLAMA "${TINY[@]}"); else long_copy /tmp/smollm2-135m-32k; fi
         for decode in $DECODE solo; do
-            run "$(box 60)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
+            run "$(box 70)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-static-$decode.json" \
-                --deadline "$(box 50)" --plan "$STATIC_LENGTHS:none,plain,macs"
+                --deadline "$(box 60)" --plan "$STATIC_LENGTHS:none,plain,macs;$ROLLOUT_LENGTHS:rollout"
         done
         ;;
     product)

@@ -166,6 +166,7 @@ def _timed(stream, key: str) -> dict:
     k = len(last.generated_token_ids)
     out = {f"{key}_first_token_s": first, f"{key}_total_s": total, f"{key}_tokens": k}
     out[f"{key}_tokens_per_s"] = (k - 1) / (total - first) if k > 1 and total > first else None
+    out[f"{key}_decode_path"] = last.meta.get("decode", {}).get("path")  # cuda-graph, static, solo or batched
     if "reliance_seconds" in last.meta:  # the image reliance's knockout pass, part of the total
         out[f"{key}_reliance_s"] = last.meta["reliance_seconds"]
     if last.image:

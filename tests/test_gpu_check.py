@@ -56,7 +56,8 @@ def _rows(path: Path) -> set[tuple[str, int]]:
 def test_every_stage_writes_its_results(dry_run):
     results, first, _ = dry_run
     assert "exit 124" not in first, first  # no stage ran out of its time box
-    assert "failed" not in (results / "static-tests-cpu-dry.xml").read_text()
+    static_tests = (results / "static-tests-cpu-dry.xml").read_text()
+    assert "failed" not in static_tests and "test_an_image_prompt_on_the_static_path" in static_tests
     table3 = json.loads((results / "bench-gpu-cpu-dry-llama-3.1-8b.json").read_text())
     assert {"model", "date", "machine"} <= table3.keys() and "random weights" in table3["model"]
     methods = ("none", "plain", "macs", "rollout", "attnlrp", "atman")
@@ -68,7 +69,7 @@ def test_every_stage_writes_its_results(dry_run):
         assert {r["decode_path"] for r in report["rows"] if r["method"] != "none"} == {path}
         assert {(r["method"], r["prompt_tokens"]) for r in report["rows"]} == {
             (m, n) for m in ("none", "plain", "macs") for n in (16, 48)
-        }
+        } | {("rollout", 16)}  # Rollout's device step at the shorter lengths only
     product = [json.loads(line) for line in (results / "product-gpu-cpu-dry.jsonl").read_text().splitlines()]
     assert [(r["model"].split("/")[1], r["methods"], r["image_tokens_asked"]) for r in product] == [
         ("Qwen2.5-1.5B-Instruct", "all", 16), ("Qwen2.5-VL-3B-Instruct", "macs,rollout", 16),
@@ -76,6 +77,7 @@ def test_every_stage_writes_its_results(dry_run):
         ("Qwen2.5-VL-3B-Instruct", "all", 36),
     ]  # fmt: skip
     assert product[0]["text_tokens"] == 3 and all(r["image_tokens"] == 3 for r in product[1:])
+    assert {r["image_decode_path"] for r in product[1:]} == {"solo"}  # the CPU's default; CUDA's is cuda-graph
     crowd = json.loads((results / "crowd-gpu-cpu-dry-tiny.json").read_text())
     assert [(r["visitors"], r["mismatched_visitors"], r["errors"]) for r in crowd["rounds"]] == [(1, 0, []), (8, 0, [])]
     assert crowd["decode"] == "batched" and crowd["rounds"][1]["largest_batch"] == 8

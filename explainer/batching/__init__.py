@@ -68,10 +68,11 @@ def batched_steps(
     rows (itself included) took their step 0 from its prefill pass.
 
     Raises:
-        ValueError: the job has prefill inputs (an image prompt: run it solo, see `decoding.choose_path`).
+        ValueError: the job has prefill inputs (an image prompt: `decoding.choose_path` sends it to the static step
+            or the solo loop).
     """
     if job.extra_inputs:
-        raise ValueError("image prompts run the solo decode loop (decode.generate_steps)")
+        raise ValueError("image prompts do not join the batched decode (decode.generate_steps runs them)")
     row = Row(model, job, method_seconds, sinks)
     return _follow(row, model, record)
 

@@ -72,17 +72,24 @@ def graph_failure(model: torch.nn.Module) -> str | None:
 
 
 def solo_reason(model: torch.nn.Module, images: bool = False) -> str | None:
-    """Why a request on `model` can take neither the static nor the batched path, or None when it may."""
-    if images:
-        return "image prompt: its prefill inputs (pixels, 3-D positions) run the solo loop"
+    """Why a request on `model` can take neither the static nor the batched path, or None when it may (an image
+    prompt may take the static path: `batch_reason`)."""
     config = language_config(model)
-    if config is not model.config or getattr(model.config, "vision_config", None) is not None:
-        return "vision-language model: runs the solo loop"
+    vision = config is not model.config or getattr(model.config, "vision_config", None) is not None
+    if vision and not images:  # no explicit 3-D positions: the model would keep its own position state
+        return "vision-language model with a text prompt: runs the solo loop"
     types = getattr(config, "layer_types", None) or []
     if getattr(config, "sliding_window", None) or any(t != "full_attention" for t in types):
         return "sliding-window layers: their window is measured in cache positions"
     if spread_over_devices(model) or len({p.device for p in model.parameters()}) > 1:
         return "model spread over several devices (device map)"
+    return None
+
+
+def batch_reason(images: bool) -> str | None:
+    """Why a request cannot join the batched decode (beyond `solo_reason`), or None when it can."""
+    if images:
+        return "image prompt: the batched decode takes text prompts only"
     return None
 
 
@@ -112,9 +119,9 @@ def choose_path(
 
     By default (`EXPLAINER_DECODE` unset or "auto"): `batched` for a text request when batching is on
     (`enable_batching`, the app) and the caller does not hold the model; else on CUDA `cuda-graph` where the static
-    step can run (`static` where a capture failed before); `solo` everywhere else. `solo`, `static` (graphs on CUDA,
-    eager elsewhere), `static-eager` and `batched` force a path wherever it can run; where it cannot, `solo` runs and
-    the reason says why.
+    step can run, image prompts included (`static` where a capture failed before); `solo` everywhere else. `solo`,
+    `static` (graphs on CUDA, eager elsewhere), `static-eager` and `batched` force a path wherever it can run; where
+    it cannot, `solo` runs and the reason says why.
 
     Args:
         bundle: the `ModelBundle`, or the model itself.
@@ -137,10 +144,12 @@ def choose_path(
     if why is not None:
         return DecodeChoice(SOLO, why)
     if forced == "batched" or (forced == "auto" and _batching):
-        if can_batch:
+        why = batch_reason(images)
+        if can_batch and why is None:
             return DecodeChoice(BATCHED, f"{DECODE_ENV}=batched" if forced == "batched" else "batching is on")
         if forced == "batched":
-            return DecodeChoice(SOLO, "this caller cannot follow a batched row (it holds the model: an evaluation)")
+            why = why or "this caller cannot follow a batched row (it holds the model: an evaluation)"
+            return DecodeChoice(SOLO, why)
     cuda = device.type == "cuda"
     if forced in ("auto", "batched") and not cuda:
         return DecodeChoice(SOLO, "the CPU runs the plain loop (the static step is not faster there)")

@@ -73,7 +73,7 @@ class AttributionMethod:
     # needs_full_rows: it also reads every prompt query's attention rows in the prefill (`consume_full_rows`), not
     # only the predicting query's (Rollout);
     # has_device_step: its step also exists as fixed-shape device work (`device_step`, then `finish_step` on the
-    # host), which the static decode path runs inside its step and a CUDA graph records (MACS).
+    # host), which the static decode path runs inside its step and a CUDA graph records (MACS, Rollout).
     needs_full_rows: ClassVar[bool] = False
     has_device_step: ClassVar[bool] = False
 
@@ -132,9 +132,11 @@ class AttributionMethod:
         from `q_start` on."""
         raise NotImplementedError
 
-    def device_step(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """With `has_device_step`: this step's device work from its (L, H, T) rows, no host read: ((N,) the row that
-        `finish_step` turns into scores on the host, (L, N) float32 layer scores to keep or None)."""
+    def device_step(self, rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """With `has_device_step`: this step's device work from its (L, H, T) rows over a static cache (keys after the
+        query 0) and its (1,) long step index k on the device, no host read: ((N,) the row that `finish_step` turns
+        into scores on the host, (L, N) float32 layer scores to keep or None). Step 0 (the prefill) runs eagerly
+        before every other; the later calls are what a CUDA graph records."""
         raise NotImplementedError
 
     def reserve_layers(self, steps: int, num_layers: int, device: torch.device) -> torch.Tensor | None:

@@ -111,8 +111,9 @@ class MACS(AttributionMethod):
             self._keep(floored)
         return self.finish_step(to_numpy(log_c))  # the step's one device sync
 
-    def device_step(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """(N,) float64 log of Eq. 7 and, with `keep_layers`, the (L, N) float32 layer factors, left on the device."""
+    def device_step(self, rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """(N,) float64 log of Eq. 7 and, with `keep_layers`, the (L, N) float32 layer factors, left on the device
+        (the step index is not needed: Eqs. 4-7 read only this step's rows)."""
         floored, log_c = log_factors(rows, self.n, self.config)
         return log_c, floored.float() if self.config.keep_layers else None
 

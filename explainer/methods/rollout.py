@@ -56,6 +56,7 @@ class Rollout(AttributionMethod):
     streaming = True
     explains_images = True
     needs_full_rows = True
+    has_device_step = True  # `device_step`: one decode step's row and chain over preallocated (L, K - 1, T) rows
     Config = RolloutConfig
 
     @classmethod
@@ -119,28 +120,72 @@ class Rollout(AttributionMethod):
             buf = self.gen = grown
         buf[:, j, : rows.shape[1]] = rows
 
+    def _prompt_rows_ready(self, rows: torch.Tensor) -> None:
+        """At the prefill step: the prompt's Â rows are all there (a 1-token prompt has no multi-query pass, so its
+        row comes from the step's (L, H, T) rows)."""
+        n, num_layers = self.n, rows.shape[0]
+        if n > 1 and len(self.prompt_blocks) != num_layers:
+            raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
+        for layer in range(num_layers) if n == 1 else ():
+            self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], n - 1)[:, :n])]
+
     def step(self, rows: torch.Tensor) -> np.ndarray:
         n = self.n
-        num_layers, _, total = rows.shape  # (L, H, T), T = N + k
+        total = rows.shape[-1]  # (L, H, T), T = N + k
         t = total - 1  # the query position of this step
-        if t == n - 1:  # prefill step; a 1-token prompt has no multi-query pass, so its row comes from here
-            if n > 1 and len(self.prompt_blocks) != num_layers:
-                raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
-            for layer in range(num_layers) if n == 1 else ():
-                self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], t)[:, :n])]
-        layers = sorted(self.prompt_blocks)
-        if t >= n:  # decode step: append this query's row of every layer's Â, all layers at once
+        if t == n - 1:  # prefill step
+            self._prompt_rows_ready(rows)
+        else:  # decode step: append this query's row of every layer's Â, all layers at once
             self._store_generated_rows(t, self._hat(rows[:, :, None, :], t)[:, 0])  # (L, T)
         k = t - n + 1  # generated positions that have rows: n .. t
-        v = self._last_row(t, total)  # (T,) = e_t · Â_L
+        gen = self.gen[:, :k, :total] if k > 0 else None  # (L, k, T)
+        return to_numpy(self._chain(self._last_row(t, total), gen), np.float32)
+
+    def _chain(self, v: torch.Tensor, gen: torch.Tensor | None) -> torch.Tensor:
+        """(N,) prompt columns of `v` · Â_{L-1} · … · Â_1 for v (T,) = row t of Â_L; `gen`: (L, k, T) the generated
+        positions' rows (a fixed-shape buffer whose rows after t are 0 on the static path), or None before any."""
+        n, total = self.n, v.shape[0]
+        layers = sorted(self.prompt_blocks)
         for pos in range(len(layers) - 2, -1, -1):
             nxt = v.new_zeros(total)
             for first, block in self.prompt_blocks[layers[pos]]:  # v[:N] · (Â_l's prompt rows), block by block
                 nxt[: block.shape[1]] += v[first : first + block.shape[0]] @ block  # (q,) @ (q, W)
-            if k > 0:
-                nxt += v[n : n + k] @ self.gen[pos, :k, :total]  # (k,) @ (k, T)
+            if gen is not None:
+                nxt += v[n : n + gen.shape[1]] @ gen[pos]  # (k,) @ (k, T)
             v = nxt
-        return to_numpy(v[:n], np.float32)
+        return v[:n]
+
+    def device_step(self, rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, None]:
+        """The step as fixed-shape device work (the static decode path), no host read: the (N,) float32 raw row.
+
+        Args:
+            rows: (L, H, T) attention of the predicting query over a static cache of T = N + K - 1 positions, keys
+                after the query exactly 0.
+            step: (1,) long, on the device: k, the step this pass explains (0: the prefill, run eagerly).
+
+        The first call (the prefill) allocates the (L, K - 1, T) buffer of the generated positions' Â rows; each
+        later call writes row k - 1 of it and runs the chain over the whole buffer, whose rows after k - 1 hold 0.
+        """
+        n, total = self.n, rows.shape[-1]
+        if self.gen is None:  # the prefill (eager): step 0
+            self._prompt_rows_ready(rows)
+            self.gen = rows.new_zeros((rows.shape[0], total - n, total), dtype=torch.float32)  # (L, K - 1, T)
+            self._keys = torch.arange(total, device=rows.device)  # (T,)
+            return self._chain(self._last_row(n - 1, total), None), None
+        hat = self._hat_at(rows[:, :, None, :], step + (n - 1))  # (L, 1, T)
+        self.gen.index_copy_(1, step - 1, hat)
+        return self._chain(hat[-1, 0], self.gen), None
+
+    def _hat_at(self, probs: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        """`_hat` of one query row whose position t is a (1,) device tensor: (L, H, 1, T) -> (L, 1, T)."""
+        r = self.config.residual
+        hat = _FUSION[self.config.head_fusion](probs.float()).mul_(1.0 - r)  # (L, 1, T)
+        hat.add_((self._keys == t).to(hat.dtype) * r)  # + 0 leaves every other entry's bits as they are
+        return hat.div_(hat.sum(dim=-1, keepdim=True))
+
+    def finish_step(self, row: np.ndarray) -> np.ndarray:
+        """The (N,) float32 raw row of a step, read from the device (`device_step` computed it whole)."""
+        return np.asarray(row, dtype=np.float32)
 
     def _last_row(self, t: int, total: int) -> torch.Tensor:
         """(T,) row t of the last layer's Â, on the device of the stored rows."""

@@ -406,4 +406,4 @@ def test_plain_rows_say_which_decode_loop_ran(tiny_model_dir, monkeypatch):
         assert row["new_tokens"] == 3 and row["tokens_per_s"] > 0
         paths[method, decode] = row["decode_path"]
     assert paths == {("none", None): "generate", ("plain", None): "solo", ("plain", "static"): "static",
-                     ("macs", "static"): "static", ("rollout", "static"): "solo"}  # fmt: skip
+                     ("macs", "static"): "static", ("rollout", "static"): "static"}  # fmt: skip

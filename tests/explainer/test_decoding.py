@@ -44,12 +44,17 @@ TABLE = [
     (CPU, {}, ["macs"], False, None, False, True, SOLO, "CPU"),
     (CPU, {}, ["macs", "atman"], False, "static", False, True, STATIC, "EXPLAINER_DECODE=static"),
     (CPU, {}, [], False, "static-eager", False, True, STATIC, "eagerly"),
-    (CPU, {}, ["rollout"], False, "static", False, True, SOLO, "rollout has no device step"),
+    (CPU, {}, ["rollout"], False, "static", False, True, STATIC, "EXPLAINER_DECODE=static"),
+    (CPU, {}, ["macs", "rollout"], False, "static-eager", False, True, STATIC, "eagerly"),
+    (CPU, {}, ["macs", "rollout"], False, None, False, True, SOLO, "CPU"),
     (CPU, {}, ["macs"], False, None, True, True, BATCHED, "batching is on"),
     (CPU, {}, ["macs"], False, "batched", False, True, BATCHED, "EXPLAINER_DECODE=batched"),
     (CPU, {}, ["macs"], False, "batched", False, False, SOLO, "cannot follow a batched row"),
     (CPU, {}, ["macs"], False, None, True, False, SOLO, "CPU"),  # an evaluation holding the model runs solo
-    (CPU, {}, ["macs"], True, None, True, True, SOLO, "image prompt"),
+    (CPU, {}, ["macs"], True, None, True, True, SOLO, "CPU"),  # an image prompt does not join the batch
+    (CPU, {}, ["macs"], True, "batched", True, True, SOLO, "image prompt: the batched decode takes text prompts"),
+    (CPU, {"vision": True}, ["macs", "rollout"], True, "static-eager", False, True, STATIC, "eagerly"),
+    (CPU, {"vision": True}, ["macs"], False, "static", False, True, SOLO, "vision-language model with a text prompt"),
     (CPU, {}, ["macs"], False, "solo", True, True, SOLO, "EXPLAINER_DECODE=solo"),
     (CPU, {"kind": "qwen2_sliding"}, ["macs"], False, "batched", True, True, SOLO, "sliding-window"),
     (CUDA, {}, ["macs"], False, None, False, True, CUDA_GRAPH, "CUDA"),
@@ -58,12 +63,14 @@ TABLE = [
     (CUDA, {}, ["macs"], False, "static-eager", False, True, STATIC, "eagerly"),
     (CUDA, {}, ["macs"], False, "solo", False, True, SOLO, "EXPLAINER_DECODE=solo"),
     (CUDA, {}, ["macs"], False, None, True, True, BATCHED, "batching is on"),
-    (CUDA, {}, ["macs", "rollout"], False, None, False, True, SOLO, "rollout has no device step"),
+    (CUDA, {}, ["macs", "rollout"], False, None, False, True, CUDA_GRAPH, "CUDA"),
+    (CUDA, {}, ["macs", "rollout"], False, None, True, True, BATCHED, "batching is on"),
     (CUDA, {}, ["failing-macs"], False, None, False, True, SOLO, "has no device step"),  # a subclass with its own step
-    (CUDA, {}, ["macs"], True, "static", False, True, SOLO, "image prompt"),
+    (CUDA, {}, ["macs"], True, "static", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=static"),
+    (CUDA, {"vision": True}, ["macs", "rollout"], True, None, True, True, CUDA_GRAPH, "CUDA"),  # the app's images
     (CUDA, {"kind": "qwen2_sliding"}, ["macs"], False, None, False, True, SOLO, "sliding-window"),
     (CUDA, {"spread": True}, ["macs"], False, None, True, True, SOLO, "device map"),
-    (CUDA, {"vision": True}, ["macs"], False, "static", False, True, SOLO, "vision-language model"),
+    (CUDA, {"vision": True}, ["macs"], False, None, True, True, SOLO, "vision-language model with a text prompt"),
 ]
 
 

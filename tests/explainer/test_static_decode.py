@@ -4,7 +4,9 @@ The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its
 replays it as a CUDA graph). Checked row by row against `generate_steps` on the solo loop: the same tokens, their
 probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and the same sink
 shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation without
-methods; MACS against `reference_macs` on eager attention; no host read inside a decode step; the fallbacks.
+methods; Rollout alone and beside MACS the same way; an image prompt (Qwen2.5-VL, 3-D positions); MACS against
+`reference_macs` and Rollout against `reference_rollout` on eager attention; no host read inside a decode step; the
+fallbacks.
 """
 
 from __future__ import annotations
@@ -12,18 +14,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from explainer import explain
 from explainer.capture import registered_names
 from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
-from explainer.methods import MACS
+from explainer.methods import MACS, Rollout
 from explainer.models.loading import bundle_from_objects
+from explainer.models.vision import encode_image_prompt
 from explainer.result.sinks import SinkTracker
 from explainer.static_decode import StaticDecoder
 
 from ..conftest import ACCELERATORS, DEVICES, build_model, eager_attentions
-from ..reference import reference_macs
+from ..reference import reference_macs, reference_rollout
+from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 from .test_host_syncs import CountHostReads, reads_of_each_step
 from .test_on_device import _syncs_per_step
 
@@ -34,14 +39,16 @@ def _ids(model, n: int = N, device="cpu") -> torch.Tensor:
     return (torch.arange(3, 3 + n, device=device)[None] * 7) % model.config.vocab_size  # (1, n)
 
 
-def _run(model, ids, path: str, monkeypatch, macs_options=None, **kwargs):
-    """(steps, MACS layer factors, sink tracker) of one generation on `path` ("solo" or "static")."""
+def _run(model, ids, path: str, monkeypatch, macs_options=None, rollout_options=None, **kwargs):
+    """(steps, MACS layer factors, sink tracker) of one generation on `path` ("solo" or "static"); MACS runs when
+    `macs_options` is given, Rollout when `rollout_options` is."""
     monkeypatch.setenv(DECODE_ENV, path)
     methods = [] if macs_options is None else [MACS(**macs_options)]
+    methods += [] if rollout_options is None else [Rollout(**rollout_options)]
     sinks = SinkTracker(ids.shape[1], model) if methods else None
     job = DecodeJob(ids, methods, kwargs.pop("k", K), **kwargs)
     steps = list(generate_steps(model, job, sinks=sinks))
-    return steps, (methods[0].layer_scores() if methods else None), sinks
+    return steps, (methods[0].layer_scores() if macs_options is not None else None), sinks
 
 
 def _assert_same_steps(static, dynamic, path=STATIC) -> None:
@@ -92,6 +99,38 @@ def test_teacher_forced_answer_and_plain_generation(kind, monkeypatch):
     _assert_same_steps(plain, _run(model, ids, "solo", monkeypatch)[0])
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("macs", [None, {"keep_layers": True}], ids=["rollout", "macs+rollout"])
+@pytest.mark.parametrize("rollout", [{}, {"head_fusion": "max", "residual": 0.2}], ids=["default", "max-0.2"])
+def test_rollout_on_the_static_path_equals_the_dynamic_path(kind, macs, rollout, monkeypatch):
+    """Rollout's device step (its Â rows in a fixed (L, K - 1, N + K - 1) buffer) against its solo step, alone and
+    beside MACS, for a generated and a given answer; the sinks as well."""
+    model = build_model(kind)
+    ids = _ids(model)
+    static, layers, sinks = _run(model, ids, "static", monkeypatch, macs, rollout)
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, macs, rollout)
+    assert len(static) == K and set(static[0].scores) == {"rollout"} | ({"macs"} if macs else set())
+    _assert_same_steps(static, dynamic)
+    if macs:
+        np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
+    assert sinks.record() == dyn_sinks.record()
+    forced = [int(t) for t in (torch.arange(K) * 11 + 5) % model.config.vocab_size]
+    forced[6] = model.config.eos_token_id  # inside the chunk of steps 4-7: all K steps still run
+    static, _, _ = _run(model, ids, "static", monkeypatch, macs, rollout, forced_ids=forced, eos_token_ids=[forced[6]])
+    dynamic, _, _ = _run(model, ids, "solo", monkeypatch, macs, rollout, forced_ids=forced, eos_token_ids=[forced[6]])
+    assert [s.token_id for s in static] == forced
+    _assert_same_steps(static, dynamic)
+    assert registered_names() == []
+
+
+@pytest.mark.parametrize("n", [1, 2])  # a 1-token prompt has no multi-query prefill: its Â row comes from the step
+def test_rollout_on_the_static_path_with_a_tiny_prompt(n, monkeypatch):
+    model = build_model("llama")
+    ids = _ids(model, n)
+    static = _run(model, ids, "static", monkeypatch, {}, {}, k=6)[0]
+    _assert_same_steps(static, _run(model, ids, "solo", monkeypatch, {}, {}, k=6)[0])
+
+
 @pytest.mark.parametrize("stop_at", [0, 1, 5, K - 1])  # the prefill, a chunk of one, inside a chunk, the last step
 def test_end_of_sequence_stops_both_paths_at_the_same_step(stop_at, monkeypatch):
     model = build_model("llama")
@@ -99,8 +138,8 @@ def test_end_of_sequence_stops_both_paths_at_the_same_step(stop_at, monkeypatch)
     tokens = [s.token_id for s in _run(model, ids, "solo", monkeypatch, {}, k=K)[0]]
     eos = tokens[stop_at]
     first = tokens.index(eos)  # the first time that token comes
-    static, _, sinks = _run(model, ids, "static", monkeypatch, {}, eos_token_ids=[eos])
-    dynamic, _, dyn_sinks = _run(model, ids, "solo", monkeypatch, {}, eos_token_ids=[eos])
+    static, _, sinks = _run(model, ids, "static", monkeypatch, {}, {}, eos_token_ids=[eos])  # MACS + Rollout
+    dynamic, _, dyn_sinks = _run(model, ids, "solo", monkeypatch, {}, {}, eos_token_ids=[eos])
     assert len(static) == len(dynamic) == first + 1
     _assert_same_steps(static, dynamic)
     assert sinks.steps == dyn_sinks.steps == first + 1  # the steps computed after it are left out of the shares
@@ -123,33 +162,48 @@ def test_macs_on_the_static_path_equals_the_reference(tokenizer, kind, monkeypat
     assert explain(bundle, prompt, methods=["macs"], max_new_tokens=8).meta["decode"]["path"] == SOLO
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_macs_and_rollout_on_the_static_path_equal_the_references(tokenizer, kind, monkeypatch):
+    monkeypatch.setenv(DECODE_ENV, "static-eager")
+    bundle = bundle_from_objects(build_model(kind), tokenizer, name=kind)
+    prompt = "Question: What is the capital of France? Context: Paris is the capital of France."
+    attr = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=8)
+    assert attr.meta["decode"]["path"] == STATIC
+    n, k = attr.num_prompt_tokens, attr.num_steps
+    attentions, _ = eager_attentions(bundle.model, torch.tensor([attr.prompt_token_ids + attr.generated_token_ids]))
+    np.testing.assert_allclose(attr.methods["macs"].raw, np.array(reference_macs(attentions, n, k)[0]), rtol=1e-4)
+    np.testing.assert_allclose(attr.methods["rollout"].raw, np.array(reference_rollout(attentions, n, k)), atol=1e-5)
+
+
 def test_a_decode_step_reads_nothing_on_the_host():
     """The step a CUDA graph records: no `.item()`, `.tolist()`, numpy conversion or `nonzero`, with and without
-    MACS, at every step; the host reads the buffers only between chunks (1, 2, 4, ... steps)."""
+    MACS and Rollout, at every step; the host reads the buffers only between chunks (1, 2, 4, ... steps)."""
     model = build_model("qwen2")
     ids = _ids(model)
-    for macs in ([], [MACS(keep_layers=True)]):
-        for m in macs:
+    for methods in ([], [MACS(keep_layers=True)], [MACS(), Rollout()], [Rollout(head_fusion="max")]):
+        for m in methods:
             m.begin(N)
-        sinks = SinkTracker(N, model) if macs else None
-        decoder = StaticDecoder(model, DecodeJob(ids, macs, K, eos_token_ids=[2]), sinks)
+        sinks = SinkTracker(N, model) if methods else None
+        decoder = StaticDecoder(model, DecodeJob(ids, methods, K, eos_token_ids=[2]), sinks)
         decoder.prefill(ids)
         with decoder.capturing():
             for _ in range(K - 1):
                 with CountHostReads() as mode:
                     decoder.step()
-                assert mode.count == 0, macs
+                assert mode.count == 0, methods
         assert int(decoder.k) == K
 
 
 def test_host_reads_happen_only_between_chunks(monkeypatch):
     monkeypatch.setenv(DECODE_ENV, "static")
     model = build_model("llama")
-    counts = reads_of_each_step(generate_steps(model, DecodeJob(_ids(model), [MACS()], K)))
-    assert len(counts) == K
-    reads = [i for i, c in enumerate(counts) if c]
-    assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps; one read for the tokens, one for MACS
-    assert all(counts[i] <= 2 for i in reads), counts
+    for methods, most in (([MACS()], 2), ([MACS(), Rollout()], 3)):  # a read for the tokens, one per method
+        counts = reads_of_each_step(generate_steps(model, DecodeJob(_ids(model), methods, K)))
+        assert len(counts) == K
+        reads = [i for i, c in enumerate(counts) if c]
+        assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps
+        prefill = counts[0] if len(methods) == 1 else 0  # Rollout's prefill reads where its full rows reach
+        assert max(prefill, *(counts[i] for i in reads[1:])) <= most, counts
 
 
 def test_a_stopped_consumer_leaves_nothing_registered(monkeypatch):
@@ -170,23 +224,66 @@ def test_static_path_on_the_device(device, kind, monkeypatch):
     Either way: the dynamic loop's tokens and rows on the same device."""
     model = build_model(kind).to(device)
     ids = _ids(model, device=device)
-    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True})
-    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True})
+    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True}, {})  # MACS + Rollout
+    dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True}, {})
     _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
     np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
     assert sinks.record() == dyn_sinks.record()
     if device == "cuda":
         monkeypatch.setenv(DECODE_ENV, "auto")
-        assert choose_path(model, DecodeJob(ids, [MACS()], K)).path == CUDA_GRAPH
+        assert choose_path(model, DecodeJob(ids, [MACS(), Rollout()], K)).path == CUDA_GRAPH
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
     """What CUDA itself reports: inside a chunk the graph's replays never wait for the device; a chunk's first
-    step reads the buffers (the tokens, one per MACS), whatever the prompt length. Step 1 also records the graph."""
+    step reads the buffers (the tokens, one per method), whatever the prompt length. Step 1 also records the graph."""
     monkeypatch.setenv(DECODE_ENV, "auto")
     model = build_model("llama").to(device)
-    for n in (23, 61):
-        counts = _syncs_per_step(model, n, ["macs"], steps=K)
-        assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, counts)
-        assert max(counts[2:]) <= 2, (n, counts)
+    for n, methods in ((23, ["macs"]), (61, ["macs"]), (23, ["macs", "rollout"])):
+        counts = _syncs_per_step(model, n, methods, steps=K)
+        assert [i for i in range(2, K) if counts[i]] == [2, 4, 8], (n, methods, counts)
+        assert max(counts[2:]) <= 1 + len(methods), (n, methods, counts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, monkeypatch):
+    """Qwen2.5-VL: the prefill takes the pixels and the 3-D (mRoPE) positions as on the solo loop; the decode steps
+    continue every axis from the prompt's last position, k taken on the device. Generated and given answers, MACS +
+    Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `static` on CUDA records the graph)
+    and the decode loop; nothing is left in the model."""
+    tokenizer = make_vl_tokenizer()
+    model = build_vl_model(tokenizer).to(device)
+    bundle = vl_bundle(model, tokenizer)
+    graph = CUDA_GRAPH if device == "cuda" else STATIC
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 120, 3), dtype=np.uint8))
+    question = "What is in the image?"
+    results = {}
+    for path in ("static-eager", "solo"):
+        monkeypatch.setenv(DECODE_ENV, path)
+        results[path] = explain(bundle, question, image=image, methods=["macs", "rollout"], max_new_tokens=9)
+        assert registered_names() == [] and model.model.rope_deltas is None
+    static, solo = results["static-eager"], results["solo"]
+    assert static.meta["decode"]["path"] == STATIC and solo.meta["decode"]["path"] == SOLO
+    assert static.generated_token_ids == solo.generated_token_ids and static.num_steps == 9
+    for name in ("macs", "rollout"):
+        np.testing.assert_allclose(static.methods[name].raw, solo.methods[name].raw, rtol=2e-5, atol=0, err_msg=name)
+    enc = encode_image_prompt(bundle, image, question)
+    forced = [int(t) for t in (torch.arange(7) * 13 + 5) % model.config.text_config.vocab_size]
+    steps = {}
+    for path in ("static", "solo"):
+        monkeypatch.setenv(DECODE_ENV, path)
+        job = DecodeJob(enc.input_ids, [MACS(), Rollout()], 7, forced_ids=forced, extra_inputs=enc.prefill_inputs)
+        steps[path] = list(generate_steps(model, job))
+    assert [s.token_id for s in steps["static"]] == forced
+    _assert_same_steps(steps["static"], steps["solo"], graph)
+    methods = [MACS(), Rollout()]
+    for m in methods:
+        m.begin(enc.input_ids.shape[1])
+    decoder = StaticDecoder(model, DecodeJob(enc.input_ids, methods, 5, extra_inputs=enc.prefill_inputs))
+    decoder.prefill(enc.input_ids)
+    with decoder.capturing():
+        for _ in range(4):
+            with CountHostReads() as mode:
+                decoder.step()  # the 3-D positions from k on the device: no host read
+            assert mode.count == 0
