@@ -36,6 +36,7 @@ from ..methods.calibration import CalibrationWeights, config_fingerprint
 from ..methods.macs import MACSConfig
 from ..result.segments import sentence_groups
 from ..result.steps import last_content_step
+from ..runtime.host import to_numpy
 from .ablate import response_logprobs
 from .evaluate import context_positions, qa_prompt
 from .lds import KEEP_PROBABILITY, MASKS, ablation_masks
@@ -185,7 +186,7 @@ def fit_weights(examples: list[dict[str, np.ndarray]], l2: float = 0.1, iteratio
     optimiser.step(closure)
     with torch.no_grad():
         after = float(mean_pearson(w, data))
-    return {"weights": w.detach().numpy().copy(), "pearson_macs": before, "pearson": after, "rows": len(data),
+    return {"weights": to_numpy(w).copy(), "pearson_macs": before, "pearson": after, "rows": len(data),
             "seconds": time.perf_counter() - t0}  # fmt: skip
 
 

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from ..errors import ExplainerError, InputError
+from ..runtime.host import to_numpy
 from .ablate import response_logprobs
 from .lds import KEEP_PROBABILITY, MASKS, lds, predictions
 from .lds_eval import LdsRow, answer_row
@@ -176,7 +177,7 @@ def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
         base_seed=cfg.context_cite_ablations,
     )  # fmt: skip  # held-out: the seeds after its training masks'
     mismatched = sum(cc._get_prompt_ids(mask=m) != [p.prompt_ids[i] for i in np.flatnonzero(k)]
-                     for m, k in zip(masks, _kept_prompts(p, masks).numpy()))  # fmt: skip
+                     for m, k in zip(masks, to_numpy(_kept_prompts(p, masks))))  # fmt: skip
     out = _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks))
     return {**out, "retokenised_masks": int(mismatched)}
 
@@ -215,7 +216,7 @@ def _at2_removal_logits(task, masks: np.ndarray, k: int) -> np.ndarray:
                            device=model.device)  # fmt: skip  # (1, T_i)
         with torch.no_grad():
             logits = model(input_ids=ids).logits[:, -k - 1 : -1]  # (1, K, V) predicting the last K tokens
-        out[i] = compute_logit_probs(logits, ids[:, -k:])[0].float().cpu().numpy()
+        out[i] = to_numpy(compute_logit_probs(logits, ids[:, -k:])[0], np.float32)
     return out
 
 
