@@ -33,7 +33,7 @@ from ..result.segments import Group, sentence_groups
 from ..result.spans import group_scores, span_scores
 from ..result.steps import last_content_step
 from .evaluate import context_positions, qa_prompt
-from .resumable import measure_rows, read_results
+from .resumable import measure_and_summarise
 
 HITS = ("sentence_hit", "paragraph_hit", "sentence_hit3")
 
@@ -204,7 +204,5 @@ def run_haystack(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every row not yet in `results_path` (appending each), and summarise all of them."""
-    done = {r["id"]: r for r in read_results(results_path)}
     measure = lambda row: evaluate_haystack_sample(bundle, row, cfg)  # noqa: E731
-    samples = measure_rows(rows, measure, done, results_path, bundle.model, log)
-    return {**summarise(samples), "samples": samples}
+    return measure_and_summarise(rows, measure, summarise, results_path, bundle.model, log)

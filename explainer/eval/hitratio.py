@@ -34,7 +34,7 @@ from .evaluate import context_positions
 from .haystack import method_label
 from .lds import hit_ratio
 from .metrics import mean_ci
-from .resumable import measure_rows, read_results
+from .resumable import measure_and_summarise
 
 SYSTEM = "You are a helpful assistant. Read the text below and answer the question after it."
 NEEDLE = "The secret password is {password}."
@@ -185,7 +185,5 @@ def run_hitratio(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every row not yet in `results_path` (appending each), and summarise all of them."""
-    done = {r["id"]: r for r in read_results(results_path)}
     measure = lambda row: evaluate_needle(bundle, row, cfg)  # noqa: E731
-    samples = measure_rows(rows, measure, done, results_path, bundle.model, log)
-    return {**summarise(samples), "samples": samples}
+    return measure_and_summarise(rows, measure, summarise, results_path, bundle.model, log)

@@ -53,7 +53,7 @@ from .lds import (
     without,
 )
 from .metrics import mean_ci
-from .resumable import measure_rows, read_results
+from .resumable import measure_and_summarise
 
 ZERO_MEAN = ("random",)  # methods also scored with zero-mean scores (the issue's "random's floor")
 ZERO_MEAN_SUFFIX = " (zero-mean)"
@@ -249,7 +249,5 @@ def run_lds(
     log: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Evaluate every row not yet in `results_path` (appending each), and summarise all of them."""
-    done = {r["id"]: r for r in read_results(results_path)}
     measure = lambda row: evaluate_lds_sample(bundle, row, cfg)  # noqa: E731
-    samples = measure_rows(rows, measure, done, results_path, bundle.model, log)
-    return {**summarise(samples), "samples": samples}
+    return measure_and_summarise(rows, measure, summarise, results_path, bundle.model, log)

@@ -59,6 +59,21 @@ def measure_rows(
     return [done[r["id"]] for r in rows if r["id"] in done]
 
 
+def measure_and_summarise(
+    rows: list[dict[str, Any]],
+    measure: Callable[[dict[str, Any]], dict[str, Any]],
+    summarise: Callable[[list[dict[str, Any]]], dict[str, Any]],
+    path: str | Path | None,
+    model: Any,
+    log: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    """A resumable task's run: `measure_rows` over the rows not yet in `path` (each appended as it finishes), then
+    `{**summarise(every result), "samples": every result}`."""
+    done = {r["id"]: r for r in read_results(path)}
+    samples = measure_rows(rows, measure, done, path, model, log)
+    return {**summarise(samples), "samples": samples}
+
+
 class ResultsLog:
     """Appends each finished row to `path` (None: keeps nothing) and logs progress with an ETA."""
 
