@@ -25,7 +25,7 @@ from explainer.result.steps import clamp_step
 
 from . import gpu_time, inputs, models
 from .errors import user_errors
-from .events import KEEP, Components
+from .events import KEEP, Components, settle
 from .options import chosen_options
 from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
 from .text_tab import SHOWN, TextView, _shown, after_explain, render, then_export
@@ -195,5 +195,5 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     )
     text["cancel"].click(None, cancels=[event])
     after = text("result", "request", "methods", "show_all", "span", "granularity")
-    settled = event.then(**text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden)
+    settled = settle(event, **text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden)
     then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")

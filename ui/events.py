@@ -76,3 +76,14 @@ class Components(dict):
             "outputs": self(*names),
             "api_visibility": "private",
         }
+
+
+def settle(event: Any, **listener: Any) -> Any:
+    """`event.then(**listener)`, and the same listener on `event.failure` (its api name + "_after_error"): a handler
+    that says how a request ended must run after every ending, and Gradio 6.31's page runs a `then` after a request
+    that finished or was cancelled but not after one that raised an error (seen in Chromium). Returns the `then`
+    dependency: what is chained to it follows a finished or cancelled request only."""
+    api = listener.get("api_name")
+    after = event.then(**listener)
+    event.failure(**{**listener, "api_name": f"{api}_after_error" if api else None})
+    return after

@@ -18,7 +18,7 @@ from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, sof
 
 from . import gpu_time, models
 from .errors import user_errors
-from .events import KEEP, Components
+from .events import KEEP, Components, settle
 from .markup import markdown_text
 from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured, soft_steps
 from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
@@ -224,7 +224,8 @@ def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, p
         show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs
     )
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
-    event.then(
+    settle(
+        event,
         **c.bind(after_faithfulness, SHOWN), inputs=[c["request"]], api_name=f"{prefix}after_faithfulness",
         show_progress="hidden",
     )  # fmt: skip

@@ -27,7 +27,7 @@ from visuals.report import report_html
 from . import examples, gpu_time, inputs, models, reliance, uploads
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
-from .events import KEEP, Components
+from .events import KEEP, Components, settle
 from .options import method_choices
 from .page import VIEWS_CLASS, busy_on_click, ready_after
 from .requests import image_request
@@ -354,7 +354,8 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     event.then(  # loaded now
         models.vlm_info, outputs=c["model"], api_name="vlm_info_after_explain", api_visibility="private", **hidden
     )
-    settled = event.then(
+    settled = settle(
+        event,
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
         api_name="after_image", **hidden,
     )  # fmt: skip

@@ -15,6 +15,7 @@ from typing import Any
 import gradio as gr
 
 from .errors import wrap_handler
+from .events import settle
 
 VIEWS_ID = "text-views"  # the text tab's views column: what a share link scrolls to
 VIEWS_CLASS = "xai-views"  # both tabs' views columns
@@ -58,10 +59,8 @@ def busy_on_click(button: Any, busy_label: str, api: str) -> None:
 
 
 def ready_after(event: Any, button: Any, api: str) -> None:
-    """Once `event` ends (done, failed or cancelled), `button` is itself again. Gradio 6.31's page runs a `then`
-    after a request that finished or was cancelled, but not after one that raised an error: `failure` covers that."""
+    """Once `event` ends (done, failed or cancelled), `button` is itself again (`events.settle`: after an error too)."""
     label = button.value
     ready = wrap_handler(lambda: gr.update(value=label, interactive=True))
     hidden = {"show_progress": "hidden", "queue": False, "api_visibility": "private"}
-    event.then(ready, outputs=button, api_name=f"{api}_ready", **hidden)
-    event.failure(ready, outputs=button, api_name=f"{api}_ready_after_error", **hidden)
+    settle(event, fn=ready, outputs=button, api_name=f"{api}_ready", **hidden)

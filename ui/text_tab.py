@@ -26,7 +26,7 @@ from visuals.report import report_html
 from . import estimates, examples, gpu_time, inputs, models
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
-from .events import KEEP, Components
+from .events import KEEP, Components, settle
 from .markup import markdown_text
 from .options import method_choices
 from .page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
@@ -421,7 +421,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     # Cancel only cancels; what a stopped request shows is set by `after_explain`, which Gradio runs once the
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
     c["cancel"].click(None, cancels=[explain_event])
-    settled = explain_event.then(
+    settled = settle(
+        explain_event,
         **c.bind(after_explain, SHOWN),
         inputs=c("result", "request", "methods", "show_all", "span", "granularity"),
         api_name="after_explain",

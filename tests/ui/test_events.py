@@ -13,7 +13,7 @@ import gradio as gr
 import pytest
 
 from ui.errors import user_errors
-from ui.events import KEEP, Components, view_updates
+from ui.events import KEEP, Components, settle, view_updates
 
 SKIP = gr.skip()
 
@@ -73,3 +73,31 @@ def test_only_gpu_handlers_are_put_on_the_gpu(monkeypatch):
     assert wrapped == []
     components.bind(streaming, ("b",), gpu=True)
     assert wrapped == [streaming]
+
+
+def test_settle_runs_its_listener_after_every_ending():
+    """`settle` registers the listener twice on the same event: as `then` (a finished or cancelled request) and as
+    `failure` (one that raised: Gradio 6.31's page runs no `then` after an error)."""
+    with gr.Blocks() as blocks:
+        box = gr.Textbox()
+        event = box.submit(lambda x: x, box, box, api_name="ask")
+        after = settle(event, fn=lambda x: x, inputs=box, outputs=box, api_name="after_ask")
+    fns = {f.api_name: f for f in blocks.fns.values()}
+    asked, then, failure = fns["ask"], fns["after_ask"], fns["after_ask_after_error"]
+    assert then.trigger_after == failure.trigger_after == asked._id
+    assert not then.trigger_only_on_failure and not then.trigger_only_on_success
+    assert failure.trigger_only_on_failure
+    assert after["id"] == then._id  # the `then` dependency is what follow-ups chain to
+
+
+def test_every_handler_that_says_how_a_request_ended_runs_after_an_error_too():
+    """In the app, each `after_*` handler and each run button's ready state that follows an event also follows that
+    event's failure (`settle`), so a request that fails mid-answer still gets its status and free sliders."""
+    import app
+
+    fns = list(app.demo.fns.values())
+    follows = [f for f in fns if f.trigger_after is not None and not f.trigger_only_on_failure]
+    enders = [f for f in follows if (f.name or "").startswith("after_") or (f.api_name or "").endswith("_ready")]
+    assert len(enders) >= 7  # text, contrast, image, both faithfulness panels, Generate, Ask
+    failures = {(f.trigger_after, f.name) for f in fns if f.trigger_only_on_failure}
+    assert [f.api_name for f in enders if (f.trigger_after, f.name) not in failures] == []
