@@ -1,3 +1,5 @@
+"""`python -m explainer ...`: the command line (`cli.main`), also installed as the `explainer` command."""
+
 import sys
 
 from .cli import main
