@@ -335,5 +335,5 @@ def registered_names(prefix: str = "explainer_") -> list[str]:
 def last_query_probs(query: torch.Tensor, key: torch.Tensor, scaling: float) -> torch.Tensor:
     """(B, H, Tk) float32 attention probabilities of the last query over every key, computed exactly as the capture
     records them for a decode step (no mask: the newest query sees every key); for callers that run a decode step's
-    attention themselves (the batched decode, explainer/batching/)."""
+    attention themselves (the batched decode, explainer/decoding/batched/)."""
     return attention_probs(query[:, :, -1:, :], key.float(), None, scaling, key.shape[2] - 1)[:, :, 0, :]

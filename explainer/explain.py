@@ -1,8 +1,8 @@
 """One explain request from start to end: the request (`request.ExplainRequest`, validated when it was built) meets
-the model, the decode loop (`decode.py`) runs with the streaming methods, then the post-hoc methods, yielding a
+the model, the decode loop (`decoding/solo.py`) runs with the streaming methods, then the post-hoc methods, yielding a
 growing `Attribution` snapshot after every step.
 
-A given answer is teacher-forced through exactly the forward passes of generation (`decode.generate_steps`).
+A given answer is teacher-forced through exactly the forward passes of generation (`decoding.solo.generate_steps`).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from .batching import batched_steps
 from .contrast import alternatives_record, foil_vector, resolve_contrast
-from .decode import DecodeJob, generate_steps
+from .decoding.batched import batched_steps
 from .decoding.choice import BATCHED, DecodeChoice, choose_path, graph_failure
+from .decoding.solo import DecodeJob, generate_steps
 from .estimate import post_hoc_seconds
 from .methods import AttributionMethod, GenerationRun, ProgressFn
 from .models.answer import answer_token_ids
@@ -113,7 +113,7 @@ def stream_request(
     run = partial(_run, bundle, request, progress, choice)
     if holds(bundle.model):
         return _inline(bundle.model, run, cancel)
-    # On the batched path (the app) a text request joins the model's batched decode (explainer/batching/) and holds
+    # On the batched path (the app) a text request joins the model's batched decode (explainer/decoding/batched/) and holds
     # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
     return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
 
@@ -219,7 +219,7 @@ def _encode_request(
 def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: DecodeChoice) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
     step scores: a snapshot after every token, on the path `choice` names (`batched`: as a row of the model's batch,
-    `batching.batched_steps`). `meta["decode"]` records it (`DecodeChoice.record`)."""
+    `decoding.batched.batched_steps`). `meta["decode"]` records it (`DecodeChoice.record`)."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"

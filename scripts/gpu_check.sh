@@ -144,7 +144,7 @@ stage() {  # stage NAME: one stage of the next GPU session
         fi
         select=cuda
         if [ -n "$DRY" ]; then select="cpu and (on_the_device or image)"; fi
-        run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/test_static_decode.py \
+        run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/decoding/test_static.py \
             -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
     table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100)

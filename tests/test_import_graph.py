@@ -223,7 +223,7 @@ LAYERS = (
     ("result",),  # the Attribution and what is computed from it
     ("methods",),  # the attribution methods and their registry
     ("request",),  # ExplainRequest (explainer/request.py): checked with the registry
-    ("decoding", "decode", "static_decode", "batching", "estimate", "reliance"),  # decode paths; estimates; knockout
+    ("decoding", "estimate", "reliance"),  # the decode layer (explainer/decoding/); estimates; knockout
     ("explain",),  # the request orchestration
     ("faithfulness", "eval", "bench"),  # evaluation and measurement
     ("visuals",),  # pure views

@@ -11,7 +11,7 @@ How a method is timed follows from its registry entry alone, so new methods need
 
 - `none`: `model.generate(input_ids, max_new_tokens=K, min_new_tokens=K, do_sample=False)`.
 - `plain`: `generate_steps` without methods: the library's own decode loop (on a GPU the CUDA-graph path of
-  `static_decode`), what explained generation is compared with in the same engine.
+  `decoding/static.py`), what explained generation is compared with in the same engine.
 - streaming methods (e.g. `macs`): `generate_steps` with that method, the MACS path of the app.
 - post-hoc methods (e.g. `random`): `generate_steps` without methods, then `method.explain(...)`; the time covers both.
 

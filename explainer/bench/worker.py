@@ -12,8 +12,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..decode import DecodeJob, generate_steps
 from ..decoding.choice import DECODE_ENV, choose_path
+from ..decoding.solo import DecodeJob, generate_steps
 from ..errors import ExplainerError, InputError
 from ..methods import GenerationRun
 from ..methods import method_from_spec as from_spec

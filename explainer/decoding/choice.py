@@ -3,10 +3,10 @@ overrides it, `EXPLAINER_DECODE`.
 
 The paths (the schedulers of one decode step):
 
-- `solo`: the plain loop (`decode.generate_steps`): a dynamic cache, one Python step per token, the request alone.
-- `static`: the static-cache step (`static_decode.py`) run eagerly: what `cuda-graph` replays, on any device.
+- `solo`: the plain loop (`decoding.solo.generate_steps`): a dynamic cache, one Python step per token, the request alone.
+- `static`: the static-cache step (`decoding/static.py`) run eagerly: what `cuda-graph` replays, on any device.
 - `cuda-graph`: the same step recorded once as a CUDA graph and replayed.
-- `batched`: a row of the model's batched decode (`batching/`), beside the other visitors' text requests.
+- `batched`: a row of the model's batched decode (`decoding/batched/`), beside the other visitors' text requests.
 
 The choice (`DecodeChoice`) goes into the result once, `meta["decode"] = {path, reason, batch_size, prefill_rows}`,
 and each `Step` carries its path.

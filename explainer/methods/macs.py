@@ -129,7 +129,7 @@ class MACS(AttributionMethod):
 
     def reserve_layers(self, steps: int, num_layers: int, device: torch.device) -> torch.Tensor | None:
         """With `keep_layers`, the (steps, L, N) float32 layer-factor buffer allocated at once, for a decode path that
-        writes step k's factors at row k on the device (`explainer/static_decode.py`); None without."""
+        writes step k's factors at row k on the device (`explainer/decoding/static.py`); None without."""
         if not self.config.keep_layers:
             return None
         self.layers = torch.empty((steps, num_layers, self.n), dtype=torch.float32, device=device)  # (K, L, N)

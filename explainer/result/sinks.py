@@ -147,7 +147,7 @@ class SinkTracker:
 
     def add_totals(self, share_sum: torch.Tensor, share_min: torch.Tensor, steps: int) -> None:
         """`steps` more steps whose (N,) summed and smallest shares were gathered elsewhere on the device (the static
-        decode path accumulates them inside its fixed-shape step, `explainer/static_decode.py`); no host read."""
+        decode path accumulates them inside its fixed-shape step, `explainer/decoding/static.py`); no host read."""
         if steps == 0:
             return
         self.share_sum = share_sum if self.share_sum is None else self.share_sum + share_sum
@@ -156,7 +156,7 @@ class SinkTracker:
 
     def take_prefill(self, source: SinkTracker) -> None:
         """What `source` gathered in a prefill pass over the same prompt (its norms and its first step's shares), as
-        this tracker's own: the batched decode's rows with one prompt share that pass (`batching/row.py`)."""
+        this tracker's own: the batched decode's rows with one prompt share that pass (`decoding/batched/row.py`)."""
         if self.n != source.n or self.steps:
             raise ValueError("take_prefill needs a fresh tracker of the same prompt")
         self.norms, self.norm_layer, self.steps = source.norms, source.norm_layer, source.steps

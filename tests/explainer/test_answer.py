@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
 from explainer.capture import registered_names
-from explainer.decode import DecodeJob
+from explainer.decoding.solo import DecodeJob
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessRequest, measure_faithfulness
 from explainer.methods import METHODS, available_methods, get_method
 from explainer.models.answer import ANSWER_BOUNDARY_TOKENS, MAX_NEW_TOKENS_LIMIT, answer_budget, answer_token_ids

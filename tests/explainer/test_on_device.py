@@ -25,8 +25,8 @@ from PIL import Image
 
 from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
-from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import DECODE_ENV
+from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.eval.evaluate import EvalConfig, evaluate_sample
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
@@ -233,7 +233,7 @@ def _syncs_per_step(model, n: int, methods: list[str], steps: int = 5) -> list[i
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_cuda_syncs_per_token_are_few_and_constant(device, monkeypatch):
-    monkeypatch.setenv(DECODE_ENV, "solo")  # the per-token loop; the static path reads per chunk: test_static_decode
+    monkeypatch.setenv(DECODE_ENV, "solo")  # the per-token loop; the static path reads per chunk: decoding/test_static.py
     model = build_model("llama").to(device)
     plain = _syncs_per_step(model, 23, [])
     streaming = _syncs_per_step(model, 23, ["macs", "rollout"])

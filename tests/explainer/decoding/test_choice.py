@@ -7,8 +7,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from explainer.batching import batched_steps
-from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import (
     BATCHED,
     CUDA_GRAPH,
@@ -21,11 +19,13 @@ from explainer.decoding import (
     decode_record,
     enable_batching,
 )
+from explainer.decoding.batched import batched_steps
+from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import InputError
 from explainer.methods import get_method
 from explainer.request import ExplainRequest
 
-from ..conftest import FailingMACS, build_model
+from ...conftest import FailingMACS, build_model
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

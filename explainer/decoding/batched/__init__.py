@@ -2,7 +2,7 @@
 
 A request's row joins the batch at the next step and leaves when it is done or its visitor cancels or leaves:
 
-- its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decode.generate_steps`), which
+- its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decoding.solo.generate_steps`), which
   gives its step 0 (rows with the same prompt that join together share that one pass: a crowd pressing the same
   example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned
   where its solo cache holds it, the padding after it (`cache.py`);
@@ -30,8 +30,8 @@ Numbers: a visitor's result does not depend on who else decodes. The matrix prod
 (`products.py`: a CPU's or GPU's product library picks its kernel by the number of rows, and a row's last bits with
 it), a lone row padded to it; attention runs row by row on each row's own keys (`attention.py`). So every row
 equals, bit for bit, the same request decoding alone in the batcher, in float32 and bfloat16
-(tests/explainer/test_batching.py; the crowd test compares the app's visitors digit for digit). Against the solo
-loop (`decode.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
+(tests/explainer/decoding/test_batched.py; the crowd test compares the app's visitors digit for digit). Against the solo
+loop (`decoding.solo.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
 models' float32 rows within ~3e-6 relative.
 """
 
@@ -43,9 +43,10 @@ from typing import Any
 
 import torch
 
-from ..decode import DecodeJob, Step
-from ..result.sinks import SinkTracker
-from ..runtime.session import check_cancelled
+from ...result.sinks import SinkTracker
+from ...runtime.session import check_cancelled
+from ..job import DecodeJob
+from ..step import Step
 from .engine import batcher_for, counts
 from .row import Row
 
@@ -61,7 +62,7 @@ def batched_steps(
     sinks: SinkTracker | None = None,
     record: dict[str, Any] | None = None,
 ) -> Iterator[Step]:
-    """`decode.generate_steps` as a row of the model's batch: the same arguments and steps.
+    """`decoding.solo.generate_steps` as a row of the model's batch: the same arguments and steps.
 
     The caller must not hold the model (the batcher's thread takes it for each round). `record`, when given, gets
     "batch_size": the most rows any step of this request shared a forward pass with, and "prefill_rows": how many
@@ -72,7 +73,7 @@ def batched_steps(
             or the solo loop).
     """
     if job.extra_inputs:
-        raise ValueError("image prompts do not join the batched decode (decode.generate_steps runs them)")
+        raise ValueError("image prompts do not join the batched decode (decoding.solo.generate_steps runs them)")
     row = Row(model, job, method_seconds, sinks)
     return _follow(row, model, record)
 

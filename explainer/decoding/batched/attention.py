@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..capture import attention_function_selected, check_attention_kwargs, last_query_probs
+from ...capture import attention_function_selected, check_attention_kwargs, last_query_probs
 
 
 @contextlib.contextmanager

@@ -1,4 +1,4 @@
-"""The static decode path (`explainer/static_decode.py`) against the solo loop and the eager references.
+"""The static decode path (`explainer/decoding/static.py`) against the solo loop and the eager references.
 
 The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its fixed-shape step eagerly; on CUDA it
 replays it as a CUDA graph). Checked row by row against `generate_steps` on the solo loop: the same tokens, their
@@ -18,19 +18,19 @@ from PIL import Image
 
 from explainer import explain
 from explainer.capture import registered_names
-from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
+from explainer.decoding.solo import DecodeJob, generate_steps
+from explainer.decoding.static import StaticDecoder
 from explainer.methods import MACS, Rollout
 from explainer.models.loading import bundle_from_objects
 from explainer.models.vision import encode_image_prompt
 from explainer.result.sinks import SinkTracker
-from explainer.static_decode import StaticDecoder
 
-from ..conftest import ACCELERATORS, DEVICES, build_model, eager_attentions
-from ..reference import reference_macs, reference_rollout
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
-from .test_host_syncs import CountHostReads, reads_of_each_step
-from .test_on_device import _syncs_per_step
+from ...conftest import ACCELERATORS, DEVICES, build_model, eager_attentions
+from ...reference import reference_macs, reference_rollout
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ..test_host_syncs import CountHostReads, reads_of_each_step
+from ..test_on_device import _syncs_per_step
 
 N, K = 23, 13  # chunks of the static path: steps 0 | 1 | 2-3 | 4-7 | 8-12
 

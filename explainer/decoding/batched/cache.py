@@ -4,7 +4,7 @@ Each decode step writes every row's new key and value right after that row's own
 keeps the key columns of its solo run and its padding (masked: probability exactly 0) comes after them. SDPA and the
 capture's softmax then sum each row's keys in the solo run's order: in bfloat16 on a CPU the batched attention is
 bit-identical to the solo one, which left padding (keys shifted by the padding) is not (tests/explainer/
-test_batching.py). The cache is rebuilt when rows join or leave, which drops the padding no remaining row needs.
+decoding/test_batched.py). The cache is rebuilt when rows join or leave, which drops the padding no remaining row needs.
 """
 
 from __future__ import annotations

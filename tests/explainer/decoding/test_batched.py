@@ -1,10 +1,10 @@
-"""Batched decode (explainer/batching/): every row gives, bit for bit, what the same request gives decoding alone in
+"""Batched decode (explainer/decoding/batched/): every row gives, bit for bit, what the same request gives decoding alone in
 the batcher, and that equals a solo `generate_steps` run to rounding.
 
 Rows are started while the test holds the model, so they join the batch in the same round; a row that joins later
 or leaves early is steered the same way. Against the request alone in the batcher (`_alone`) everything is compared
 exactly: token ids, MACS and Rollout raw rows, step probabilities, entropies, alternatives and sinks (the batch's
-matrix products run at a fixed row count, `batching/products.py`, and attention runs row by row). Against the solo
+matrix products run at a fixed row count, `decoding/batched/products.py`, and attention runs row by row). Against the solo
 loop the tolerances are: tokens identical; raw rows, probabilities and entropies to rtol 2e-5 / atol 1e-7 (float32):
 the solo loop's products see 1 row, the batcher's a fixed count, which moves the tiny models' rows by at most ~3e-6
 relative; cutting a row's columns wrongly, or mixing rows, moves them by orders of magnitude more.
@@ -21,17 +21,17 @@ import pytest
 import torch
 
 from explainer import bundle_from_objects, explain, stream_explain
-from explainer.batching import batched_steps, counts
 from explainer.capture import registered_names
-from explainer.decode import DecodeJob, generate_steps
 from explainer.decoding import enable_batching
+from explainer.decoding.batched import batched_steps, counts
+from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import Cancelled, InputError
 from explainer.methods import MACS, get_method
 from explainer.result.sinks import SinkTracker
 from explainer.runtime import memory
 from explainer.runtime.session import CancelToken, hold, model_lock
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 RTOL, ATOL = 2e-5, 1e-7
 METHODS = ("macs", "rollout")
@@ -287,7 +287,7 @@ def test_a_row_decoding_alone_matches_the_solo_loop(model):
 def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeypatch):
     reqs = {"a": _request(10, 12, k=6), "b": _request(13, 13, k=6)}
     refs = {key: _alone(model, r) for key, r in reqs.items()}
-    from explainer.batching.row import Row
+    from explainer.decoding.batched.row import Row
 
     need = max(
         Row(model, DecodeJob(r["ids"], [get_method(m) for m in METHODS], r["k"]), None, None).need
@@ -302,7 +302,7 @@ def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeyp
 
 
 def test_a_failing_row_fails_alone(model):
-    from ..conftest import FailingMACS
+    from ...conftest import FailingMACS
 
     ok = _request(8, 14, k=6)
     ref = _alone(model, ok)
@@ -446,7 +446,7 @@ def test_in_bfloat16_rows_of_different_lengths_are_bit_identical_to_lone_runs(ki
 def test_products_at_a_fixed_row_count_give_each_row_the_same_numbers_in_any_batch(dtype):
     """`chunked_linear` gives row 0 the same bits whether it is alone or among up to 9 rows (the product library
     picks its kernel by the row count, so a plain `F.linear` may not), and equals `F.linear` to rounding."""
-    from explainer.batching.products import chunked_linear, fixed_rows, linear_layers
+    from explainer.decoding.batched.products import chunked_linear, fixed_rows, linear_layers
 
     g = torch.Generator().manual_seed(0)
     w, b = torch.randn(96, 80, generator=g).to(dtype), torch.randn(96, generator=g).to(dtype)

@@ -18,12 +18,12 @@ from collections.abc import Sequence
 import torch
 from transformers import DynamicCache
 
-from ..decoding.choice import BATCHED
-from ..decoding.job import DecodeJob
-from ..decoding.step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
-from ..methods import AttributionMethod
-from ..result.sinks import SinkTracker
-from ..runtime.memory import MemoryRequest, ModelShape, request_bytes
+from ...methods import AttributionMethod
+from ...result.sinks import SinkTracker
+from ...runtime.memory import MemoryRequest, ModelShape, request_bytes
+from ..choice import BATCHED
+from ..job import DecodeJob
+from ..step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
 
 
 class Row:
@@ -155,7 +155,7 @@ def same_prefill(a: Row, b: Row) -> bool:
 def _row_bytes(model: torch.nn.Module, n: int, k: int, streaming: list[AttributionMethod]) -> int:
     """What the row's decode needs (`memory.request_bytes` of its streaming methods); 0 for a model whose shape the
     estimates cannot read."""
-    from ..runtime.devices import input_device
+    from ...runtime.devices import input_device
 
     try:
         shape = ModelShape.of(model)

@@ -1,7 +1,7 @@
 """The static decode path: greedy generation over a preallocated `StaticCache` whose per-token work is one
 fixed-shape step, captured once as a CUDA graph and replayed on a GPU (issue #33).
 
-Today's loop (`decode.generate_steps`) grows a `DynamicCache`, and every token pays one Python launch per kernel and
+Today's loop (`decoding.solo.generate_steps`) grows a `DynamicCache`, and every token pays one Python launch per kernel and
 a host read for its token and for each streaming method's row: on a GPU a small model's step is launch-bound
 (docs/gpu.md). Here every buffer is allocated before the first token, so each decode step has the same shapes and the
 same addresses:
@@ -44,22 +44,22 @@ import torch
 from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from .capture import (
+from ..capture import (
     additive_mask,
     attention_function_selected,
     attention_probs,
     check_attention_kwargs,
     hand_full_rows,
 )
-from .decoding.choice import CUDA_GRAPH, STATIC, remember_graph_failure
-from .decoding.job import DecodeJob
-from .decoding.step import Step, ends, full_row_consumer, make_step, method_scores, token_stats
-from .methods import AttributionMethod
-from .result.sinks import SinkTracker
-from .runtime.host import to_numpy
-from .runtime.kv import full_row_chunk
-from .runtime.memory import language_config
-from .runtime.session import check_cancelled
+from ..methods import AttributionMethod
+from ..result.sinks import SinkTracker
+from ..runtime.host import to_numpy
+from ..runtime.kv import full_row_chunk
+from ..runtime.memory import language_config
+from ..runtime.session import check_cancelled
+from .choice import CUDA_GRAPH, STATIC, remember_graph_failure
+from .job import DecodeJob
+from .step import Step, ends, full_row_consumer, make_step, method_scores, token_stats
 
 MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
@@ -240,7 +240,7 @@ def static_steps(
     method_seconds: dict[str, float] | None = None,
     path: str = STATIC,
 ) -> Iterator[Step]:
-    """What `decode.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
+    """What `decoding.solo.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
     see `decoding.choose_path`) have had `begin`. `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
     decoder = StaticDecoder(model, job, sinks, graphs=path == CUDA_GRAPH)
     check_cancelled()

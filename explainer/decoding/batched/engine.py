@@ -17,11 +17,11 @@ from typing import Any
 
 import torch
 
-from ..decoding.step import forward_pass
-from ..runtime.devices import input_device
-from ..runtime.kv import batch_budget
-from ..runtime.memory import MemoryLimitError, check_fits
-from ..runtime.session import hold, model_lock
+from ...runtime.devices import input_device
+from ...runtime.kv import batch_budget
+from ...runtime.memory import MemoryLimitError, check_fits
+from ...runtime.session import hold, model_lock
+from ..step import forward_pass
 from . import cache as batch_cache
 from .attention import rows_apart
 from .products import fixed_rows, linear_layers, product_rows

@@ -22,12 +22,12 @@ from collections.abc import Iterator
 import torch
 from transformers import DynamicCache
 
-from . import static_decode
-from .decoding.choice import BATCHED, SOLO, DecodeChoice, choose_path
-from .decoding.job import DecodeJob
-from .decoding.step import Step, ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
-from .result.sinks import SinkTracker
-from .runtime.session import between_passes
+from ..result.sinks import SinkTracker
+from ..runtime.session import between_passes
+from . import static
+from .choice import BATCHED, SOLO, DecodeChoice, choose_path
+from .job import DecodeJob
+from .step import Step, ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
 
 __all__ = ["DecodeJob", "Step", "generate_steps"]
 
@@ -49,20 +49,20 @@ def generate_steps(
         method_seconds: if given, accumulates per-method time spent in `step`.
         sinks: gathers, on the device, what attention-sink detection needs when a streaming method captures rows.
         choice: the path (`decoding.choose_path`'s, made once per request); None: chosen here, never `batched`
-            (a batched row runs through `batching.batched_steps`).
+            (a batched row runs through `decoding.batched.batched_steps`).
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
     choice = choice or choose_path(model, job, can_batch=False)
     if choice.path == BATCHED:
-        raise ValueError("a batched row runs through batching.batched_steps")
+        raise ValueError("a batched row runs through decoding.batched.batched_steps")
     input_ids = job.input_ids
     n = input_ids.shape[1]
     streaming = [m for m in job.methods if m.streaming]
     for m in streaming:
         m.begin(n)
     if choice.path != SOLO:  # the static step: eager or as a CUDA graph
-        return (yield from static_decode.static_steps(model, job, streaming, sinks, method_seconds, choice.path))
+        return (yield from static.static_steps(model, job, streaming, sinks, method_seconds, choice.path))
     capture = full_row_consumer(streaming) if streaming else False  # False: no attention captured
     cache = DynamicCache(config=model.config)
     next_input = input_ids
