@@ -113,7 +113,7 @@ def stream_request(
     run = partial(_run, bundle, request, progress, choice)
     if holds(bundle.model):
         return _inline(bundle.model, run, cancel)
-    # On the batched path (the app) a text request joins the model's batched decode (explainer/decoding/batched/) and holds
+    # On the batched path (the app) a text request joins the model's batched decode (decoding/batched/) and holds
     # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
     return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
 

@@ -78,7 +78,7 @@ def test_every_event_is_named_and_maps_the_library_errors(fns):
 
 
 def test_model_events_share_one_queue_and_draw_progress_on_their_status_line(fns):
-    # text explain requests run side by side (their decode steps are batched, explainer/decoding/batched/); the other model
+    # text explain requests run side by side (their decode steps are batched, decoding/batched/); the other model
     # events queue one at a time
     explain, shared = fns["page_explain"], fns["page_faithfulness"]
     assert explain.concurrency_limit == 16 and explain.concurrency_id != shared.concurrency_id

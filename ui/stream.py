@@ -88,7 +88,7 @@ class Update(Generic[T]):
 
 def update_seconds(bundle: ModelBundle) -> float:
     """How long a visitor's stream waits between two updates: `UPDATE_SECONDS`, times the number of visitors whose
-    answers decode together on the model (`explainer.decoding.batched`), at most `CROWD_UPDATE_SECONDS`. A crowd then gets
+    answers decode together on the model (`decoding.batched`), at most `CROWD_UPDATE_SECONDS`. A crowd then gets
     about 4 updates a second in all rather than 4 each: every update re-sends the growing result, and on a small CPU
     the formatting and sending of those updates took the cores the batch decodes on. The first update and the last
     are never held back."""
@@ -164,7 +164,7 @@ def _with_status(item: Any, note: str) -> Any:
 
 def waiting_note(bundle: ModelBundle) -> str | None:
     """The note "Waiting for the model: N requests ahead…" while another request holds the model, else None; while
-    visitors' text requests decode together (`explainer.decoding.batched`), how many decode and how many wait to join."""
+    visitors' text requests decode together (`decoding.batched`), how many decode and how many wait to join."""
     decoding, joining = batching.counts(bundle.model)
     if decoding or joining:
         return f"{WAITING}: {decoding} decoding together, {joining} joining (text requests share the steps)…"

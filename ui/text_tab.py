@@ -397,7 +397,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
         inputs=asked + option_widgets,
         api_name="page_explain",  # private: the public /explain is ui/api.py's
-        concurrency_limit=16,  # visitors' text requests share the decode steps (explainer/decoding/batched/); the library's
+        concurrency_limit=16,  # visitors' text requests share the decode steps (decoding/batched/); the library's
         concurrency_id="text_explain",  # model lock still orders everything else on the model
         show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
     )

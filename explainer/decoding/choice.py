@@ -3,7 +3,7 @@ overrides it, `EXPLAINER_DECODE`.
 
 The paths (the schedulers of one decode step):
 
-- `solo`: the plain loop (`decoding.solo.generate_steps`): a dynamic cache, one Python step per token, the request alone.
+- `solo`: the plain loop (`solo.generate_steps`): a dynamic cache, one Python step per token, the request alone.
 - `static`: the static-cache step (`decoding/static.py`) run eagerly: what `cuda-graph` replays, on any device.
 - `cuda-graph`: the same step recorded once as a CUDA graph and replayed.
 - `batched`: a row of the model's batched decode (`decoding/batched/`), beside the other visitors' text requests.

@@ -1,7 +1,7 @@
 """The static decode path: greedy generation over a preallocated `StaticCache` whose per-token work is one
 fixed-shape step, captured once as a CUDA graph and replayed on a GPU (issue #33).
 
-Today's loop (`decoding.solo.generate_steps`) grows a `DynamicCache`, and every token pays one Python launch per kernel and
+Today's loop (`solo.generate_steps`) grows a `DynamicCache`, and every token pays one Python launch per kernel and
 a host read for its token and for each streaming method's row: on a GPU a small model's step is launch-bound
 (docs/gpu.md). Here every buffer is allocated before the first token, so each decode step has the same shapes and the
 same addresses:
@@ -240,7 +240,7 @@ def static_steps(
     method_seconds: dict[str, float] | None = None,
     path: str = STATIC,
 ) -> Iterator[Step]:
-    """What `decoding.solo.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
+    """What `solo.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
     see `decoding.choose_path`) have had `begin`. `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
     decoder = StaticDecoder(model, job, sinks, graphs=path == CUDA_GRAPH)
     check_cancelled()

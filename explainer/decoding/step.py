@@ -1,5 +1,5 @@
-"""The per-token work of every decode path, written once: the solo loop (`decoding/solo.py`), the static step and its CUDA
-graph (`decoding/static.py`) and the batched rows (`decoding/batched/row.py`) only schedule it.
+"""The per-token work of every decode path, written once: the solo loop (`solo.py`), the static step and its CUDA
+graph (`static.py`) and the batched rows (`batched/row.py`) only schedule it.
 
 For one generated (or forced) token:
 

@@ -233,7 +233,7 @@ def _syncs_per_step(model, n: int, methods: list[str], steps: int = 5) -> list[i
 
 @pytest.mark.parametrize("device", ACCELERATORS)
 def test_cuda_syncs_per_token_are_few_and_constant(device, monkeypatch):
-    monkeypatch.setenv(DECODE_ENV, "solo")  # the per-token loop; the static path reads per chunk: decoding/test_static.py
+    monkeypatch.setenv(DECODE_ENV, "solo")  # the per-token loop; the static path reads per chunk: test_static.py
     model = build_model("llama").to(device)
     plain = _syncs_per_step(model, 23, [])
     streaming = _syncs_per_step(model, 23, ["macs", "rollout"])

@@ -2,7 +2,7 @@
 
 A request's row joins the batch at the next step and leaves when it is done or its visitor cancels or leaves:
 
-- its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`decoding.solo.generate_steps`), which
+- its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`solo.generate_steps`), which
   gives its step 0 (rows with the same prompt that join together share that one pass: a crowd pressing the same
   example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned
   where its solo cache holds it, the padding after it (`cache.py`);

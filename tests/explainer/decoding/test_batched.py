@@ -1,10 +1,10 @@
-"""Batched decode (explainer/decoding/batched/): every row gives, bit for bit, what the same request gives decoding alone in
+"""Batched decode (decoding/batched/): every row gives, bit for bit, what the same request gives decoding alone in
 the batcher, and that equals a solo `generate_steps` run to rounding.
 
 Rows are started while the test holds the model, so they join the batch in the same round; a row that joins later
 or leaves early is steered the same way. Against the request alone in the batcher (`_alone`) everything is compared
 exactly: token ids, MACS and Rollout raw rows, step probabilities, entropies, alternatives and sinks (the batch's
-matrix products run at a fixed row count, `decoding/batched/products.py`, and attention runs row by row). Against the solo
+matrix products run at a fixed row count, `products.py`, and attention runs row by row). Against the solo
 loop the tolerances are: tokens identical; raw rows, probabilities and entropies to rtol 2e-5 / atol 1e-7 (float32):
 the solo loop's products see 1 row, the batcher's a fixed count, which moves the tiny models' rows by at most ~3e-6
 relative; cutting a row's columns wrongly, or mixing rows, moves them by orders of magnitude more.
