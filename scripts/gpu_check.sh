@@ -4,8 +4,9 @@
 # hold, so a call cut short resumes where it stopped when made again:
 #
 #   scripts/gpu_check.sh OUTDIR all            # the six stages below in this order, within $TOTAL_SECONDS (540)
-#   scripts/gpu_check.sh OUTDIR static-tests   # the static decode path's tests on CUDA (graph capture, no syncs):
-#                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image
+#   scripts/gpu_check.sh OUTDIR static-tests   # the graph paths' tests on CUDA (capture, no syncs): the static step,
+#                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image;
+#                                              # the batch's step, replay against eager and 1 row against 8, bitwise
 #   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
@@ -13,7 +14,8 @@
 #                                              # the solo loop at 1k/4k/16k/32k prompt tokens, Rollout at 1k/4k
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
-#   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode
+#   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode (its
+#                                              # CUDA graph: the app's path; the JSON names it, `decode_reason`)
 #                                              # (scripts/library_crowd.py): the embedded model, then Qwen2.5-1.5B,
 #                                              # distinct prompts, then the same prompt
 #
@@ -143,9 +145,9 @@ stage() {  # stage NAME: one stage of the next GPU session
             return
         fi
         select=cuda
-        if [ -n "$DRY" ]; then select="cpu and (on_the_device or image)"; fi
+        if [ -n "$DRY" ]; then select="cpu and (on_the_device or image) or fixed_shape_step_equals"; fi
         run "$(box 60)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/decoding/test_static.py \
-            -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
+            tests/explainer/decoding/test_slots.py -k "$select" --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
     table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100)
         run "$(box 270)" table3 $PY scripts/gpu_bench.py --model $LLAMA "${TINY[@]}" --new-tokens $K \

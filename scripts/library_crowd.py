@@ -128,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "model": bundle.name, "dtype": args.dtype, "date": datetime.now().strftime("%Y-%m-%d"),
         "machine": _machine(device), "prompt_tokens": reference.num_prompt_tokens, "new_tokens": args.new_tokens,
-        "decode": reference.meta["decode"]["path"], "distinct_prompts": args.distinct, "rounds": rows,
+        "decode": reference.meta["decode"]["path"], "decode_reason": reference.meta["decode"]["reason"],
+        "distinct_prompts": args.distinct, "rounds": rows,
         "medians": summary(rows),
     }  # fmt: skip
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -58,6 +58,7 @@ def test_every_stage_writes_its_results(dry_run):
     assert "exit 124" not in first, first  # no stage ran out of its time box
     static_tests = (results / "static-tests-cpu-dry.xml").read_text()
     assert "failed" not in static_tests and "test_an_image_prompt_on_the_static_path" in static_tests
+    assert "test_the_fixed_shape_step_equals_the_row_by_row_step" in static_tests  # the batch's graph step
     table3 = json.loads((results / "bench-gpu-cpu-dry-llama-3.1-8b.json").read_text())
     assert {"model", "date", "machine"} <= table3.keys() and "random weights" in table3["model"]
     methods = ("none", "plain", "macs", "rollout", "attnlrp", "atman")

@@ -146,7 +146,7 @@ def choose_path(
     if forced == "batched" or (forced == "auto" and _batching):
         why = batch_reason(images)
         if can_batch and why is None:
-            return DecodeChoice(BATCHED, f"{DECODE_ENV}=batched" if forced == "batched" else "batching is on")
+            return DecodeChoice(BATCHED, f"{_batched_why(forced)}: {batch_step_form(model, device)[1]}")
         if forced == "batched":
             why = why or "this caller cannot follow a batched row (it holds the model: an evaluation)"
             return DecodeChoice(SOLO, why)
@@ -162,6 +162,25 @@ def choose_path(
     if failed is not None:
         return DecodeChoice(STATIC, f"CUDA graph capture failed before ({failed}): the step runs eagerly")
     return DecodeChoice(CUDA_GRAPH, f"{DECODE_ENV}=static" if forced == "static" else "CUDA: the step as one graph")
+
+
+def _batched_why(forced: str) -> str:
+    return f"{DECODE_ENV}=batched" if forced == "batched" else "batching is on"
+
+
+ROWS_APART, FIXED_SHAPE, GRAPH = "rows-apart", "fixed-shape", "graph"  # the forms of the batch's step
+FIXED_SHAPE_ON_CPU = False  # a CPU runs the batch's step in the fixed shape too (the tests set it)
+
+
+def batch_step_form(model: torch.nn.Module, device: torch.device) -> tuple[str, str]:
+    """How the batch runs its decode step (`batched/fixed.py`) on `device`: (form, in words). On CUDA the fixed-shape
+    step as one graph (eagerly where a capture failed before); on a CPU row by row, at the speed it had before."""
+    if device.type != "cuda" and not FIXED_SHAPE_ON_CPU:
+        return ROWS_APART, "the batch's step runs eagerly, row by row"
+    failed = graph_failure(model) if device.type == "cuda" else "not on CUDA"
+    if failed is not None:
+        return FIXED_SHAPE, f"the batch's fixed-shape step runs eagerly ({failed})"
+    return GRAPH, "the batch's step as one CUDA graph per slot state"
 
 
 def _facts(request: Any) -> tuple[bool, list[Any], torch.Tensor | None]:

@@ -4,12 +4,14 @@ A request's row joins the batch at the next step and leaves when it is done or i
 
 - its prefill runs alone, at batch size 1 with capture, exactly as the solo loop's (`solo.generate_steps`), which
   gives its step 0 (rows with the same prompt that join together share that one pass: a crowd pressing the same
-  example reads the prompt once, `row.same_prefill`); then its KV cache joins the batch's, every row left-aligned
-  where its solo cache holds it, the padding after it (`cache.py`);
-- each decode step runs all rows in one forward pass (explicit 2D mask, per-row position ids); attention runs row by
-  row on each row's own keys by the solo call (`attention.py`), which also gives each row's attention rows for its
-  own streaming methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own
-  end-of-sequence ids and step count (`row.py`);
+  example reads the prompt once, `row.same_prefill`); then its KV cache takes a free slot of the batch's static
+  slots, left-aligned where its solo cache holds it (`slots.py`); the other rows do not move;
+- each decode step runs every slot in one forward pass of fixed shape (`fixed.py`): on a CPU eagerly with attention
+  row by row on each row's own keys by the solo call, on CUDA as one CUDA graph per slot state with attention over
+  each slot's positions, masked (`attention.py`); either way each row gets its attention rows for its own streaming
+  methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own end-of-sequence
+  ids and step count (`row.py`); the host writes the forced ids before a step and reads every row's token
+  statistics in one read after it;
 - one thread per model owns the steps (`engine.py`), holding the model (`session.hold`) one round at a time; its
   rounds go first (`runtime/turns.py`): a request's post-hoc methods and other users of the model run when no row
   decodes, and give the model up between their passes when one arrives; a row that does not fit the memory check
@@ -28,11 +30,13 @@ entropy, alternatives) or feed a given answer.
 
 Numbers: a visitor's result does not depend on who else decodes. The matrix products run at a fixed row count
 (`products.py`: a CPU's or GPU's product library picks its kernel by the number of rows, and a row's last bits with
-it), a lone row padded to it; attention runs row by row on each row's own keys (`attention.py`). So every row
-equals, bit for bit, the same request decoding alone in the batcher, in float32 and bfloat16
-(tests/explainer/decoding/test_batched.py; the crowd test compares the app's visitors digit for digit). Against the solo
-loop (`decoding.solo.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny
-models' float32 rows within ~3e-6 relative.
+it), a lone row padded to it; token statistics are computed slot by slot; attention runs row by row on each row's own
+keys (a CPU) or over its slot's C positions in a call of fixed shape (CUDA: a row's bits then depend on C, a power of
+two of at least 256 positions, and not on the other rows). So every row equals, bit for bit, the same request
+decoding alone in the batcher, in float32 and bfloat16 (tests/explainer/decoding/test_batched.py in both forms; on
+CUDA, test_slots.py; the crowd test compares the app's visitors digit for digit). Against the solo loop
+(`solo.generate_steps`, the library's default, 1-row products) the numbers agree to rounding: the tiny models'
+float32 rows within ~3e-6 relative.
 """
 
 from __future__ import annotations

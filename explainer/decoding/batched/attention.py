@@ -1,12 +1,15 @@
-"""A batched decode step's attention, row by row: each row's query against its own keys only, by the very call a solo
-run makes, so the batch changes nothing in attention.
+"""A batched decode step's attention, in one of two forms, each giving a row the numbers of its lone run in the batch.
 
-One SDPA call over the padded batch would need a mask, and on a CPU a masked SDPA (or transformers' repeat of the
-key-value heads that comes with a mask) rounds differently from the unmasked call of a solo decode step, and
-differently again for another padded width: in bfloat16 that moved the embedded model's probabilities in the third
-digit. Even rows of one length may not share a call: in float32 the CPU's SDPA gives a row other bits beside 3
-others than alone (it splits its work by the batch). A row's attention rows for the streaming methods come from
-`capture.last_query_probs` on the same unpadded keys, as the capture computes them in a solo step.
+- **Row by row** (`rows_apart`, the eager step on a CPU): each active slot's query against its own keys only, by the
+  very call a solo decode step makes. One SDPA call over the padded batch would need a mask, and on a CPU a masked SDPA
+  (or transformers' repeat of the key-value heads that comes with a mask) rounds differently from the unmasked call of
+  a solo step, and differently again for another padded width: in bfloat16 that moved the embedded model's
+  probabilities in the third digit. Even rows of one length may not share a call: in float32 the CPU's SDPA gives a row
+  other bits beside 3 others than alone (it splits its work by the batch). A row's attention rows for the streaming
+  methods come from `capture.last_query_probs` on the same unpadded keys, as the capture computes them in a solo step.
+- **Fixed shape** (`fixed_shape`, what a CUDA graph records): every slot's query against all C positions of its slot,
+  the positions after its own masked (`Slots.mask`), in one call of fixed shape; the attention rows of every slot go
+  to the `(S, L, H, C)` buffer, masked keys exactly 0. A row's numbers then depend on C, not on the other rows.
 """
 
 from __future__ import annotations
@@ -17,45 +20,75 @@ from collections.abc import Iterator
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ...capture import attention_function_selected, check_attention_kwargs, last_query_probs
+from ...capture import (
+    additive_mask,
+    attention_function_selected,
+    attention_probs,
+    check_attention_kwargs,
+    last_query_probs,
+)
+
+
+def _no_mask(*args, **kwargs) -> None:
+    """The mask function of both forms: the step passes its own 4-D mask (transformers returns it as it is) or
+    none is read."""
+    return None
 
 
 @contextlib.contextmanager
-def rows_apart(model: torch.nn.Module, lengths: list[int], record: bool) -> Iterator[dict[int, list[torch.Tensor]]]:
-    """Within the block, every attention layer of `model` runs each batch row on its own keys.
+def rows_apart(
+    model: torch.nn.Module, lengths: list[int | None], record: bool
+) -> Iterator[dict[int, dict[int, torch.Tensor]]]:
+    """Within the block, every attention layer of `model` runs each active slot on its own keys.
 
     Args:
-        lengths: each row's own positions after this step (its cached ones and the new one), left-aligned in the
-            batch cache (`cache.RaggedLayer`).
-        record: whether to record each row's attention probabilities of its query.
+        lengths: per slot, its own positions after this step (its cached ones and the new one), left-aligned in the
+            slot (`slots.SlotLayer`); None for a free slot (its output is zeros).
+        record: whether to record each active slot's attention probabilities of its query.
 
     Yields:
-        layer index -> one (1, H, length) float32 tensor per row, filled by the forward pass when `record`.
+        layer index -> slot -> one (1, H, length) float32 tensor, filled by the forward pass when `record`.
     """
-    recorded: dict[int, list[torch.Tensor]] = {}
+    recorded: dict[int, dict[int, torch.Tensor]] = {}
 
-    def attention(
-        module: torch.nn.Module,
-        query: torch.Tensor,  # (B, H, 1, D)
-        key: torch.Tensor,  # (B, KVH, width, D)
-        value: torch.Tensor,  # (B, KVH, width, D)
-        attention_mask: torch.Tensor | None,
-        dropout: float = 0.0,
-        scaling: float | None = None,
-        **kwargs,
-    ) -> tuple[torch.Tensor, None]:
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        # query (S, H, 1, D); key and value (S, KVH, C, D)
         check_attention_kwargs(module, kwargs, "the batched decode")
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        outs, rows = [], []
+        out = query.new_zeros(query.shape[0], query.shape[2], query.shape[1], value.shape[3])  # (S, 1, H, D)
+        rows = {}
         for i, n in enumerate(lengths):
+            if n is None:
+                continue
             q, k, v = query[i : i + 1], key[i : i + 1, :, :n].contiguous(), value[i : i + 1, :, :n].contiguous()
-            out, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, **kwargs)
-            outs.append(out)  # (1, 1, H, D)
+            one, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, **kwargs)
+            out[i : i + 1] = one  # (1, 1, H, D)
             if record:
-                rows.append(last_query_probs(q, k, scale))  # (1, H, n)
+                rows[i] = last_query_probs(q, k, scale)  # (1, H, n)
         if record:
             recorded[module.layer_idx] = rows
-        return torch.cat(outs), None
+        return out, None
 
-    with attention_function_selected(model, "explainer_batch_", attention):
+    with attention_function_selected(model, "explainer_batch_", attention, _no_mask):
         yield recorded
+
+
+@contextlib.contextmanager
+def fixed_shape(model: torch.nn.Module, rows: torch.Tensor | None) -> Iterator[None]:
+    """Within the block, every attention layer of `model` runs all slots in one masked call over all C positions
+    (the mask is the step's, (S, 1, 1, C) bool), and writes each slot's float32 probability row of its query into
+    `rows` (S, L, H, C) when given; no host read."""
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        check_attention_kwargs(module, kwargs, "the batched decode")
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        if rows is not None:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            mask = additive_mask(attention_mask, torch.float32)  # (S, 1, 1, C)
+            rows[:, module.layer_idx].copy_(attention_probs(query, key, mask, scale, None)[:, :, 0, :])  # (S, H, C)
+        return out, None
+
+    with attention_function_selected(model, "explainer_batch_", attention, _no_mask):
+        yield

@@ -1,11 +1,12 @@
 """The batcher: one thread per model that owns the decode steps of every text request on it.
 
 Each loop holds the model (`session.hold`, urgent) for one round only: it admits the rows waiting to join (each
-one's prefill runs alone, or once for rows with the same prompt; then its cache joins the batch's), drops the rows
-that are done or whose visitor left, and runs one decode step for all the others in one forward pass. Decode rounds
-are short work and go first (`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc
-methods, an image request) gives the model up between its passes and goes on when no visitor decodes. The thread
-ends when no row is left; the next request starts a new one.
+one's prefill runs alone, or once for rows with the same prompt; then its cache takes a free slot of the batch's,
+`slots.Slots`), frees the slots of the rows that are done or whose visitor left, and runs one decode step of all the
+others (`fixed.BatchStep`: row by row on a CPU, one CUDA graph replay on CUDA). Decode rounds are short work and go
+first (`runtime/turns.py`): while the batcher has rows, long work (a request's post-hoc methods, an image request)
+gives the model up between its passes and goes on when no visitor decodes. The thread ends when no row is left; the
+next request starts a new one.
 """
 
 from __future__ import annotations
@@ -18,18 +19,19 @@ from typing import Any
 import torch
 
 from ...runtime.devices import input_device
+from ...runtime.host import to_numpy
 from ...runtime.kv import batch_budget
-from ...runtime.memory import MemoryLimitError, check_fits
+from ...runtime.memory import MemoryLimitError, ModelShape, check_fits, language_config
 from ...runtime.session import hold, model_lock
-from ..step import forward_pass
-from . import cache as batch_cache
-from .attention import rows_apart
-from .products import fixed_rows, linear_layers, product_rows
+from ..choice import GRAPH, ROWS_APART, batch_step_form
+from .fixed import BatchStep
 from .row import Row, same_prefill
+from .slots import Layout, Slots, slot_count
 
 CPU_ROWS = 16  # rows per decode step on a CPU: a step of 16 short rows still costs about what one row's does
 MOST_ROWS = 64  # on an accelerator, at most this many (fewer when its free memory says so, `kv.batch_budget`)
-ROOM = 64  # decode positions preallocated in the batch cache at each rebuild (it doubles when full)
+ROOM = 64  # row by row, a slot's positions grow in steps of this many
+GRAPH_POSITIONS = 256  # in the fixed shape, a slot holds a power of two positions, at least this many
 
 
 class Batcher:
@@ -43,9 +45,9 @@ class Batcher:
         self._active: list[Row] = []
         self._admitting = 0  # rows taken from `_pending` whose prefill runs now (they decode from the next step)
         self._thread: threading.Thread | None = None
-        self._cache = None  # the batch's cache (`cache.gather`), or a lone row's own
-        self._linears = linear_layers(model)  # patched for each decode step (`products.fixed_rows`), found once
-        self._product_rows = product_rows(self.device)  # rows per product call
+        self._slots: Slots | None = None  # the batch's slots while it has rows
+        form, _ = batch_step_form(model, self.device)
+        self._step = BatchStep(model, form != ROWS_APART, form == GRAPH)
 
     def submit(self, row: Row) -> None:
         with self._cond:
@@ -65,11 +67,11 @@ class Batcher:
                 while self._work_left():
                     with hold(self.model, urgent=True):
                         self._admit()
-                        self._step()
+                        self._decode()
         except BaseException as e:  # every row hears of it; none waits forever
             with self._cond:
                 rows, self._active, self._pending, self._thread = self._active + self._pending, [], [], None
-                self._cache = None
+                self._slots = None
             for row in rows:
                 row.fail(e)
 
@@ -77,14 +79,14 @@ class Batcher:
         with self._cond:
             self._pending = [r for r in self._pending if not r.left.is_set()]
             if not self._active and not self._pending:
-                self._thread, self._cache = None, None
+                self._thread, self._slots = None, None
                 return False
             return True
 
     def _admit(self) -> None:
-        """Prefill the waiting rows that fit (in order; a row that does not fit waits for room), then rebuild the
-        batch cache with them. Waiting rows with the same prompt as the one admitted (`row.same_prefill`) join with
-        it and share its prefill pass."""
+        """Prefill the waiting rows that fit (in order; a row that does not fit waits for room), then give them slots.
+        Waiting rows with the same prompt as the one admitted (`row.same_prefill`) join with it and share its prefill
+        pass."""
         joining: list[Row] = []
         try:
             while True:
@@ -108,15 +110,23 @@ class Batcher:
                     continue
                 joining += [r for r in group if not r.done]
             if joining:
-                self._rebuild(self._active + joining)
+                self._place(joining)
         finally:
             with self._cond:
                 self._admitting = 0
 
+    def _sizes(self, rows: list[Row]) -> tuple[int, int]:
+        """(S, C) of slots that hold `rows`: S a power of two, C the longest row's positions rounded up (to a power
+        of two in the fixed shape, whose graph is recorded per C)."""
+        need = max(r.n + r.steps - 1 for r in rows)
+        if self._step.shape_fixed:
+            return slot_count(len(rows)), slot_count(max(need, GRAPH_POSITIONS))
+        return slot_count(len(rows)), -(-need // ROOM) * ROOM
+
     def _room_for(self, row: Row, joining: list[Row]) -> bool:
         """Whether `row` may join now: the batch is empty, or it stays within the row cap and every row's need
-        together passes the memory check (`memory.check_fits`; rows already decoding count in full, so it errs on the
-        side of waiting)."""
+        together, with the slots' unused positions, passes the memory check (`memory.check_fits`; rows already
+        decoding count in full, so it errs on the side of waiting)."""
         rows = [*self._active, *joining]
         if not rows:
             return True
@@ -124,69 +134,77 @@ class Batcher:
         most = min(MOST_ROWS, batch_budget(self.model, t, 1, 0, CPU_ROWS)[1])
         if len(rows) + 1 > most:
             return False
+        parts = {f"row {i}": r.need for i, r in enumerate([*rows, row])}
+        parts["the slots' unused positions"] = self._slack([*rows, row])
         try:
-            check_fits({f"row {i}": r.need for i, r in enumerate([*rows, row])}, self.device, "The batch", "")
+            check_fits(parts, self.device, "The batch", "")
         except MemoryLimitError:
             return False
         return True
 
-    def _rebuild(self, rows: list[Row]) -> None:
-        """The batch cache of `rows` (those already in it and those joining), as wide as the longest of them."""
-        rows = [r for r in rows if not r.done and not r.left.is_set()]
-        old = self._cache
-        if len(rows) == 1 and rows[0].slot is None:
-            self._cache, rows[0].cache = rows[0].cache, None  # a lone new row decodes on its own cache, as solo
-        elif rows:
-            sources = [(r.cache, 0, r.length) if r.slot is None else (old, r.slot, r.length) for r in rows]
-            self._cache = batch_cache.gather(sources, min(ROOM, max(r.remaining for r in rows)))
-        else:
-            self._cache = None
-        for i, r in enumerate(rows):
-            r.slot, r.cache = i, None
+    def _slack(self, rows: list[Row]) -> int:
+        """Bytes the slots of `rows` hold beyond the rows' own needs: their unused cache positions."""
+        try:
+            shape = ModelShape.of(self.model)
+        except (AttributeError, TypeError):
+            return 0
+        slots, capacity = self._sizes(rows)
+        if self._slots is not None:
+            slots, capacity = max(slots, self._slots.size), max(capacity, self._slots.capacity)
+        return max(0, shape.kv_bytes(slots * capacity) - sum(shape.kv_bytes(r.n + r.steps) for r in rows))
+
+    def _place(self, joining: list[Row]) -> None:
+        """Free the slots of rows that are done or left, then give each joining row a slot (growing the slots when
+        none is free or a row needs more positions)."""
+        self._drop_finished()
+        rows = self._active + joining
+        slots, capacity = self._sizes(rows)
+        text = language_config(self.model)
+        record = self._step.shape_fixed and any(r.captures for r in rows)
+        rows_shape = (text.num_hidden_layers, text.num_attention_heads) if record else None
+        state = self._slots
+        if state is None:
+            state = Slots(Layout.of(joining[0].cache), slots, capacity, rows_shape)
+        elif state.size < slots or state.capacity < capacity or (record and state.rows is None):
+            grown_rows = rows_shape or (None if state.rows is None else tuple(state.rows.shape[1:3]))
+            state = state.grown(max(slots, state.size), max(capacity, state.capacity), grown_rows)
+        for r in joining:
+            r.slot = state.join(r.cache, r.length, r.next_input)
+            r.cache = None
+        self._slots = state
         with self._cond:
             self._active = rows
 
-    def _step(self) -> None:
+    def _drop_finished(self) -> None:
+        """Free the slots of the rows that are done or whose visitor left."""
+        keep = []
+        for r in self._active:
+            if r.done or r.left.is_set():
+                self._slots.leave(r.slot)
+            else:
+                keep.append(r)
+        with self._cond:
+            self._active = keep
+
+    def _decode(self) -> None:
         """Drop the rows that are done or left, then one decode step of all the others."""
-        if any(r.done or r.left.is_set() for r in self._active):
-            self._rebuild(self._active)
+        self._drop_finished()
         rows = self._active
         if not rows:
             return
+        state = self._slots
+        forced, lengths = [-1] * state.size, [None] * state.size
+        for r in rows:
+            forced[r.slot], lengths[r.slot] = r.forced_next, r.length + 1
+        state.forced.copy_(torch.tensor(forced))
         t0 = time.perf_counter()
-        logits, attention = self._forward(rows)
-        for i, row in enumerate(rows):
+        attention = self._step.run(state, lengths, any(r.captures for r in rows))
+        stats = to_numpy(state.stats)  # (S, 3 + 2A): the step's one read
+        for row in rows:
             try:
-                row.decoded(logits[i], None if attention is None else attention[i], t0, len(rows))
+                row.decoded(stats[row.slot], attention.get(row.slot), t0, len(rows))
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
-
-    def _forward(self, rows: list[Row]) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """One decode pass of all rows: ((B, V) logits, each row's (L, H, length + 1) attention rows or None), with
-        the matrix products at the device's fixed row count (`products.fixed_rows`)."""
-        cached = batch_cache.width(self._cache)
-        ids = torch.tensor([[r.next_input] for r in rows], dtype=torch.long, device=self.device)  # (B, 1)
-        record = any(r.captures for r in rows)
-        with fixed_rows(self._linears, self._product_rows):
-            return self._forward_fixed(rows, ids, cached, record)
-
-    def _forward_fixed(
-        self, rows: list[Row], ids: torch.Tensor, cached: int, record: bool
-    ) -> tuple[torch.Tensor, list[torch.Tensor] | None]:
-        """A lone row on its own cache runs the solo loop's call (`decoding.step.forward_pass`); otherwise attention
-        runs row by row (`attention.rows_apart`)."""
-        if len(rows) == 1 and rows[0].length == cached:
-            consumer = None if record else False  # False: no capture
-            logits, attention = forward_pass(self.model, ids, self._cache, {}, consumer, cached + 1)
-            return logits[None], None if attention is None else [attention]
-        mask, positions = batch_cache.decode_inputs([r.length for r in rows], cached, self.device)
-        call = dict(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=self._cache)
-        with rows_apart(self.model, [r.length + 1 for r in rows], record) as recorded:
-            logits = self.model(**call, use_cache=True, logits_to_keep=1).logits[:, -1]  # (B, V)
-        if not record:
-            return logits, None
-        layers = sorted(recorded)
-        return logits, [torch.stack([recorded[layer][i][0] for layer in layers]) for i in range(len(rows))]
 
 
 _batchers: weakref.WeakKeyDictionary[Any, Batcher] = weakref.WeakKeyDictionary()

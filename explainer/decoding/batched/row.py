@@ -35,7 +35,7 @@ class Row:
         left: set by the request's thread when it stops reading (cancelled, closed, failed): the batcher drops the row
             before its next step.
         length: the row's own cached positions (prompt and fed answer tokens).
-        slot: its index in the batch cache, None before it joins.
+        slot: its slot in the batch (`slots.Slots`), None before it joins.
         largest_batch: the most rows any of its steps shared a forward pass with (itself included).
     """
 
@@ -62,7 +62,7 @@ class Row:
         self.next_input = -1
         self.done = False
         self.slot: int | None = None
-        self.cache: DynamicCache | None = None  # its own cache between the prefill and joining the batch
+        self.cache: DynamicCache | None = None  # its own cache between the prefill and taking a slot
         self.largest_batch = 0
         self.prefill_rows = 0  # rows that took their step 0 from its prefill pass, itself included
         self.need = _row_bytes(model, self.n, self.steps, self.streaming)
@@ -78,7 +78,7 @@ class Row:
         Args:
             others: rows with the same prompt (`same_prefill`) that take their step 0 from this very pass: their
                 methods get its full rows and attention rows, their sink trackers its record, and they join the batch
-                from its cache (the batch cache copies it, `Batcher._rebuild`).
+                from its cache (each slot copies it, `Slots.join`).
         """
         rows = [row for row in (self, *others) if row._begin()]
         if not rows:
@@ -97,7 +97,8 @@ class Row:
             row.largest_batch = max(row.largest_batch, 1)
             row.prefill_rows = len(rows)
             try:
-                row.emit(logits, attention, t0)
+                forced = None if row.forced is None else row.forced[:1]  # (1,) step 0's given token
+                row.emit(token_stats(logits, forced)[1].tolist(), attention, t0)  # the step's one read
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
 
@@ -111,17 +112,18 @@ class Row:
             return False
         return True
 
-    def decoded(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float, batch: int) -> None:
-        """A decode step's (V,) logits and the row's (L, H, length + 1) attention rows (its padding cut off)."""
+    def decoded(self, stats: Sequence[float], rows: torch.Tensor | None, t0: float, batch: int) -> None:
+        """A decode step's `token_stats` row (read on the host) and the row's (L, H, length + 1) attention rows (its
+        slot's unused positions cut off), or None."""
         if rows is not None and self.sinks is not None:
             self.sinks.add(rows)
         self.length += 1
         self.largest_batch = max(self.largest_batch, batch)
-        self.emit(logits, rows, t0)
+        self.emit(stats, rows, t0)
 
-    def emit(self, logits: torch.Tensor, rows: torch.Tensor | None, t0: float) -> None:
-        forced = None if self.forced is None else self.forced[self.k : self.k + 1]  # (1,)
-        stats = token_stats(logits, forced)[1].tolist()  # the step's one read
+    def emit(self, stats: Sequence[float], rows: torch.Tensor | None, t0: float) -> None:
+        """Step k from its statistics and attention rows: the methods' rows, the step handed to the request, the
+        next input and the stop rule."""
         seconds = time.perf_counter() - t0
         scores = method_scores(self.streaming, lambda m: m.step(rows), self.method_seconds)
         step = make_step(self.k, stats, scores, seconds, BATCHED)
@@ -131,6 +133,12 @@ class Row:
         self.out.put(("step", step))
         if self.done:
             self.out.put(("done", None))
+
+    @property
+    def forced_next(self) -> int:
+        """The given answer's token for the next step, or -1 (the argmax)."""
+        forced = self.job.forced_ids
+        return -1 if forced is None or self.k >= len(forced) else forced[self.k]
 
     def fail(self, error: BaseException) -> None:
         self.done = True

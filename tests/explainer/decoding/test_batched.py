@@ -22,8 +22,8 @@ import torch
 
 from explainer import bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_names
-from explainer.decoding import enable_batching
-from explainer.decoding.batched import batched_steps, counts
+from explainer.decoding import choice, enable_batching
+from explainer.decoding.batched import batched_steps, counts, engine
 from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import Cancelled, InputError
 from explainer.methods import MACS, get_method
@@ -40,6 +40,16 @@ METHODS = ("macs", "rollout")
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def model(request):
     return build_model(request.param)
+
+
+@pytest.fixture(autouse=True, params=["rows-apart", "fixed-shape"])
+def step_form(request, monkeypatch):
+    """Every test runs in both forms of the batch's step (`fixed.BatchStep`): row by row (a CPU's) and the fixed
+    shape that a CUDA graph records, run eagerly."""
+    monkeypatch.setattr(choice, "FIXED_SHAPE_ON_CPU", request.param == "fixed-shape")
+    engine._batchers.clear()  # the next request makes a batcher in this form
+    yield request.param
+    engine._batchers.clear()
 
 
 def _ids(n: int, seed: int) -> torch.Tensor:
@@ -391,7 +401,8 @@ def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, mo
         t.join(120)
     for i, ref in enumerate(alone):
         got = results[i]
-        assert got.meta["decode"] == {"path": "batched", "reason": "batching is on", "batch_size": 3,
+        form = choice.batch_step_form(bundle.model, torch.device("cpu"))[1]
+        assert got.meta["decode"] == {"path": "batched", "reason": f"batching is on: {form}", "batch_size": 3,
                                       "prefill_rows": 1}  # fmt: skip
         assert got.meta["status"] == "done"
         assert got.generated_token_ids == ref.generated_token_ids

@@ -47,7 +47,7 @@ TABLE = [
     (CPU, {}, ["rollout"], False, "static", False, True, STATIC, "EXPLAINER_DECODE=static"),
     (CPU, {}, ["macs", "rollout"], False, "static-eager", False, True, STATIC, "eagerly"),
     (CPU, {}, ["macs", "rollout"], False, None, False, True, SOLO, "CPU"),
-    (CPU, {}, ["macs"], False, None, True, True, BATCHED, "batching is on"),
+    (CPU, {}, ["macs"], False, None, True, True, BATCHED, "batching is on: the batch's step runs eagerly, row by"),
     (CPU, {}, ["macs"], False, "batched", False, True, BATCHED, "EXPLAINER_DECODE=batched"),
     (CPU, {}, ["macs"], False, "batched", False, False, SOLO, "cannot follow a batched row"),
     (CPU, {}, ["macs"], False, None, True, False, SOLO, "CPU"),  # an evaluation holding the model runs solo
@@ -62,7 +62,7 @@ TABLE = [
     (CUDA, {}, ["macs"], False, "static", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=static"),
     (CUDA, {}, ["macs"], False, "static-eager", False, True, STATIC, "eagerly"),
     (CUDA, {}, ["macs"], False, "solo", False, True, SOLO, "EXPLAINER_DECODE=solo"),
-    (CUDA, {}, ["macs"], False, None, True, True, BATCHED, "batching is on"),
+    (CUDA, {}, ["macs"], False, None, True, True, BATCHED, "batching is on: the batch's step as one CUDA graph"),
     (CUDA, {}, ["macs", "rollout"], False, None, False, True, CUDA_GRAPH, "CUDA"),
     (CUDA, {}, ["macs", "rollout"], False, None, True, True, BATCHED, "batching is on"),
     (CUDA, {}, ["failing-macs"], False, None, False, True, SOLO, "has no device step"),  # a subclass with its own step
