@@ -1,9 +1,16 @@
-"""A seeded tiny random Qwen2.5-VL, its image processor and an offline tokenizer with the vision special tokens."""
+"""A seeded tiny random Qwen2.5-VL (or Qwen2-VL, `kind="qwen2_vl"`), its image processor and an offline tokenizer
+with the vision special tokens."""
 
 from __future__ import annotations
 
 import torch
-from transformers import PreTrainedTokenizerFast, Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+from transformers import (
+    PreTrainedTokenizerFast,
+    Qwen2_5_VLConfig,
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLConfig,
+    Qwen2VLForConditionalGeneration,
+)
 
 from explainer.models.loading import bundle_from_objects
 from explainer.models.vision import load_image_processor
@@ -61,9 +68,23 @@ def vl_config(tokenizer) -> Qwen2_5_VLConfig:
     )
 
 
-def build_vl_model(tokenizer, seed: int = 0) -> Qwen2_5_VLForConditionalGeneration:
+def qwen2_vl_config(tokenizer) -> Qwen2VLConfig:
+    """Qwen2-VL's tiny twin of `vl_config`: the same text model, Qwen2-VL's vision tower (no window attention)."""
+    base = vl_config(tokenizer)
+    vision = dict(depth=2, embed_dim=32, hidden_size=64, mlp_ratio=2, num_heads=2, patch_size=PATCH,
+                  spatial_merge_size=MERGE, temporal_patch_size=2)  # fmt: skip
+    tokens = {k: getattr(base, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                            "vision_end_token_id")}  # fmt: skip
+    return Qwen2VLConfig(text_config=base.text_config.to_dict(), vision_config=vision, **tokens)
+
+
+def build_vl_model(tokenizer, seed: int = 0, kind: str = "qwen2_5_vl"):
+    """The tiny Qwen2.5-VL (`kind` "qwen2_5_vl") or Qwen2-VL ("qwen2_vl"), seeded, with SDPA attention."""
     torch.manual_seed(seed)
-    model = Qwen2_5_VLForConditionalGeneration(vl_config(tokenizer))
+    if kind == "qwen2_vl":
+        model = Qwen2VLForConditionalGeneration(qwen2_vl_config(tokenizer))
+    else:
+        model = Qwen2_5_VLForConditionalGeneration(vl_config(tokenizer))
     model.set_attn_implementation("sdpa")
     return model.eval()
 

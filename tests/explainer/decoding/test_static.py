@@ -246,14 +246,15 @@ def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
         assert max(counts[2:]) <= 1 + len(methods), (n, methods, counts)
 
 
+@pytest.mark.parametrize("kind", ["qwen2_5_vl", "qwen2_vl"])
 @pytest.mark.parametrize("device", DEVICES)
-def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, monkeypatch):
-    """Qwen2.5-VL: the prefill takes the pixels and the 3-D (mRoPE) positions as on the solo loop; the decode steps
-    continue every axis from the prompt's last position, k taken on the device. Generated and given answers, MACS +
-    Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `static` on CUDA records the graph)
-    and the decode loop; nothing is left in the model."""
+def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, kind, monkeypatch):
+    """Qwen2.5-VL and Qwen2-VL: the prefill takes the pixels and the 3-D (mRoPE) positions as on the solo loop; the
+    decode steps continue every axis from the prompt's last position, k taken on the device. Generated and given
+    answers, MACS + Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `static` on CUDA
+    records the graph) and the decode loop; nothing is left in the model."""
     tokenizer = make_vl_tokenizer()
-    model = build_vl_model(tokenizer).to(device)
+    model = build_vl_model(tokenizer, kind=kind).to(device)
     bundle = vl_bundle(model, tokenizer)
     graph = CUDA_GRAPH if device == "cuda" else STATIC
     image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 120, 3), dtype=np.uint8))
