@@ -31,7 +31,8 @@ from explainer.result.sinks import SinkTracker
 from explainer.runtime import memory
 from explainer.runtime.session import CancelToken, hold, model_lock
 
-from ...conftest import build_model
+from ...conftest import build_model, eager_attentions
+from ...reference import reference_macs, reference_rollout
 
 RTOL, ATOL = 2e-5, 1e-7
 METHODS = ("macs", "rollout")
@@ -521,3 +522,21 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
         np.testing.assert_array_equal(got.methods[m].raw, alone.methods[m].raw, err_msg=m)
     np.testing.assert_array_equal(out["atman"].methods["atman"].raw, ref_atman.methods["atman"].raw)
     _clean(bundle.model)
+
+
+@pytest.mark.parametrize("rows", [1, 5])
+def test_rows_equal_the_eager_references(model, rows):
+    """1 and 5 rows decoding together, each against MACS (`reference_macs`) and Rollout (`reference_rollout`)
+    computed from eager attention over its own prompt and answer: independent of the batch and of the capture."""
+    reqs = {i: _request(n, 40 + i, k=6) for i, n in enumerate((7, 12, 4, 9, 15)[:rows])}
+    out = _together(model, reqs)
+    for i, req in reqs.items():
+        got = out[i]
+        assert not isinstance(got, BaseException), got
+        n, tokens = req["ids"].shape[1], [s.token_id for s in got["steps"]]
+        attentions, _ = eager_attentions(model, torch.cat([req["ids"], torch.tensor([tokens])], dim=1))
+        macs = np.array([s.scores["macs"] for s in got["steps"]])
+        rollout = np.array([s.scores["rollout"] for s in got["steps"]])
+        np.testing.assert_allclose(macs, np.array(reference_macs(attentions, n, len(tokens))[0]), rtol=1e-4, atol=0)
+        np.testing.assert_allclose(rollout, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
+    _clean(model)
