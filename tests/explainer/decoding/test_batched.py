@@ -22,7 +22,7 @@ import torch
 
 from explainer import bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_names
-from explainer.decoding import choice, enable_batching
+from explainer.decoding import DECODE_ENV, choice, enable_batching
 from explainer.decoding.batched import batched_steps, counts, engine
 from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import Cancelled, InputError
@@ -31,7 +31,7 @@ from explainer.result.sinks import SinkTracker
 from explainer.runtime import memory
 from explainer.runtime.session import CancelToken, hold, model_lock
 
-from ...conftest import build_model, eager_attentions
+from ...conftest import ACCELERATORS, build_model, eager_attentions
 from ...reference import reference_macs, reference_rollout
 
 RTOL, ATOL = 2e-5, 1e-7
@@ -539,4 +539,29 @@ def test_rows_equal_the_eager_references(model, rows):
         rollout = np.array([s.scores["rollout"] for s in got["steps"]])
         np.testing.assert_allclose(macs, np.array(reference_macs(attentions, n, len(tokens))[0]), rtol=1e-4, atol=0)
         np.testing.assert_allclose(rollout, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
+    _clean(model)
+
+
+@pytest.mark.parametrize("device", ACCELERATORS)
+@pytest.mark.parametrize("rows", [1, 8])
+def test_cuda_rows_on_the_batch_graph_equal_the_dynamic_loop(device, rows, step_form, monkeypatch):
+    """On CUDA the batch's step is one CUDA graph (whatever the form asked on a CPU): 1 and 8 rows with MACS and
+    Rollout, generated and given answers, equal the solo loop on a dynamic cache (tokens identical, rows to float32
+    rounding), and each row equals its lone run in the batcher bit for bit."""
+    if step_form != "rows-apart":
+        pytest.skip("the CUDA form does not depend on the CPU's flag")
+    model = build_model("llama").to(device)
+    assert choice.batch_step_form(model, torch.device(device))[0] == choice.GRAPH
+    monkeypatch.setenv(DECODE_ENV, "solo")  # the references: the plain loop on a dynamic cache
+    reqs = {}
+    for i, n in enumerate((5, 11, 8, 3, 17, 9, 6, 13)[:rows]):
+        req = _request(n, 60 + i, k=7)
+        req["ids"] = req["ids"].to(device)
+        if i % 2:
+            req["forced"] = [int(t) for t in (torch.arange(7) * 7 + i) % 250]
+        reqs[i] = req
+    out = _together(model, reqs)
+    for i, req in reqs.items():
+        _assert_same(out[i], _solo(model, req))
+        _assert_exact(out[i], _alone(model, req))
     _clean(model)
