@@ -221,7 +221,7 @@ tests)
 embedded)
     # Loads on CUDA: capture = plain generate in float32 and bfloat16, every method in bfloat16, AtMan's no-op.
     run "${STAGE_SECONDS:-90}" pytest-embedded $PY -m pytest -p no:cacheprovider -q -rfEs \
-        tests/explainer/test_embedded.py tests/explainer/test_bf16.py -k "embedded"
+        tests/explainer/models/test_embedded.py tests/explainer/test_bf16.py -k "embedded"
     ;;
 bench)
     long=/tmp/smollm2-135m-32k

@@ -75,7 +75,7 @@ def test_online_cpu_defaults_to_the_small_instruct_model_and_the_vision_model(hu
 
 def test_a_free_cpu_space_fits_both_defaults_and_starts_without_loading_them(hub, monkeypatch):
     """The Hub reachable (mocked) and 16 GB: the default models fit with room to spare, and a page visit loads
-    neither (each loads with its tab's first request). The 2 CPUs' thread count: tests/explainer/test_threads.py."""
+    neither (each loads with its tab's first request). The 2 CPUs' thread count: explainer/runtime/test_threads.py."""
     import torch
 
     from explainer.runtime import fit

@@ -15,7 +15,7 @@ Each value is divided by the unperturbed run's value, integrated with the trapez
 max(F); SRG = AUC_LIF - AUC_MIF. The random baseline uses two independent random orderings in place of MIF and LIF.
 
 How it is computed (equal to running each removal on its own, up to float rounding;
-`tests/explainer/test_faithfulness.py` checks it against a plain loop):
+`tests/explainer/faithfulness/test_faithfulness.py` checks it against a plain loop):
 
 1. One unperturbed pass over prompt + answer gives the baseline values and a KV cache of every position.
 2. Each perturbed run recomputes only the positions from its first removed token on, reusing that cache before it;

@@ -25,7 +25,7 @@ hooks; everything is removed in `finally` and only acts in the calling context. 
 classes, attribute names) live in `ARCHITECTURES`; other model families are refused with `UnsupportedModelError`.
 
 Conservation: the relevance summed over every input position (prompt and earlier generated tokens) approximates the
-explained logit; see `tests/explainer/test_gradient_methods.py` for the measured ratio on tiny random Llama and
+explained logit; see `tests/explainer/methods/test_gradient_methods.py` for the measured ratio on tiny random Llama and
 Qwen2 models.
 """
 

@@ -214,7 +214,7 @@ def test_soft_baseline_shares_the_pass_of_its_rows(tokenizer, routing):
 def test_every_registered_method_on_the_embedded_model_in_bfloat16():
     """`explain --dtype bfloat16` on the embedded model: the tokens of its own bf16 `generate`, and every registered
     method's map finite, float32, of shape (K, N) and not all zero (random aside, each depends on the model). On a GPU
-    this once failed before running: Sources' memory statement refused the request (tests/explainer/test_memory.py)."""
+    this once failed before running: Sources' memory statement refused the request (runtime/test_memory.py)."""
     from explainer.methods import available_methods
 
     bundle = load_model(None, dtype="bfloat16")

@@ -16,7 +16,7 @@ from explainer.faithfulness.common import image_ranked_positions
 from explainer.faithfulness.removal import image_sequence
 from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 

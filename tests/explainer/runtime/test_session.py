@@ -24,7 +24,7 @@ from explainer.faithfulness import (
 from explainer.methods import MACS
 from explainer.runtime.session import CancelToken, check_cancelled, hold, model_lock, run_in_worker
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 PROMPTS = [
     "What is the capital of France?",

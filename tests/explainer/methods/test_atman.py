@@ -17,8 +17,8 @@ from explainer.capture import registered_names
 from explainer.methods.atman import AtMan, AtManConfig, atman_scores
 from explainer.methods.atman.factors import suppression_factors
 
-from ..conftest import BUILDERS, build_model
-from ..reference import reference_suppression_rows, suppressed_eager_attention
+from ...conftest import BUILDERS, build_model
+from ...reference import reference_suppression_rows, suppressed_eager_attention
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 K = 5

@@ -27,8 +27,8 @@ from explainer.methods.base import GenerationRun
 from explainer.methods.grad_ellm import grad_ellm_scores
 from explainer.runtime.session import CancelToken, hold
 
-from ..conftest import BUILDERS, build_model
-from ..reference_gradients import reference_attention_relevance, reference_grad_ellm, reference_input_x_gradient
+from ...conftest import BUILDERS, build_model
+from ...reference_gradients import reference_attention_relevance, reference_grad_ellm, reference_input_x_gradient
 
 N, K = 14, 4
 

@@ -14,8 +14,8 @@ from explainer.methods.atman import AtManConfig, atman_scores
 from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 from explainer.result.image_maps import image_map
 
-from ..reference import reference_suppression_rows, suppressed_eager_attention
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ...reference import reference_suppression_rows, suppressed_eager_attention
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 K = 3

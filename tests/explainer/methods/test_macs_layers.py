@@ -18,8 +18,8 @@ from explainer.methods import MACS, MACSConfig, get_method
 from explainer.result.attribution import load_result, result_json, zscore
 from explainer.runtime.memory import MemoryRequest, ModelShape, request_bytes
 
-from ..conftest import build_model, eager_attentions
-from .test_host_syncs import CountHostReads, reads_per_step
+from ...conftest import build_model, eager_attentions
+from ..test_host_syncs import CountHostReads, reads_per_step
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 KEEP = {"keep_layers": True}
@@ -194,7 +194,7 @@ def test_cli_writes_the_factors_with_macs_layers(tiny_model_dir, tmp_path, capsy
 
 
 def test_image_prompts_keep_the_factors_over_every_input_token():
-    from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+    from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
     tokenizer = make_vl_tokenizer()
     bundle = vl_bundle(build_vl_model(tokenizer), tokenizer)

@@ -23,7 +23,7 @@ from explainer.runtime.precision import (
     precision_meta,
 )
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 COMMANDS = ("explain", "faithfulness", "eval", "bench")
 

@@ -14,7 +14,7 @@ from explainer import InputError, bundle_from_objects, explain
 from explainer.eval.calibrate import fit_weights
 from explainer.methods.calibration import CalibrationWeights, config_fingerprint, find_weights
 
-from ..conftest import TINY_CALIBRATION, build_model, eager_attentions
+from ...conftest import TINY_CALIBRATION, build_model, eager_attentions
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 

@@ -11,8 +11,8 @@ from explainer import EMBEDDED_MODEL, explain, load_model
 from explainer.methods.attnlrp import attnlrp_relevance
 from explainer.methods.base import GenerationRun
 
-from ..conftest import eager_attentions
-from ..reference import reference_macs
+from ...conftest import eager_attentions
+from ...reference import reference_macs
 
 QA = (
     "Answer the question based on the following text. Keep your response short and simple.\n"

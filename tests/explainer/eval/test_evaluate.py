@@ -23,7 +23,7 @@ from explainer.eval.evaluate import (
     summarise,
 )
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 ROWS = [
     {

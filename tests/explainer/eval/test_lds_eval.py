@@ -23,7 +23,7 @@ from explainer.models.loading import ModelBundle
 from explainer.result.segments import sentence_groups
 from explainer.result.steps import last_content_step
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 SHARED_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad2-dev-350.json"
 CONTEXT = (

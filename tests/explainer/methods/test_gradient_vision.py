@@ -20,8 +20,8 @@ from explainer.methods.attnlrp import attnlrp_relevance
 from explainer.methods.base import GenerationRun
 from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 
-from ..conftest import eager
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ...conftest import eager
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 K = 2

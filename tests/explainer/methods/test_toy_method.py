@@ -14,7 +14,7 @@ from explainer import estimate as est
 from explainer.cli import build_parser, main
 from explainer.methods import METHODS, AttributionMethod, GenerationRun, method_choices
 
-from ..conftest import build_model, make_tokenizer
+from ...conftest import build_model, make_tokenizer
 
 
 @dataclass

@@ -9,8 +9,8 @@ import torch
 from explainer import bundle_from_objects, explain
 from explainer.methods import Rollout, RolloutConfig
 
-from ..conftest import BUILDERS, build_model, eager_attentions
-from ..reference import reference_rollout
+from ...conftest import BUILDERS, build_model, eager_attentions
+from ...reference import reference_rollout
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 OPTIONS = [{}, {"head_fusion": "max"}, {"residual": 0.2}, {"residual": 0.0}]

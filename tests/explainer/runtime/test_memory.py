@@ -21,7 +21,7 @@ from explainer.runtime import memory
 from explainer.runtime.kv import MAX_TOKENS_PER_BATCH, TOKENS_PER_BATCH, batch_budget, packed_positions
 from explainer.runtime.memory import MemoryLimitError, MemoryRequest, ModelShape, parse_bytes, request_bytes
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 LONG_PROMPT = " ".join(f"w{i % 9}" for i in range(100))
 

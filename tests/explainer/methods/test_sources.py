@@ -17,8 +17,8 @@ from explainer.methods import GenerationRun
 from explainer.methods.sources import units
 from explainer.result.segments import paragraph_groups
 
-from ..conftest import BUILDERS, build_model
-from ..reference import suppressed_eager_attention
+from ...conftest import BUILDERS, build_model
+from ...reference import suppressed_eager_attention
 from .test_atman import greedy_sequences
 
 PROMPT = (

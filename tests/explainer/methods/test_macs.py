@@ -9,8 +9,8 @@ import torch
 from explainer import bundle_from_objects, explain
 from explainer.methods import MACS, MACSConfig
 
-from ..conftest import eager_attentions
-from ..reference import log_zscore, reference_macs
+from ...conftest import eager_attentions
+from ...reference import log_zscore, reference_macs
 
 PROMPT = "Question: What is the capital of France? Context: Paris is the capital of France."
 
@@ -28,7 +28,7 @@ OPTIONS = [
 @pytest.fixture(scope="module")
 def generations(tokenizer):
     """One generation per tiny model (8 tokens, EOS never produced by these weights is fine either way)."""
-    from ..conftest import BUILDERS, build_model
+    from ...conftest import BUILDERS, build_model
 
     out = {}
     for kind in BUILDERS:

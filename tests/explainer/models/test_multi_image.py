@@ -19,7 +19,7 @@ from explainer.methods import method_choices
 from explainer.models.vision import encode_image_prompt
 from explainer.result.attribution import Attribution
 
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 

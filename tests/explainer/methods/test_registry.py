@@ -11,7 +11,7 @@ from explainer import METHODS, UnknownMethodError, bundle_from_objects, explain,
 from explainer.capture import registered_names
 from explainer.methods import AttributionMethod
 
-from ..conftest import build_model
+from ...conftest import build_model
 
 PROMPT = "What is the capital of France?"
 

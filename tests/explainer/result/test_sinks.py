@@ -20,9 +20,9 @@ from explainer.result.attribution import Attribution, load_result, result_json, 
 from explainer.result.image_maps import image_sinks
 from explainer.result.sinks import SinkConfig, SinkTracker, detect_sinks, leave_out_sinks, sink_positions
 
-from ..conftest import build_model
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
-from .test_host_syncs import reads_per_step
+from ...conftest import build_model
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ..test_host_syncs import reads_per_step
 
 PROMPT = "Paris is the capital of France, and Berlin is the capital of Germany. What is the capital of France?"
 DATA = Path(__file__).parent.parent / "data"
@@ -56,7 +56,7 @@ def attend_to(model: torch.nn.Module, e: torch.Tensor) -> None:
 
 @pytest.fixture(scope="module")
 def tokenizer_():
-    from ..conftest import make_tokenizer
+    from ...conftest import make_tokenizer
 
     return make_tokenizer()
 

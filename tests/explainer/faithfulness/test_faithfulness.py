@@ -22,8 +22,8 @@ from explainer.faithfulness import (
     soft_curves,
 )
 
-from ..conftest import build_model
-from ..reference import removal_reference
+from ...conftest import build_model
+from ...reference import removal_reference
 
 PROMPT = "Question: What is the capital of France? Context: France is a country in Europe."
 

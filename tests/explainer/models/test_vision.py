@@ -20,10 +20,10 @@ from explainer.result.image_maps import image_map
 from explainer.runtime.memory import language_config
 from visuals.overlay import heat_map
 
-from ..conftest import FailingMACS, build_model
-from ..reference import reference_macs
-from ..upload_files import BROKEN, ODD, png_header_only, write
-from ..vl_tiny import MERGE, PATCH, build_vl_model, make_vl_tokenizer, vl_bundle
+from ...conftest import FailingMACS, build_model
+from ...reference import reference_macs
+from ...upload_files import BROKEN, ODD, png_header_only, write
+from ...vl_tiny import MERGE, PATCH, build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 TOL = 1e-5
