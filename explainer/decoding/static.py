@@ -205,7 +205,7 @@ class StaticDecoder:
             torch.cuda.current_stream(device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             try:
-                with torch.cuda.graph(graph):
+                with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other models may run meanwhile
                     self.step()
             except torch.cuda.OutOfMemoryError:
                 raise  # not the graph's fault: the request does not fit

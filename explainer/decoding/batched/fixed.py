@@ -95,7 +95,7 @@ class BatchStep:
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
-            with torch.cuda.graph(graph):
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other models may run meanwhile
                 self._fixed(slots, keep)
         except torch.cuda.OutOfMemoryError:
             raise  # not the graph's fault: the batch does not fit
