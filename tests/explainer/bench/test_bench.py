@@ -87,7 +87,7 @@ def test_shipped_text_is_the_default_and_named_in_the_source(tokenizer):
     header, _, body = raw.partition("\n")
     assert header.startswith("# Source:") and "Licence:" in header and "public domain" in header
     assert 25_000 <= len(raw.encode("utf-8")) <= 40_000 and len(body.split()) > 4_000
-    shipped = Path(__file__).resolve().parents[2] / "explainer" / "data" / "bench_text.txt"
+    shipped = Path(__file__).resolve().parents[3] / "explainer" / "data" / "bench_text.txt"
     assert bench.DEFAULT_TEXT_NAME == "explainer/data/bench_text.txt" and shipped.read_text(encoding="utf-8") == raw
 
     ids, source = prompt_ids(tokenizer, 300)

@@ -11,7 +11,7 @@ import pytest
 
 from explainer.cli import EXIT_USER_ERROR, build_parser, main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_json_output_layout(tiny_model_dir, tmp_path):

@@ -186,7 +186,7 @@ def test_results_of_separate_runs_join_by_sample(tmp_path, capsys):
 
 # --- SQuAD layouts and the squad_v2-dev download (explainer/datasets.py) ---
 
-SHARED_SQUAD = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad2-dev-350.json"
+SHARED_SQUAD = Path(__file__).resolve().parents[4] / "shared" / "data" / "squad2-dev-350.json"
 
 
 def _official(rows: list[dict] = ROWS, impossible: int = 1) -> dict:

@@ -25,7 +25,7 @@ from explainer.result.steps import last_content_step
 
 from ...conftest import build_model
 
-SHARED_DEV = Path(__file__).resolve().parents[3] / "shared" / "data" / "squad2-dev-350.json"
+SHARED_DEV = Path(__file__).resolve().parents[4] / "shared" / "data" / "squad2-dev-350.json"
 CONTEXT = (
     "Paris is the capital of France. Berlin is the capital of Germany. The quick brown fox jumps over the lazy dog. "
     "Numbers 0123456789 and punctuation."

@@ -15,7 +15,7 @@ from explainer.cli import EXIT_USER_ERROR, main
 from explainer.errors import InputError
 from explainer.eval.parallel import Rank, rank_from_env, rank_path, results_files, shard
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FACTS = [
     ("What is the capital of France?", "Paris is the capital of France, Berlin that of Germany.", "Paris"),
     ("Which dog is lazy?", "The quick brown fox jumps over the lazy dog.", "the lazy dog"),

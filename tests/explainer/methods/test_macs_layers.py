@@ -172,7 +172,7 @@ def test_malformed_factors_are_refused_naming_the_field(bundles, broken):
 def test_old_files_still_open_without_factors():
     from pathlib import Path
 
-    for path in sorted((Path(__file__).resolve().parents[1] / "data").glob("result-v0-*.json")):
+    for path in sorted((Path(__file__).resolve().parents[2] / "data").glob("result-v0-*.json")):
         attr = load_result(path)
         assert attr.methods and all(s.layers is None for s in attr.methods.values())
 

@@ -14,7 +14,7 @@ from explainer.errors import InputError
 from explainer.result.attribution import Attribution, load_result, result_json
 from explainer.result.schema import FORMAT_VERSION
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 OLD_FILES = {"cli": ("result-v0-cli.json", {"macs", "random"}), "app": ("result-v0-app.json", {"macs", "rollout"})}
 
 

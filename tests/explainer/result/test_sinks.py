@@ -25,7 +25,7 @@ from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 from ..test_host_syncs import reads_per_step
 
 PROMPT = "Paris is the capital of France, and Berlin is the capital of Germany. What is the capital of France?"
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 def plant_sink(model: torch.nn.Module, token_id: int, scale: float = 1000.0) -> None:

@@ -13,7 +13,7 @@ import pytest
 
 from explainer.runtime import malloc
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # Four threads allocate and free tensors; then glibc reports its arenas (one <heap> element each).
 ARENAS = """
