@@ -13,6 +13,8 @@ one full forward of batch 2 with the bias on the answer's queries only. The refe
 with the image's columns masked for the answer's queries (tests/explainer/test_reliance.py).
 
 Cost: the vision tower once (the merged embeddings), the prompt's N - 1 positions once, and 2K positions.
+`knockout_logprobs` is the same knockout for any number of rows, each hiding its own positions (the calibration of
+`macs_calibrated` hides image regions so: `eval/calibrate.py`).
 """
 
 from __future__ import annotations
