@@ -49,7 +49,7 @@ def calibration_note(image: bool = False) -> str:
     known = models.calibrated(vision=image)
     if known is None or known[1]:
         return ""
-    command = markdown_code(f"python -m {calibrate_command(known[0])}")
+    command = markdown_code(f"python -m {calibrate_command(known[0], images=image)}")
     return f"*MACS (calibrated)* needs weights for this model: make them with {command}, then reload the page."
 
 

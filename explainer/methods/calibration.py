@@ -106,9 +106,17 @@ class CalibrationWeights:
                    dict(data.get("fit") or {}))  # fmt: skip
 
 
-def calibrate_command(model_name: str) -> str:
-    """The command that makes weights for a model (what the missing-weights message shows)."""
-    return f"explainer calibrate --model {model_name} --data squad_v2-train"
+def calibrate_command(model_name: str, images: bool = False) -> str:
+    """The command that makes weights for a model (what the missing-weights message shows): on SQuAD 2.0 train, or
+    with `images` (a vision-language model) on a folder of the user's images."""
+    data = "--images FOLDER" if images else "--data squad_v2-train"
+    return f"explainer calibrate --model {model_name} {data}"
+
+
+def is_vision_model(model: torch.nn.Module | Any) -> bool:
+    """Whether a model (or configuration) has a vision tower: its weights are then fitted on images."""
+    config = model.config if isinstance(model, torch.nn.Module) else model
+    return getattr(config, "vision_config", None) is not None
 
 
 def _weights_file(fingerprint: str) -> Path | Traversable | None:
@@ -164,9 +172,11 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
     else:
         existing = _weights_file(fingerprint)
         if existing is None:
+            images = is_vision_model(model)
+            data = "your images, each asked --question" if images else "SQuAD 2.0 train, downloaded once, or a file"
             raise InputError(
                 f"macs_calibrated has no weights for {name} (config fingerprint {fingerprint}). Make them with: "
-                f"{calibrate_command(name)} (SQuAD 2.0 train, downloaded once; or a local SQuAD file); "
+                f"{calibrate_command(name, images)} ({data}); "
                 f"they are written to {user_dir()} (or the folder $EXPLAINER_CALIBRATION names) and found there."
             )
         found = CalibrationWeights.load(existing)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from explainer import explain
+from explainer import InputError, explain
 from explainer.eval import calibrate as calibrate_module
 from explainer.eval.calibrate import CalibrateConfig, calibrate, collect_image_row, fit_weights, image_regions
 from explainer.methods.calibration import CalibrationWeights, config_fingerprint, find_weights
@@ -59,6 +59,12 @@ def test_weights_of_one_give_macs_ranking_exactly_on_an_image_prompt(bundle, wei
             np.argsort(-macs.raw[k], kind="stable").tolist() == np.argsort(-calibrated.raw[k], kind="stable").tolist()
         )
     assert attr.reliance is not None and set(attr.reliance.image_share) == {"macs", "macs_calibrated"}
+
+
+def test_a_vision_model_without_weights_is_told_to_calibrate_on_images(bundle, tmp_path, monkeypatch):
+    monkeypatch.setenv("EXPLAINER_CALIBRATION", str(tmp_path))  # an empty folder
+    with pytest.raises(InputError, match=r"no weights for .*Make them with: explainer calibrate --model .* --images "):
+        explain(bundle, QUESTION, image=_image(), methods=["macs_calibrated"], max_new_tokens=2)
 
 
 def test_image_regions_partition_each_images_token_grid():

@@ -149,7 +149,7 @@ def test_the_image_tab_offers_it_by_the_vision_models_weights(text_model, tmp_pa
     text_model(None, str(folder))
     view = options.offer_image_methods(["macs", "macs_calibrated"])
     assert options.CALIBRATED not in view.methods["choices"] and view.methods["value"] == ["macs"]
-    assert f"--model {folder} " in view.methods_note["value"]
+    assert f"`python -m explainer calibrate --model {folder} --images FOLDER`" in view.methods_note["value"]
     fingerprint = config_fingerprint(vl_config(make_vl_tokenizer()))
     CalibrationWeights(fingerprint, "tiny-vl", [1.0] * 3).save(tmp_path / "weights" / f"{fingerprint}.json")
     assert options.CALIBRATED in options.offer_image_methods([]).methods["choices"]
