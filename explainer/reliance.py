@@ -13,6 +13,8 @@ one full forward of batch 2 with the bias on the answer's queries only. The refe
 with the image's columns masked for the answer's queries (tests/explainer/test_reliance.py).
 
 Cost: the vision tower once (the merged embeddings), the prompt's N - 1 positions once, and 2K positions.
+`knockout_logprobs` is the same knockout for any number of rows, each hiding its own positions (the calibration of
+`macs_calibrated` hides image regions so: `eval/calibrate.py`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,6 @@ from .runtime.memory import language_config
 from .runtime.session import check_cancelled, hold
 
 
-@torch.inference_mode()
 def image_knockout(
     model: torch.nn.Module,
     input_ids: torch.Tensor,
@@ -65,37 +66,69 @@ def image_knockout(
     Raises:
         UnsupportedModelError: the model's attention cannot be edited.
     """
-    n, t = num_prompt_tokens, input_ids.shape[1]
+    rows = np.zeros((2, num_prompt_tokens), dtype=bool)  # (2, N): row 0 hides nothing
+    rows[1, list(hidden)] = True
+    both = knockout_logprobs(model, input_ids, num_prompt_tokens, rows, extra_inputs, batch_size=2)
+    return both[0], both[1]
+
+
+@torch.inference_mode()
+def knockout_logprobs(
+    model: torch.nn.Module,
+    input_ids: torch.Tensor,
+    num_prompt_tokens: int,
+    hidden: np.ndarray,
+    extra_inputs: dict[str, Any] | None = None,
+    batch_size: int = 8,
+) -> np.ndarray:
+    """The answer's token log-probabilities with each row's hidden prompt positions hidden from the queries that
+    predict the answer (`image_knockout`'s knockout, one row per ablation: `calibrate` hides image regions so).
+
+    Args:
+        input_ids: (1, N + K) prompt and answer; extra_inputs: as `image_knockout`'s.
+        hidden: (R, N) bool, True = hidden from the answer; a row hiding nothing is the unperturbed run.
+        batch_size: most rows per forward, each over the K answer positions after the prompt's shared cache.
+
+    Returns:
+        (R, K) float32 log-probabilities.
+
+    Raises:
+        UnsupportedModelError: the model's attention cannot be edited.
+    """
+    n, t, r = num_prompt_tokens, input_ids.shape[1], hidden.shape[0]
     k, start = t - n, n - 1  # the answer's first token is predicted at position N - 1
-    if k <= 0:
-        return np.zeros(0, np.float32), np.zeros(0, np.float32)
+    if k <= 0 or r == 0:
+        return np.zeros((r, max(k, 0)), np.float32)
+    out = []
     with hold(model):
         seq = SequenceInputs.of(model, input_ids, extra_inputs)  # ids, or (1, T, d) embeddings and 3D positions
-        bias = torch.zeros(2, t - 1, dtype=torch.float32, device=input_ids.device)  # (2, T - 1): row 0 hides nothing
-        bias[1, list(hidden)] = MASK_BIAS
+        bias = torch.zeros(r, t - 1, dtype=torch.float32, device=input_ids.device)  # (R, T - 1)
+        bias[:, :n][torch.as_tensor(hidden, device=input_ids.device)] = MASK_BIAS
+        targets = input_ids[0, n:]  # (K,)
         with attention_suppression(model) as state:
             cache = DynamicCache()  # no config: every layer keeps all positions, sliding ones included
             if start:
                 model(**seq.inputs(0, start, 1), past_key_values=cache, use_cache=True,
                       logits_to_keep=1)  # fmt: skip
-            state.bias = bias
-            if start and reusable(cache, start):
-                out = model(**seq.inputs(start, t - 1, 2), use_cache=True,
-                            past_key_values=prefix_cache(cache, start, 2), logits_to_keep=k)  # fmt: skip
-            else:  # nothing to reuse: the whole sequence, the bias on the answer's queries only
-                state.from_query = start
-                out = model(**seq.inputs(0, t - 1, 2), use_cache=False, logits_to_keep=k)
-            if state.calls == 0:
-                raise UnsupportedModelError(
-                    "No attention layer of this model uses transformers' AttentionInterface, so the image cannot be "
-                    "hidden from the answer: run it with reliance=False."
-                )
-        logp = torch.log_softmax(out.logits.float(), dim=-1)  # (2, K, V)
-        targets = input_ids[0, n:].to(logp.device)  # (K,)
-        picked = logp.gather(-1, targets.view(1, -1, 1).expand(2, -1, 1))[..., 0]  # (2, K)
-        check_cancelled()
-    both = to_numpy(picked)
-    return both[0].astype(np.float32), both[1].astype(np.float32)
+            for lo in range(0, r, batch_size):
+                state.bias = bias[lo : lo + batch_size]  # (B, T - 1)
+                b = state.bias.shape[0]
+                if start and reusable(cache, start):
+                    logits = model(**seq.inputs(start, t - 1, b), use_cache=True, logits_to_keep=k,
+                                   past_key_values=prefix_cache(cache, start, b)).logits  # fmt: skip
+                else:  # nothing to reuse: the whole sequence, the bias on the answer's queries only
+                    state.from_query = start
+                    logits = model(**seq.inputs(0, t - 1, b), use_cache=False, logits_to_keep=k).logits
+                if state.calls == 0:
+                    raise UnsupportedModelError(
+                        "No attention layer of this model uses transformers' AttentionInterface, so the image cannot "
+                        "be hidden from the answer: run it with reliance=False."
+                    )
+                logp = torch.log_softmax(logits.float(), dim=-1)  # (B, K, V)
+                picked = logp.gather(-1, targets.to(logp.device).view(1, -1, 1).expand(b, -1, 1))[..., 0]  # (B, K)
+                out.append(to_numpy(picked).astype(np.float32))
+                check_cancelled()
+    return np.concatenate(out)
 
 
 def measure_reliance(

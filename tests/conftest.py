@@ -205,14 +205,17 @@ TINY_CALIBRATION = (0.5, 1.0, 1.5)  # macs_calibrated's layer weights for every 
 
 @pytest.fixture(scope="session", autouse=True)
 def tiny_calibration(tmp_path_factory):
-    """A user calibration folder ($EXPLAINER_CALIBRATION) with weights for the tiny models of BUILDERS (their default
-    configs), so that macs_calibrated runs through every test parametrised over the registry; a model built with
-    other settings has none. Yields the folder."""
+    """A user calibration folder ($EXPLAINER_CALIBRATION) with weights for the tiny models of BUILDERS and the tiny
+    Qwen2.5-VL (their default configs), so that macs_calibrated runs through every test parametrised over the
+    registry, image prompts included; a model built with other settings has none. Yields the folder."""
     from explainer.methods.calibration import CalibrationWeights, config_fingerprint
 
+    from .vl_tiny import make_vl_tokenizer, vl_config  # it imports this module: here, not at the top
+
     folder = tmp_path_factory.mktemp("calibration")
-    for kind in BUILDERS:
-        fingerprint = config_fingerprint(build_model(kind))
+    configs = {kind: build_model(kind).config for kind in BUILDERS} | {"qwen2.5-vl": vl_config(make_vl_tokenizer())}
+    for kind, config in configs.items():
+        fingerprint = config_fingerprint(config)
         CalibrationWeights(fingerprint, kind, list(TINY_CALIBRATION), {"data": "tests"}).save(
             folder / f"{fingerprint}.json"
         )

@@ -28,7 +28,7 @@ from . import examples, gpu_time, inputs, models, reliance, uploads
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components, settle
-from .options import method_choices
+from .options import method_choices, offer_image_methods
 from .page import VIEWS_CLASS, busy_on_click, ready_after
 from .requests import image_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
@@ -263,6 +263,7 @@ def _question_column(c: Components) -> None:
 def _settings_column(c: Components) -> None:
     choices, default_methods = method_choices(image=True)
     c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+    c["methods_note"] = gr.Markdown(visible=False)  # how to make macs_calibrated's weights, for a model without them
     c["opacity"] = gr.Slider(0, 1, value=0.5, step=0.05, label="Overlay opacity")
     c["contour"] = gr.Checkbox(True, label=f"Outline the top {CONTOUR_TOP_PERCENT}% of the image")
     c["max_new"] = gr.Slider(
@@ -319,6 +320,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     """Wire the image tab's events (its controls shown on the first page view when there is a vision-language
     model); `option_widgets` are the "Method options" widgets."""
     blocks.load(**c.bind(shown_controls, ("body",)), api_name="image_controls", queue=False, show_progress="hidden")
+    blocks.load(
+        **c.bind(offer_image_methods, ("methods", "methods_note")), inputs=c("methods"), api_name="offer_image_methods",
+        show_progress="hidden",
+    )  # fmt: skip
     asked = c(
         "image",
         "question_box",

@@ -21,6 +21,7 @@ import threading
 
 from explainer import load_model
 from explainer.errors import ExplainerError, InputError, ModelLoadError
+from explainer.methods import calibration
 from explainer.models.loading import (
     EMBEDDED_MODEL,
     HUB_VISION_MODEL,
@@ -177,6 +178,29 @@ def model_info() -> str:
         return f"**Model:** {markdown_code(model_id or EMBEDDED_MODEL)} · loads with the first request"
     name = markdown_code(bundle.name)
     return f"**Model:** {name}{markdown_text(_precision(bundle))} · prompts up to {bundle.max_prompt_tokens} tokens"
+
+
+@functools.cache
+def _config(model_id: str | None):
+    """A model's configuration, read once without its weights (`calibration.model_config`)."""
+    return calibration.model_config(model_id)
+
+
+def calibrated(vision: bool = False) -> tuple[str, bool] | None:
+    """(the text or vision-language model's name, whether `macs_calibrated` has weights for it), from the loaded
+    model, else from its configuration (a page visit loads no model); None when there is no such model or its
+    configuration cannot be read (a request then says why)."""
+    text, vlm = model_ids()
+    if vision and vlm is None:
+        return None
+    model_id = vlm if vision else text
+    bundle = _bundles.get(model_id)
+    model = getattr(bundle, "model", None)
+    try:
+        source = model if hasattr(model, "config") else _config(model_id)
+    except ExplainerError:
+        return None
+    return model_id or EMBEDDED_MODEL, calibration.available(source)
 
 
 def vlm_configured() -> bool:

@@ -3,6 +3,7 @@ options both tabs share."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gradio as gr
@@ -10,7 +11,14 @@ import gradio as gr
 from explainer import METHODS, available_methods
 from explainer.methods import method_choices as registered_methods
 from explainer.methods import method_options
+from explainer.methods.calibration import calibrate_command
 
+from . import models
+from .errors import user_errors
+from .events import KEEP
+from .markup import markdown_code
+
+CALIBRATED = "macs_calibrated"  # offered only for a model with weights (`models.calibrated`)
 DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates
 # Options the app sets otherwise than the library: MACS keeps its layer factors for the "MACS by layer" view
 APP_DEFAULTS = {("macs", "keep_layers"): True}
@@ -27,6 +35,51 @@ def method_choices(image: bool = False) -> tuple[list[str], list[str]]:
     choices = registered_methods()
     default = [m for m in DEFAULT_METHODS if m in choices and (not image or explains_images(m))]
     return choices, default or choices[:1]
+
+
+def offered_choices(image: bool = False) -> list[str]:
+    """The methods offered for the model: `method_choices`, without `macs_calibrated` when it has no weights."""
+    known = models.calibrated(vision=image)
+    choices = method_choices(image)[0]
+    return [m for m in choices if m != CALIBRATED or known is None or known[1]]
+
+
+def calibration_note(image: bool = False) -> str:
+    """One Markdown line for a model without `macs_calibrated` weights: the command that makes them; else ""."""
+    known = models.calibrated(vision=image)
+    if known is None or known[1]:
+        return ""
+    command = markdown_code(f"python -m {calibrate_command(known[0], images=image)}")
+    return f"*MACS (calibrated)* needs weights for this model: make them with {command}, then reload the page."
+
+
+@dataclass
+class MethodsView:
+    """The methods box and its note, as both tabs name them."""
+
+    methods: Any = KEEP  # the methods checkbox: its choices and ticks
+    methods_note: Any = KEEP  # the calibration note under it (Markdown, hidden when empty)
+
+
+def _offer(methods: list[str] | None, image: bool) -> MethodsView:
+    if models.calibrated(vision=image) is None:  # no such model, or not known yet: the box stays as it is
+        return MethodsView()
+    choices = offered_choices(image)
+    ticked = [m for m in methods or [] if m in choices]
+    note = calibration_note(image)
+    return MethodsView(gr.update(choices=choices, value=ticked), gr.update(value=note, visible=bool(note)))
+
+
+@user_errors
+def offer_methods(methods: list[str] | None) -> MethodsView:
+    """On a page view: the text tab's methods for its model (no `macs_calibrated` without weights, and why)."""
+    return _offer(methods, False)
+
+
+@user_errors
+def offer_image_methods(methods: list[str] | None) -> MethodsView:
+    """On a page view: the image tab's methods for the vision-language model, as `offer_methods`."""
+    return _offer(methods, True)
 
 
 def option_keys() -> list[tuple[str, str]]:

@@ -19,7 +19,7 @@ import gradio as gr
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
-from . import examples, inputs, models
+from . import examples, inputs, models, options
 from .errors import user_errors
 from .events import KEEP, Components
 from .page import SCROLL_TO_STEP_JS
@@ -91,6 +91,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, text: Components) ->
     asked = text("methods", "show_all", "span", "granularity")
     shown = blocks.load(**text.bind(first_view, EXAMPLE), inputs=asked, api_name="first_view")
     shown.then(models.model_info, outputs=text["model"], api_name="model_info")
+    shown.then(
+        **text.bind(options.offer_methods, ("methods", "methods_note")), inputs=text("methods"),
+        api_name="offer_methods", show_progress="hidden",
+    )  # fmt: skip
     shown.then(  # a link to a step brings that step's views into the window (only a scroll, in the browser)
         None, js=SCROLL_TO_STEP_JS, api_name="scroll_to_step", api_visibility="private", queue=False,
         show_progress="hidden",

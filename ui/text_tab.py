@@ -28,7 +28,7 @@ from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components, settle
 from .markup import markdown_text
-from .options import method_choices
+from .options import method_choices, offered_choices
 from .page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
 from .requests import text_request
 from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
@@ -234,7 +234,7 @@ def open_saved(upload: Any, show_all: bool, span: bool, granularity: str) -> Tex
         return TextView()
     path = uploaded_path(upload)
     attr = load_result(path)
-    choices, _ = method_choices()
+    choices = offered_choices()
     methods = list(attr.methods)
     box = gr.update(choices=choices + [m for m in methods if m not in choices], value=methods)
     given = " of a given answer (teacher-forced)" if attr.meta.get("answer") == "given" else ""
@@ -328,6 +328,7 @@ def _controls(c: Components) -> None:
     c["examples"] = examples.create_ui(examples.examples(), c["prompt"])
     choices, default_methods = method_choices()
     c["methods"] = gr.CheckboxGroup(choices, value=default_methods, label="Attribution methods")
+    c["methods_note"] = gr.Markdown(visible=False)  # how to make macs_calibrated's weights, for a model without them
     c["estimate"] = gr.Markdown(estimates.HINT)
     c["max_new"] = gr.Slider(
         *inputs.NEW_TOKENS, value=64, step=1, label="Max new tokens", info="A given answer raises it to fit."

@@ -14,6 +14,11 @@ minus the Pearson correlation over the masks between the measured values and the
    the sum over its tokens and the answer's steps (as `lds.source_scores`), a mask's prediction the sum of its kept
    sentences' scores. Loss: minus the mean over rows of the Pearson correlation of prediction and the response's
    log-probability, plus `l2` x mean (w_l - 1)^2 (0.1), which keeps a fit on few rows near MACS (w = 1); L-BFGS.
+
+Image prompts (`collect_image_row`): the sources are the image's regions (its grid of merged image tokens cut into at
+most `image_cells` x `image_cells` rectangles, `image_regions`) and the question's sentences; a mask's sources are
+hidden from the queries that predict the answer, as the reliance knockout hides the image (`reliance.
+knockout_logprobs`: removing image tokens would change the image's layout), and the fit is the same.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import hashlib
 import json
 import time
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +39,8 @@ from ..errors import InputError
 from ..explain import explain
 from ..methods.calibration import CalibrationWeights, config_fingerprint
 from ..methods.macs import MACSConfig
+from ..models.vision import encode_image_prompt, full_sequence_inputs
+from ..reliance import knockout_logprobs
 from ..result.segments import sentence_groups
 from ..result.steps import last_content_step
 from ..runtime.host import to_numpy
@@ -52,10 +59,12 @@ class CalibrateConfig:
     # 10 training rows: LDS 0.582 / 0.608 / 0.594 / 0.578 at 0.01 / 0.1 / 1 / 10, MACS 0.570)
     iterations: int = 100  # L-BFGS iterations
     batch_size: int = 0  # most removal runs per forward; 0: from the device
+    image_cells: int = 4  # image prompts: each image's token grid cut into at most 4 x 4 regions, the image's sources
 
     def cache_key(self, fingerprint: str) -> str:
         """What the cached rows depend on (not the fit's own settings): the model, the masks and MACS's settings."""
-        facts = [fingerprint, self.max_new_tokens, self.masks, self.keep, self.seed, asdict(MACSConfig())]
+        facts = [fingerprint, self.max_new_tokens, self.masks, self.keep, self.seed, asdict(MACSConfig()),
+                 self.image_cells]  # fmt: skip
         return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -79,25 +88,79 @@ def collect_row(bundle, row: dict[str, Any], cfg: CalibrateConfig) -> dict[str, 
     if attr.num_steps == 0 or len(sentences) < 2:
         raise InputError(f"Row {row['id']!r}: no answer, or fewer than 2 context sentences to ablate.")
     k = last_content_step(attr) + 1  # the response: content tokens, no trailing end-of-sequence token
-    flat = [p for s in sentences for p in s]
-    source = np.concatenate([np.full(len(s), i) for i, s in enumerate(sentences)])  # (P,)
-    features = np.log(attr.methods["macs"].layers[:k][:, :, flat])  # (K, L, P)
-    masks = ablation_masks(len(sentences), cfg.masks, cfg.keep, [cfg.seed, zlib.crc32(str(row["id"]).encode())])
-    keep = np.ones((len(masks), attr.num_prompt_tokens), dtype=bool)  # (M, N)
-    for i, mask in enumerate(masks):
-        keep[i, [p for s, kept in zip(sentences, mask) if not kept for p in s]] = False
+    masks, dropped = _masks(row, sentences, attr.num_prompt_tokens, cfg)
     device = bundle.device
     logp = response_logprobs(
         bundle.model, torch.as_tensor(attr.prompt_token_ids, device=device),
-        torch.as_tensor(attr.generated_token_ids[:k], device=device), torch.as_tensor(keep, device=device),
+        torch.as_tensor(attr.generated_token_ids[:k], device=device), torch.as_tensor(~dropped, device=device),
         cfg.batch_size,
     )  # fmt: skip  # (M, K)
+    return _example(attr, sentences, k, masks, logp, t0)
+
+
+def _masks(row: dict[str, Any], sources: list[list[int]], n: int, cfg: CalibrateConfig) -> tuple[np.ndarray, ...]:
+    """((M, S) bool kept sources, seeded by the row's id; (M, N) bool prompt positions of the dropped ones)."""
+    masks = ablation_masks(len(sources), cfg.masks, cfg.keep, [cfg.seed, zlib.crc32(str(row["id"]).encode())])
+    dropped = np.zeros((len(masks), n), dtype=bool)  # (M, N)
+    for i, mask in enumerate(masks):
+        dropped[i, [p for s, kept in zip(sources, mask) if not kept for p in s]] = True
+    return masks, dropped
+
+
+def _example(attr, sources: list[list[int]], k: int, masks: np.ndarray, logp: np.ndarray, t0: float) -> dict:
+    """A row's arrays (`collect_row`'s Returns) from MACS's kept layer factors and the masks' (M, K) log-probs."""
+    flat = [p for s in sources for p in s]
+    source = np.concatenate([np.full(len(s), i) for i, s in enumerate(sources)])  # (P,)
+    features = np.log(attr.methods["macs"].layers[:k][:, :, flat])  # (K, L, P)
     return {"features": features.astype(np.float32), "source": source, "masks": masks,
             "actual": logp.sum(axis=1).astype(np.float64), "seconds": np.float64(time.perf_counter() - t0)}  # fmt: skip
 
 
-def collect(bundle, rows: list[dict[str, Any]], cfg: CalibrateConfig, cache: Path, progress: bool = True) -> dict:
-    """Every row's arrays (`collect_row`), read from `cache` when measured before and written there when not.
+def image_regions(image: dict[str, Any], cells: int) -> list[list[int]]:
+    """The image sources of an image prompt (`Attribution.image`): each image's (h, w) grid of merged tokens cut into
+    at most `cells` x `cells` rectangles, row-major, as lists of prompt positions."""
+    regions = []
+    for one in image.get("images") or [image]:
+        h, w = one["grid"]
+        grid = np.asarray(one["token_positions"]).reshape(h, w)  # (h, w) prompt positions
+        for rows in np.array_split(np.arange(h), min(cells, h)):
+            for cols in np.array_split(np.arange(w), min(cells, w)):
+                regions.append(grid[np.ix_(rows, cols)].ravel().tolist())
+    return regions
+
+
+def collect_image_row(bundle, row: dict[str, Any], cfg: CalibrateConfig) -> dict[str, np.ndarray]:
+    """One image training row ({"id", "image": a path or PIL image, "question"}): as `collect_row`, with the image's
+    regions (`image_regions`) and the question's sentences as the sources, hidden from the answer's queries under each
+    mask (`reliance.knockout_logprobs`).
+
+    Raises:
+        InputError: no answer, or fewer than 2 sources.
+    """
+    t0 = time.perf_counter()
+    question, image = row["question"], row["image"]
+    attr = explain(bundle, question, image=image, methods=["macs"], max_new_tokens=cfg.max_new_tokens,
+                   method_options={"macs": {"keep_layers": True}}, reliance=False)  # fmt: skip
+    shown = set(attr.image_token_positions)
+    text = [p for p in attr.user_positions if p not in shown]
+    sentences = [list(g.positions) for g in sentence_groups(attr.prompt_tokens, text) if g.kind == "sentence"]
+    sources = image_regions(attr.image, cfg.image_cells) + sentences
+    if attr.num_steps == 0 or len(sources) < 2:
+        raise InputError(f"Row {row['id']!r}: no answer, or fewer than 2 sources to ablate.")
+    k = last_content_step(attr) + 1
+    masks, dropped = _masks(row, sources, attr.num_prompt_tokens, cfg)
+    extra = full_sequence_inputs(encode_image_prompt(bundle, image, question).prefill_inputs, k)
+    ids = torch.as_tensor([attr.prompt_token_ids + attr.generated_token_ids[:k]], device=bundle.device)  # (1, N + K)
+    logp = knockout_logprobs(bundle.model, ids, attr.num_prompt_tokens, dropped, extra, cfg.batch_size or 8)  # (M, K)
+    return _example(attr, sources, k, masks, logp, t0)
+
+
+def collect(
+    bundle, rows: list[dict[str, Any]], cfg: CalibrateConfig, cache: Path, progress: bool = True,
+    measure: Callable[..., dict[str, np.ndarray]] | None = None,
+) -> dict:  # fmt: skip
+    """Every row's arrays (`measure`: `collect_row`, or `collect_image_row` for image rows), read from `cache` when
+    measured before and written there when not.
 
     Returns:
         {"examples": [arrays], "row_ids": [ids used], "skipped": [ids without an answer or two sentences],
@@ -113,7 +176,7 @@ def collect(bundle, rows: list[dict[str, Any]], cfg: CalibrateConfig, cache: Pat
             data = dict(np.load(path))
         else:
             try:
-                data = collect_row(bundle, row, cfg)
+                data = (measure or collect_row)(bundle, row, cfg)
             except InputError:
                 data = {"skipped": np.bool_(True)}
             np.savez(path, **data)
@@ -191,18 +254,22 @@ def fit_weights(examples: list[dict[str, np.ndarray]], l2: float = 0.1, iteratio
 
 
 def calibrate(
-    bundle, rows: list[dict[str, Any]], cfg: CalibrateConfig, cache: Path, data_label: str, progress: bool = True
-) -> CalibrationWeights:
+    bundle, rows: list[dict[str, Any]], cfg: CalibrateConfig, cache: Path, data_label: str, progress: bool = True,
+    images: bool = False,
+) -> CalibrationWeights:  # fmt: skip
     """Measure (or read from `cache`) every row's ablations, fit the weights, and return them with how they were made.
 
     Args:
         data_label: what the rows are, for people reading the file (the --data value, offset and limit).
+        images: the rows are image questions ({"id", "image", "question"}, `collect_image_row`), else SQuAD rows.
     """
     fingerprint = config_fingerprint(bundle.model)
-    collected = collect(bundle, rows, cfg, cache / f"{fingerprint}-{cfg.cache_key(fingerprint)}", progress)
+    folder = cache / f"{fingerprint}-{cfg.cache_key(fingerprint)}{'-images' if images else ''}"
+    collected = collect(bundle, rows, cfg, folder, progress, collect_image_row if images else None)
     fit = fit_weights(collected["examples"], cfg.l2, cfg.iterations)
     info = {
-        "data": data_label, "row_ids": collected["row_ids"], "rows_skipped": collected["skipped"],
+        "data": data_label, "sources": "image regions and question sentences, hidden from the answer" if images
+        else "context sentences, removed", "row_ids": collected["row_ids"], "rows_skipped": collected["skipped"],
         "objective": "AT2: -mean Pearson over each row's ablation masks of predicted vs measured log p(response), "
                      f"+ {cfg.l2} x mean (w - 1)^2",
         "pearson_train_macs": fit["pearson_macs"], "pearson_train": fit["pearson"], "rows_fitted": fit["rows"],

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoConfig
 
-from ..errors import InputError
-from ..models.loading import cache_root
+from ..errors import InputError, ModelLoadError
+from ..models.loading import EMBEDDED_MODEL, cache_root, embedded_folder, embedded_gguf_path
 from ..runtime.memory import language_config
 
 FORMAT = "macs-calibration/1"
@@ -37,9 +38,18 @@ FINGERPRINT_KEYS = (
 )  # fmt: skip
 
 
-def config_fingerprint(model: torch.nn.Module) -> str:
-    """16 hex digits of the SHA-256 of the language model's architecture facts (`FINGERPRINT_KEYS`)."""
-    config = language_config(model)
+def _text_config(model: torch.nn.Module | Any) -> Any:
+    """The language model's configuration of a model, or of a configuration (a VLM's text part)."""
+    if isinstance(model, torch.nn.Module):
+        return language_config(model)
+    text = model.get_text_config() if hasattr(model, "get_text_config") else model
+    return text if text is not None else model
+
+
+def config_fingerprint(model: torch.nn.Module | Any) -> str:
+    """16 hex digits of the SHA-256 of the language model's architecture facts (`FINGERPRINT_KEYS`), from the model
+    or its configuration (`model_config`): the same for both."""
+    config = _text_config(model)
     facts = {key: getattr(config, key, None) for key in FINGERPRINT_KEYS}
     text = json.dumps(facts, sort_keys=True, default=str)
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
@@ -96,9 +106,49 @@ class CalibrationWeights:
                    dict(data.get("fit") or {}))  # fmt: skip
 
 
-def calibrate_command(model_name: str) -> str:
-    """The command that makes weights for a model (what the missing-weights message shows)."""
-    return f"explainer calibrate --model {model_name} --data squad_v2-train"
+def calibrate_command(model_name: str, images: bool = False) -> str:
+    """The command that makes weights for a model (what the missing-weights message shows): on SQuAD 2.0 train, or
+    with `images` (a vision-language model) on a folder of the user's images."""
+    data = "--images FOLDER" if images else "--data squad_v2-train"
+    return f"explainer calibrate --model {model_name} {data}"
+
+
+def is_vision_model(model: torch.nn.Module | Any) -> bool:
+    """Whether a model (or configuration) has a vision tower: its weights are then fitted on images."""
+    config = model.config if isinstance(model, torch.nn.Module) else model
+    return getattr(config, "vision_config", None) is not None
+
+
+def _weights_file(fingerprint: str) -> Path | Traversable | None:
+    """The weights file of a fingerprint: shipped, else in the user's folder; None if neither has one."""
+    candidates = [SHIPPED_DIR.joinpath(f"{fingerprint}.json"), user_dir() / f"{fingerprint}.json"]
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def available(model: torch.nn.Module | Any) -> bool:
+    """Whether weights for this model (or configuration, `model_config`) exist, shipped or in the user's folder: what
+    a front end reads to offer `macs_calibrated` (the file itself is checked when a request runs)."""
+    return _weights_file(config_fingerprint(model)) is not None
+
+
+def model_config(name_or_path: str | None) -> Any:
+    """A model's configuration, read without its weights, for `available` before the model is loaded: a folder's or
+    a Hub id's config.json; the embedded model's (None) from its converted copy, else from the GGUF's metadata (a few
+    seconds).
+
+    Raises:
+        ModelLoadError: no such model, or its configuration cannot be read.
+    """
+    name = name_or_path or EMBEDDED_MODEL
+    try:
+        if name not in (EMBEDDED_MODEL, "embedded", "default"):
+            return AutoConfig.from_pretrained(name, trust_remote_code=False)
+        gguf = embedded_gguf_path()
+        if (embedded_folder(gguf) / "config.json").is_file():
+            return AutoConfig.from_pretrained(str(embedded_folder(gguf)))
+        return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"Could not read the configuration of model {name!r}: {e}") from e
 
 
 def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: str | None = None) -> CalibrationWeights:
@@ -120,15 +170,16 @@ def find_weights(model: torch.nn.Module, path: str | Path | None = None, name: s
                 f"{calibrate_command(name)}"
             )
     else:
-        candidates = [SHIPPED_DIR.joinpath(f"{fingerprint}.json"), user_dir() / f"{fingerprint}.json"]
-        existing = [p for p in candidates if p.is_file()]
-        if not existing:
+        existing = _weights_file(fingerprint)
+        if existing is None:
+            images = is_vision_model(model)
+            data = "your images, each asked --question" if images else "SQuAD 2.0 train, downloaded once, or a file"
             raise InputError(
                 f"macs_calibrated has no weights for {name} (config fingerprint {fingerprint}). Make them with: "
-                f"{calibrate_command(name)} (SQuAD 2.0 train, downloaded once; or a local SQuAD file); "
+                f"{calibrate_command(name, images)} ({data}); "
                 f"they are written to {user_dir()} (or the folder $EXPLAINER_CALIBRATION names) and found there."
             )
-        found = CalibrationWeights.load(existing[0])
+        found = CalibrationWeights.load(existing)
     if len(found.layer_weights) != layers:
         raise InputError(f"The calibration weights have {len(found.layer_weights)} layer weights; the model {layers}.")
     return found

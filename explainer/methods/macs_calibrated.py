@@ -17,7 +17,10 @@ command). AT2 weights attention linearly; here the weights sit in MACS's product
 off and a weight above 1 sharpens it. The model's weights are found by its config fingerprint
 (`methods/calibration.py`); the embedded model's ship with the package.
 
-Text only: its weights are fitted on text sources, so it is not offered for image prompts.
+Image prompts: image regions are sources too. A vision-language model's weights are fitted on image questions whose
+sources are the image's regions and the question's sentences, hidden from the answer's queries as the reliance
+knockout hides the image (`calibrate.collect_image_row`); they are keyed by the fingerprint of its language model's
+configuration like a text model's.
 """
 
 from __future__ import annotations
@@ -59,7 +62,7 @@ class MACSCalibrated(MACS):
     name = "macs_calibrated"
     display_name = "MACS (calibrated)"
     streaming = True
-    explains_images = False  # fitted on text sources only
+    explains_images = True  # a VLM's weights are fitted on image regions (`calibrate.collect_image_row`)
     Config = MACSCalibratedConfig
 
     def prepare(self, model: torch.nn.Module) -> None:

@@ -123,14 +123,19 @@ def embedded_gguf_path() -> Path:
     return path
 
 
+def embedded_folder(gguf: Path) -> Path:
+    """Where the embedded model's dequantised copy of `gguf` is kept (once the first load has converted it)."""
+    import transformers
+
+    stat = gguf.stat()
+    key = hashlib.sha1(f"{stat.st_size}-{int(stat.st_mtime)}-{transformers.__version__}".encode()).hexdigest()[:12]
+    return cache_root() / f"smollm2-135m-instruct-{key}"
+
+
 def _converted_embedded_folder() -> Path:
     """Return a folder with the dequantised embedded model, converting the GGUF once if needed."""
     gguf = embedded_gguf_path()
-    stat = gguf.stat()
-    import transformers
-
-    key = hashlib.sha1(f"{stat.st_size}-{int(stat.st_mtime)}-{transformers.__version__}".encode()).hexdigest()[:12]
-    target = cache_root() / f"smollm2-135m-instruct-{key}"
+    target = embedded_folder(gguf)
     if (target / "config.json").is_file() and (target / "model.safetensors").is_file():
         return target
     from transformers import AutoModelForCausalLM, AutoTokenizer

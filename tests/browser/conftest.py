@@ -102,7 +102,7 @@ class AppServer:
     """`python app.py` in a subprocess with the embedded model, offline; with `vlm` (a model folder) the image tab has
     that vision-language model."""
 
-    def __init__(self, log_path: Path, vlm: Path | None = None) -> None:
+    def __init__(self, log_path: Path, vlm: Path | None = None, calibration: Path | None = None) -> None:
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.log_path = log_path
@@ -120,6 +120,8 @@ class AppServer:
         env.pop("EXPLAINER_VLM", None)
         if vlm is not None:
             env["EXPLAINER_VLM"] = str(vlm)
+        if calibration is not None:  # macs_calibrated's weights folder (else the tests' own, `tiny_calibration`)
+            env["EXPLAINER_CALIBRATION"] = str(calibration)
         self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
             [sys.executable, "app.py"], cwd=ROOT, env=env, stdout=self._log, stderr=subprocess.STDOUT
@@ -185,14 +187,17 @@ def app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
 @pytest.fixture(scope="session")
 def vl_app_server(chromium: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[AppServer]:
-    """A second app whose image tab has the tiny random Qwen2.5-VL (no real weights offline), saved as a folder."""
+    """A second app whose image tab has the tiny random Qwen2.5-VL (no real weights offline), saved as a folder, and
+    no calibration weights for it."""
     from ..vl_tiny import build_vl_model, make_vl_tokenizer
 
     folder = tmp_path_factory.mktemp("tiny-qwen2.5-vl")
     tokenizer = make_vl_tokenizer()
     build_vl_model(tokenizer).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
-    server = AppServer(tmp_path_factory.mktemp("vl-app") / "app.log", vlm=folder)
+    # no calibration weights for the tiny VLM here: the image tab says how to make them (the text model's ship)
+    logs = tmp_path_factory.mktemp("vl-app")
+    server = AppServer(logs / "app.log", vlm=folder, calibration=tmp_path_factory.mktemp("no-weights"))
     try:
         server.wait_ready()
         yield server

@@ -119,3 +119,12 @@ def test_the_macs_by_layer_plot_is_drawn_at_its_height_when_its_accordion_opens(
     assert plot.evaluate("el => el._fullData[0].z.length") == 3  # one row per layer
     vl_app.page.locator("#image-macs-layers").scroll_into_view_if_needed()
     vl_app.shot("image-tab-macs-by-layer")
+
+
+def test_the_tiny_vision_model_has_no_calibration_weights_and_the_tab_says_how_to_make_them(vl_app):
+    panel = vl_app.page.locator('[role="tabpanel"]:visible')
+    note = panel.get_by_text(re.compile(r"needs weights for this model"))
+    note.wait_for()
+    assert "python -m explainer calibrate --model " in note.inner_text()
+    assert panel.locator("input[type=checkbox][name=macs_calibrated]").count() == 0  # not offered
+    assert panel.locator("input[type=checkbox][name=macs]").count() == 1

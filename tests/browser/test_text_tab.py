@@ -115,3 +115,8 @@ def test_cancel_stops_a_running_request_frees_the_model_and_the_slider(app, app_
     assert app.heatmap_methods() == ["macs"]
     # events that read the step slider, sent before a new request shrank it, were refused with error toasts
     assert "greater than maximum" not in app_server.log_tail(10**8)
+
+
+def test_the_embedded_model_is_offered_the_calibrated_method_its_weights_ship_for(app):
+    app.page.locator("input[type=checkbox][name=macs_calibrated]:visible").wait_for()
+    assert not app.page.get_by_text("needs weights for this model").is_visible()

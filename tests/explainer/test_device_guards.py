@@ -208,3 +208,26 @@ def test_lds_runs_under_the_guard(kind, tokenizer):
         guarded = evaluate_lds_sample(lds_bundle, row, cfg)
     assert hits == []
     assert guarded["methods"] == plain["methods"] and guarded["n_runs"] == plain["n_runs"] > 1
+
+
+def test_calibration_rows_run_under_the_guard(tokenizer):
+    """macs_calibrated's training rows: a SQuAD row (removals) and an image question (the batched knockout)."""
+    from explainer.eval.calibrate import CalibrateConfig, collect_image_row, collect_row
+
+    vl_tokenizer = make_vl_tokenizer()
+    vl = vl_bundle(build_vl_model(vl_tokenizer), vl_tokenizer)
+    image = Image.fromarray(np.random.default_rng(0).integers(0, 255, (84, 112, 3)).astype(np.uint8))
+    text = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    row = {**QA_ROW, "context": "Paris is the capital of France. Berlin is the capital of Germany."}
+    cfg = CalibrateConfig(max_new_tokens=3, masks=4, image_cells=2)
+    runs = {
+        "image": lambda: collect_image_row(vl, {"id": "img", "image": image, "question": "What is in it?"}, cfg),
+        "text": lambda: collect_row(text, row, cfg),
+    }
+    for name, run in runs.items():
+        plain = run()
+        with factory_guard() as hits:
+            guarded = run()
+        assert hits == [], name
+        for key in ("features", "source", "masks", "actual"):
+            np.testing.assert_array_equal(guarded[key], plain[key], err_msg=f"{name} {key}")
