@@ -17,8 +17,8 @@ from explainer.methods.calibration import CalibrationWeights, config_fingerprint
 from explainer.models.vision import encode_image_prompt, full_sequence_inputs
 from explainer.reliance import knockout_logprobs
 
-from ..reference import suppressed_eager_attention
-from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
+from ...reference import suppressed_eager_attention
+from ...vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 QUESTION = "What is in the image?"
 
