@@ -22,7 +22,9 @@
 #
 # Then the checks of the first GPU session:
 #
-#   scripts/gpu_check.sh OUTDIR tests          # the suite: tests/explainer (CUDA cases first) and the project checks
+#   scripts/gpu_check.sh OUTDIR tests          # the suite: tests/explainer (CUDA cases first) and the project checks;
+#                                              # the app's tests too where gradio and plotly are carried as wheels
+#                                              # (scripts/gpu_wheels.sh, then carry .whl: 45 MB)
 #   scripts/gpu_check.sh OUTDIR embedded       # the embedded-model tests (bf16 vs plain generate, every method)
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
@@ -43,6 +45,10 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+if [ -d .whl ] && [ -z "${DRY_RUN:-}" ]; then  # wheels carried for the app's tests (scripts/gpu_wheels.sh)
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
+        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
 RESULTS=${RESULTS:-docs/results}
 DRY=${DRY_RUN:-}
 TOTAL=${TOTAL_SECONDS:-540}
@@ -217,6 +223,10 @@ tests)
     run "${STAGE_SECONDS:-240}" pytest-all $PY -m pytest -p no:cacheprovider -q -rfE "${xdist[@]}" \
         --continue-on-collection-errors tests/explainer tests/test_function_length.py tests/test_real_size.py \
         --deselect tests/explainer/test_on_device.py --junitxml "$OUT/pytest-all.xml"
+    if $PY -c "import gradio, plotly" 2>/dev/null; then  # the app's tests, with the carried wheels
+        run "${STAGE_SECONDS:-240}" pytest-app $PY -m pytest -p no:cacheprovider -q -rfE "${xdist[@]}" \
+            tests/ui tests/visuals tests/test_app.py tests/test_space.py --junitxml "$OUT/pytest-app.xml"
+    fi
     ;;
 embedded)
     # Loads on CUDA: capture = plain generate in float32 and bfloat16, every method in bfloat16, AtMan's no-op.
