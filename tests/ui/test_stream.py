@@ -17,7 +17,7 @@ from ui.events import Components
 from ui.stream import Phase, RequestState, Update
 
 from ..conftest import build_model
-from ..explainer.test_session import PROMPTS, SlowMACS
+from ..explainer.runtime.test_session import PROMPTS, SlowMACS
 from .conftest import FakeBundle, FakeStream, collect
 
 
