@@ -3,12 +3,13 @@ runs (`DecodeJob`, `job.py`) and the per-token work that every path's scheduler 
 
 By default (`EXPLAINER_DECODE` unset or `auto`):
 
-- `batched`, a row of the model's batched decode (`decoding/batched/`): a text request while batching is on (the
-  app) and the caller does not hold the model;
-- `cuda-graph`, the static-cache step (`explainer/decoding/static.py`) replayed as a CUDA graph: on CUDA, when every
+- `batched`, a row of the model's batched decode (`batched/`): a text request while batching is on (the app) and
+  the caller does not hold the model; the batch's step is one CUDA graph per slot state on CUDA, row by row on a CPU
+  (`choice.batch_step_form`);
+- `cuda-graph`, the static-cache step (`static.py`) replayed as a CUDA graph: on CUDA, when every
   streaming method has a device step (`has_device_step`: MACS, Rollout), text and image prompts;
 - `static`, the same step run eagerly: on CUDA after a failed capture;
-- `solo`, the plain loop (`decoding/solo.py`): the rest (the CPU, text prompts to vision-language models, sliding
+- `solo`, the plain loop (`solo.py`): the rest (the CPU, text prompts to vision-language models, sliding
   windows, device maps, methods without a device step).
 
 `EXPLAINER_DECODE` = `solo`, `static`, `static-eager` or `batched` forces a path wherever it can run. The result
