@@ -3,10 +3,12 @@ rows of its results file so that `python -m explainer lds --report LDS.jsonl,PEE
 (explainer/eval/peers.py says what each peer is handed and what is compared).
 
 Needs the optional extras: pip install .[peers]. AT2 is first trained by its own trainer on --train-limit rows of
---train-data (default: the rows after the evaluated ones in --data; never the evaluated rows), --at2-steps steps.
+--train-data from --train-offset on (default: the rows after the evaluated ones in --data; never the evaluated rows),
+--at2-steps steps. Resumable: each row is appended to --results as it finishes, and a rerun skips the rows there.
 
 Usage: python scripts/peers_lds.py --data squad2-dev.json --limit 39 --results peers.jsonl
-       [--train-data squad-train.json --train-limit 8 --at2-steps 50] [--dtype float32] [--model ID_OR_FOLDER]
+       [--train-data squad-train.json --train-offset 0 --train-limit 8 --at2-steps 50] [--dtype float32]
+       [--model ID_OR_FOLDER]
 Each row also records the peers' own LDS ("lds_theirs") and the largest per-token log-probability difference between
 their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Join with an `lds` run of the same
 --dtype and --max-new-tokens (the report refuses rows whose answers or precisions differ).
@@ -15,11 +17,9 @@ their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Jo
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 import tempfile
-from pathlib import Path
 
 from explainer.eval.datasets import resolve_data
 from explainer.eval.evaluate import load_squad
@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
+    p.add_argument("--train-offset", type=int, default=None,
+                   help="first row of --train-data AT2 is trained on (default: 0; without --train-data, the row "
+                   "after the evaluated ones)")  # fmt: skip
     p.add_argument("--train-limit", type=int, default=4, help="rows AT2 is trained on (a check, not a result)")
     p.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps)
     p.add_argument("--max-new-tokens", type=int, default=PeerConfig.max_new_tokens)
@@ -60,22 +63,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
-    p.add_argument("--results", required=True, help="JSON-lines file written with one row per evaluated row")
+    p.add_argument("--results", required=True,
+                   help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
+                   "rows already in it")  # fmt: skip
     args = p.parse_args(argv)
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if args.train_data:
-        train = load_squad(resolve_data(args.train_data), args.train_limit)
+        train = load_squad(resolve_data(args.train_data), args.train_limit, offset=args.train_offset or 0)
     else:
-        train = load_squad(resolve_data(args.data), args.train_limit, offset=args.offset + len(rows))
+        start = args.offset + len(rows) if args.train_offset is None else args.train_offset
+        train = load_squad(resolve_data(args.data), args.train_limit, offset=start)
     evaluated = {r["id"] for r in rows}
     train = [r for r in train if r["id"] not in evaluated]
     command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
-                     context_cite_ablations=args.context_cite_ablations, command=command)
+                     context_cite_ablations=args.context_cite_ablations, command=command)  # fmt: skip
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
     with tempfile.TemporaryDirectory() as work:
-        results = run_peers(bundle, rows, train, cfg, work)
-    Path(args.results).write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+        results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summarise(results)))
     print("\n".join(["", *agreement_lines(results)]))
     return 0
