@@ -4,7 +4,8 @@ rows of its results file so that `python -m explainer lds --report LDS.jsonl,PEE
 
 Needs the optional extras: pip install .[peers]. AT2 is first trained by its own trainer on --train-limit rows of
 --train-data from --train-offset on (default: the rows after the evaluated ones in --data; never the evaluated rows),
---at2-steps steps. Resumable: each row is appended to --results as it finishes, and a rerun skips the rows there.
+--at2-steps steps. Resumable: each row is appended to --results as it finishes, and a rerun skips the rows there;
+with --at2-work DIR, AT2's features of its training rows are kept there and a rerun reuses them.
 
 Usage: python scripts/peers_lds.py --data squad2-dev.json --limit 39 --results peers.jsonl
        [--train-data squad-train.json --train-offset 0 --train-limit 8 --at2-steps 50] [--dtype float32]
@@ -17,9 +18,14 @@ their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Jo
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import shlex
 import sys
 import tempfile
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
 
 from explainer.eval.datasets import resolve_data
 from explainer.eval.evaluate import load_squad
@@ -45,6 +51,20 @@ def agreement_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def at2_folder(root: str | None, train: list[dict], args: argparse.Namespace) -> Iterator[str]:
+    """AT2's trainer folder: a temporary one, or one under `root` named after what its stored features depend on
+    (training rows, masks, precision, answer length, model), so that a rerun with the same training reuses them."""
+    if root is None:
+        with tempfile.TemporaryDirectory() as work:
+            yield work
+        return
+    key = json.dumps([[r["id"] for r in train], args.masks, args.dtype, args.max_new_tokens, args.model])
+    work = Path(root) / f"at2-{zlib.crc32(key.encode('utf-8')):08x}"
+    work.mkdir(parents=True, exist_ok=True)
+    yield str(work)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
@@ -66,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", required=True,
                    help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
                    "rows already in it")  # fmt: skip
+    p.add_argument("--at2-work", default=None,
+                   help="folder kept for AT2's trainer (its features of the training rows, which a rerun reuses); "
+                   "default: a temporary folder")  # fmt: skip
     args = p.parse_args(argv)
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if args.train_data:
@@ -79,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
                      context_cite_ablations=args.context_cite_ablations, command=command)  # fmt: skip
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
-    with tempfile.TemporaryDirectory() as work:
+    with at2_folder(args.at2_work, train, args) as work:
         results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summarise(results)))
     print("\n".join(["", *agreement_lines(results)]))
