@@ -3,10 +3,13 @@ rows of its results file so that `python -m explainer lds --report LDS.jsonl,PEE
 (explainer/eval/peers.py says what each peer is handed and what is compared).
 
 Needs the optional extras: pip install .[peers]. AT2 is first trained by its own trainer on --train-limit rows of
---train-data (default: the rows after the evaluated ones in --data; never the evaluated rows), --at2-steps steps.
+--train-data from --train-offset on (default: the rows after the evaluated ones in --data; never the evaluated rows),
+--at2-steps steps. Resumable: each row is appended to --results as it finishes, and a rerun skips the rows there;
+with --at2-work DIR, AT2's features of its training rows are kept there and a rerun reuses them.
 
 Usage: python scripts/peers_lds.py --data squad2-dev.json --limit 39 --results peers.jsonl
-       [--train-data squad-train.json --train-limit 8 --at2-steps 50] [--dtype float32] [--model ID_OR_FOLDER]
+       [--train-data squad-train.json --train-offset 0 --train-limit 8 --at2-steps 50] [--dtype float32]
+       [--model ID_OR_FOLDER]
 Each row also records the peers' own LDS ("lds_theirs") and the largest per-token log-probability difference between
 their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Join with an `lds` run of the same
 --dtype and --max-new-tokens (the report refuses rows whose answers or precisions differ).
@@ -15,10 +18,13 @@ their ablations and ours ("max_abs_logp_diff"); the summary lines print both. Jo
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import shlex
 import sys
 import tempfile
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 from explainer.eval.datasets import resolve_data
@@ -45,12 +51,29 @@ def agreement_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
+@contextlib.contextmanager
+def at2_folder(root: str | None, train: list[dict], args: argparse.Namespace) -> Iterator[str]:
+    """AT2's trainer folder: a temporary one, or one under `root` named after what its stored features depend on
+    (training rows, masks, precision, answer length, model), so that a rerun with the same training reuses them."""
+    if root is None:
+        with tempfile.TemporaryDirectory() as work:
+            yield work
+        return
+    key = json.dumps([[r["id"] for r in train], args.masks, args.dtype, args.max_new_tokens, args.model])
+    work = Path(root) / f"at2-{zlib.crc32(key.encode('utf-8')):08x}"
+    work.mkdir(parents=True, exist_ok=True)
+    yield str(work)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
+    p.add_argument("--train-offset", type=int, default=None,
+                   help="first row of --train-data AT2 is trained on (default: 0; without --train-data, the row "
+                   "after the evaluated ones)")  # fmt: skip
     p.add_argument("--train-limit", type=int, default=4, help="rows AT2 is trained on (a check, not a result)")
     p.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps)
     p.add_argument("--max-new-tokens", type=int, default=PeerConfig.max_new_tokens)
@@ -60,22 +83,27 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
-    p.add_argument("--results", required=True, help="JSON-lines file written with one row per evaluated row")
+    p.add_argument("--results", required=True,
+                   help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
+                   "rows already in it")  # fmt: skip
+    p.add_argument("--at2-work", default=None,
+                   help="folder kept for AT2's trainer (its features of the training rows, which a rerun reuses); "
+                   "default: a temporary folder")  # fmt: skip
     args = p.parse_args(argv)
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if args.train_data:
-        train = load_squad(resolve_data(args.train_data), args.train_limit)
+        train = load_squad(resolve_data(args.train_data), args.train_limit, offset=args.train_offset or 0)
     else:
-        train = load_squad(resolve_data(args.data), args.train_limit, offset=args.offset + len(rows))
+        start = args.offset + len(rows) if args.train_offset is None else args.train_offset
+        train = load_squad(resolve_data(args.data), args.train_limit, offset=start)
     evaluated = {r["id"] for r in rows}
     train = [r for r in train if r["id"] not in evaluated]
     command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
-                     context_cite_ablations=args.context_cite_ablations, command=command)
+                     context_cite_ablations=args.context_cite_ablations, command=command)  # fmt: skip
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
-    with tempfile.TemporaryDirectory() as work:
-        results = run_peers(bundle, rows, train, cfg, work)
-    Path(args.results).write_text("".join(json.dumps(r) + "\n" for r in results), encoding="utf-8")
+    with at2_folder(args.at2_work, train, args) as work:
+        results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summarise(results)))
     print("\n".join(["", *agreement_lines(results)]))
     return 0

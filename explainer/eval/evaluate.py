@@ -208,8 +208,9 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     """Per-sample rows of several results files joined by id: methods evaluated in separate runs on the same samples
     (e.g. AtMan run later) become one row per sample. Samples missing from some files keep the methods they have.
     A method found in several files keeps the fields of all of them (an AUC-PR-only run and a run with removal curves
-    on the same sample add up to both; a field in both is taken from the later file). A path also stands for the
-    rank files of a data-parallel run that wrote to it (`parallel.results_files`).
+    on the same sample add up to both; a field in both is taken from the later file). A joined row keeps the first
+    file's "command" and lists every file's in "commands". A path also stands for the rank files of a data-parallel
+    run that wrote to it (`parallel.results_files`).
 
     Raises:
         InputError: a file is missing (or a rank file of a run), or two files disagree on a sample's precision or
@@ -236,6 +237,8 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
                 )
             for name, fields in row["methods"].items():
                 seen["methods"][name] = {**seen["methods"].get(name, {}), **fields}
+            commands = [*seen.get("commands", [seen.get("command")]), row.get("command")]
+            seen["commands"] = [c for c in dict.fromkeys(commands) if c]
             seen["seconds"] = seen.get("seconds", 0.0) + row.get("seconds", 0.0)
     return list(merged.values())
 

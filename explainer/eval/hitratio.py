@@ -139,7 +139,8 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """Per prompt length: N, the found rate, the chance level, and per method the hit ratio (mean, 95% half-width,
     n) over its rows (every depth, so the mean is over depths); and the command lines that measured them."""
     ok = [s for s in samples if "methods" in s]
-    out: dict[str, Any] = {"lengths": {}, "commands": list(dict.fromkeys(s["command"] for s in ok if s.get("command")))}
+    commands = list(dict.fromkeys(c for s in ok for c in s.get("commands") or [s.get("command")] if c))  # joined files'
+    out: dict[str, Any] = {"lengths": {}, "commands": commands}
     for length in sorted({s["length"] for s in ok}):
         rows = [s for s in ok if s["length"] == length]
         names = list(dict.fromkeys(m for s in rows for m in s["methods"]))

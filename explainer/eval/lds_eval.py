@@ -205,7 +205,7 @@ def metric_keys(top_k: tuple[int, ...] = TOP_K) -> list[str]:
 
 def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
     """`{"n", "commands", "methods": {name: {key: (mean, 95% half-width, n)}}}` over finished rows (undefined values
-    skipped); "commands" are the distinct command lines that measured them."""
+    skipped); "commands" are the distinct command lines that measured them (of every file a joined row came from)."""
     ok = [s for s in samples if "methods" in s]
     names = list(dict.fromkeys(m for s in ok for m in s["methods"]))
     keys = list(dict.fromkeys(key for s in ok for e in s["methods"].values() for key in e))
@@ -216,7 +216,7 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         for key in keys:
             values = [r[key] for r in rows if r.get(key) is not None]
             methods[name][key] = (*mean_ci(values), len(values))
-    commands = list(dict.fromkeys(s["command"] for s in ok if s.get("command")))
+    commands = list(dict.fromkeys(c for s in ok for c in s.get("commands") or [s.get("command")] if c))
     return {"n": len(ok), "commands": commands, "methods": methods}
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -45,6 +46,7 @@ from ..runtime.host import to_numpy
 from .ablate import response_logprobs
 from .lds import KEEP_PROBABILITY, MASKS, lds, predictions
 from .lds_eval import LdsRow, answer_row
+from .resumable import measure_rows, read_results
 
 PEERS = ("context-cite", "at2")
 CONTEXT_CITE_ABLATIONS = 64  # ContextCite's default number of ablations to fit its surrogate
@@ -269,22 +271,36 @@ def _prepared(bundle, row: dict[str, Any], cfg: PeerConfig) -> PeerRow | None:
         return None
 
 
+def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
+    """Both peers on one row, as a row of the `lds` command's results (see `run_peers`).
+
+    Raises:
+        InputError: no answer, or fewer than 2 context sentences to ablate.
+    """
+    t0 = time.perf_counter()
+    p = prepare(bundle, row, cfg)
+    peers = {"context-cite": context_cite_row(bundle, p, cfg), "at2": at2_row(bundle, p, estimator, cfg)}
+    return {"id": row["id"], "answer": p.row.attr.generated_text, "dtype": p.row.attr.meta.get("dtype"),
+            "n_sentences": len(p.row.sentences), "n_response_tokens": p.row.k,
+            "methods": {name: {"lds": entry["lds"]} for name, entry in peers.items()}, "peers": peers,
+            "seconds": time.perf_counter() - t0, "command": cfg.command}  # fmt: skip
+
+
 def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any]], cfg: PeerConfig,
-              workdir: str | Path) -> list[dict[str, Any]]:  # fmt: skip
-    """Both peers on every row, as rows of the `lds` command's results (joinable with `lds --report`): id, answer,
-    dtype, "methods" {"context-cite": {"lds"}, "at2": {"lds"}} (our LDS of their scores) and "peers" with the
-    rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their scores."""
-    estimator = train_at2(bundle, [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p], cfg, workdir)
-    out = []
-    for row in rows:
-        t0 = time.perf_counter()
-        p = _prepared(bundle, row, cfg)
-        if p is None:
-            out.append({"id": row["id"], "error": "no answer, or fewer than 2 context sentences to ablate"})
-            continue
-        peers = {"context-cite": context_cite_row(bundle, p, cfg), "at2": at2_row(bundle, p, estimator, cfg)}
-        out.append({"id": row["id"], "answer": p.row.attr.generated_text, "dtype": p.row.attr.meta.get("dtype"),
-                    "n_sentences": len(p.row.sentences), "n_response_tokens": p.row.k,
-                    "methods": {name: {"lds": entry["lds"]} for name, entry in peers.items()}, "peers": peers,
-                    "seconds": time.perf_counter() - t0, "command": cfg.command})  # fmt: skip
-    return out
+              workdir: str | Path, results_path: str | Path | None = None,
+              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """Both peers on every row not yet in `results_path` (each appended as it finishes, so a rerun resumes; AT2 is
+    trained first, and not at all when every row is done), as rows of the `lds` command's results (joinable with
+    `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds"}, "at2": {"lds"}} (our LDS of their
+    scores) and "peers" with the rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their
+    scores. A row without an answer or with fewer than 2 sentences is kept as {id, error}.
+
+    Returns:
+        The results of `rows`, in row order (those read back from `results_path` included).
+    """
+    done = {r["id"]: r for r in read_results(results_path)}
+    todo = [r for r in rows if r["id"] not in done]
+    if todo:
+        estimator = train_at2(bundle, [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p], cfg, workdir)
+        measure_rows(todo, lambda row: peer_row(bundle, row, estimator, cfg), done, results_path, bundle.model, log)
+    return [done[r["id"]] for r in rows if r["id"] in done]

@@ -94,3 +94,23 @@ def test_hitratio_command_resumes_shards_and_reports(tiny_model_dir, tmp_path, c
     out = capsys.readouterr().out
     assert "N = 2, depths [20, 80]" in out and "command: python -m explainer hitratio" in out
     assert np.isfinite(float(out.split("\nmacs")[1].split()[0]))
+
+
+def test_a_joined_report_prints_every_files_command(tmp_path, capsys):
+    def row(depth: int, method: str, command: str) -> str:
+        entry = {"hit_ratio": 0.5, "seconds": 1.0}
+        return json.dumps({"id": f"needle:1024:{depth}:0", "length": 1024, "depth": depth, "answer": "Kalo-1234",
+                           "found": True, "chance": 0.05, "dtype": "float32", "methods": {method: entry},
+                           "command": command}) + "\n"  # fmt: skip
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(
+        row(10, "macs", "python -m explainer hitratio --methods macs")
+        + row(50, "macs", "python -m explainer hitratio --methods macs")
+    )
+    second.write_text(row(10, "attnlrp", "python -m explainer hitratio --methods attnlrp"))
+    assert main(["hitratio", "--report", f"{first},{second}"]) == 0
+    out = capsys.readouterr().out
+    assert "N = 2" in out and "attnlrp" in out
+    assert "command: python -m explainer hitratio --methods macs\n" in out
+    assert "command: python -m explainer hitratio --methods attnlrp" in out

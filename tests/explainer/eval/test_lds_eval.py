@@ -140,3 +140,22 @@ def test_lds_runs_on_a_squad_dev_row(tiny_model_dir, capsys):
     assert main(["lds", "--data", str(SHARED_DEV), "--offset", "67", "--limit", "1", "--model", str(tiny_model_dir),
                  "--methods", "random", "--masks", "4", "--max-new-tokens", "2", "--device", "cpu"]) == 0  # fmt: skip
     assert "N = 1 rows" in capsys.readouterr().out
+
+
+def test_a_joined_report_prints_every_files_command(tmp_path, capsys):
+    def row(i: int, method: str, command: str) -> str:
+        entry = {"lds": 0.1 * i, "lds_token": 0.0, "drop@1": 1.0, "drop_token@1": 0.1}
+        return json.dumps({"id": f"q{i}", "answer": "Paris", "dtype": "float32", "methods": {method: entry},
+                           "command": command}) + "\n"  # fmt: skip
+
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text(
+        row(1, "macs", "python -m explainer lds --methods macs")
+        + row(2, "macs", "python -m explainer lds --methods macs")
+    )
+    second.write_text(row(1, "atman", "python -m explainer lds --methods atman --limit 1"))
+    assert main(["lds", "--report", f"{first},{second}"]) == 0
+    out = capsys.readouterr().out
+    assert "N = 2 rows" in out and "(1)" in out  # AtMan on one of the two rows
+    assert "command: python -m explainer lds --methods macs\n" in out
+    assert "command: python -m explainer lds --methods atman --limit 1" in out
