@@ -30,7 +30,7 @@ from pathlib import Path
 from explainer.eval.datasets import resolve_data
 from explainer.eval.evaluate import load_squad
 from explainer.eval.lds_eval import format_table, summarise
-from explainer.eval.peers import PeerConfig, run_peers
+from explainer.eval.peers import PEERS, PeerConfig, run_peers
 from explainer.models.loading import load_model
 from explainer.runtime.precision import parse_dtype
 
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--masks", type=int, default=PeerConfig.masks, help="evaluation masks per row")
     p.add_argument("--context-cite-ablations", type=int, default=PeerConfig.context_cite_ablations,
                    help="ablations ContextCite fits its surrogate on (its default: 64)")  # fmt: skip
+    p.add_argument("--peers", default=",".join(PEERS),
+                   help=f"comma-separated references to run (default: {','.join(PEERS)})")  # fmt: skip
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="folder kept for AT2's trainer (its features of the training rows, which a rerun reuses); "
                    "default: a temporary folder")  # fmt: skip
     args = p.parse_args(argv)
+    peers = tuple(dict.fromkeys(n.strip() for n in args.peers.split(",") if n.strip()))
+    if not peers or set(peers) - set(PEERS):
+        p.error(f"--peers: choose from {', '.join(PEERS)}, got {args.peers!r}")
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if args.train_data:
         train = load_squad(resolve_data(args.train_data), args.train_limit, offset=args.train_offset or 0)
@@ -100,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     train = [r for r in train if r["id"] not in evaluated]
     command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
     cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
-                     context_cite_ablations=args.context_cite_ablations, command=command)  # fmt: skip
+                     context_cite_ablations=args.context_cite_ablations, peers=peers, command=command)  # fmt: skip
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
     with at2_folder(args.at2_work, train, args) as work:
         results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr))

@@ -44,7 +44,7 @@ import torch
 from ..errors import ExplainerError, InputError
 from ..runtime.host import to_numpy
 from .ablate import response_logprobs
-from .lds import KEEP_PROBABILITY, MASKS, lds, predictions
+from .lds import KEEP_PROBABILITY, MASKS, TOP_K, lds, predictions, top_sources, without
 from .lds_eval import LdsRow, answer_row
 from .resumable import measure_rows, read_results
 
@@ -67,6 +67,8 @@ class PeerConfig:
     context_cite_ablations: int = CONTEXT_CITE_ABLATIONS
     at2_steps: int = AT2_STEPS
     at2_learning_rate: float = AT2_LEARNING_RATE
+    peers: tuple[str, ...] = PEERS  # which references run (AT2 is trained only when it is one)
+    top_k: tuple[int, ...] = TOP_K  # their top-k log-probability drops, measured by the project's removal
     seed: int = 0  # numpy's and torch's global seeds for AT2's training (it samples with them)
     command: str | None = None  # kept in every row, as the `lds` command does
 
@@ -112,6 +114,15 @@ def our_logprobs(bundle, p: PeerRow, masks: np.ndarray) -> np.ndarray:
     prompt = torch.as_tensor(p.prompt_ids, dtype=torch.long, device=device)
     response = torch.as_tensor(p.response_ids, dtype=torch.long, device=device)
     return response_logprobs(bundle.model, prompt, response, _kept_prompts(p, masks))
+
+
+def peer_drops(bundle, p: PeerRow, scores: np.ndarray, top_k: tuple[int, ...] = TOP_K) -> dict[str, float]:
+    """A peer's top-k log-probability drops, as `lds_eval` measures the methods' whole-answer ones: log p(response)
+    with every sentence minus with the k best-scored sentences (its (S,) `scores`) removed, by the project's removal."""
+    n = len(p.row.sentences)
+    masks = np.stack([np.ones(n, dtype=bool)] + [without(n, top_sources(scores, k)) for k in top_k])  # (1 + k's, S)
+    logp = our_logprobs(bundle, p, masks).sum(axis=1)  # (1 + k's,)
+    return {f"drop@{k}": float(logp[0] - logp[i + 1]) for i, k in enumerate(top_k)}
 
 
 def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
@@ -272,27 +283,30 @@ def _prepared(bundle, row: dict[str, Any], cfg: PeerConfig) -> PeerRow | None:
 
 
 def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
-    """Both peers on one row, as a row of the `lds` command's results (see `run_peers`).
+    """The peers of `cfg.peers` on one row, as a row of the `lds` command's results (see `run_peers`): each one's LDS
+    and whole-answer top-k drops (`peer_drops`).
 
     Raises:
         InputError: no answer, or fewer than 2 context sentences to ablate.
     """
     t0 = time.perf_counter()
     p = prepare(bundle, row, cfg)
-    peers = {"context-cite": context_cite_row(bundle, p, cfg), "at2": at2_row(bundle, p, estimator, cfg)}
+    run = {"context-cite": lambda: context_cite_row(bundle, p, cfg), "at2": lambda: at2_row(bundle, p, estimator, cfg)}
+    peers = {name: run[name]() for name in cfg.peers}
+    drops = {name: peer_drops(bundle, p, np.asarray(entry["scores"]), cfg.top_k) for name, entry in peers.items()}
     return {"id": row["id"], "answer": p.row.attr.generated_text, "dtype": p.row.attr.meta.get("dtype"),
             "n_sentences": len(p.row.sentences), "n_response_tokens": p.row.k,
-            "methods": {name: {"lds": entry["lds"]} for name, entry in peers.items()}, "peers": peers,
+            "methods": {name: {"lds": entry["lds"], **drops[name]} for name, entry in peers.items()}, "peers": peers,
             "seconds": time.perf_counter() - t0, "command": cfg.command}  # fmt: skip
 
 
 def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any]], cfg: PeerConfig,
               workdir: str | Path, results_path: str | Path | None = None,
               log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
-    """Both peers on every row not yet in `results_path` (each appended as it finishes, so a rerun resumes; AT2 is
-    trained first, and not at all when every row is done), as rows of the `lds` command's results (joinable with
-    `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds"}, "at2": {"lds"}} (our LDS of their
-    scores) and "peers" with the rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their
+    """The peers of `cfg.peers` on every row not yet in `results_path` (each appended as it finishes, so a rerun
+    resumes; AT2 is trained first, and not at all when every row is done or it is not asked for), as rows of the `lds`
+    command's results (joinable with `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds",
+    "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their
     scores. A row without an answer or with fewer than 2 sentences is kept as {id, error}.
 
     Returns:
@@ -301,6 +315,9 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
     done = {r["id"]: r for r in read_results(results_path)}
     todo = [r for r in rows if r["id"] not in done]
     if todo:
-        estimator = train_at2(bundle, [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p], cfg, workdir)
+        estimator = None
+        if "at2" in cfg.peers:
+            train = [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p]
+            estimator = train_at2(bundle, train, cfg, workdir)
         measure_rows(todo, lambda row: peer_row(bundle, row, estimator, cfg), done, results_path, bundle.model, log)
     return [done[r["id"]] for r in rows if r["id"] in done]

@@ -44,3 +44,15 @@ def test_run_peers_appends_each_row_and_a_rerun_skips_the_done_ones(tmp_path, mo
 
     run_peers(bundle, rows, [], PeerConfig(), tmp_path, path)  # all done: AT2 is not trained again
     assert trained == [0, 0] and measured == ["a", "bad", "b"]
+
+
+def test_run_peers_trains_at2_only_when_it_is_asked_for(tmp_path, monkeypatch):
+    trained, asked = [], []
+    monkeypatch.setattr(peers, "train_at2", lambda *a: trained.append(1) or "estimator")
+    monkeypatch.setattr(peers, "_prepared", lambda bundle, row, cfg: row)
+    monkeypatch.setattr(peers, "peer_row", lambda b, row, est, cfg: asked.append(est) or {"id": row["id"]})
+    bundle = SimpleNamespace(model=torch.nn.Linear(1, 1))
+    run_peers(bundle, [{"id": "a"}], [{"id": "t"}], PeerConfig(peers=("context-cite",)), tmp_path, tmp_path / "c")
+    assert trained == [] and asked == [None]
+    run_peers(bundle, [{"id": "a"}], [{"id": "t"}], PeerConfig(peers=("at2",)), tmp_path, tmp_path / "a")
+    assert trained == [1] and asked == [None, "estimator"]
