@@ -62,6 +62,7 @@ class MACSCalibrated(MACS):
     name = "macs_calibrated"
     display_name = "MACS (calibrated)"
     streaming = True
+    has_device_step = True  # `device_step`: MACS's as fixed-shape device work, with the weights; graphs record it
     explains_images = True  # a VLM's weights are fitted on image regions (`calibrate.collect_image_row`)
     Config = MACSCalibratedConfig
 
@@ -83,14 +84,29 @@ class MACSCalibrated(MACS):
         floor[[s for s in self.rescaled_steps if s < num_steps]] = np.nan
         return floor
 
-    def step(self, rows: torch.Tensor) -> np.ndarray:
+    def _weights_on(self, device: torch.device) -> torch.Tensor:
+        """The (L,) float64 layer weights on `device`, made on the first step (eager on every path: a CUDA graph
+        records only later steps, which reuse this tensor)."""
         if getattr(self, "calibration", None) is None:
             raise InputError("macs_calibrated needs the model's weights: run it through explain (it calls prepare).")
-        if self.weights is None or self.weights.device != rows.device:
-            if len(self.calibration.layer_weights) != rows.shape[0]:
-                raise InputError(f"{len(self.calibration.layer_weights)} calibration weights, {rows.shape[0]} layers.")
-            self.weights = torch.tensor(self.calibration.layer_weights, dtype=torch.float64, device=rows.device)  # (L,)
-        weighted, log_c = weighted_log_factors(rows, self.n, self.config, self.weights)
+        if self.weights is None or self.weights.device != device:
+            self.weights = torch.tensor(self.calibration.layer_weights, dtype=torch.float64, device=device)  # (L,)
+        return self.weights
+
+    def _weighted(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        weights = self._weights_on(rows.device)
+        if weights.shape[0] != rows.shape[0]:
+            raise InputError(f"{weights.shape[0]} calibration weights, {rows.shape[0]} layers.")
+        return weighted_log_factors(rows, self.n, self.config, weights)
+
+    def step(self, rows: torch.Tensor) -> np.ndarray:
+        weighted, log_c = self._weighted(rows)
         if self.config.keep_layers:
             self._keep(weighted)
         return self.finish_step(to_numpy(log_c))
+
+    def device_step(self, rows: torch.Tensor, step: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """MACS's device step with the weights: (N,) float64 log of the weighted product and, with `keep_layers`, the
+        (L, N) float32 weighted factors, left on the device."""
+        weighted, log_c = self._weighted(rows)
+        return log_c, weighted.float() if self.config.keep_layers else None

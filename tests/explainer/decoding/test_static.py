@@ -21,7 +21,7 @@ from explainer.capture import registered_names
 from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
 from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.decoding.static import StaticDecoder
-from explainer.methods import MACS, Rollout
+from explainer.methods import MACS, MACSCalibrated, Rollout
 from explainer.models.loading import bundle_from_objects
 from explainer.models.vision import encode_image_prompt
 from explainer.result.sinks import SinkTracker
@@ -232,6 +232,32 @@ def test_static_path_on_the_device(device, kind, monkeypatch):
     if device == "cuda":
         monkeypatch.setenv(DECODE_ENV, "auto")
         assert choose_path(model, DecodeJob(ids, [MACS(), Rollout()], K)).path == CUDA_GRAPH
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_calibrated_macs_takes_the_static_path_and_equals_its_solo_loop(device, kind, monkeypatch):
+    """macs_calibrated's device step (MACS's with the layer weights, the tests' 0.5 / 1 / 1.5) on the static step
+    (a CUDA graph on CUDA) against its solo step, beside MACS and Rollout: the same rows and weighted layer factors;
+    `auto` chooses the graph for it on CUDA."""
+    model = build_model(kind).to(device)
+    ids = _ids(model, device=device)
+
+    def run(path):
+        monkeypatch.setenv(DECODE_ENV, path)
+        methods = [MACSCalibrated(keep_layers=True), MACS(), Rollout()]
+        methods[0].prepare(model)
+        steps = list(generate_steps(model, DecodeJob(ids, methods, K), sinks=SinkTracker(ids.shape[1], model)))
+        return steps, methods[0].layer_scores()
+
+    (static, layers), (dynamic, dyn_layers) = run("static"), run("solo")
+    _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
+    assert set(static[0].scores) == {"macs_calibrated", "macs", "rollout"}
+    np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
+    assert not np.allclose(static[3].scores["macs_calibrated"], static[3].scores["macs"])  # the weights are used
+    monkeypatch.setenv(DECODE_ENV, "auto")
+    expected = CUDA_GRAPH if device == "cuda" else SOLO
+    assert choose_path(model, DecodeJob(ids, [MACSCalibrated(), Rollout()], K)).path == expected
 
 
 @pytest.mark.parametrize("device", ACCELERATORS)
