@@ -18,6 +18,9 @@ Their target is the response's logit-probability, log p - log(1 - p) (ContextCit
 summed. log p = logsigmoid(their logit), so the per-token log-probabilities are compared directly, and the sequence
 logit is an increasing function of the summed log p, so a Spearman correlation, hence an LDS, is the same on both.
 
+Their top-k drops (`peer_drops`) are measured as the methods' whole-answer ones: the project's removal of the k
+sentences their scores rank first.
+
 Each peer's LDS is measured on 32 ablation masks drawn by its own code (ContextCite: seeds after its training masks;
 AT2: `create_masks`), with removal of the masked sentences: their LDS (scipy's Spearman of their surrogate against
 their own measured logit-probabilities) and ours (`lds.lds` of the same scores against `ablate.response_logprobs`).
@@ -306,8 +309,8 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
     """The peers of `cfg.peers` on every row not yet in `results_path` (each appended as it finishes, so a rerun
     resumes; AT2 is trained first, and not at all when every row is done or it is not asked for), as rows of the `lds`
     command's results (joinable with `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds",
-    "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS ("lds_theirs"), the largest per-token log p difference, their
-    scores. A row without an answer or with fewer than 2 sentences is kept as {id, error}.
+    "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS
+    ("lds_theirs"), the largest per-token log p difference, their scores. A row without an answer or with fewer than 2 sentences is kept as {id, error}.
 
     Returns:
         The results of `rows`, in row order (those read back from `results_path` included).
