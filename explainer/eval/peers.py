@@ -310,7 +310,8 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
     resumes; AT2 is trained first, and not at all when every row is done or it is not asked for), as rows of the `lds`
     command's results (joinable with `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds",
     "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS
-    ("lds_theirs"), the largest per-token log p difference, their scores. A row without an answer or with fewer than 2 sentences is kept as {id, error}.
+    ("lds_theirs"), the largest per-token log p difference, their scores. A row without an answer or with fewer than 2
+    sentences is kept as {id, error}.
 
     Returns:
         The results of `rows`, in row order (those read back from `results_path` included).
