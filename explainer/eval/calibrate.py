@@ -45,8 +45,8 @@ from ..result.segments import sentence_groups
 from ..result.steps import last_content_step
 from ..runtime.host import to_numpy
 from .ablate import response_logprobs
-from .evaluate import context_positions, qa_prompt
 from .lds import KEEP_PROBABILITY, MASKS, ablation_masks
+from .lds_eval import LdsRow, answer_row
 
 
 @dataclass
@@ -79,15 +79,14 @@ def collect_row(bundle, row: dict[str, Any], cfg: CalibrateConfig) -> dict[str, 
         InputError: no answer, or fewer than 2 context sentences.
     """
     t0 = time.perf_counter()
-    prompt, context_start = qa_prompt(row)
-    attr = explain(bundle, prompt, methods=["macs"], max_new_tokens=cfg.max_new_tokens,
-                   method_options={"macs": {"keep_layers": True}})  # fmt: skip
-    encoded = bundle.encode(prompt, max_new_tokens=cfg.max_new_tokens)
-    positions, _ = context_positions(bundle, encoded, prompt, context_start)
-    sentences = [list(g.positions) for g in sentence_groups(attr.prompt_tokens, positions) if g.kind == "sentence"]
-    if attr.num_steps == 0 or len(sentences) < 2:
-        raise InputError(f"Row {row['id']!r}: no answer, or fewer than 2 context sentences to ablate.")
-    k = last_content_step(attr) + 1  # the response: content tokens, no trailing end-of-sequence token
+    answered = answer_row(bundle, row, ["macs"], cfg.max_new_tokens, {"macs": {"keep_layers": True}})
+    return ablate_answered(bundle, row, answered, cfg, t0)
+
+
+def ablate_answered(bundle, row: dict[str, Any], answered: LdsRow, cfg: CalibrateConfig, t0: float) -> dict:
+    """`collect_row`'s arrays of a row answered with MACS keeping its layer factors (`lds_eval.answer_row`): its
+    masks drawn and their log-probabilities measured by removal (`ablate.response_logprobs`)."""
+    attr, sentences, k = answered.attr, answered.sentences, answered.k  # k: the content tokens, no end-of-sequence
     masks, dropped = _masks(row, sentences, attr.num_prompt_tokens, cfg)
     device = bundle.device
     logp = response_logprobs(
