@@ -7,7 +7,7 @@ By default (`EXPLAINER_DECODE` unset or `auto`):
   the caller does not hold the model; the batch's step is one CUDA graph per slot state on CUDA, row by row on a CPU
   (`choice.batch_step_form`);
 - `cuda-graph`, the static-cache step (`static.py`) replayed as a CUDA graph: on CUDA, when every
-  streaming method has a device step (`has_device_step`: MACS, Rollout), text and image prompts;
+  streaming method has a device step (`has_device_step`: MACS, calibrated MACS, Rollout), text and image prompts;
 - `static`, the same step run eagerly: on CUDA after a failed capture;
 - `solo`, the plain loop (`solo.py`): the rest (the CPU, text prompts to vision-language models, sliding
   windows, device maps, methods without a device step).

@@ -28,9 +28,9 @@ the steps computed after it are dropped (a flag on the device keeps them out of 
 On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
 replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
 Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
-that all have a device step (`has_device_step`: MACS, Rollout), text and image prompts, models on one device whose
-layers all use full attention and that transformers marks as working with a static cache. Each step reports its path
-(`Step.decode_path`).
+that all have a device step (`has_device_step`: MACS, calibrated MACS, Rollout), text and image prompts, models on
+one device whose layers all use full attention and that transformers marks as working with a static cache. Each step
+reports its path (`Step.decode_path`).
 """
 
 from __future__ import annotations
