@@ -50,8 +50,6 @@ class Row:
         self.steps = job.num_steps
         self.input_ids = input_ids = job.input_ids  # (1, N)
         self.n = input_ids.shape[1]
-        forced = job.forced_ids
-        self.forced = None if forced is None else torch.tensor(forced, device=input_ids.device)  # (K,)
         self.streaming = [m for m in job.methods if m.streaming]
         self.method_seconds = method_seconds
         self.sinks = sinks
@@ -97,7 +95,8 @@ class Row:
             row.largest_batch = max(row.largest_batch, 1)
             row.prefill_rows = len(rows)
             try:
-                forced = None if row.forced is None else row.forced[:1]  # (1,) step 0's given token
+                given = row.forced_next  # step 0's given token, -1 for the argmax
+                forced = None if given < 0 else torch.tensor([given], device=row.input_ids.device)  # (1,)
                 row.emit(token_stats(logits, forced)[1].tolist(), attention, t0)  # the step's one read
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
