@@ -28,6 +28,9 @@
 #   scripts/gpu_check.sh OUTDIR embedded       # the embedded-model tests (bf16 vs plain generate, every method)
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
+#   scripts/gpu_check.sh OUTDIR hitratio       # issue #43: ABO's hit ratio of the methods a CPU cannot run at these
+#                                              # lengths (AtMan; the gradient methods at 4k need ~25 GB there),
+#                                              # beside MACS and calibrated MACS, embedded model, float32, 1k and 4k
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
 # (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
@@ -248,6 +251,15 @@ agreement)
         --methods macs,rollout,atman,attnlrp,grad_ellm,input_x_gradient --data "$data" --limit 50 \
         --max-new-tokens 16 --results "$OUT/agreement-bf16-gpu.jsonl"
     $PY -m explainer agreement --report "$OUT/agreement-bf16-gpu.jsonl" 2>&1
+    ;;
+hitratio)  # resumable: a rerun skips the prompts already in the rows
+    lengths=1024,4096 depths=10,30,50,70,90 tokens=16 methods=macs,macs_calibrated,attnlrp,grad_ellm,input_x_gradient
+    if [ -n "$DRY" ]; then lengths=64 depths=50 tokens=2 methods=macs,attnlrp; fi
+    gpu=$(gpu_name)
+    for m in ${methods//,/ } atman; do  # AtMan last: its passes grow with the prompt's length squared
+        run "$(box 120)" "hitratio-$m" $PY -m explainer hitratio --methods "$m" --lengths $lengths --depths $depths \
+            --samples 1 --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-$m.jsonl"
+    done
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -91,3 +91,19 @@ def test_a_second_call_resumes_with_nothing_left(dry_run):
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, solo)
     assert second.count("is there") == 4 + 1 + 5 + 1  # ... product rows, crowd
+
+
+def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
+    """`gpu_check.sh OUT hitratio` (issue #43's hit ratio of the methods a CPU cannot run at 1k-4k), dry-run: one
+    64-token needle prompt, each method's row in its own file; a second call measures nothing again."""
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
+           "PY": sys.executable}  # fmt: skip
+    call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "hitratio"]
+    first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
+    assert "exit 124" not in first and first.count("exit 0") == 3, first
+    for method in ("macs", "attnlrp", "atman"):
+        rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{method}.jsonl").open()]
+        assert len(rows) == 1 and rows[0]["methods"][method]["hit_ratio"] is not None, rows
+    before = {p.name: p.read_text() for p in (tmp_path / "results").iterdir()}
+    subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
+    assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before
