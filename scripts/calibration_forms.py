@@ -85,8 +85,12 @@ def predict(form: str, p: dict[str, torch.Tensor], e: dict[str, torch.Tensor]) -
     if form == "at2":
         tokens = torch.einsum("klhp,lh->p", (torch.exp(e["heads"]) - (1 - 0.8)) / 0.8, p["v"])  # raw attention
     else:
-        z = e["features"].sum(1) if form == "macs" else torch.einsum("klp,l->kp", e["features"], p["w"]) if "w" in p \
-            else 0  # fmt: skip
+        if "w" in p:
+            z = torch.einsum("klp,l->kp", e["features"], p["w"])  # (K, P)
+        elif form == "macs":
+            z = e["features"].sum(1)
+        else:
+            z = 0  # `head`: the per-head terms alone
         if "v" in p:
             z = z + torch.einsum("klhp,lh->kp", e["heads"], p["v"])
         tokens = torch.exp(z - z.max()).sum(dim=0)  # (P,)
