@@ -65,19 +65,15 @@ def at2_folder(root: str | None, train: list[dict], args: argparse.Namespace) ->
     yield str(work)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
-    p.add_argument("--limit", type=int, default=None)
-    p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
+def add_peer_options(p: argparse.ArgumentParser) -> None:
+    """The options `peers_lds.py` and `peers_hitratio.py` share: which peers, AT2's training, the model."""
     p.add_argument("--train-offset", type=int, default=None,
                    help="first row of --train-data AT2 is trained on (default: 0; without --train-data, the row "
                    "after the evaluated ones)")  # fmt: skip
     p.add_argument("--train-limit", type=int, default=4, help="rows AT2 is trained on (a check, not a result)")
     p.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps)
     p.add_argument("--max-new-tokens", type=int, default=PeerConfig.max_new_tokens)
-    p.add_argument("--masks", type=int, default=PeerConfig.masks, help="evaluation masks per row")
+    p.add_argument("--masks", type=int, default=PeerConfig.masks, help="masks per row (LDS; AT2's training)")
     p.add_argument("--context-cite-ablations", type=int, default=PeerConfig.context_cite_ablations,
                    help="ablations ContextCite fits its surrogate on (its default: 64)")  # fmt: skip
     p.add_argument("--peers", default=",".join(PEERS),
@@ -85,16 +81,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--model", default=None, help="hub id or local folder (default: embedded SmolLM2-135M-Instruct)")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="float32", help="as the lds command's --dtype (auto, float32, bfloat16, ...)")
-    p.add_argument("--results", required=True,
-                   help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
-                   "rows already in it")  # fmt: skip
     p.add_argument("--at2-work", default=None,
                    help="folder kept for AT2's trainer (its features of the training rows, which a rerun reuses); "
                    "default: a temporary folder")  # fmt: skip
-    args = p.parse_args(argv)
+
+
+def parse_peers(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
     peers = tuple(dict.fromkeys(n.strip() for n in args.peers.split(",") if n.strip()))
     if not peers or set(peers) - set(PEERS):
         p.error(f"--peers: choose from {', '.join(PEERS)}, got {args.peers!r}")
+    return peers
+
+
+def peer_config(args: argparse.Namespace, peers: tuple[str, ...], script: str, argv: list[str] | None) -> PeerConfig:
+    command = f"python scripts/{script} " + shlex.join(sys.argv[1:] if argv is None else argv)
+    return PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
+                      context_cite_ablations=args.context_cite_ablations, peers=peers, command=command)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--offset", type=int, default=0)
+    p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
+    add_peer_options(p)
+    p.add_argument("--results", required=True,
+                   help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
+                   "rows already in it")  # fmt: skip
+    args = p.parse_args(argv)
+    peers = parse_peers(p, args)
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
     if args.train_data:
         train = load_squad(resolve_data(args.train_data), args.train_limit, offset=args.train_offset or 0)
@@ -103,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         train = load_squad(resolve_data(args.data), args.train_limit, offset=start)
     evaluated = {r["id"] for r in rows}
     train = [r for r in train if r["id"] not in evaluated]
-    command = "python scripts/peers_lds.py " + shlex.join(sys.argv[1:] if argv is None else argv)
-    cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, at2_steps=args.at2_steps,
-                     context_cite_ablations=args.context_cite_ablations, peers=peers, command=command)  # fmt: skip
+    cfg = peer_config(args, peers, "peers_lds.py", argv)
     bundle = load_model(args.model, device=args.device, dtype=parse_dtype(args.dtype))
     with at2_folder(args.at2_work, train, args) as work:
         results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr))

@@ -21,7 +21,7 @@ from .lds import DEFAULT_METHODS
 from .options import methods_help, model_options, placement, rank_share
 
 
-def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
+def whole_numbers(text: str, what: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as e:
@@ -38,10 +38,10 @@ def cmd_hitratio(args: argparse.Namespace) -> int:
             print(format_table(summarise_hits(merge_results([p.strip() for p in args.report.split(",") if p.strip()]))))
         return 0
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    depths = _whole_numbers(args.depths, "--depths")
+    depths = whole_numbers(args.depths, "--depths")
     if max(depths) > 100:
         raise InputError(f"--depths are percentages of the haystack (0 to 100), got {args.depths!r}.")
-    specs = needle_specs(_whole_numbers(args.lengths, "--lengths"), depths, args.samples)[: args.limit]
+    specs = needle_specs(whole_numbers(args.lengths, "--lengths"), depths, args.samples)[: args.limit]
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
     if rank.world > 1:

@@ -113,20 +113,31 @@ def needle_rows(tokenizer, paragraphs: list[str], specs: Sequence[tuple[int, int
     return [needle_row(tokenizer, sentences, length, depth, i, seed) for length, depth, i in specs]
 
 
+def needle_positions(bundle, encoded, row: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """The user's text tokens of a needle prompt (chat-template tokens left out) and those of them on the system
+    prompt, the needle or the query: what `lds.hit_ratio` shares the saliency over and what it counts as hits."""
+    text, chars = context_positions(bundle, encoded, row["prompt"], 0)  # the user's text tokens, their characters
+    hits = [p for p, (s, e) in zip(text, chars) if any(s < b and e > a for a, b in row["spans"].values())]
+    return text, hits
+
+
+def needle_result(row: dict[str, Any], attr, text: list[int], hits: list[int]) -> dict[str, Any]:
+    """A needle row's result before its methods: the answer, whether it holds the password, the chance level."""
+    return {
+        "id": row["id"], "length": row["length"], "depth": row["depth"], "n_prompt_tokens": attr.num_prompt_tokens,
+        "answer": attr.generated_text, "found": row["password"].lower() in attr.generated_text.lower(),
+        "chance": len(hits) / max(len(text), 1), "dtype": attr.meta.get("dtype"), "methods": {},
+    }  # fmt: skip
+
+
 def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig) -> dict[str, Any]:
     """One needle prompt: the answer, whether it holds the password, and every method's hit ratio."""
     t0 = time.perf_counter()
     attr = explain(bundle, row["prompt"], methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens,
                    method_options=cfg.method_options)  # fmt: skip
-    encoded = bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens)
-    text, chars = context_positions(bundle, encoded, row["prompt"], 0)  # the user's text tokens, their characters
-    hits = [p for p, (s, e) in zip(text, chars) if any(s < b and e > a for a, b in row["spans"].values())]
+    text, hits = needle_positions(bundle, bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens), row)
     k = (last_content_step(attr) or 0) + 1
-    out: dict[str, Any] = {
-        "id": row["id"], "length": row["length"], "depth": row["depth"], "n_prompt_tokens": attr.num_prompt_tokens,
-        "answer": attr.generated_text, "found": row["password"].lower() in attr.generated_text.lower(),
-        "chance": len(hits) / max(len(text), 1), "dtype": attr.meta.get("dtype"), "methods": {},
-    }  # fmt: skip
+    out = needle_result(row, attr, text, hits)
     for name, scores in attr.methods.items():
         whole = np.nan_to_num(np.asarray(scores.raw[:k], dtype=np.float64)).sum(axis=0)  # (N,) the answer's map
         label = method_label(name, cfg.method_options.get(name))

@@ -65,6 +65,22 @@ def source_scores(raw: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarr
     return out[0] if one else out  # (K, S)
 
 
+def spread(scores: Sequence[float], sources: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """One (N,) token map of S source scores, each shared evenly by its source's tokens (other positions 0): a
+    sentence-level map read at token level, with `source_scores` of it giving `scores` back.
+
+    Args:
+        scores: (S,) one score per source.
+        sources: S lists of prompt positions, disjoint.
+        n: the prompt's length N.
+    """
+    out = np.zeros(n, dtype=np.float64)
+    for score, positions in zip(scores, sources):
+        if len(positions):
+            out[list(positions)] = float(score) / len(positions)
+    return out
+
+
 def centred(raw: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     """Zero-mean scores: each step's row minus its mean over `positions` (finite scores only); (K, N) float64."""
     r = np.atleast_2d(np.asarray(raw, dtype=np.float64))  # (K, N)

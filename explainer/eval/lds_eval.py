@@ -156,13 +156,24 @@ def answer_row(bundle, row: dict[str, Any], methods, max_new_tokens: int, method
         InputError: no answer, or fewer than 2 context sentences to ablate.
     """
     prompt, context_start = qa_prompt(row)
+    return answer_prompt(bundle, row["id"], prompt, context_start, methods, max_new_tokens, method_options)
+
+
+def answer_prompt(bundle, row_id: str, prompt: str, context_start: int, methods, max_new_tokens: int,
+                  method_options=None) -> LdsRow:  # fmt: skip
+    """Answer the user's `prompt` greedily while `methods` explain it, and cut its text from `context_start` on into
+    sentences (0: the whole prompt, as for a needle prompt).
+
+    Raises:
+        InputError: no answer, or fewer than 2 sentences to ablate.
+    """
     attr = explain(bundle, prompt, methods=list(methods), max_new_tokens=max_new_tokens,
                    method_options=method_options or {})  # fmt: skip
     encoded = bundle.encode(prompt, max_new_tokens=max_new_tokens)
     positions, _ = context_positions(bundle, encoded, prompt, context_start)
     sentences = [list(g.positions) for g in sentence_groups(attr.prompt_tokens, positions) if g.kind == "sentence"]
     if attr.num_steps == 0 or len(sentences) < 2:
-        raise InputError(f"Row {row['id']!r}: no answer, or fewer than 2 context sentences to ablate.")
+        raise InputError(f"Row {row_id!r}: no answer, or fewer than 2 context sentences to ablate.")
     k = last_content_step(attr) + 1
     return LdsRow(prompt, attr, encoded, positions, sentences, k)
 

@@ -21,6 +21,9 @@ logit is an increasing function of the summed log p, so a Spearman correlation, 
 Their top-k drops (`peer_drops`) are measured as the methods' whole-answer ones: the project's removal of the k
 sentences their scores rank first.
 
+Their hit ratio (`needle_row`, the `hitratio` command's needle prompts) is the methods' hit ratio of their sentence
+scores, each shared evenly by its sentence's tokens; the sources are then the sentences of the whole user message.
+
 Each peer's LDS is measured on 32 ablation masks drawn by its own code (ContextCite: seeds after its training masks;
 AT2: `create_masks`), with removal of the masked sentences: their LDS (scipy's Spearman of their surrogate against
 their own measured logit-probabilities) and ours (`lds.lds` of the same scores against `ablate.response_logprobs`).
@@ -47,8 +50,9 @@ import torch
 from ..errors import ExplainerError, InputError
 from ..runtime.host import to_numpy
 from .ablate import response_logprobs
-from .lds import KEEP_PROBABILITY, MASKS, TOP_K, lds, predictions, top_sources, without
-from .lds_eval import LdsRow, answer_row
+from .hitratio import needle_positions, needle_result
+from .lds import KEEP_PROBABILITY, MASKS, TOP_K, hit_ratio, lds, predictions, spread, top_sources, without
+from .lds_eval import LdsRow, answer_prompt, answer_row
 from .resumable import measure_rows, read_results
 
 PEERS = ("context-cite", "at2")
@@ -90,6 +94,11 @@ class PeerRow:
 def prepare(bundle, row: dict[str, Any], cfg: PeerConfig) -> PeerRow:
     """Answer the row as the `lds` command does and locate its sentences' characters in the user's prompt."""
     answered = answer_row(bundle, row, ["random"], cfg.max_new_tokens)  # a method is needed; the answer is greedy
+    return peer_row_of(bundle, answered)
+
+
+def peer_row_of(bundle, answered: LdsRow) -> PeerRow:
+    """What the peers are handed for a row answered by `lds_eval.answer_row` or `answer_prompt`."""
     tok, text = bundle.tokenizer, answered.encoded.text
     offsets = tok(text, add_special_tokens=False, return_offsets_mapping=True)["offset_mapping"]
     base = text.rfind(answered.prompt)
@@ -148,12 +157,11 @@ def _compare(masks: np.ndarray, scores: np.ndarray, their_logit: np.ndarray, the
     }
 
 
-def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
-    """ContextCite on one row: its Lasso surrogate fitted on its own ablations, then its LDS and ours on
-    `cfg.masks` further ablations drawn and measured by its code."""
+def context_cite_scores(bundle, p: PeerRow, cfg: PeerConfig):
+    """ContextCite's (S,) sentence scores on one row (its Lasso surrogate fitted on `cfg.context_cite_ablations` of
+    its own ablations), and its `ContextCiter`."""
     from context_cite import ContextCiter
     from context_cite.context_partitioner import BaseContextPartitioner
-    from context_cite.utils import aggregate_logit_probs, get_masks_and_logit_probs
 
     prompt, spans = p.row.prompt, p.spans
     lo, hi = spans[0][0], spans[-1][1]
@@ -187,9 +195,17 @@ def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
     cc._cache["output"] = p.row.encoded.text + p.response_text  # its cache of the generated text (no public hook)
     _check_ids("ContextCite", "prompt", cc._get_prompt_ids(), p.prompt_ids)
     _check_ids("ContextCite", "response", cc._response_ids, p.response_ids)
-    scores = np.asarray(cc.get_attributions(verbose=False), dtype=np.float64)  # (S,)
+    return np.asarray(cc.get_attributions(verbose=False), dtype=np.float64), cc  # (S,)
+
+
+def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
+    """ContextCite on one row: its scores (`context_cite_scores`), then its LDS and ours on `cfg.masks` further
+    ablations drawn and measured by its code."""
+    from context_cite.utils import aggregate_logit_probs, get_masks_and_logit_probs
+
+    scores, cc = context_cite_scores(bundle, p, cfg)
     masks, logit = get_masks_and_logit_probs(
-        bundle.model, bundle.tokenizer, cfg.masks, len(parts), cc._get_prompt_ids, cc._response_ids, cfg.keep, 1,
+        bundle.model, bundle.tokenizer, cfg.masks, len(p.spans), cc._get_prompt_ids, cc._response_ids, cfg.keep, 1,
         base_seed=cfg.context_cite_ablations,
     )  # fmt: skip  # held-out: the seeds after its training masks'
     mismatched = sum(cc._get_prompt_ids(mask=m) != [p.prompt_ids[i] for i in np.flatnonzero(k)]
@@ -265,14 +281,25 @@ def train_at2(bundle, rows: list[PeerRow], cfg: PeerConfig, workdir: str | Path)
                          device=str(bundle.device), print_every=max(cfg.at2_steps, 1))  # fmt: skip
 
 
-def at2_row(bundle, p: PeerRow, estimator, cfg: PeerConfig) -> dict[str, Any]:
-    """AT2 on one row: its attributor's scores, then its LDS and ours on `cfg.masks` ablations of its `create_masks`."""
+def at2_scores(bundle, p: PeerRow, estimator) -> np.ndarray:
+    """AT2's (S,) sentence scores on one row: its attributor with the trained `estimator`."""
+    return _at2_attributed(_at2_task(bundle, p), estimator)
+
+
+def _at2_attributed(task, estimator) -> np.ndarray:
     from at2 import AT2Attributor
+
+    return np.asarray(AT2Attributor(task, estimator).get_attribution_scores(), dtype=np.float64)  # (S,)
+
+
+def at2_row(bundle, p: PeerRow, estimator, cfg: PeerConfig) -> dict[str, Any]:
+    """AT2 on one row: its scores (`at2_scores`), then its LDS and ours on `cfg.masks` ablations of its
+    `create_masks`."""
     from at2.attribution.utils import aggregate_logit_probs
     from at2.tasks.base import create_masks
 
     task = _at2_task(bundle, p)
-    scores = np.asarray(AT2Attributor(task, estimator).get_attribution_scores(), dtype=np.float64)  # (S,)
+    scores = _at2_attributed(task, estimator)
     masks = create_masks(cfg.masks, task.num_sources, cfg.keep, seed=0)  # (M, S)
     logit = _at2_removal_logits(task, masks, len(p.response_ids))
     return _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks))
@@ -303,15 +330,46 @@ def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[st
             "seconds": time.perf_counter() - t0, "command": cfg.command}  # fmt: skip
 
 
+def needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
+    """The peers of `cfg.peers` on one needle prompt (`hitratio.needle_rows`), as a row of the `hitratio` command's
+    results (joinable with `hitratio --report`): each one's hit ratio.
+
+    A peer scores sentences, so its sources are the sentences of the whole user message (system prompt, haystack,
+    needle and query; `lds_eval.answer_prompt`), and its map is read at token level by sharing each sentence's score
+    evenly among its tokens (`lds.spread`), so that a token's share is its sentence's and the hit ratio is the
+    methods' (`lds.hit_ratio` over the same text and hit tokens, `hitratio.needle_positions`).
+
+    Raises:
+        InputError: no answer.
+    """
+    t0 = time.perf_counter()
+    p = peer_row_of(bundle, answer_prompt(bundle, row["id"], row["prompt"], 0, ["random"], cfg.max_new_tokens))
+    text, hits = needle_positions(bundle, p.row.encoded, row)
+    out = needle_result(row, p.row.attr, text, hits)
+    run = {"context-cite": lambda: context_cite_scores(bundle, p, cfg)[0],
+           "at2": lambda: at2_scores(bundle, p, estimator)}  # fmt: skip
+    out["peers"] = {}
+    for name in cfg.peers:
+        start = time.perf_counter()
+        scores = run[name]()
+        whole = spread(scores, p.row.sentences, len(p.prompt_ids))  # (N,)
+        out["methods"][name] = {"hit_ratio": hit_ratio(whole, hits, text), "seconds": time.perf_counter() - start}
+        out["peers"][name] = {"scores": [float(s) for s in scores]}
+    out["n_sentences"], out["seconds"], out["command"] = len(p.row.sentences), time.perf_counter() - t0, cfg.command
+    return out
+
+
 def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any]], cfg: PeerConfig,
               workdir: str | Path, results_path: str | Path | None = None,
-              log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+              log: Callable[[str], None] | None = None,
+              measure: Callable | None = None) -> list[dict[str, Any]]:  # fmt: skip
     """The peers of `cfg.peers` on every row not yet in `results_path` (each appended as it finishes, so a rerun
     resumes; AT2 is trained first, and not at all when every row is done or it is not asked for), as rows of the `lds`
     command's results (joinable with `lds --report`): id, answer, dtype, "methods" {"context-cite": {"lds",
     "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS
     ("lds_theirs"), the largest per-token log p difference, their scores. A row without an answer or with fewer than 2
-    sentences is kept as {id, error}.
+    sentences is kept as {id, error}. `measure` (default `peer_row`) measures a row from (bundle, row, estimator,
+    cfg): `needle_row` measures the hit ratio's needle prompts instead.
 
     Returns:
         The results of `rows`, in row order (those read back from `results_path` included).
@@ -323,5 +381,6 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
         if "at2" in cfg.peers:
             train = [p for p in (_prepared(bundle, r, cfg) for r in train_rows) if p]
             estimator = train_at2(bundle, train, cfg, workdir)
-        measure_rows(todo, lambda row: peer_row(bundle, row, estimator, cfg), done, results_path, bundle.model, log)
+        one = measure or peer_row
+        measure_rows(todo, lambda row: one(bundle, row, estimator, cfg), done, results_path, bundle.model, log)
     return [done[r["id"]] for r in rows if r["id"] in done]

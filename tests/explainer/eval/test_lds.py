@@ -15,6 +15,7 @@ from explainer.eval.lds import (
     lds_per_token,
     predictions,
     source_scores,
+    spread,
     top_sources,
     without,
 )
@@ -58,6 +59,18 @@ def test_source_scores_sum_each_sentence_over_a_loop():
     want = [[sum(0.0 if np.isnan(raw[k, p]) else raw[k, p] for p in s) for s in sources] for k in range(2)]
     np.testing.assert_allclose(source_scores(raw, sources), want)
     np.testing.assert_allclose(source_scores(raw[1], sources), want[1])
+
+
+def test_spread_shares_each_sources_score_evenly_and_sums_back():
+    sources = [[1, 2], [4, 5, 6], [7]]
+    scores = np.array([3.0, -1.5, 2.0])
+    got = spread(scores, sources, 9)
+    want = np.zeros(9)
+    for score, positions in zip(scores, sources):
+        for p in positions:
+            want[p] = score / len(positions)
+    np.testing.assert_allclose(got, want)
+    np.testing.assert_allclose(source_scores(got, sources), scores)  # the sentence map it was spread from
 
 
 def test_centred_rows_have_zero_mean_over_the_positions():

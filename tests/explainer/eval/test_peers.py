@@ -12,10 +12,13 @@ pytest.importorskip("context_cite", reason="context-cite is not installed (optio
 pytest.importorskip("at2", reason="at2 is not installed (optional: pip install .[peers])")
 
 from explainer import load_model  # noqa: E402
+from explainer.bench.prompts import prompt_text  # noqa: E402
+from explainer.eval.hitratio import needle_rows  # noqa: E402
 from explainer.eval.peers import (  # noqa: E402
     PeerConfig,
     at2_row,
     context_cite_row,
+    needle_row,
     prepare,
     train_at2,
 )
@@ -78,3 +81,14 @@ def test_at2_trained_by_its_trainer_agrees_with_ours(bundle, prepared, tmp_path)
     assert not np.allclose(weights, weights[0])  # training moved the uniform start
     entry = at2_row(bundle, prepared[0], estimator, CFG)
     _check_agreement(entry, bundle, prepared[0])
+
+
+def test_both_peers_score_a_needle_prompts_sentences(bundle, prepared, tmp_path):
+    row = needle_rows(bundle.tokenizer, prompt_text()[0], [(250, 50, 0)])[0]
+    estimator = train_at2(bundle, prepared[1:], CFG, tmp_path)
+    got = needle_row(bundle, row, estimator, CFG)  # their ids checked against ours (PeerMismatch otherwise)
+    assert got["found"] in (True, False) and 0 < got["chance"] < 1
+    for name in ("context-cite", "at2"):
+        scores = np.asarray(got["peers"][name]["scores"])
+        assert len(scores) == got["n_sentences"] > 5 and np.isfinite(scores).all()
+        assert 0.0 <= got["methods"][name]["hit_ratio"] <= 1.0
