@@ -38,11 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", default=None, help="haystack text from the contexts of a SQuAD file (as `hitratio`)")
     p.add_argument("--text", default=None, help="haystack text from a plain UTF-8 file instead")
     p.add_argument("--seed", type=int, default=0, help="seed of the passwords and of where each haystack starts")
-    p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (needed when AT2 runs)")
-    add_peer_options(p)
-    p.add_argument("--results", required=True,
-                   help="JSON-lines file, one row per prompt, appended as each finishes; a rerun skips the prompts "
-                   "already in it")  # fmt: skip
+    add_peer_options(p, "SQuAD file AT2 is trained on (needed when AT2 runs)", "prompt")
     args = p.parse_args(argv)
     peers = parse_peers(p, args)
     if "at2" in peers and not args.train_data:

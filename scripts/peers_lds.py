@@ -65,8 +65,10 @@ def at2_folder(root: str | None, train: list[dict], args: argparse.Namespace) ->
     yield str(work)
 
 
-def add_peer_options(p: argparse.ArgumentParser) -> None:
-    """The options `peers_lds.py` and `peers_hitratio.py` share: which peers, AT2's training, the model."""
+def add_peer_options(p: argparse.ArgumentParser, train_data_help: str, row: str) -> None:
+    """The options `peers_lds.py` and `peers_hitratio.py` share: which peers, AT2's training, the model, the results
+    file (one row per `row`)."""
+    p.add_argument("--train-data", default=None, help=train_data_help)
     p.add_argument("--train-offset", type=int, default=None,
                    help="first row of --train-data AT2 is trained on (default: 0; without --train-data, the row "
                    "after the evaluated ones)")  # fmt: skip
@@ -84,6 +86,9 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--at2-work", default=None,
                    help="folder kept for AT2's trainer (its features of the training rows, which a rerun reuses); "
                    "default: a temporary folder")  # fmt: skip
+    p.add_argument("--results", required=True,
+                   help=f"JSON-lines file, one row per {row}, appended as each finishes; a rerun skips the {row}s "
+                   "already in it")  # fmt: skip
 
 
 def parse_peers(p: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[str, ...]:
@@ -104,11 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--data", required=True, help="SQuAD JSON file (as for the lds command)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--offset", type=int, default=0)
-    p.add_argument("--train-data", default=None, help="SQuAD file AT2 is trained on (default: --data, after the rows)")
-    add_peer_options(p)
-    p.add_argument("--results", required=True,
-                   help="JSON-lines file, one row per evaluated row, appended as each finishes; a rerun skips the "
-                   "rows already in it")  # fmt: skip
+    add_peer_options(p, "SQuAD file AT2 is trained on (default: --data, after the rows)", "evaluated row")
     args = p.parse_args(argv)
     peers = parse_peers(p, args)
     rows = load_squad(resolve_data(args.data), args.limit, offset=args.offset)
