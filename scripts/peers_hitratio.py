@@ -1,6 +1,6 @@
 """The external references' hit ratio (ContextCite 0.0.4, AT2 0.0.1) on the needle prompts the `hitratio` command
 builds, written as rows of its results file so that `python -m explainer hitratio --report HITS.jsonl,PEERS.jsonl`
-shows them beside the methods (`peers.needle_row` says how their sentence scores become a token map).
+shows them beside the methods (`peers.peer_needle_row` says how their sentence scores become a token map).
 
 Needs the optional extras: pip install .[peers]. The prompts are the `hitratio` command's for the same --lengths,
 --depths, --samples, --seed and haystack (--data / --text), and the answer is the same greedy one at the same --dtype
@@ -24,7 +24,7 @@ from explainer.cli.hitratio import whole_numbers
 from explainer.eval.datasets import resolve_data
 from explainer.eval.evaluate import load_squad
 from explainer.eval.hitratio import DEPTHS, LENGTHS, format_table, needle_rows, needle_specs, summarise
-from explainer.eval.peers import needle_row, run_peers
+from explainer.eval.peers import peer_needle_row, run_peers
 from explainer.models.loading import load_model
 from explainer.runtime.precision import parse_dtype
 
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = needle_rows(bundle.tokenizer, paragraphs, specs, args.seed)
     with at2_folder(args.at2_work, train, args) as work:
         results = run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr),
-                            measure=needle_row)  # fmt: skip
+                            measure=peer_needle_row)  # fmt: skip
     print(format_table(summarise(results)))
     return 0
 

@@ -21,7 +21,7 @@ logit is an increasing function of the summed log p, so a Spearman correlation, 
 Their top-k drops (`peer_drops`) are measured as the methods' whole-answer ones: the project's removal of the k
 sentences their scores rank first.
 
-Their hit ratio (`needle_row`, the `hitratio` command's needle prompts) is the methods' hit ratio of their sentence
+Their hit ratio (`peer_needle_row`, the `hitratio` command's needle prompts) is the methods' hit ratio of their sentence
 scores, each shared evenly by its sentence's tokens; the sources are then the sentences of the whole user message.
 
 Each peer's LDS is measured on 32 ablation masks drawn by its own code (ContextCite: seeds after its training masks;
@@ -330,7 +330,7 @@ def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[st
             "seconds": time.perf_counter() - t0, "command": cfg.command}  # fmt: skip
 
 
-def needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
+def peer_needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
     """The peers of `cfg.peers` on one needle prompt (`hitratio.needle_rows`), as a row of the `hitratio` command's
     results (joinable with `hitratio --report`): each one's hit ratio.
 
@@ -369,7 +369,7 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
     "drop@k"}, "at2": {...}} (our LDS of their scores, our top-k drops) and "peers" with the rest: their own LDS
     ("lds_theirs"), the largest per-token log p difference, their scores. A row without an answer or with fewer than 2
     sentences is kept as {id, error}. `measure` (default `peer_row`) measures a row from (bundle, row, estimator,
-    cfg): `needle_row` measures the hit ratio's needle prompts instead.
+    cfg): `peer_needle_row` measures the hit ratio's needle prompts instead.
 
     Returns:
         The results of `rows`, in row order (those read back from `results_path` included).

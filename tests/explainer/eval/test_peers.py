@@ -18,7 +18,7 @@ from explainer.eval.peers import (  # noqa: E402
     PeerConfig,
     at2_row,
     context_cite_row,
-    needle_row,
+    peer_needle_row,
     prepare,
     train_at2,
 )
@@ -86,7 +86,7 @@ def test_at2_trained_by_its_trainer_agrees_with_ours(bundle, prepared, tmp_path)
 def test_both_peers_score_a_needle_prompts_sentences(bundle, prepared, tmp_path):
     row = needle_rows(bundle.tokenizer, prompt_text()[0], [(250, 50, 0)])[0]
     estimator = train_at2(bundle, prepared[1:], CFG, tmp_path)
-    got = needle_row(bundle, row, estimator, CFG)  # their ids checked against ours (PeerMismatch otherwise)
+    got = peer_needle_row(bundle, row, estimator, CFG)  # their ids checked against ours (PeerMismatch otherwise)
     assert got["found"] in (True, False) and 0 < got["chance"] < 1
     for name in ("context-cite", "at2"):
         scores = np.asarray(got["peers"][name]["scores"])

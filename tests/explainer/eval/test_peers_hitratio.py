@@ -1,4 +1,4 @@
-"""The references' hit ratio on needle prompts (`peers.needle_row`): a sentence score shared evenly by its tokens,
+"""The references' hit ratio on needle prompts (`peers.peer_needle_row`): a sentence score shared evenly by its tokens,
 recomputed by hand from the tokens' characters; a row of the `hitratio` command's results, joinable with its report.
 The peers' scoring is stubbed with planted sentence scores, so this runs without `pip install .[peers]`
 (tests/explainer/eval/test_peers.py runs the real ones)."""
@@ -16,7 +16,7 @@ from explainer.bench.prompts import prompt_text
 from explainer.eval import peers
 from explainer.eval.evaluate import merge_results
 from explainer.eval.hitratio import HitRatioConfig, evaluate_needle, needle_rows, summarise
-from explainer.eval.peers import PeerConfig, needle_row, run_peers
+from explainer.eval.peers import PeerConfig, peer_needle_row, run_peers
 from explainer.models.loading import ModelBundle
 
 CFG = PeerConfig(max_new_tokens=3, peers=("context-cite", "at2"))
@@ -58,7 +58,7 @@ def test_a_needle_row_of_planted_sentence_scores_recomputed_by_hand(llama, token
 
     monkeypatch.setattr(peers, "context_cite_scores", lambda *a: (planted(1)(*a), None))
     monkeypatch.setattr(peers, "at2_scores", planted(2))
-    got = needle_row(bundle, row, "estimator", CFG)
+    got = peer_needle_row(bundle, row, "estimator", CFG)
     assert got["id"] == row["id"] and got["length"] == 300 and got["depth"] == 50
     sentences = seen["sentences"]
     assert got["n_sentences"] == len(sentences) >= 3
@@ -76,10 +76,10 @@ def test_needle_rows_are_resumable_and_join_the_methods_report(llama, tokenizer,
     monkeypatch.setattr(peers, "context_cite_scores", lambda *a: (needle(*a), None))
     cfg = PeerConfig(max_new_tokens=3, peers=("context-cite",))
     path = tmp_path / "peers.jsonl"
-    first = run_peers(bundle, [row], [], cfg, tmp_path, path, measure=needle_row)
+    first = run_peers(bundle, [row], [], cfg, tmp_path, path, measure=peer_needle_row)
     assert first[0]["methods"]["context-cite"]["hit_ratio"] == pytest.approx(1.0)
     monkeypatch.setattr(peers, "context_cite_scores", lambda *a: pytest.fail("a done prompt was measured again"))
-    assert run_peers(bundle, [row], [], cfg, tmp_path, path, measure=needle_row) == first
+    assert run_peers(bundle, [row], [], cfg, tmp_path, path, measure=peer_needle_row) == first
     methods = tmp_path / "methods.jsonl"  # the `hitratio` command's row of the same prompt: the same answer
     measured = evaluate_needle(bundle, row, HitRatioConfig(methods=("macs",), max_new_tokens=3))
     methods.write_text(json.dumps(measured) + "\n")
