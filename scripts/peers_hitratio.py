@@ -20,10 +20,11 @@ import sys
 from peers_lds import add_peer_options, at2_folder, parse_peers, peer_config
 
 from explainer.bench.prompts import prompt_text
-from explainer.cli.hitratio import whole_numbers
+from explainer.cli.hitratio import needle_plan
+from explainer.errors import InputError
 from explainer.eval.datasets import resolve_data
 from explainer.eval.evaluate import load_squad
-from explainer.eval.hitratio import DEPTHS, LENGTHS, format_table, needle_rows, needle_specs, summarise
+from explainer.eval.hitratio import DEPTHS, LENGTHS, format_table, needle_rows, summarise
 from explainer.eval.peers import peer_needle_row, run_peers
 from explainer.models.loading import load_model
 from explainer.runtime.precision import parse_dtype
@@ -43,8 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     peers = parse_peers(p, args)
     if "at2" in peers and not args.train_data:
         p.error("--train-data: AT2 is trained on SQuAD rows before it scores the needle prompts; give a SQuAD file")
-    specs = needle_specs(whole_numbers(args.lengths, "--lengths"), whole_numbers(args.depths, "--depths"),
-                         args.samples)[: args.limit]  # fmt: skip
+    try:
+        specs = needle_plan(args.lengths, args.depths, args.samples, args.limit)
+    except InputError as e:
+        p.error(str(e))
     paragraphs, _ = prompt_text(resolve_data(args.data) if args.data else None, args.text)
     train = []
     if "at2" in peers:

@@ -21,7 +21,7 @@ from .lds import DEFAULT_METHODS
 from .options import methods_help, model_options, placement, rank_share
 
 
-def whole_numbers(text: str, what: str) -> tuple[int, ...]:
+def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
     try:
         values = tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError as e:
@@ -31,6 +31,18 @@ def whole_numbers(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
+def needle_plan(lengths: str, depths: str, samples: int, limit: int | None) -> list[tuple[int, int, int]]:
+    """The (length, depth, sample) needle prompts of --lengths, --depths, --samples and --limit (`needle_specs`).
+
+    Raises:
+        InputError: a length or depth is not a whole number of 0 or more, or a depth is over 100 (%).
+    """
+    depth_values = _whole_numbers(depths, "--depths")
+    if max(depth_values) > 100:
+        raise InputError(f"--depths are percentages of the haystack (0 to 100), got {depths!r}.")
+    return needle_specs(_whole_numbers(lengths, "--lengths"), depth_values, samples)[:limit]
+
+
 def cmd_hitratio(args: argparse.Namespace) -> int:
     rank = rank_from_env()
     if args.report:
@@ -38,10 +50,7 @@ def cmd_hitratio(args: argparse.Namespace) -> int:
             print(format_table(summarise_hits(merge_results([p.strip() for p in args.report.split(",") if p.strip()]))))
         return 0
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    depths = whole_numbers(args.depths, "--depths")
-    if max(depths) > 100:
-        raise InputError(f"--depths are percentages of the haystack (0 to 100), got {args.depths!r}.")
-    specs = needle_specs(whole_numbers(args.lengths, "--lengths"), depths, args.samples)[: args.limit]
+    specs = needle_plan(args.lengths, args.depths, args.samples, args.limit)
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
     if rank.world > 1:

@@ -95,6 +95,9 @@ def test_the_script_writes_rows_the_hitratio_report_reads(monkeypatch, tmp_path,
     with pytest.raises(SystemExit):  # AT2 needs SQuAD rows to train on
         peers_hitratio.main(["--peers", "at2", "--results", str(tmp_path / "x.jsonl")])
     assert "--train-data" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # the hitratio command's checks of the needle prompts
+        peers_hitratio.main(["--peers", "context-cite", "--depths", "50,150", "--results", str(tmp_path / "x.jsonl")])
+    assert "--depths are percentages" in capsys.readouterr().err
     needle = lambda *a: np.eye(len(a[1].row.sentences))[0]  # noqa: E731
     monkeypatch.setattr(peers, "context_cite_scores", lambda *a: (needle(*a), None))
     path = tmp_path / "hits.jsonl"
