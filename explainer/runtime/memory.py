@@ -6,8 +6,9 @@ method keeps (`AttributionMethod.memory`, in bytes, from the model's shape alone
 - generation: the KV cache (2 x L x KV heads x head dim x T in the model's dtype), the prefill's activations (about
   T x (4 x hidden + 3 x intermediate) values at a time) and the captured attention rows (L x H x T float32);
 - Rollout: the head-fused attention of every prompt row, L x N^2 / 2 float32 values, and of the generated rows;
-- Input x Gradient, AttnLRP, Grad-ELLM: one forward graph over T - 1 positions (each layer's activations, and on a
-  CPU, where attention's backward keeps its weights, L x H x T^2 of them);
+- Input x Gradient, AttnLRP, Grad-ELLM: one forward graph over T - 1 positions (each layer's activations, and where
+  attention's backward keeps its weights, L x H x T^2 of them: eager attention, or an SDPA kernel that keeps them,
+  `attention_keeps_weights`);
 - AtMan: a prefix cache over T positions and one batch of `kv.batch_tokens` positions;
 - pi-Soft with fixed routing: the unperturbed attention weights, L x H x T^2 float32 (`faithfulness`).
 
@@ -22,6 +23,7 @@ container's cgroup limit leaves (v2 `memory.max` - `memory.current`, v1 `memory.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from dataclasses import dataclass
@@ -175,15 +177,65 @@ class ModelShape:
         return self.kv_bytes(1) + self.activation_bytes(1)
 
 
+@functools.cache
+def cpu_sdpa_keeps_weights(dtype: torch.dtype) -> bool:
+    """Whether PyTorch's CPU `scaled_dot_product_attention` keeps the H x Tq x Tk attention weights for its backward
+    pass, with a causal flag or with a mask (as transformers calls it): its math fallback does, its fused kernel keeps
+    only a log-sum-exp per query. Told by running a small attention under saved-tensor hooks, once per dtype."""
+    h, t, d = 4, 32, 16
+    seen: list[int] = []
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        seen.append(x.numel())
+        return x
+
+    with torch.inference_mode(False), torch.enable_grad():
+        q, k, v = (torch.randn(1, h, t, d, dtype=dtype).requires_grad_(True) for _ in range(3))
+        mask = torch.ones(t, t, dtype=torch.bool).tril()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return any(n >= h * t * t for n in seen)
+
+
+def attention_keeps_weights(model: torch.nn.Module) -> bool:
+    """Whether a backward pass through `model`'s language attention keeps the L x H x T^2 attention weights: eager
+    attention does on any device; SDPA on a CPU when its kernel does (`cpu_sdpa_keeps_weights`); SDPA's fused CUDA
+    kernels and flash attention keep a log-sum-exp per query instead."""
+    implementation = getattr(language_config(model), "_attn_implementation", None) or "eager"
+    if implementation == "eager":
+        return True
+    if implementation != "sdpa" or devices.input_device(model).type != "cpu":
+        return False
+    param = next(model.parameters(), None)
+    return cpu_sdpa_keeps_weights(param.dtype if param is not None else torch.float32)
+
+
 @dataclass(frozen=True)
 class MemoryRequest:
-    """A request as the memory estimates see it: the model's shape, N, K and where it runs."""
+    """A request as the memory estimates see it: the model's shape, N, K and where it runs.
+
+    Attributes:
+        attention_weights: whether a backward pass through attention keeps its weights (`attention_keeps_weights`).
+    """
 
     shape: ModelShape
     n: int
     k: int
     device_type: str = "cpu"
     batch_tokens: int = 1024
+    attention_weights: bool = False
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, n: int, k: int, batch_tokens: int = 1024) -> MemoryRequest:
+        """The request of N prompt and K answer tokens on `model`, where it is.
+
+        Raises:
+            AttributeError, TypeError: a model whose shape the estimates cannot read (`ModelShape.of`).
+        """
+        shape = ModelShape.of(model)
+        device = devices.input_device(model).type
+        return cls(shape, n, k, device, batch_tokens, attention_keeps_weights(model))
 
     @property
     def t(self) -> int:
@@ -198,11 +250,11 @@ def generation_bytes(request: MemoryRequest) -> int:
 
 def graph_bytes(request: MemoryRequest, layers: int | None = None) -> int:
     """One forward graph over T - 1 positions through `layers` (None: all) decoder layers, as the gradient methods
-    keep it; on a CPU attention's backward also keeps the L x H x T^2 weights."""
+    keep it, and the H x T^2 attention weights of each layer where attention's backward keeps them."""
     s, t = request.shape, request.t - 1
     depth = s.layers if layers is None else min(layers, s.layers)
     per_layer = t * (10 * s.hidden + 4 * s.intermediate) * s.dtype_bytes
-    if request.device_type == "cpu":
+    if request.attention_weights:
         per_layer += s.heads * t * t * 4
     return depth * per_layer + s.kv_bytes(t) + t * s.vocab * 4
 
@@ -248,10 +300,9 @@ def check_request(model: torch.nn.Module, instances: list[Any], n: int, k: int, 
     """
     device = devices.input_device(model)
     try:
-        shape = ModelShape.of(model)
+        request = MemoryRequest.of(model, n, k, batch_tokens)
     except (AttributeError, TypeError):  # not a transformer (no attention heads): the capture refuses it
         return
-    request = MemoryRequest(shape, n, k, device.type, batch_tokens)
     check_fits(
         request_bytes(request, instances),
         device,

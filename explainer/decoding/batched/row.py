@@ -20,7 +20,7 @@ from transformers import DynamicCache
 
 from ...methods import AttributionMethod
 from ...result.sinks import SinkTracker
-from ...runtime.memory import MemoryRequest, ModelShape, request_bytes
+from ...runtime.memory import MemoryRequest, request_bytes
 from ..choice import BATCHED
 from ..job import DecodeJob
 from ..step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
@@ -162,10 +162,8 @@ def same_prefill(a: Row, b: Row) -> bool:
 def _row_bytes(model: torch.nn.Module, n: int, k: int, streaming: list[AttributionMethod]) -> int:
     """What the row's decode needs (`memory.request_bytes` of its streaming methods); 0 for a model whose shape the
     estimates cannot read."""
-    from ...runtime.devices import input_device
-
     try:
-        shape = ModelShape.of(model)
+        request = MemoryRequest.of(model, n, k)
     except (AttributeError, TypeError):
         return 0
-    return sum(request_bytes(MemoryRequest(shape, n, k, input_device(model).type), list(streaming)).values())
+    return sum(request_bytes(request, list(streaming)).values())

@@ -223,3 +223,40 @@ def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     assert gpu["sources"] == cpu["sources"] < 2e9
     assert sum(gpu.values()) < 5e9
     check_request(bundle.model, instances, 39, 24, tokens)  # no MemoryLimitError
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_a_gradient_graph_estimate_holds_what_the_graph_keeps(implementation):
+    """Measured: the tensors a gradient method's forward graph saves (new storage only, parameters not counted) over
+    T positions. Attention's H x T^2 weights are among them exactly when `attention_keeps_weights` says so (eager
+    attention; not SDPA's fused CPU kernel), and `graph_bytes` (which also counts the cache and the logits) is at
+    least what is saved and within a factor of four of it."""
+    from explainer.runtime.memory import attention_keeps_weights, graph_bytes
+
+    model = build_model("llama")
+    model.set_attn_implementation(implementation)
+    shape = ModelShape.of(model)
+    t = 257  # the request's T; the graph covers T - 1 positions
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+    weights = []
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        storage = x.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        weights.append(x.numel() >= shape.heads * (t - 1) ** 2)
+        return x
+
+    embeds = model.get_input_embeddings()(torch.randint(3, 60, (1, t - 1))).detach().requires_grad_(True)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        logits = model(inputs_embeds=embeds, use_cache=False).logits
+    keeps = attention_keeps_weights(model)
+    assert keeps == any(weights)
+    assert keeps == (implementation == "eager")  # torch >= 2.4: SDPA's CPU kernel keeps a log-sum-exp per query
+    kept = sum(saved.values()) + logits.numel() * logits.element_size()
+    request = MemoryRequest.of(model, t - 8, 8)
+    assert request.attention_weights == keeps
+    assert kept <= graph_bytes(request) <= 4 * kept
