@@ -260,3 +260,27 @@ def test_a_gradient_graph_estimate_holds_what_the_graph_keeps(implementation):
     request = MemoryRequest.of(model, t - 8, 8)
     assert request.attention_weights == keeps
     assert kept <= graph_bytes(request) <= 4 * kept
+
+
+@pytest.mark.parametrize("name", ["attnlrp", "grad_ellm", "input_x_gradient"])
+def test_each_gradient_methods_need_holds_what_its_graph_keeps(name):
+    """Measured on each gradient method's own pass (its rules and hooks included): the new storage its forward graph
+    saves is at most the need it states, and the need is within a factor of four of it."""
+    from explainer.methods.base import GenerationRun
+
+    model = build_model("llama")
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        storage = x.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return x
+
+    n, k = 300, 8
+    method = get_method(name)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        method.explain(GenerationRun(model, torch.randint(3, 60, (1, n + k)), n))
+    need = type(method).memory(MemoryRequest.of(model, n, k), method.config)
+    assert sum(saved.values()) <= need <= 4 * sum(saved.values())
