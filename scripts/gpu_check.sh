@@ -29,8 +29,9 @@
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
 #   scripts/gpu_check.sh OUTDIR hitratio       # issue #43: ABO's hit ratio of the methods a CPU cannot run at these
-#                                              # lengths (AtMan; the gradient methods at 4k need ~25 GB there),
-#                                              # beside MACS and calibrated MACS, embedded model, float32, 1k and 4k
+#                                              # lengths in a session (AtMan: ~40 min a 1k prompt on one thread), and
+#                                              # the gradient methods, beside MACS and calibrated MACS, embedded
+#                                              # model, float32, 1k and 4k
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
 # (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
