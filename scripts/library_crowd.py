@@ -108,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     from gpu_bench import _machine
 
     from explainer.decoding import enable_batching
+    from explainer.decoding.batched.engine import finish
     from explainer.explain import explain_request
     from explainer.runtime.malloc import keep_freed_memory
 
@@ -133,6 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         "medians": summary(rows),
     }  # fmt: skip
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+    finish(bundle.model, timeout=60)  # the batcher's thread ends before the interpreter does (no abort at exit)
     for m in report["medians"]:
         ratio = "" if m["vs_one_alone_median"] is None else f", {m['vs_one_alone_median']:.2f}x one"
         print(f"{m['visitors']:>3} visitors: {m['all_served_median_s']:.2f} s{ratio}")

@@ -45,6 +45,7 @@ class Batcher:
         self._active: list[Row] = []
         self._admitting = 0  # rows taken from `_pending` whose prefill runs now (they decode from the next step)
         self._thread: threading.Thread | None = None
+        self._runner: threading.Thread | None = None  # the last thread started, kept after it ends (`join`)
         self._slots: Slots | None = None  # the batch's slots while it has rows
         form, _ = batch_step_form(model, self.device)
         self._step = BatchStep(model, form != ROWS_APART, form == GRAPH)
@@ -54,7 +55,18 @@ class Batcher:
             self._pending.append(row)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="explainer-batcher", daemon=True)
+                self._runner = self._thread
                 self._thread.start()
+
+    def join(self, timeout: float | None = None) -> bool:
+        """Wait for the thread to end (it ends when no row is left); whether it has. A process should do this before
+        it exits: a daemon thread still inside PyTorch when the interpreter shuts down aborts the process
+        ("terminate called without an active exception", seen after every crowd on an H200)."""
+        with self._cond:
+            thread = self._runner
+        if thread is not None:
+            thread.join(timeout)
+        return thread is None or not thread.is_alive()
 
     def counts(self) -> tuple[int, int]:
         """(rows decoding or having their prefill now, rows waiting to join)."""
@@ -218,6 +230,13 @@ def batcher_for(model: torch.nn.Module) -> Batcher:
         if batcher is None:
             batcher = _batchers[model] = Batcher(model)
         return batcher
+
+
+def finish(model: torch.nn.Module, timeout: float | None = None) -> bool:
+    """Wait until `model`'s batcher thread has ended (`Batcher.join`); True where none was started."""
+    with _guard:
+        batcher = _batchers.get(model)
+    return True if batcher is None else batcher.join(timeout)
 
 
 def counts(model: torch.nn.Module) -> tuple[int, int]:

@@ -295,6 +295,16 @@ def test_a_row_decoding_alone_matches_the_solo_loop(model):
     _clean(model)
 
 
+def test_finish_waits_until_the_batchers_thread_has_ended(model):
+    """`engine.finish` returns once the batcher's thread is gone, so that a process can exit without a daemon thread
+    inside PyTorch (on an H200 every crowd script aborted at exit); True at once for a model never batched."""
+    _alone(model, _request(6, 3, k=3))
+    assert engine.finish(model, timeout=30)
+    assert not [t for t in threading.enumerate() if t.name == "explainer-batcher"]
+    assert engine.finish(build_model("llama"), timeout=0)  # no batcher: nothing to wait for
+    _clean(model)
+
+
 def test_a_row_that_does_not_fit_beside_the_others_waits_for_room(model, monkeypatch):
     reqs = {"a": _request(10, 12, k=6), "b": _request(13, 13, k=6)}
     refs = {key: _alone(model, r) for key, r in reqs.items()}
