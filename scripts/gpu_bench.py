@@ -84,7 +84,8 @@ def _load(args):
         bundle = load_model(None if args.folder == "embedded" else args.folder, device=args.device, dtype=args.dtype)
         return bundle.model, bundle.tokenizer, bundle.name, bundle.device
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny, getattr(args, "max_positions", None))
+    positions = getattr(args, "max_positions", None)  # library_crowd's arguments have none
+    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny, positions)
     name = f"{args.model} ({'tiny ' if args.tiny else ''}random weights)"
     return model, tok, name, torch.device(device)
 

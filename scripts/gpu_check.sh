@@ -3,7 +3,8 @@
 # each is time-boxed, writes its results straight under $RESULTS (default docs/results) and skips what they already
 # hold, so a call cut short resumes where it stopped when made again:
 #
-#   scripts/gpu_check.sh OUTDIR all            # the six stages below in this order, within $TOTAL_SECONDS (540)
+#   scripts/gpu_check.sh OUTDIR all            # the six stages below within $TOTAL_SECONDS (540), the headline rows
+#                                              # first: table3, static, crowd, static-tests, table3-long, product
 #   scripts/gpu_check.sh OUTDIR static-tests   # the graph paths' tests on CUDA (capture, no syncs): the static step,
 #                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image;
 #                                              # the batch's step, replay against eager and 1 row against 8, bitwise,
@@ -41,7 +42,12 @@
 # position limit is raised to 32,800 runs. Its rotary embedding is computed from the positions, so the work (and the
 # timing) is that of the same model with a longer context; its outputs past 8k are outside its training.
 # Environment: PY (default python3), STAGE_SECONDS (one stage's box), TOTAL_SECONDS, RESULTS, DRY_RUN,
-# PYTEST_WORKERS (pytest-xdist, if any).
+# PYTEST_WORKERS (pytest-xdist, if any), PACK (a .tar.gz written at exit with OUTDIR's logs and RESULTS).
+#
+# On a lent machine (the device tool), every call carries .whl (scripts/gpu_wheels.sh): the image lacks pydantic, which
+# the library imports, and gradio and plotly. Only 8 files come back from $OUT, so the logs and results travel packed:
+#
+#   RESULTS=$OUT/results PACK=$OUT/gpu-check.tar.gz bash scripts/gpu_check.sh /tmp/gpu-logs all
 set -uo pipefail
 OUT=${1:?OUTDIR}
 STAGE=${2:?stage}
@@ -57,6 +63,19 @@ RESULTS=${RESULTS:-docs/results}
 DRY=${DRY_RUN:-}
 TOTAL=${TOTAL_SECONDS:-540}
 mkdir -p "$RESULTS"
+
+pack() {  # PACK=FILE: OUTDIR's logs and RESULTS in one archive, also after a stage ran out of time
+    if [ -n "${PACK:-}" ]; then
+        tar czf "$PACK" "$OUT" "$RESULTS" 2>/dev/null && echo "=== packed $OUT and $RESULTS into $PACK"
+    fi
+}
+trap pack EXIT
+
+if ! $PY -c "import explainer" >"$OUT/import.log" 2>&1; then  # a missing package: say so before any stage
+    cat "$OUT/import.log"
+    echo "=== the library does not import with $PY (on a lent machine: carry .whl, scripts/gpu_wheels.sh)"
+    exit 3
+fi
 
 run() {  # run SECONDS NAME CMD...: time-boxed, output to OUT/NAME.log and to the terminal
     local seconds=$1 name=$2
@@ -222,7 +241,7 @@ stage() {  # stage NAME: one stage of the next GPU session
 
 case "$STAGE" in
 all)
-    for name in static-tests table3 table3-long static product crowd; do
+    for name in table3 static crowd static-tests table3-long product; do  # the headline rows first
         if [ $((TOTAL - SECONDS)) -lt 20 ]; then
             echo "=== out of time before $name: run again to resume"
             break

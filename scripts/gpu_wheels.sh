@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The wheels the GPU machines lack for the app's tests (issue #42): gradio, plotly and what they need beyond the
-# machines' image (Python 3.12; its package list: the device tool's KINDS.md), pinned to this project's versions.
+# The wheels the GPU machines lack (issue #42): pydantic, which the library imports (every call carries them), and
+# for the app's tests gradio, plotly and what they need beyond the machines' image (Python 3.12; its package list: the device tool's KINDS.md), pinned to this project's versions.
 # Run here, where pip reaches PyPI; the GPU machine reaches nothing. They go to .whl/ (git-ignored), about 46 MB,
 # within the 64 MiB that travels with a call:
 #

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -39,14 +40,17 @@ def test_plans_run_in_the_order_given():
 def dry_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("gpu-check")
     env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp / "results"), "TOTAL_SECONDS": "1500",
-           "PY": sys.executable}  # fmt: skip
+           "PY": sys.executable, "PACK": str(tmp / "pack.tar.gz")}  # fmt: skip
 
     def call() -> str:
         out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp / "logs"), "all"], env=env,
                              capture_output=True, text=True, timeout=1600, check=True)  # fmt: skip
         return out.stdout
 
-    return tmp / "results", call(), call()
+    first = call()
+    with tarfile.open(tmp / "pack.tar.gz") as tar:  # what a device call brings back: one file, not 8 at most
+        packed = {Path(name).name for name in tar.getnames()}
+    return tmp / "results", first, call(), packed
 
 
 def _rows(path: Path) -> set[tuple[str, int]]:
@@ -54,8 +58,15 @@ def _rows(path: Path) -> set[tuple[str, int]]:
 
 
 def test_every_stage_writes_its_results(dry_run):
-    results, first, _ = dry_run
+    results, first, _, packed = dry_run
     assert "exit 124" not in first, first  # no stage ran out of its time box
+    assert (
+        first.index("=== table3")
+        < first.index("=== static-")
+        < first.index("=== crowd")
+        < first.index("=== static-tests")
+    )  # the headline rows first
+    assert {p.name for p in results.iterdir()} <= packed and {"table3.log", "crowd-tiny.log"} <= packed
     static_tests = (results / "static-tests-cpu-dry.xml").read_text()
     assert "failed" not in static_tests and "test_an_image_prompt_on_the_static_path" in static_tests
     assert "test_the_fixed_shape_step_equals_the_row_by_row_step" in static_tests  # the batch's graph step
@@ -87,7 +98,7 @@ def test_every_stage_writes_its_results(dry_run):
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
-    _, _, second = dry_run
+    _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, solo)
     assert second.count("is there") == 4 + 1 + 5 + 1  # ... product rows, crowd
@@ -107,3 +118,16 @@ def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     before = {p.name: p.read_text() for p in (tmp_path / "results").iterdir()}
     subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
     assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before
+
+
+def test_a_library_that_does_not_import_stops_before_any_stage(tmp_path):
+    """On the first H200 call of 2026-11-28 the image lacked pydantic: every stage failed at its import and the call's
+    3 minutes went on nothing. The script now says so before any stage, and still packs what it has."""
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "PY": sys.executable,
+           "PYTHONPATH": str(tmp_path / "shadow"), "PACK": str(tmp_path / "pack.tar.gz")}  # fmt: skip
+    (tmp_path / "shadow" / "pydantic").mkdir(parents=True)
+    (tmp_path / "shadow" / "pydantic" / "__init__.py").write_text("raise ImportError('no pydantic here')\n")
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "all"], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 3 and "no pydantic here" in out.stdout and "carry .whl" in out.stdout
+    assert "=== table3" not in out.stdout and (tmp_path / "pack.tar.gz").is_file()
