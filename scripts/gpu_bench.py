@@ -17,6 +17,11 @@ instead (a path, or `embedded`).
 separated by `;`, e.g. `512,1024,2048:none,plain,macs;8192:macs,rollout:1`. The JSON is rewritten after every
 configuration and the ones it already holds are skipped, so a run cut short by `--deadline` (seconds, after which no
 new configuration starts) or by a time box resumes where it stopped.
+
+`--profile` runs each configuration once more under `torch.profiler` and adds its counts to the report's `profiles`
+(`profile_counts`): host calls that launch work on the GPU (`cudaLaunchKernel`, `cudaGraphLaunch`, copies and
+synchronisations), ATen operators, and the GPU kernels with their device time, the costliest first: what a missed
+speed goal is explained from (issue #42).
 """
 
 from __future__ import annotations
@@ -90,8 +95,47 @@ def _load(args):
     return model, tok, name, torch.device(device)
 
 
-def _measure(model, tok, device, n: int, method: str, k: int, repeats: int) -> dict:
-    """One configuration's `BenchRow` as a dict (bench's runner, warm-up and timing)."""
+HOST_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
+              "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")  # fmt: skip
+TOP_KERNELS = 15
+
+
+def profile_counts(run, input_ids, k: int, device) -> dict:
+    """One run of `run` (K new tokens) under `torch.profiler`: per generated token, the host's launch, copy and
+    synchronisation calls (`HOST_CALLS`), its ATen operators, and the GPU's kernels and their time; the kernels
+    with the most device time, with their counts and milliseconds over the run."""
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        steps = run(input_ids, k)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    per = max(int(steps or k), 1)
+    return {
+        "new_tokens": per,
+        "host_calls_per_token": {e.key: round(e.count / per, 2) for e in events if e.key in HOST_CALLS},
+        "aten_ops_per_token": round(sum(e.count for e in events if e.key.startswith("aten::")) / per, 1),
+        "kernels_per_token": round(sum(e.count for e in kernels) / per, 1),
+        "kernel_ms_per_token": round(sum(device_us(e) for e in kernels) / 1000 / per, 4),
+        "top_kernels": [
+            {"name": e.key[:120], "count": e.count, "ms": round(device_us(e) / 1000, 3)}
+            for e in sorted(kernels, key=device_us, reverse=True)[:TOP_KERNELS]
+        ],  # fmt: skip
+    }
+
+
+def _measure(model, tok, device, n: int, method: str, k: int, repeats: int, profiled: list | None = None) -> dict:
+    """One configuration's `BenchRow` as a dict (bench's runner, warm-up and timing); with `profiled` (a list) also
+    one profiled run, appended to it (`profile_counts`)."""
     import torch
 
     from explainer.bench.config import BenchConfig
@@ -117,6 +161,9 @@ def _measure(model, tok, device, n: int, method: str, k: int, repeats: int) -> d
     row = timed_runs(config, method, device, run, input_ids)
     row.positions = dict(work) or None
     row.decode_path = decode_path(model, method, input_ids)
+    if profiled is not None:
+        counts = profile_counts(run, input_ids, k, device)
+        profiled.append({"method": method, "prompt_tokens": n, "decode_path": row.decode_path, **counts})
     return asdict(row)
 
 
@@ -156,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None)
     p.add_argument("--decode", default=None, help="$EXPLAINER_DECODE: auto, solo, static, static-eager")
     p.add_argument("--deadline", type=float, default=None, help="seconds after which no configuration starts")
+    p.add_argument("--profile", action="store_true", help="also one profiled run a configuration (`profiles`)")
     a = p.parse_args(argv)
     t_start = time.perf_counter()
     if a.decode:
@@ -188,7 +236,8 @@ def _run_plan(a, path: Path, report: dict | None, plan: list, t_start: float) ->
             break
         t0 = time.perf_counter()
         try:
-            row = _measure(model, tok, device, n, method, a.new_tokens, repeats)
+            profiled = report.setdefault("profiles", []) if a.profile else None
+            row = _measure(model, tok, device, n, method, a.new_tokens, repeats, profiled)
         except torch.cuda.OutOfMemoryError as e:
             report.setdefault("refused", []).append({"method": method, "prompt_tokens": n, "error": str(e)[:300]})
             print(f"{method:>9} @ {n:>6}: out of memory", flush=True)
@@ -196,6 +245,13 @@ def _run_plan(a, path: Path, report: dict | None, plan: list, t_start: float) ->
             report["rows"].append(row)
             print(f"{method:>9} @ {n:>6}: {row['tokens_per_s']:8.2f} tokens/s, peak {row['peak_mem_mb']:9.1f} MiB, "
                   f"{row['decode_path']} ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
+            if a.profile:
+                c = report["profiles"][-1]
+                print(
+                    f"{'':>18} per token: {c['kernels_per_token']} kernels, {c['kernel_ms_per_token']} ms on the "
+                    f"device, {c['aten_ops_per_token']} ATen ops, {c['host_calls_per_token']}",
+                    flush=True,
+                )
         _write(path, report)
         gc.collect()
         if device.type == "cuda":

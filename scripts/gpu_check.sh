@@ -3,8 +3,9 @@
 # each is time-boxed, writes its results straight under $RESULTS (default docs/results) and skips what they already
 # hold, so a call cut short resumes where it stopped when made again:
 #
-#   scripts/gpu_check.sh OUTDIR all            # the six stages below within $TOTAL_SECONDS (540), the headline rows
-#                                              # first: table3, static, crowd, static-tests, table3-long, product
+#   scripts/gpu_check.sh OUTDIR all            # the seven stages below within $TOTAL_SECONDS (540), the headline
+#                                              # rows first: table3, static, crowd, profile, static-tests,
+#                                              # table3-long, product
 #   scripts/gpu_check.sh OUTDIR static-tests   # the graph paths' tests on CUDA (capture, no syncs): the static step,
 #                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image;
 #                                              # the batch's step, replay against eager and 1 row against 8, bitwise,
@@ -14,6 +15,8 @@
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
 #   scripts/gpu_check.sh OUTDIR static         # the embedded model: none, plain, MACS on the CUDA-graph path and on
 #                                              # the solo loop at 1k/4k/16k/32k prompt tokens, Rollout at 1k/4k
+#   scripts/gpu_check.sh OUTDIR profile        # the embedded model at 1k and 32k: plain and MACS under the profiler
+#                                              # (kernels, device time and launches per token), eager step and graph
 #   scripts/gpu_check.sh OUTDIR product        # Qwen2.5-1.5B text question with every method; Qwen2.5-VL-3B image
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode (its
@@ -105,6 +108,18 @@ m = re.search(r'\b([a-z]\d{2,4}[a-z]?)\b', n)
 print(m.group(1) if m else re.sub(r'[^a-z0-9]+', '-', n).strip('-'))"
 }
 
+embedded_model() {  # sets model=(...): the embedded model with a 32k position limit, or random weights in its shape
+    # the GGUF (98 MB) cannot travel with a call: without it, random weights in its shape (cost is the shape's)
+    model=(--folder /tmp/smollm2-135m-32k)
+    if [ -n "$DRY" ]; then
+        model=(--model $LLAMA "${TINY[@]}")
+    elif embedded_ready; then
+        long_copy /tmp/smollm2-135m-32k
+    else
+        model=(--model $SMOLLM2 --max-positions 32800)
+    fi
+}
+
 long_copy() {  # long_copy DIR: the embedded model with its position limit raised to 32,800
     $PY - "$1" <<'EOF'
 import json, shutil, sys
@@ -129,8 +144,10 @@ embedded_ready() {  # whether the embedded model loads here (its wheel, and gguf
 }
 if [ -n "$DRY" ]; then # tiny dimensions and lengths on the CPU
     SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 ROLLOUT_LENGTHS=16 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
+    PROFILE_LENGTHS=16
 else  # Rollout's prompt rows are L x N^2 / 2 floats: 61 GiB for the embedded model at 32k, so only 1k and 4k
     SHORT=512,1024,2048 LONG=8192,32768 STATIC_LENGTHS=1024,4096,16384,32768 ROLLOUT_LENGTHS=1024,4096 K=32 REPEATS=2
+    PROFILE_LENGTHS=1024,32768
     TINY=() DECODE=auto
 fi
 
@@ -198,19 +215,20 @@ stage() {  # stage NAME: one stage of the next GPU session
         ;;
     static) # where launches dominate: the CUDA-graph path against the solo loop, same model, same process kind;
         # Rollout's device step (its chain over a fixed (L, K - 1, N + K - 1) buffer) at the shorter lengths
-        # the GGUF (98 MB) cannot travel with a call: without it, random weights in its shape (cost is the shape's)
-        model=(--folder /tmp/smollm2-135m-32k)
-        if [ -n "$DRY" ]; then
-            model=(--model $LLAMA "${TINY[@]}")
-        elif embedded_ready; then
-            long_copy /tmp/smollm2-135m-32k
-        else
-            model=(--model $SMOLLM2 --max-positions 32800)
-        fi
+        embedded_model
         for decode in $DECODE solo; do
             run "$(box 70)" "static-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-static-$decode.json" \
                 --deadline "$(box 60)" --plan "$STATIC_LENGTHS:none,plain,macs;$ROLLOUT_LENGTHS:rollout"
+        done
+        ;;
+    profile) # what MACS adds to a step (issue #42: MACS at 0.80-0.90x plain on the graph path): per token the
+        # kernels, their device time and the host's launches, on the eager static step and on the graph
+        embedded_model
+        for decode in static-eager $DECODE; do
+            run "$(box 45)" "profile-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
+                --new-tokens $K --repeats 1 --json "$RESULTS/profile-gpu-$gpu-$decode.json" --deadline "$(box 40)" \
+                --plan "$PROFILE_LENGTHS:plain,macs" --profile
         done
         ;;
     product)
@@ -241,7 +259,7 @@ stage() {  # stage NAME: one stage of the next GPU session
 
 case "$STAGE" in
 all)
-    for name in table3 static crowd static-tests table3-long product; do  # the headline rows first
+    for name in table3 static crowd profile static-tests table3-long product; do  # the headline rows first
         if [ $((TOTAL - SECONDS)) -lt 20 ]; then
             echo "=== out of time before $name: run again to resume"
             break
@@ -249,7 +267,7 @@ all)
         stage "$name"
     done
     ;;
-static-tests | table3 | table3-long | static | product | crowd)
+static-tests | table3 | table3-long | static | profile | product | crowd)
     stage "$STAGE"
     ;;
 tests)

@@ -64,6 +64,7 @@ def test_every_stage_writes_its_results(dry_run):
         first.index("=== table3")
         < first.index("=== static-")
         < first.index("=== crowd")
+        < first.index("=== profile")
         < first.index("=== static-tests")
     )  # the headline rows first
     assert {p.name for p in results.iterdir()} <= packed and {"table3.log", "crowd-tiny.log"} <= packed
@@ -82,6 +83,14 @@ def test_every_stage_writes_its_results(dry_run):
         assert {(r["method"], r["prompt_tokens"]) for r in report["rows"]} == {
             (m, n) for m in ("none", "plain", "macs") for n in (16, 48)
         } | {("rollout", 16)}  # Rollout's device step at the shorter lengths only
+    for decode in ("static-eager", "static"):  # the profile stage: plain and MACS, each with its counts
+        profiles = json.loads((results / f"profile-gpu-cpu-dry-{decode}.json").read_text())["profiles"]
+        assert [(c["method"], c["prompt_tokens"], c["decode_path"]) for c in profiles] == [
+            ("plain", 16, "static"),
+            ("macs", 16, "static"),
+        ]
+        assert all(c["aten_ops_per_token"] > 0 and c["kernels_per_token"] == 0 for c in profiles)  # no GPU here
+        assert profiles[1]["aten_ops_per_token"] > profiles[0]["aten_ops_per_token"]  # MACS's own work per step
     product = [json.loads(line) for line in (results / "product-gpu-cpu-dry.jsonl").read_text().splitlines()]
     assert [(r["model"].split("/")[1], r["methods"], r["image_tokens_asked"]) for r in product] == [
         ("Qwen2.5-1.5B-Instruct", "all", 16), ("Qwen2.5-VL-3B-Instruct", "macs,rollout", 16),
@@ -100,8 +109,8 @@ def test_every_stage_writes_its_results(dry_run):
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
-    assert second.count("every configuration is there") == 4  # table3, table3-long, static (graph, solo)
-    assert second.count("is there") == 4 + 1 + 5 + 1  # ... product rows, crowd
+    assert second.count("every configuration is there") == 6  # table3, table3-long, static and profile (2 each)
+    assert second.count("is there") == 6 + 1 + 5 + 1  # ... product rows, crowd
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
