@@ -10,7 +10,8 @@ whatever random weights would generate). Before the crowds a request runs once t
 size runs uncounted (a process's first crowds also grow its memory, `explainer/runtime/malloc.py`), and each distinct
 request runs alone: its reference. Each crowd size runs `--rounds` times, alternating (1, 8, 1, 8, ...); the
 report gives each round's time until all were served, the medians, the median of each size over the median of the
-1-visitor rounds, and the visitors whose token ids, raw maps or step scores differ from their reference in any bit.
+1-visitor rounds, and the visitors whose token ids, raw maps or step scores differ from their reference in any bit,
+with by how much (`difference`).
 
 The model: `--folder` a saved model (a path, or `embedded`), or `--model` a shipped configuration built with random
 weights on the device (`gpu_bench.random_model`; `--tiny` shrinks it, a CPU dry run). Where `scripts/load_test.py
@@ -68,6 +69,30 @@ def _same(a, b) -> bool:
     )
 
 
+def difference(a, b) -> dict:
+    """How a visitor's result `a` differs from its reference `b` (for a mismatch found by `_same`): whether the token
+    ids are equal, and the largest absolute difference of each method's raw map and of each step score (relative to
+    the reference's largest magnitude too), where their shapes agree."""
+    import numpy as np
+
+    def gap(x, y) -> dict | None:
+        x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
+        if x.shape != y.shape:
+            return None
+        both = np.isfinite(x) & np.isfinite(y)
+        d = float(np.abs(x - y)[both].max(initial=0.0))
+        scale = float(np.abs(y)[both].max(initial=0.0))
+        return {"max_abs": d, "relative": d / scale if scale else None}
+
+    return {
+        "tokens_equal": a.generated_token_ids == b.generated_token_ids,
+        "maps": {m: gap(a.methods[m].raw, b.methods[m].raw) for m in sorted(a.methods.keys() & b.methods.keys())},
+        "step_scores": {
+            k: gap(a.step_scores[k], b.step_scores[k]) for k in sorted(a.step_scores.keys() & b.step_scores.keys())
+        },
+    }
+
+
 def _round(bundle, requests: list, n: int, references: list | None) -> dict:
     """Visitor i sends requests[i]; its result is compared with references[i] (None: not compared)."""
     from crowd_rounds import at_once
@@ -82,6 +107,11 @@ def _round(bundle, requests: list, n: int, references: list | None) -> dict:
         "tokens_per_s": sum(len(r.generated_token_ids) for _, r in done) / wall,
         "errors": [f"{type(r).__name__}: {r}" for r in out if isinstance(r, BaseException)],
         "mismatched_visitors": None if references is None else sum(not _same(r, references[i]) for i, r in done),
+        "differences": None
+        if references is None
+        else [
+            {"visitor": i, **difference(r, references[i])} for i, r in done if not _same(r, references[i])
+        ],  # fmt: skip
         "largest_batch": max((r.meta["decode"]["batch_size"] for _, r in done), default=0),
         "shared_prefill": max((r.meta["decode"]["prefill_rows"] for _, r in done), default=0),
     }

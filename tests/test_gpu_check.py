@@ -140,3 +140,27 @@ def test_a_library_that_does_not_import_stops_before_any_stage(tmp_path):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 3 and "no pydantic here" in out.stdout and "carry .whl" in out.stdout
     assert "=== table3" not in out.stdout and (tmp_path / "pack.tar.gz").is_file()
+
+
+def test_the_crowd_report_says_by_how_much_a_visitor_differs(tokenizer):
+    """On the H200 7 of 8 visitors differed from their lone runs and the report said only that: `difference` gives,
+    per mismatched visitor, whether the tokens agree and the largest gap of each map and step score."""
+    import copy
+
+    import library_crowd
+
+    from explainer import bundle_from_objects, explain
+
+    from .conftest import build_model
+
+    bundle = bundle_from_objects(build_model("llama"), tokenizer)
+    a = explain(bundle, "Paris is the capital of France.", methods=["macs", "rollout"], max_new_tokens=3)
+    b = copy.deepcopy(a)
+    assert library_crowd._same(a, b)
+    b.methods["macs"].raw[1, 2] += 0.25
+    b.step_scores["probability"][0] -= 0.5
+    assert not library_crowd._same(a, b)
+    d = library_crowd.difference(a, b)
+    assert d["tokens_equal"] and d["maps"]["rollout"]["max_abs"] == 0.0
+    assert abs(d["maps"]["macs"]["max_abs"] - 0.25) < 1e-6 and d["maps"]["macs"]["relative"] > 0
+    assert abs(d["step_scores"]["probability"]["max_abs"] - 0.5) < 1e-6 and d["step_scores"]["entropy"]["max_abs"] == 0
