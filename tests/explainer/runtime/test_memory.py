@@ -7,6 +7,8 @@ forward pass, and the batched passes of the perturbation methods take their size
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 import torch
@@ -225,6 +227,36 @@ def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     check_request(bundle.model, instances, 39, 24, tokens)  # no MemoryLimitError
 
 
+class _Saved:
+    """What a forward graph saved for its backward: each saved tensor's size, and the bytes of the new storage."""
+
+    def __init__(self) -> None:
+        self.numels: list[int] = []
+        self.storage: dict[int, int] = {}  # data pointer -> bytes, each storage once
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.storage.values())
+
+
+@contextlib.contextmanager
+def _saved_by_the_graph(model):
+    """Records, through saved-tensor hooks, what the forward passes in the block save; `model`'s parameters (which
+    are no new memory) are left out of the bytes."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved = _Saved()
+
+    def pack(x: torch.Tensor) -> torch.Tensor:
+        saved.numels.append(x.numel())
+        storage = x.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved.storage[storage.data_ptr()] = storage.nbytes()
+        return x
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+        yield saved
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "eager"])
 def test_a_gradient_graph_estimate_holds_what_the_graph_keeps(implementation):
     """Measured: the tensors a gradient method's forward graph saves (new storage only, parameters not counted) over
@@ -237,26 +269,15 @@ def test_a_gradient_graph_estimate_holds_what_the_graph_keeps(implementation):
     model.set_attn_implementation(implementation)
     shape = ModelShape.of(model)
     t = 257  # the request's T; the graph covers T - 1 positions
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-    weights = []
-
-    def pack(x: torch.Tensor) -> torch.Tensor:
-        storage = x.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        weights.append(x.numel() >= shape.heads * (t - 1) ** 2)
-        return x
-
     embeds = model.get_input_embeddings()(torch.randint(3, 60, (1, t - 1))).detach().requires_grad_(True)
     for p in model.parameters():
         p.requires_grad_(False)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    with _saved_by_the_graph(model) as saved:
         logits = model(inputs_embeds=embeds, use_cache=False).logits
     keeps = attention_keeps_weights(model)
-    assert keeps == any(weights)
+    assert keeps == any(n >= shape.heads * (t - 1) ** 2 for n in saved.numels)
     assert keeps == (implementation == "eager")  # torch >= 2.4: SDPA's CPU kernel keeps a log-sum-exp per query
-    kept = sum(saved.values()) + logits.numel() * logits.element_size()
+    kept = saved.bytes + logits.numel() * logits.element_size()
     request = MemoryRequest.of(model, t - 8, 8)
     assert request.attention_weights == keeps
     assert kept <= graph_bytes(request) <= 4 * kept
@@ -269,18 +290,9 @@ def test_each_gradient_methods_need_holds_what_its_graph_keeps(name):
     from explainer.methods.base import GenerationRun
 
     model = build_model("llama")
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(x: torch.Tensor) -> torch.Tensor:
-        storage = x.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return x
-
     n, k = 300, 8
     method = get_method(name)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda x: x):
+    with _saved_by_the_graph(model) as saved:
         method.explain(GenerationRun(model, torch.randint(3, 60, (1, n + k)), n))
     need = type(method).memory(MemoryRequest.of(model, n, k), method.config)
-    assert sum(saved.values()) <= need <= 4 * sum(saved.values())
+    assert saved.bytes <= need <= 4 * saved.bytes
