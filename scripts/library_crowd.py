@@ -101,17 +101,14 @@ def _round(bundle, requests: list, n: int, references: list | None) -> dict:
 
     out, wall = at_once(n, lambda i: explain_request(bundle, requests[i]))
     done = [(i, r) for i, r in enumerate(out) if not isinstance(r, BaseException)]
+    differ = None if references is None else [(i, r) for i, r in done if not _same(r, references[i])]
     return {
         "visitors": n,
         "all_served_s": wall,
         "tokens_per_s": sum(len(r.generated_token_ids) for _, r in done) / wall,
         "errors": [f"{type(r).__name__}: {r}" for r in out if isinstance(r, BaseException)],
-        "mismatched_visitors": None if references is None else sum(not _same(r, references[i]) for i, r in done),
-        "differences": None
-        if references is None
-        else [
-            {"visitor": i, **difference(r, references[i])} for i, r in done if not _same(r, references[i])
-        ],  # fmt: skip
+        "mismatched_visitors": None if differ is None else len(differ),
+        "differences": None if differ is None else [{"visitor": i, **difference(r, references[i])} for i, r in differ],
         "largest_batch": max((r.meta["decode"]["batch_size"] for _, r in done), default=0),
         "shared_prefill": max((r.meta["decode"]["prefill_rows"] for _, r in done), default=0),
     }
