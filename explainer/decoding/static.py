@@ -59,7 +59,7 @@ from ..runtime.memory import language_config
 from ..runtime.session import check_cancelled
 from .choice import CUDA_GRAPH, STATIC, remember_graph_failure
 from .job import DecodeJob
-from .step import Step, ends, full_row_consumer, make_step, method_scores, token_stats
+from .step import Step, device_scores, ends, full_row_consumer, make_step, method_scores, token_stats
 
 MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
@@ -152,21 +152,16 @@ class StaticDecoder:
         self.k.add_(1)
 
     def _record_rows(self, prefill: bool) -> None:
-        for i, (m, layers) in enumerate(zip(self.methods, self.layers)):
-            row, floored = m.device_step(self.rows, self.k)  # (N,) (MACS: float64 log; Rollout: float32), (L, N)
+        for i, row in enumerate(device_scores(self.methods, self.layers, self.rows, self.k)):  # (N,) each
             if self.outs[i] is None:  # the prefill: the buffer takes the row's dtype
                 self.outs[i] = torch.zeros((self.steps, *row.shape), dtype=row.dtype, device=row.device)  # (K, N)
             self.outs[i].index_copy_(0, self.k, row[None])
-            if layers is not None:
-                layers.index_copy_(0, self.k, floored[None])
         if self.sinks is None:
             return
         if prefill:
             self.sinks.add(self.rows)
             return
-        share = self.sinks.share(self.rows)  # (N,); steps after an end-of-sequence token are left out
-        self.share_sum.add_(share * self.alive)
-        self.share_min.copy_(torch.where(self.alive, torch.minimum(self.share_min, share), self.share_min))
+        self.sinks.gather(self.rows, self.share_sum, self.share_min, self.alive)  # none after an end-of-sequence
 
     def prefill(self, input_ids: torch.Tensor) -> None:
         """The prompt's pass (eager: its length is the prompt's), which also explains step 0."""

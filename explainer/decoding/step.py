@@ -101,6 +101,30 @@ def method_scores(
     return scores
 
 
+def device_scores(
+    methods: Sequence[AttributionMethod],
+    layers: Sequence[torch.Tensor | None],
+    rows: torch.Tensor,
+    k: torch.Tensor,
+) -> list[torch.Tensor]:
+    """Each method's row of step `k` as fixed-shape device work (`device_step`; all have `has_device_step`), its layer
+    factors written into row k of its `layers` buffer where it has one (`reserve_layers`); no host read.
+
+    Args:
+        rows: (L, H, T) attention rows of the step's query over N + K - 1 positions, keys after it exactly 0.
+        k: (1,) long on the device, the step.
+
+    Returns:
+        each method's (N,) row on the device (MACS: float64 log; Rollout: float32), for its `finish_step`."""
+    out = []
+    for m, buffer in zip(methods, layers):
+        row, floored = m.device_step(rows, k)
+        if buffer is not None:
+            buffer.index_copy_(0, k, floored[None])
+        out.append(row)
+    return out
+
+
 def ends(steps_done: int, token: int, num_steps: int, stop_ids: Container[int]) -> bool:
     """Whether decoding stops after a step's `token`: `num_steps` done, or a stop id (`DecodeJob.stop_ids`)."""
     return steps_done >= num_steps or token in stop_ids

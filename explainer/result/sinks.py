@@ -145,6 +145,20 @@ class SinkTracker:
         self.share_min = share if self.share_min is None else torch.minimum(self.share_min, share)
         self.steps += 1
 
+    def gather(
+        self, rows: torch.Tensor, share_sum: torch.Tensor, share_min: torch.Tensor, alive: torch.Tensor | None = None
+    ) -> None:
+        """A decode step's `share` of its rows (L, H, T) added to `share_sum` and folded into `share_min`, (N,) device
+        buffers (zeros and +inf at first), in place: fixed-shape device work, no host read. `alive`: (1,) bool, False
+        for a step after an end-of-sequence token, which then leaves both as they are. `add_totals` hands them over."""
+        share = self.share(rows)  # (N,)
+        if alive is None:
+            share_sum.add_(share)
+            torch.minimum(share_min, share, out=share_min)
+            return
+        share_sum.add_(share * alive)
+        share_min.copy_(torch.where(alive, torch.minimum(share_min, share), share_min))
+
     def add_totals(self, share_sum: torch.Tensor, share_min: torch.Tensor, steps: int) -> None:
         """`steps` more steps whose (N,) summed and smallest shares were gathered elsewhere on the device (the static
         decode path accumulates them inside its fixed-shape step, `explainer/decoding/static.py`); no host read."""

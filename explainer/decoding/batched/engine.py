@@ -51,6 +51,7 @@ class Batcher:
         self._step = BatchStep(model, form != ROWS_APART, form == GRAPH)
 
     def submit(self, row: Row) -> None:
+        row.on_device = self._step.shape_fixed and row.device_capable  # its methods run inside the batch's step
         with self._cond:
             self._pending.append(row)
             if self._thread is None:
@@ -75,7 +76,8 @@ class Batcher:
 
     def _loop(self) -> None:
         try:
-            with model_lock(self.model).prefer():  # nothing else takes the model between rounds
+            # Grad mode is per thread and on in a new one: without this every round recorded autograd's graph.
+            with torch.inference_mode(), model_lock(self.model).prefer():  # nothing else takes the model between rounds
                 while self._work_left():
                     with hold(self.model, urgent=True):
                         self._admit()
@@ -174,12 +176,19 @@ class Batcher:
         text = language_config(self.model)
         record = self._step.shape_fixed and any(r.captures for r in rows)
         rows_shape = (text.num_hidden_layers, text.num_attention_heads) if record else None
+        outputs = max((len(r.streaming) for r in rows if r.on_device), default=0)  # each one's methods' rows
         state = self._slots
         if state is None:
-            state = Slots(Layout.of(joining[0].cache), slots, capacity, rows_shape)
-        elif state.size < slots or state.capacity < capacity or (record and state.rows is None):
+            state = Slots(Layout.of(joining[0].cache), slots, capacity, rows_shape, outputs)
+        elif (
+            state.size < slots
+            or state.capacity < capacity
+            or (record and state.rows is None)
+            or state.outputs < outputs
+        ):
             grown_rows = rows_shape or (None if state.rows is None else tuple(state.rows.shape[1:3]))
-            state = state.grown(max(slots, state.size), max(capacity, state.capacity), grown_rows)
+            size, capacity = max(slots, state.size), max(capacity, state.capacity)
+            state = state.grown(size, capacity, grown_rows, max(outputs, state.outputs))
         for r in joining:
             r.slot = state.join(r.cache, r.length, r.next_input)
             r.cache = None
@@ -210,11 +219,16 @@ class Batcher:
             forced[r.slot], lengths[r.slot] = r.forced_next, r.length + 1
         state.forced.copy_(torch.tensor(forced))
         t0 = time.perf_counter()
-        attention = self._step.run(state, lengths, any(r.captures for r in rows))
-        stats = to_numpy(state.stats)  # (S, 3 + 2A): the step's one read
+        on_device = [r for r in rows if r.on_device]
+        attention = self._step.run(state, lengths, any(r.captures for r in rows), on_device)
+        stats = to_numpy(state.stats)  # (S, 3 + 2A): the step's one read, and one more where rows work on the device
+        outs = to_numpy(state.outs[:, :, : max(r.n for r in on_device)]) if on_device else None  # (S, M, N_max)
         for row in rows:
+            if row.done:  # its device work failed in this step
+                continue
             try:
-                row.decoded(stats[row.slot], attention.get(row.slot), t0, len(rows))
+                given = outs[row.slot] if row.on_device else attention.get(row.slot)
+                row.decoded(stats[row.slot], given, t0, len(rows))
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
 

@@ -9,6 +9,10 @@ statistics, written once and run in one of three ways.
 - **CUDA graph** (CUDA's default): that fixed-shape step recorded once per slot state (S, C, and whether attention
   rows are kept) and replayed; the host writes the forced ids before a replay and reads the statistics after it.
 
+In the fixed shape (and so in its graph) the rows whose methods run on the device (`row.Row.on_device`) do that
+work inside the step (`Row.device_work`): the graph is then recorded per slot state and set of such rows, and a row
+whose work fails in the step's eager run fails alone.
+
 In every form the matrix products run at a fixed row count (`products.fixed_rows`), so a row's numbers do not depend
 on how many others decode beside it: row by row, not on S or C; in the fixed shape, on C alone.
 """
@@ -16,6 +20,7 @@ on how many others decode beside it: row by row, not on S or C; in the fixed sha
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 
 import torch
 
@@ -23,6 +28,7 @@ from ...runtime.devices import input_device
 from ..choice import remember_graph_failure
 from .attention import fixed_shape, rows_apart
 from .products import fixed_rows, linear_layers, product_rows
+from .row import Row
 from .slots import Slots
 
 
@@ -36,15 +42,19 @@ class BatchStep:
         self._linears = linear_layers(model)  # patched for each step (`products.fixed_rows`), found once
         self._product_rows = product_rows(input_device(model))
         self._graph: torch.cuda.CUDAGraph | None = None
-        self._graph_of: tuple[int, bool] | None = None  # (`Slots.serial`, rows kept) the graph was recorded for
+        self._graph_of: tuple | None = None  # (`Slots.serial`, rows kept, `Row.serial`s on the device) it records
 
-    def run(self, slots: Slots, lengths: list[int | None], record: bool) -> dict[int, torch.Tensor]:
+    def run(
+        self, slots: Slots, lengths: list[int | None], record: bool, on_device: Sequence[Row] = ()
+    ) -> dict[int, torch.Tensor]:
         """One decode step of every active slot: `slots.stats` and `slots.token_in` hold each slot's result, the active
         slots' positions advance.
 
         Args:
             lengths: per slot, its positions after this step (None: a free slot), as the host counts them.
             record: whether a row keeps attention rows.
+            on_device: the rows whose methods run inside the step (fixed shape only; `Row.device_work`), their
+                outputs in `slots.outs`; one whose work fails in an eager run is failed (`Row.fail`).
 
         Returns:
             slot -> its (L, H, length) float32 attention rows when `record` (views of `slots.rows` in the fixed shape:
@@ -53,12 +63,13 @@ class BatchStep:
         if not self.shape_fixed:
             return self._rows_apart(slots, lengths, record)
         keep = record and slots.rows is not None
-        if self.graphs and self._graph_of == (slots.serial, keep):
+        on_device = list(on_device) if keep else []
+        if self.graphs and self._graph_of == (slots.serial, keep, tuple(r.serial for r in on_device)):
             self._graph.replay()
         elif self.graphs:
-            self._capture(slots, keep)  # runs this step, then records the next
+            self._capture(slots, keep, on_device)  # runs this step, then records the next
         else:
-            self._fixed(slots, keep)
+            self._fixed(slots, keep, on_device)
         if not keep:
             return {}
         return {s: slots.rows[s, :, :, :n] for s, n in enumerate(lengths) if n is not None}
@@ -78,12 +89,21 @@ class BatchStep:
         layers = sorted(recorded)
         return {s: torch.stack([recorded[la][s][0] for la in layers]) for s, n in enumerate(lengths) if n is not None}
 
-    def _fixed(self, slots: Slots, keep: bool) -> None:
-        """The fixed-shape step, eagerly: what the graph records."""
+    def _fixed(self, slots: Slots, keep: bool, on_device: list[Row], recording: bool = False) -> None:
+        """The fixed-shape step, eagerly: what the graph records. Eagerly a row whose device work fails is failed
+        and left out of `on_device` (the list changes); while `recording` its error ends the recording."""
         with fixed_shape(self.model, slots.rows if keep else None):
             slots.record_tokens(self._forward(slots), None)
+        for row in list(on_device):
+            try:
+                row.device_work(slots.rows[row.slot], slots.outs[row.slot])
+            except Exception as e:
+                if recording:
+                    raise
+                row.fail(e)
+                on_device.remove(row)
 
-    def _capture(self, slots: Slots, keep: bool) -> None:
+    def _capture(self, slots: Slots, keep: bool, on_device: list[Row]) -> None:
         """One real step on a side stream (it loads every kernel), then the next recorded, not run; where the capture
         fails the model is remembered (`choice.graph_failure`) and the step runs eagerly from now on."""
         self._graph = self._graph_of = None
@@ -91,12 +111,12 @@ class BatchStep:
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):
-            self._fixed(slots, keep)
+            self._fixed(slots, keep, on_device)  # rows whose work fails leave the list: the graph records the others
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         try:
             with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other models may run meanwhile
-                self._fixed(slots, keep)
+                self._fixed(slots, keep, on_device, recording=True)
         except torch.cuda.OutOfMemoryError:
             raise  # not the graph's fault: the batch does not fit
         except RuntimeError as e:  # an op that cannot be captured: the same step, eagerly
@@ -104,4 +124,4 @@ class BatchStep:
             warnings.warn(f"CUDA graph capture failed, the batch decodes without graphs: {e}", RuntimeWarning, 2)
             self.graphs = False
             return
-        self._graph, self._graph_of = graph, (slots.serial, keep)
+        self._graph, self._graph_of = graph, (slots.serial, keep, tuple(r.serial for r in on_device))

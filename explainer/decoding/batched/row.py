@@ -2,6 +2,14 @@
 it makes of each decode step's logits and attention rows (its own methods, sink tracker, forced ids or argmax, eos,
 number of steps).
 
+Where the batch's step has the fixed shape (a CUDA graph) and every streaming method of the row has a device step
+(MACS, calibrated MACS, Rollout: `has_device_step`), the row runs them on the device inside that step (`on_device`,
+`device_work`): each method's row goes to its slot's part of the step's output buffer (`Slots.outs`), which the
+batcher reads with the token statistics, and the sink shares are summed in place, handed to the tracker when the row
+ends. So a decode step costs a row no eager launches and no read of its own: the graph records its work once
+(the batch records a new graph when its rows change). Otherwise each step's methods run eagerly on the rows the
+step hands over, as the solo loop runs them.
+
 Rows with the same prompt that join together (`same_prefill`: a crowd pressing the same example) share that prefill:
 one pass at batch size 1, whose logits, attention rows and cache each of them takes as its own. It is the pass each
 would run alone, so their numbers are those of a lone prefill, bit for bit; each row's own methods, sink tracker and
@@ -10,20 +18,23 @@ answer (a given one or the argmax) read it.
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import numpy as np
 import torch
 from transformers import DynamicCache
 
 from ...methods import AttributionMethod
 from ...result.sinks import SinkTracker
+from ...runtime.host import to_numpy
 from ...runtime.memory import MemoryRequest, request_bytes
 from ..choice import BATCHED
 from ..job import DecodeJob
-from ..step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
+from ..step import device_scores, ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
 
 
 class Row:
@@ -37,7 +48,12 @@ class Row:
         length: the row's own cached positions (prompt and fed answer tokens).
         slot: its slot in the batch (`slots.Slots`), None before it joins.
         largest_batch: the most rows any of its steps shared a forward pass with (itself included).
+        on_device: whether its methods run inside the batch's step (set by the batcher before the prefill; see the
+            module docstring).
+        serial: unique per row (a batch's graph that records a row's work is replayed with that very row alone).
     """
+
+    _serials = itertools.count()
 
     def __init__(
         self,
@@ -64,6 +80,16 @@ class Row:
         self.largest_batch = 0
         self.prefill_rows = 0  # rows that took their step 0 from its prefill pass, itself included
         self.need = _row_bytes(model, self.n, self.steps, self.streaming)
+        self.serial = next(Row._serials)
+        self.on_device = False
+        self.step_index: torch.Tensor | None = None  # (1,) long on the device: the step its device work explains
+        self.layer_buffers: list[torch.Tensor | None] = []  # per method, its (K, L, N) layer factors or None
+        self.share_sum = self.share_min = None  # (N,) its decode steps' sink shares, summed and smallest
+
+    @property
+    def device_capable(self) -> bool:
+        """Whether every streaming method of the row has a device step (there is at least one)."""
+        return bool(self.streaming) and all(m.has_device_step for m in self.streaming)
 
     @property
     def captures(self) -> bool:
@@ -97,7 +123,11 @@ class Row:
             try:
                 given = row.forced_next  # step 0's given token, -1 for the argmax
                 forced = None if given < 0 else torch.tensor([given], device=row.input_ids.device)  # (1,)
-                row.emit(token_stats(logits, forced)[1].tolist(), attention, t0)  # the step's one read
+                stats = token_stats(logits, forced)[1].tolist()  # the step's one read
+                if row.on_device:
+                    row.emit(stats, row._start_on_device(attention), t0)
+                else:
+                    row.emit(stats, lambda m: m.step(attention), t0)
             except Exception as e:  # a method that fails fails its row alone
                 row.fail(e)
 
@@ -111,24 +141,62 @@ class Row:
             return False
         return True
 
-    def decoded(self, stats: Sequence[float], rows: torch.Tensor | None, t0: float, batch: int) -> None:
-        """A decode step's `token_stats` row (read on the host) and the row's (L, H, length + 1) attention rows (its
-        slot's unused positions cut off), or None."""
-        if rows is not None and self.sinks is not None:
-            self.sinks.add(rows)
+    def _start_on_device(self, attention: torch.Tensor) -> Callable[[AttributionMethod], np.ndarray]:
+        """Step 0 of a row whose methods run on the device: their device steps on the prefill's (L, H, N) rows,
+        widened to the N + K - 1 positions of every later step (zeros after the prompt, as a static cache's); the
+        buffers they keep are made here. Returns each method's scoring of the step (read on the host)."""
+        layers, device = attention.shape[0], attention.device
+        rows = torch.nn.functional.pad(attention, (0, self.n + self.steps - 1 - attention.shape[-1]))  # (L, H, T)
+        self.step_index = torch.zeros(1, dtype=torch.long, device=device)
+        self.layer_buffers = [m.reserve_layers(self.steps, layers, device) for m in self.streaming]
+        if self.sinks is not None:
+            self.share_sum = torch.zeros(self.n, device=device)
+            self.share_min = torch.full((self.n,), float("inf"), device=device)
+        outs = [to_numpy(row) for row in device_scores(self.streaming, self.layer_buffers, rows, self.step_index)]
+        self.step_index.add_(1)
+        index = {id(m): i for i, m in enumerate(self.streaming)}
+        return lambda m: m.finish_step(outs[index[id(m)]])
+
+    def device_work(self, rows: torch.Tensor, outs: torch.Tensor) -> None:
+        """A decode step's work of a row whose methods run on the device, inside the batch's step (a graph records
+        it): each method's row into `outs` (M, C) float64, its slot's part of `Slots.outs`, and the sink shares
+        summed in place; no host read.
+
+        Args:
+            rows: (L, H, C) its slot's attention rows of the step (`Slots.rows`), keys after its query exactly 0.
+        """
+        rows = rows[..., : self.n + self.steps - 1]  # (L, H, T): the positions its buffers were made for
+        for i, row in enumerate(device_scores(self.streaming, self.layer_buffers, rows, self.step_index)):
+            outs[i, : row.shape[0]].copy_(row)
+        if self.sinks is not None:
+            self.sinks.gather(rows, self.share_sum, self.share_min)
+        self.step_index.add_(1)
+
+    def decoded(self, stats: Sequence[float], rows: torch.Tensor | np.ndarray | None, t0: float, batch: int) -> None:
+        """A decode step's `token_stats` row (read on the host) and either the row's (L, H, length + 1) attention rows
+        (its slot's unused positions cut off) or None, or, on the device, its slot's (M, C) part of `Slots.outs`, read
+        on the host."""
         self.length += 1
         self.largest_batch = max(self.largest_batch, batch)
-        self.emit(stats, rows, t0)
+        if self.on_device:
+            n = self.n
+            self.emit(stats, lambda m: m.finish_step(rows[self.streaming.index(m), :n]), t0)
+            return
+        if rows is not None and self.sinks is not None:
+            self.sinks.add(rows)
+        self.emit(stats, lambda m: m.step(rows), t0)
 
-    def emit(self, stats: Sequence[float], rows: torch.Tensor | None, t0: float) -> None:
-        """Step k from its statistics and attention rows: the methods' rows, the step handed to the request, the
-        next input and the stop rule."""
+    def emit(self, stats: Sequence[float], score: Callable[[AttributionMethod], np.ndarray], t0: float) -> None:
+        """Step k from its statistics and each method's `score`: the methods' rows, the step handed to the request,
+        the next input and the stop rule."""
         seconds = time.perf_counter() - t0
-        scores = method_scores(self.streaming, lambda m: m.step(rows), self.method_seconds)
+        scores = method_scores(self.streaming, score, self.method_seconds)
         step = make_step(self.k, stats, scores, seconds, BATCHED)
         self.k += 1
         self.next_input = step.token_id
         self.done = ends(self.k, step.token_id, self.steps, self.job.stop_ids)
+        if self.done and self.on_device and self.sinks is not None:
+            self.sinks.add_totals(self.share_sum, self.share_min, self.k - 1)  # the decode steps gathered in place
         self.out.put(("step", step))
         if self.done:
             self.out.put(("done", None))

@@ -85,15 +85,25 @@ class Slots:
         stats: (S, 3 + 2A) float64, the step's `token_stats` row per slot.
         rows: (S, L, H, C) float32, the step's attention rows of each slot's query (fixed-shape attention only, when
             a row captures; the row-by-row attention hands each row its own).
+        outs: (S, M, C) float64, in the fixed shape, the step's row of each of a slot's M streaming methods where its
+            row runs them on the device (`row.Row.on_device`: written in the step, read with the statistics); None
+            when no row does.
         serial: unique per state (a graph recorded on one is replayed on it alone).
     """
 
     _serials = itertools.count()
 
-    def __init__(self, layout: Layout, slots: int, capacity: int, rows_shape: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        slots: int,
+        capacity: int,
+        rows_shape: tuple[int, int] | None = None,
+        outputs: int = 0,
+    ) -> None:
         device = layout.device
         self.serial = next(Slots._serials)
-        self.layout, self.size, self.capacity = layout, slots, capacity
+        self.layout, self.size, self.capacity, self.outputs = layout, slots, capacity, outputs
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.cache = DynamicCache()
         for kvh, dk, dv in layout.shapes:
@@ -106,6 +116,9 @@ class Slots:
         self.columns = torch.arange(capacity, device=device)  # (C,)
         self.stats: torch.Tensor | None = None  # made by the first step (A from the vocabulary)
         self.rows = None if rows_shape is None else torch.zeros((slots, *rows_shape, capacity), device=device)
+        self.outs = None
+        if outputs:
+            self.outs = torch.zeros((slots, outputs, capacity), dtype=torch.float64, device=device)  # (S, M, C)
         self.free = list(range(slots))
 
     def join(self, cache: DynamicCache, length: int, token: int) -> int:
@@ -130,9 +143,10 @@ class Slots:
         self.forced[slot] = -1
         self.active[slot] = active
 
-    def grown(self, slots: int, capacity: int, rows_shape: tuple[int, int] | None) -> Slots:
-        """A larger state with every slot's cache, position, input and activity copied (slot numbers kept)."""
-        out = Slots(self.layout, slots, capacity, rows_shape)
+    def grown(self, slots: int, capacity: int, rows_shape: tuple[int, int] | None, outputs: int = 0) -> Slots:
+        """A larger state with every slot's cache, position, input and activity copied (slot numbers kept); `outs`
+        is a step's and is not."""
+        out = Slots(self.layout, slots, capacity, rows_shape, outputs)
         for new, old in zip(out.cache.layers, self.cache.layers):
             new.keys[: self.size, :, : self.capacity] = old.keys
             new.values[: self.size, :, : self.capacity] = old.values

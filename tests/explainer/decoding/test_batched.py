@@ -268,6 +268,9 @@ def test_a_row_that_joins_mid_way_and_one_that_leaves_leave_the_others_unchanged
     }
     late = {"late": _request(20, 9, k=8)}
     refs = {key: _alone(model, r) for key, r in {**reqs, **late}.items()}
+    # A MACS with its own `step` keeps a row's methods off the device (`Row.on_device`): so is its reference's.
+    eager = {**reqs["first"], "methods": lambda: [GatedMACS(at=-1), get_method("rollout")]}
+    refs["first"] = _together(model, {"alone": eager})["alone"]
     out: dict = {}
     with _paused(model):
         threads = _start(model, reqs, out)
@@ -344,6 +347,84 @@ def test_a_failing_row_fails_alone(model):
         t.join(120)
     assert isinstance(out["failing"], RuntimeError)
     _assert_exact(out["ok"], ref)
+    _clean(model)
+
+
+class FailsOnTheDevice(MACS):
+    """MACS whose device step fails at step 2: a method failing inside the batch's fixed-shape step."""
+
+    def device_step(self, rows, step):
+        if int(step) == 2:
+            raise RuntimeError("device step failed")
+        return super().device_step(rows, step)
+
+
+def test_a_row_whose_device_work_fails_in_the_step_fails_alone(model, step_form):
+    """In the fixed shape a row's methods run inside the batch's step (`Row.on_device`); one that fails there fails
+    its row alone, after the steps it gave, and the others go on unchanged."""
+    if step_form != "fixed-shape":
+        pytest.skip("methods run inside the step only in the fixed shape")
+    ok = _request(8, 17, k=6)
+    ref = _alone(model, ok)
+    out = _together(model, {"ok": ok, "failing": _request(6, 18, k=6, methods=lambda: [FailsOnTheDevice()])})
+    assert isinstance(out["failing"], RuntimeError) and str(out["failing"]) == "device step failed"
+    _assert_exact(out["ok"], ref)
+    _clean(model)
+
+
+def test_in_the_fixed_shape_rows_add_no_work_of_their_own_to_a_round(model, step_form, monkeypatch):
+    """Rows whose methods run inside the step (MACS, Rollout, sinks) cost a round nothing outside it but the reads:
+    a round of 4 rows runs as many tensor ops outside `BatchStep.run` as a round of 1 (each row's methods ran
+    eagerly after the step before: ops in proportion to the rows), and the rows do work on the device."""
+    if step_form != "fixed-shape":
+        pytest.skip("methods run inside the step only in the fixed shape")
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from explainer.decoding.batched import fixed
+    from explainer.decoding.batched.row import Row
+
+    class Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.ops, self.paused = 0, False
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops += not self.paused
+            return func(*args, **(kwargs or {}))
+
+    rounds: list[int] = []
+    decode, run, work = engine.Batcher._decode, fixed.BatchStep.run, Row.device_work
+    worked = []
+
+    def counted_decode(self):
+        with Count() as count:
+            self._count = count
+            decode(self)
+        rounds.append(count.ops)
+
+    def uncounted_run(self, *args, **kwargs):
+        count = engine._batchers[model]._count
+        count.paused = True
+        try:
+            return run(self, *args, **kwargs)
+        finally:
+            count.paused = False
+
+    def device_work(self, rows, outs):
+        worked.append(self.serial)
+        return work(self, rows, outs)
+
+    monkeypatch.setattr(engine.Batcher, "_decode", counted_decode)
+    monkeypatch.setattr(fixed.BatchStep, "run", uncounted_run)
+    monkeypatch.setattr(Row, "device_work", device_work)
+    per_round = {}
+    for size in (1, 4):
+        rounds.clear()
+        out = _together(model, {i: _request(9 + i, 70 + i, k=8) for i in range(size)})
+        assert all(not isinstance(o, BaseException) for o in out.values())
+        per_round[size] = sorted(rounds)[len(rounds) // 2]  # the median round (the last one also ends the rows)
+    assert per_round[4] == per_round[1]
+    assert len(set(worked)) == 5  # every row worked on the device
     _clean(model)
 
 
