@@ -135,6 +135,111 @@ def attention_probs(
     return torch.softmax(scores, dim=-1).view(b, h, tq, tk)
 
 
+_FLOAT32_PRODUCTS: dict[tuple[str, int | None, torch.dtype], bool] = {}
+_products_lock = threading.Lock()
+
+
+def float32_products(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `torch.bmm(a, b, out_dtype=torch.float32)` multiplies `dtype` tensors on `device` into float32 scores
+    (CUDA's products of bfloat16 or float16 accumulate in float32 and can keep it): asked once per device and dtype
+    with a small product checked against the upcast one, never inside a CUDA graph's recording."""
+    key = (device.type, device.index, dtype)
+    with _products_lock:
+        known = _FLOAT32_PRODUCTS.get(key)
+    if known is not None:
+        return known
+    ok = False
+    if dtype != torch.float32:
+        a = torch.linspace(-2, 2, 2 * 3 * 8, device=device).view(2, 3, 8).to(dtype)
+        b = torch.linspace(1, -1, 2 * 5 * 8, device=device).view(2, 5, 8).to(dtype).transpose(1, 2)  # keys' layout
+        try:
+            got = torch.bmm(a, b, out_dtype=torch.float32)
+            ok = got.dtype == torch.float32 and torch.allclose(got, torch.bmm(a.float(), b.float()), atol=1e-5)
+        except (RuntimeError, NotImplementedError, TypeError):  # not on this device, dtype or PyTorch
+            ok = False
+    with _products_lock:
+        _FLOAT32_PRODUCTS[key] = ok
+    return ok
+
+
+def stacked_last_rows(
+    queries: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scaling: float, float32_out: bool
+) -> torch.Tensor:
+    """Every layer's softmax row of its last query at once, in float32: a decode step's rows in a few kernels
+    instead of a few per layer (the static decode path and the batch's fixed-shape step stash each layer's query and
+    keep all layers' keys in one buffer).
+
+    Args:
+        queries: (L, B, H, D) each layer's last query, in the model's dtype.
+        keys: (L, B, KVH, T, D) all layers' keys, contiguous, unexpanded.
+        visible: (B, T) bool, the keys each row's query sees (the others get probability exactly 0).
+        scaling: the scores' temperature (every layer's).
+        float32_out: the products give float32 from the model's dtype (`float32_products`); otherwise each
+            layer's operands are upcast in turn (one layer's float32 keys at a time, not all of them).
+
+    Returns:
+        (L, B, H, T) float32; the same numbers as `attention_probs` to float32 rounding (its queries are scaled
+        before the product, these scores after it).
+    """
+    num_layers, b, h, d = queries.shape
+    kvh, t = keys.shape[2], keys.shape[3]
+    q = queries.reshape(num_layers * b * kvh, h // kvh, d)  # (L*B*KVH, G, D): head h reads key head h // G
+    k = keys.view(num_layers * b * kvh, t, d).transpose(1, 2)  # (L*B*KVH, D, T)
+    if keys.dtype == torch.float32:
+        scores = torch.bmm(q.float(), k)
+    elif float32_out:
+        scores = torch.bmm(q, k, out_dtype=torch.float32)
+    else:
+        scores = torch.empty((q.shape[0], q.shape[1], t), device=keys.device)  # (L*B*KVH, G, T)
+        step = b * kvh
+        for first in range(0, q.shape[0], step):  # one layer at a time
+            layer = slice(first, first + step)
+            torch.bmm(q[layer].float(), k[layer].float(), out=scores[layer])
+    scores = scores.view(num_layers, b, h, t).mul_(scaling)
+    scores.masked_fill_(~visible[None, :, None, :], float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+class QueryStash:
+    """Each layer's last queries of a decode step, (B, H, D) per layer, stashed by its attention call for the rows
+    of all layers that come after the pass (`write_rows`). Each layer's buffer is made by its first call (an eager
+    pass, never a graph's recording); once every layer has one and they share a shape, they become views of one
+    (L, B, H, D) buffer, which one product over all layers reads."""
+
+    def __init__(self, num_layers: int) -> None:
+        self.layers: list[torch.Tensor | None] = [None] * num_layers
+        self.scales: list[float | None] = [None] * num_layers  # each layer's scores' temperature
+        self.buffer: torch.Tensor | None = None  # (L, B, H, D) once the layers share a shape
+
+    def put(self, layer: int, query: torch.Tensor, scale: float) -> None:
+        """A layer's (B, H, D) queries of this pass and its temperature."""
+        if self.layers[layer] is None:
+            self.layers[layer] = torch.zeros_like(query)
+            made = [q for q in self.layers if q is not None]
+            if len(made) == len(self.layers) and len({(q.shape, q.dtype, q.device) for q in made}) == 1:
+                self.buffer = torch.stack(made)
+                self.layers = [self.buffer[i] for i in range(len(made))]  # views written in place (not unbind's)
+        self.layers[layer].copy_(query)
+        self.scales[layer] = scale
+
+    def write_rows(
+        self,
+        out: torch.Tensor,
+        keys: list[torch.Tensor],
+        stacked: torch.Tensor | None,
+        visible: torch.Tensor,
+        float32_out: bool,
+    ) -> None:
+        """`stacked_last_rows` of the stashed queries into `out` (L, B, H, T), a view of any layout: one product over
+        `stacked` (L, B, KVH, T, D), the layers' `keys` (B, KVH, T, D) in one buffer, when the queries are in one too
+        and the layers share one temperature; otherwise one product per layer."""
+        if stacked is not None and self.buffer is not None and len(set(self.scales)) == 1:
+            out.copy_(stacked_last_rows(self.buffer, stacked, visible, self.scales[0], float32_out))
+            return
+        for i, (query, layer_keys) in enumerate(zip(self.layers, keys)):
+            out[i].copy_(stacked_last_rows(query[None], layer_keys[None], visible, self.scales[i], float32_out)[0])
+
+
 def _visible_keys(mask: torch.Tensor | None, first_query: int, num_queries: int, num_keys: int) -> int:
     """How many leading keys the queries first_query .. first_query + num_queries - 1 can see: a causal pass hides
     every key after the last query; an explicit mask (e.g. bidirectional image blocks) is read as it is.

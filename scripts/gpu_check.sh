@@ -9,7 +9,8 @@
 #   scripts/gpu_check.sh OUTDIR static-tests   # the graph paths' tests on CUDA (capture, no syncs): the static step,
 #                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image;
 #                                              # the batch's step, replay against eager and 1 row against 8, bitwise,
-#                                              # and MACS + Rollout rows on the batch's graph against the dynamic loop
+#                                              # and MACS + Rollout rows on the batch's graph against the dynamic loop;
+#                                              # all layers' rows from one product (bf16 to float32) against each own
 #   scripts/gpu_check.sh OUTDIR table3         # Llama-3.1-8B, random bf16 weights, 32 new tokens: none, plain, MACS,
 #                                              # Rollout, AttnLRP at 512/1k/2k prompt tokens, then AtMan
 #   scripts/gpu_check.sh OUTDIR table3-long    # the same model: none, plain, MACS, Rollout at 8k and 32k
@@ -205,7 +206,8 @@ stage() {  # stage NAME: one stage of the next GPU session
         select=cuda
         if [ -n "$DRY" ]; then select="cpu and (on_the_device or image) or fixed_shape_step_equals"; fi
         run "$(box 75)" static-tests $PY -m pytest -p no:cacheprovider -q -rfEs tests/explainer/decoding/test_static.py \
-            tests/explainer/decoding/test_slots.py tests/explainer/decoding/test_batched.py -k "$select" \
+            tests/explainer/decoding/test_slots.py tests/explainer/decoding/test_batched.py \
+            tests/explainer/test_capture.py -k "$select" \
             --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
     table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100)

@@ -10,8 +10,11 @@ same addresses:
   positions come from the cache's own length counter on the device; an image prompt's prefill gets its pixels and
   explicit 3-D (mRoPE) positions (`DecodeJob.extra_inputs`), and decode step k the prompt's last position + k in
   every axis, k read on the device;
-- the attention function writes the last query's float32 probability rows into one (L, H, N + K - 1) buffer, keys
-  after the query masked to exactly 0 (MACS's redistribution of Eq. 4 sums them unchanged);
+- the attention function stashes each layer's last query (one copy per layer); after the pass one product over all
+  layers' keys, which the cache keeps in one buffer (`StackedKeys`), gives the float32 probability rows of every layer
+  at once into one (L, H, N + K - 1) buffer, keys after the query masked to exactly 0 (MACS's redistribution of Eq. 4
+  sums them unchanged): a few kernels a step, where computing each layer's row in its attention took about a dozen
+  per layer (on an H200 that put MACS at 0.80-0.90x plain decoding; docs/gpu.md);
 - each streaming method's `device_step` writes step k's (N,) row into row k of a (K, N) buffer: MACS's Eqs. 4-7
   (`macs.log_factors`) its float64 log-product, and its layer factors into a (K, L, N) buffer with `keep_layers`;
   Rollout its float32 row, after writing the step's Â rows into its (L, K - 1, N + K - 1) buffer (its prompt rows
@@ -45,10 +48,10 @@ from transformers import StaticCache
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import (
-    additive_mask,
+    QueryStash,
     attention_function_selected,
-    attention_probs,
     check_attention_kwargs,
+    float32_products,
     hand_full_rows,
 )
 from ..methods import AttributionMethod
@@ -65,18 +68,36 @@ MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
 
 
-def last_row_probs(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor | None, scaling: float) -> torch.Tensor:
-    """(H, Tk) float32 softmax row of the last query against all keys, masked keys exactly 0: the capture's own
-    computation (`capture.attention_probs`).
+class StackedKeys:
+    """Every layer's keys of a `StaticCache` in one (L, B, KVH, T, D) buffer, so that a step's attention rows of all
+    layers come from one product (`capture.stacked_last_rows`). Each layer's own buffer, made when the prefill first
+    writes it, is replaced by its view of this one at once: the keys are never held twice. `ready` says whether
+    every layer took its view (layers of one shape, dtype and device: every model the static path takes)."""
 
-    Args:
-        query: (1, H, Tq, D); key: (1, KVH, Tk, D), unexpanded; mask: (1, 1, Tq, Tk) bool (True: attend) or
-            additive, or None (causal from position 0: SDPA's is_causal, aligned top-left, which transformers uses
-            only for a prefill from position 0, whose last query sees the first Tq keys).
-    """
-    tq = query.shape[2]
-    last = None if mask is None else additive_mask(mask[:, :, -1:, :], torch.float32)  # (1, 1, 1, Tk)
-    return attention_probs(query[:, :, -1:, :], key.float(), last, scaling, tq - 1)[0, :, 0, :]  # (H, Tk)
+    def __init__(self, cache: StaticCache) -> None:
+        self.layers = list(cache.layers)
+        self.buffer: torch.Tensor | None = None
+        for i, layer in enumerate(self.layers):
+            layer.lazy_initialization = self._initialiser(i, layer, layer.lazy_initialization)
+
+    def _initialiser(self, i: int, layer, initialise):
+        def lazy_initialization(key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+            initialise(key_states, value_states)
+            del layer.lazy_initialization  # the class's own again
+            keys = layer.keys  # (B, KVH, T, D)
+            if self.buffer is None:
+                self.buffer = keys.new_zeros((len(self.layers), *keys.shape))  # (L, B, KVH, T, D)
+            buffer = self.buffer
+            if (buffer.shape[1:], buffer.dtype, buffer.device) == (keys.shape, keys.dtype, keys.device):
+                layer.keys = self.buffer[i]
+
+        return lazy_initialization
+
+    @property
+    def ready(self) -> bool:
+        return self.buffer is not None and all(
+            la.keys is not None and la.keys.data_ptr() == self.buffer[i].data_ptr() for i, la in enumerate(self.layers)
+        )
 
 
 class StaticDecoder:
@@ -110,6 +131,11 @@ class StaticDecoder:
         if self.methods:
             total = self.n + steps - 1
             self.rows = torch.zeros((text.num_hidden_layers, text.num_attention_heads, total), device=device)
+            # Each layer stashes its last query; the step's rows of all layers come after the pass, from one product.
+            self.keys = StackedKeys(self.cache)
+            self.queries = QueryStash(text.num_hidden_layers)
+            self.key_index = torch.arange(total, device=device)  # (T,)
+            self.float32_out: bool | None = None  # asked at the prefill (`capture.float32_products`)
             self.layers = [m.reserve_layers(steps, text.num_hidden_layers, device) for m in self.methods]
             self.sinks = sinks
             self.share_sum = torch.zeros(self.n, device=device)  # (N,) decode steps' shares, summed
@@ -117,17 +143,28 @@ class StaticDecoder:
 
     # --- the device work --------------------------------------------------------------------------------------
     def _attention(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        """The model's own SDPA output, and the last query's row written into the rows buffer."""
+        """The model's own SDPA output, and the last query stashed for the step's rows (`_step_rows`)."""
         check_attention_kwargs(module, kwargs, "the static decode path")
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        self.rows[module.layer_idx].copy_(last_row_probs(query, key, attention_mask, scale))
+        if self.float32_out is None:  # the prefill's first layer
+            self.float32_out = float32_products(query.device, query.dtype)
+        self.queries.put(module.layer_idx, query[:, :, -1], scale)  # (1, H, D)
         if self.consumer is not None and query.shape[2] > 1:  # the prefill, from an empty cache: query 0 is key 0
             chunk = full_row_chunk(self.n, query.device.type)
             hand_full_rows(self.consumer, chunk, module.layer_idx, query, key, attention_mask, scale, 0)
         return out, None
+
+    def _step_rows(self) -> None:
+        """The rows buffer from the pass's stashed queries: each layer's float32 softmax row of its last query, the
+        keys after it exactly 0 (the query at position N - 1 + k sees the keys up to it). One product for all layers
+        (`capture.QueryStash.write_rows`), or one per layer where the keys are not stacked or the layers' shapes or
+        temperatures differ."""
+        visible = self.key_index[None] <= self.k + (self.n - 1)  # (1, T)
+        keys, stacked = [la.keys for la in self.cache.layers], self.keys.buffer if self.keys.ready else None
+        self.queries.write_rows(self.rows[:, None], keys, stacked, visible, self.float32_out)
 
     def capturing(self) -> contextlib.AbstractContextManager:
         """The block within which forward passes write the rows buffer (nothing without a streaming method)."""
@@ -146,6 +183,7 @@ class StaticDecoder:
             self.stats = torch.zeros((self.steps, stats.shape[0]), dtype=torch.float64, device=stats.device)
         self.stats.index_copy_(0, self.k, stats[None])
         if self.rows is not None:
+            self._step_rows()
             self._record_rows(prefill)
         self.token_in.copy_(token.view(1, 1))
         self.alive.logical_and_(~(token[:, None] == self.eos).any(dim=-1))  # (1,)

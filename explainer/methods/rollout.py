@@ -10,8 +10,11 @@ layer (from the captured attention rows) and the prefill fills the prompt rows o
 (`needs_full_rows`). The wanted row is then computed as a vector-matrix chain from the left,
 `e_t · Â_L · Â_{L-1} · … · Â_1`: per step this costs O(L·T²), the same as the textbook row recursion
 `R_l[t] = Â_l[t] · R_{l-1}`, but it avoids that recursion's O(L·T²·N) product over all prompt rows at prefill
-(tens of seconds at 4k tokens on a CPU). Memory is the L·(N²/2 + K·T) entries of Â's rows (the prompt rows are
-kept in chunks only as wide as causal attention lets them see); nothing else is kept.
+(tens of seconds at 4k tokens on a CPU). Memory is about the L·(N²/2 + K·T) entries of Â's rows (the prompt rows are
+kept in blocks only as wide as causal attention lets them see); nothing else is kept. The prefill hands the prompt
+rows over in chunks (32 a layer on a GPU); when they are all there each layer's chunks are merged into at most
+`PROMPT_BLOCKS` blocks, so a step's chain costs about L·(1 + PROMPT_BLOCKS) kernels, not L·33 (a GPU's decode step is
+bound by its launches), for at most 5/8 of L·N² kept instead of about half.
 """
 
 from __future__ import annotations
@@ -45,9 +48,37 @@ class RolloutConfig:
             raise ValueError(f"residual must lie in [0, 1], got {self.residual}")
 
 
+PROMPT_BLOCKS = 4  # each layer's prompt rows are kept in at most this many blocks (see the module docstring)
+
+
+def _merged(blocks: list[tuple[int, torch.Tensor]], most: int) -> list[tuple[int, torch.Tensor]]:
+    """A layer's consecutive row blocks [(first row, (q, W))] merged into at most `most` blocks, each as wide as its
+    widest part (the parts' missing columns are keys their rows cannot see: 0)."""
+    per = -(-len(blocks) // most)
+    merged = []
+    for i in range(0, len(blocks), per):
+        group = blocks[i : i + per]
+        first = group[0][0]
+        rows, width = sum(b.shape[0] for _, b in group), max(b.shape[1] for _, b in group)
+        out = group[0][1].new_zeros((rows, width))
+        for start, block in group:
+            out[start - first : start - first + block.shape[0], : block.shape[1]] = block
+        merged.append((first, out))
+    return merged
+
+
 def _prefill_chunk(request: MemoryRequest) -> int:
     """Query rows per chunk the prefill hands over for this request (`kv.full_row_chunk`, at most N)."""
     return min(request.n, full_row_chunk(request.n, request.device_type))
+
+
+def _prompt_elements(request: MemoryRequest) -> int:
+    """Floats one layer's prompt rows keep: its prefill chunks merged into at most `PROMPT_BLOCKS` blocks of
+    consecutive rows, each as wide as its last row."""
+    n, chunk = request.n, _prefill_chunk(request)
+    chunks = -(-n // chunk)  # the prefill's chunks of a layer
+    per = -(-chunks // PROMPT_BLOCKS) * chunk  # rows per merged block
+    return sum(min(per, n - a) * min(n, a + per) for a in range(0, n, per))
 
 
 class Rollout(AttributionMethod):
@@ -61,16 +92,18 @@ class Rollout(AttributionMethod):
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: RolloutConfig) -> int:
-        """`kept_bytes` and, while the prefill runs, one chunk's probabilities, scores and fused rows (float32)."""
-        return cls.kept_bytes(request) + 4 * 3 * request.shape.heads * _prefill_chunk(request) * request.n
+        """`kept_bytes` and, while the prefill runs, one chunk's probabilities, scores and fused rows (float32), then
+        one layer's merged blocks beside its chunks."""
+        passing = max(3 * request.shape.heads * _prefill_chunk(request) * request.n, _prompt_elements(request))
+        return cls.kept_bytes(request) + 4 * passing
 
     @staticmethod
     def kept_bytes(request: MemoryRequest) -> int:
         """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
-        of `kv.full_row_chunk` rows as wide as their last row: up to N x chunk / 2 more) and the generated rows
-        (L x K x T, in one buffer that doubles)."""
-        s, n, k = request.shape, request.n, request.k
-        return 4 * s.layers * (n * (n + 1) // 2 + n * _prefill_chunk(request) // 2 + 2 * k * (n + 2 * k))
+        of `kv.full_row_chunk` rows, merged into at most `PROMPT_BLOCKS`, each as wide as its last row) and the
+        generated rows (L x K x T, in one buffer that doubles)."""
+        n, k = request.n, request.k
+        return 4 * request.shape.layers * (_prompt_elements(request) + 2 * k * (n + 2 * k))
 
     def begin(self, num_prompt_tokens: int) -> None:
         self.n = num_prompt_tokens
@@ -126,6 +159,9 @@ class Rollout(AttributionMethod):
         n, num_layers = self.n, rows.shape[0]
         if n > 1 and len(self.prompt_blocks) != num_layers:
             raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
+        for layer, blocks in self.prompt_blocks.items():
+            if len(blocks) > PROMPT_BLOCKS:
+                self.prompt_blocks[layer] = _merged(blocks, PROMPT_BLOCKS)
         for layer in range(num_layers) if n == 1 else ():
             self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], n - 1)[:, :n])]
 
@@ -147,11 +183,10 @@ class Rollout(AttributionMethod):
         n, total = self.n, v.shape[0]
         layers = sorted(self.prompt_blocks)
         for pos in range(len(layers) - 2, -1, -1):
-            nxt = v.new_zeros(total)
-            for first, block in self.prompt_blocks[layers[pos]]:  # v[:N] · (Â_l's prompt rows), block by block
-                nxt[: block.shape[1]] += v[first : first + block.shape[0]] @ block  # (q,) @ (q, W)
-            if gen is not None:
-                nxt += v[n : n + gen.shape[1]] @ gen[pos]  # (k,) @ (k, T)
+            # Two kernels a layer when the prompt rows are one block (a GPU's step is bound by its launches).
+            nxt = v.new_zeros(total) if gen is None else v[n : n + gen.shape[1]] @ gen[pos]  # (k,) @ (k, T)
+            for first, block in self.prompt_blocks[layers[pos]]:  # + v[:N] · (Â_l's prompt rows), block by block
+                nxt[: block.shape[1]].addmv_(block.T, v[first : first + block.shape[0]])  # (W, q) @ (q,)
             v = nxt
         return v[:n]
 

@@ -4,7 +4,8 @@ A request (prompt of N tokens, up to K answer tokens, T = N + K) needs the gener
 method keeps (`AttributionMethod.memory`, in bytes, from the model's shape alone):
 
 - generation: the KV cache (2 x L x KV heads x head dim x T in the model's dtype), the prefill's activations (about
-  T x (4 x hidden + 3 x intermediate) values at a time) and the captured attention rows (L x H x T float32);
+  T x (4 x hidden + 3 x intermediate) values at a time) and the captured attention rows (L x H x T float32, three
+  times: the rows a decode path keeps, and a step's scores and probabilities of all layers from one product);
 - Rollout: the head-fused attention of every prompt row, L x N^2 / 2 float32 values, and of the generated rows;
 - Input x Gradient, AttnLRP, Grad-ELLM: one forward graph over T - 1 positions (each layer's activations, and where
   attention's backward keeps its weights, L x H x T^2 of them: eager attention, or an SDPA kernel that keeps them,
@@ -245,7 +246,7 @@ class MemoryRequest:
 def generation_bytes(request: MemoryRequest) -> int:
     """Generation with attention capture (see the module docstring)."""
     s, t = request.shape, request.t
-    return s.kv_bytes(t) + s.activation_bytes(request.n) + 4 * s.layers * s.heads * t + 4 * s.vocab
+    return s.kv_bytes(t) + s.activation_bytes(request.n) + 3 * 4 * s.layers * s.heads * t + 4 * s.vocab
 
 
 def graph_bytes(request: MemoryRequest, layers: int | None = None) -> int:

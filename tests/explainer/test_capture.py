@@ -9,7 +9,7 @@ from transformers import DynamicCache, Gemma2Config, Gemma2ForCausalLM
 from explainer.capture import capture_attention, registered_names
 from explainer.errors import UnsupportedModelError
 
-from ..conftest import eager_attentions
+from ..conftest import DEVICES, eager_attentions
 
 TOL = 1e-5
 
@@ -168,3 +168,48 @@ def test_no_attention_recorded_raises_clear_error(llama):
         with pytest.raises(UnsupportedModelError, match="no attention layers"):
             rec.stacked()
     _assert_clean(llama, hooks)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_stacked_last_rows_equal_each_layers_own_rows(device, dtype):
+    """All layers' last-query rows from one product (`stacked_last_rows`, the decode paths' rows) equal each layer's
+    rows computed on its own by `attention_probs` with an explicit additive mask; the keys a row does not see get
+    exactly 0; the per-layer form of `QueryStash.write_rows` (keys not stacked, temperatures or head sizes that
+    differ) too. On CUDA bfloat16 takes the products' float32 output where PyTorch has it (`float32_products`)."""
+    from explainer.capture import QueryStash, additive_mask, attention_probs, float32_products, stacked_last_rows
+
+    layers, b, h, kvh, t, d = 3, 2, 6, 2, 11, 8
+    g = torch.Generator().manual_seed(0)
+    queries = (torch.randn(layers, b, h, d, generator=g) * 2).to(device, dtype)
+    keys = (torch.randn(layers, b, kvh, t, d, generator=g) * 2).to(device, dtype)
+    visible = torch.arange(t, device=device)[None, :] <= torch.tensor([[6], [10]], device=device)  # (B, T)
+    out32 = device == "cuda" and float32_products(torch.device(device), dtype)
+    assert not float32_products(torch.device("cpu"), dtype)  # not on a CPU: the per-layer upcast
+    got = stacked_last_rows(queries, keys, visible, 0.3, out32)  # (L, B, H, T)
+    mask = additive_mask(visible[:, None, None, :], torch.float32)
+
+    def own(query, layer_keys, scale):  # (B, H, D), (B, KVH, T, D) -> (B, H, T)
+        return attention_probs(query[:, :, None, :], layer_keys, mask, scale, None)[:, :, 0, :]
+
+    for layer in range(layers):
+        torch.testing.assert_close(got[layer], own(queries[layer], keys[layer], 0.3), rtol=1e-5, atol=1e-6)
+    assert torch.all(got.masked_select(~visible[None, :, None, :].expand_as(got)) == 0)
+    # The stash: one product when the layers share everything, one per layer otherwise; written into a (B, L, H, T)
+    # buffer's view, as the batch's slots keep them.
+    wide = (torch.randn(b, h, 2 * d, generator=g) * 2).to(device, dtype)  # a layer with larger heads
+    wide_keys = (torch.randn(b, kvh, t, 2 * d, generator=g) * 2).to(device, dtype)
+    cases = {
+        "stacked": ([queries[i] for i in range(layers)], list(keys), keys, [0.3] * 3),
+        "temperatures": ([queries[i] for i in range(layers)], list(keys), keys, [0.3, 0.5, 0.3]),
+        "head sizes": ([queries[0], wide, queries[2]], [keys[0], wide_keys, keys[2]], None, [0.3] * 3),
+    }
+    for name, (qs, ks, stacked, scales) in cases.items():
+        stash = QueryStash(layers)
+        for i, (q, scale) in enumerate(zip(qs, scales)):
+            stash.put(i, q, scale)
+        assert (stash.buffer is not None) == (name != "head sizes")
+        out = torch.zeros(b, layers, h, t, device=device)
+        stash.write_rows(out.transpose(0, 1), ks, stacked, visible, out32)
+        for i in range(layers):
+            torch.testing.assert_close(out[:, i], own(qs[i], ks[i], scales[i]), rtol=1e-5, atol=1e-6, msg=name)

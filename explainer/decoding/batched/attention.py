@@ -8,8 +8,10 @@
   other bits beside 3 others than alone (it splits its work by the batch). A row's attention rows for the streaming
   methods come from `capture.last_query_probs` on the same unpadded keys, as the capture computes them in a solo step.
 - **Fixed shape** (`fixed_shape`, what a CUDA graph records): every slot's query against all C positions of its slot,
-  the positions after its own masked (`Slots.mask`), in one call of fixed shape; the attention rows of every slot go
-  to the `(S, L, H, C)` buffer, masked keys exactly 0. A row's numbers then depend on C, not on the other rows.
+  the positions after its own masked (`Slots.mask`), in one call of fixed shape; each layer stashes its slots' queries,
+  and after the pass the attention rows of every slot and layer come from one product over the slots' keys
+  (`Slots.write_rows`) into the `(S, L, H, C)` buffer, masked keys exactly 0. A row's numbers then depend on C, not
+  on the other rows.
 """
 
 from __future__ import annotations
@@ -20,13 +22,8 @@ from collections.abc import Iterator
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ...capture import (
-    additive_mask,
-    attention_function_selected,
-    attention_probs,
-    check_attention_kwargs,
-    last_query_probs,
-)
+from ...capture import attention_function_selected, check_attention_kwargs, last_query_probs
+from .slots import Slots
 
 
 def _no_mask(*args, **kwargs) -> None:
@@ -74,20 +71,19 @@ def rows_apart(
 
 
 @contextlib.contextmanager
-def fixed_shape(model: torch.nn.Module, rows: torch.Tensor | None) -> Iterator[None]:
+def fixed_shape(model: torch.nn.Module, slots: Slots | None) -> Iterator[None]:
     """Within the block, every attention layer of `model` runs all slots in one masked call over all C positions
-    (the mask is the step's, (S, 1, 1, C) bool), and writes each slot's float32 probability row of its query into
-    `rows` (S, L, H, C) when given; no host read."""
+    (the mask is the step's, (S, 1, 1, C) bool), and stashes its slots' queries and temperature in `slots` when given
+    (`Slots.write_rows` makes the rows after the pass); no host read."""
 
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         check_attention_kwargs(module, kwargs, "the batched decode")
         out, _ = sdpa_attention_forward(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
-        if rows is not None:
+        if slots is not None:
             scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            mask = additive_mask(attention_mask, torch.float32)  # (S, 1, 1, C)
-            rows[:, module.layer_idx].copy_(attention_probs(query, key, mask, scale, None)[:, :, 0, :])  # (S, H, C)
+            slots.queries.put(module.layer_idx, query[:, :, -1], scale)  # (S, H, D)
         return out, None
 
     with attention_function_selected(model, "explainer_batch_", attention, _no_mask):

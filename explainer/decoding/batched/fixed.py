@@ -92,8 +92,11 @@ class BatchStep:
     def _fixed(self, slots: Slots, keep: bool, on_device: list[Row], recording: bool = False) -> None:
         """The fixed-shape step, eagerly: what the graph records. Eagerly a row whose device work fails is failed
         and left out of `on_device` (the list changes); while `recording` its error ends the recording."""
-        with fixed_shape(self.model, slots.rows if keep else None):
-            slots.record_tokens(self._forward(slots), None)
+        with fixed_shape(self.model, slots if keep else None):
+            logits = self._forward(slots)
+        if keep:
+            slots.write_rows(slots.mask()[:, 0, 0])  # (S, C): before the step advances the positions
+        slots.record_tokens(logits, None)
         for row in list(on_device):
             try:
                 row.device_work(slots.rows[row.slot], slots.outs[row.slot])

@@ -21,6 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ...capture import QueryStash, float32_products
 from ..step import token_stats
 
 
@@ -106,8 +107,17 @@ class Slots:
         self.layout, self.size, self.capacity, self.outputs = layout, slots, capacity, outputs
         self.positions = torch.zeros(slots, dtype=torch.long, device=device)
         self.cache = DynamicCache()
-        for kvh, dk, dv in layout.shapes:
-            keys = torch.zeros((slots, kvh, capacity, dk), dtype=layout.dtype, device=device)
+        # Where rows are kept and the layers' keys share a shape, all layers' keys lie in one buffer (`write_rows`).
+        self.stacked = None
+        if rows_shape is not None and len(set(layout.shapes)) == 1:
+            kvh, dk, _ = layout.shapes[0]
+            stacked = (len(layout.shapes), slots, kvh, capacity, dk)  # (L, S, KVH, C, D)
+            self.stacked = torch.zeros(stacked, dtype=layout.dtype, device=device)
+        for i, (kvh, dk, dv) in enumerate(layout.shapes):
+            if self.stacked is not None:
+                keys = self.stacked[i]
+            else:
+                keys = torch.zeros((slots, kvh, capacity, dk), dtype=layout.dtype, device=device)
             values = torch.zeros((slots, kvh, capacity, dv), dtype=layout.dtype, device=device)
             self.cache.layers.append(SlotLayer(keys, values, self.positions))
         self.token_in = torch.zeros((slots, 1), dtype=torch.long, device=device)
@@ -116,6 +126,8 @@ class Slots:
         self.columns = torch.arange(capacity, device=device)  # (C,)
         self.stats: torch.Tensor | None = None  # made by the first step (A from the vocabulary)
         self.rows = None if rows_shape is None else torch.zeros((slots, *rows_shape, capacity), device=device)
+        self.queries = None if rows_shape is None else QueryStash(rows_shape[0])  # each layer's (S, H, D) queries
+        self.float32_out = rows_shape is not None and float32_products(device, layout.dtype)
         self.outs = None
         if outputs:
             self.outs = torch.zeros((slots, outputs, capacity), dtype=torch.float64, device=device)  # (S, M, C)
@@ -156,6 +168,14 @@ class Slots:
         taken = set(range(self.size)) - set(self.free)
         out.free = [s for s in range(slots) if s not in taken]
         return out
+
+    def write_rows(self, visible: torch.Tensor) -> None:
+        """`rows` from the queries each layer stashed in `queries` (`capture.QueryStash`): every slot's and layer's
+        float32 softmax row over its C positions, the keys it does not see (`visible`, (S, C) bool: `mask` of the
+        step) exactly 0; one product for all layers where their keys lie in one buffer; no host read."""
+        keys = [la.keys for la in self.cache.layers]
+        out = self.rows.transpose(0, 1)  # (L, S, H, C)
+        self.queries.write_rows(out, keys, self.stacked, visible, self.float32_out)
 
     def mask(self) -> torch.Tensor:
         """(S, 1, 1, C) bool: each slot's own positions and its new one (attend), on the device; no host read."""
