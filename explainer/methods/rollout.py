@@ -13,8 +13,9 @@ layer (from the captured attention rows) and the prefill fills the prompt rows o
 (tens of seconds at 4k tokens on a CPU). Memory is about the L·(N²/2 + K·T) entries of Â's rows (the prompt rows are
 kept in blocks only as wide as causal attention lets them see); nothing else is kept. The prefill hands the prompt
 rows over in chunks (32 a layer on a GPU); when they are all there each layer's chunks are merged into at most
-`PROMPT_BLOCKS` blocks, so a step's chain costs about L·(1 + PROMPT_BLOCKS) kernels, not L·33 (a GPU's decode step is
-bound by its launches), for at most 5/8 of L·N² kept instead of about half.
+`prompt_blocks` blocks, so a step's chain costs about L·(1 + blocks) kernels, not L·33: on a GPU, whose decode step is
+bound by its launches, one block a layer (L·N² kept instead of about half; a crowd's rows each run this chain in the
+batch's graph); on a CPU, bound by arithmetic, four (at most 5/8 of L·N²).
 """
 
 from __future__ import annotations
@@ -48,7 +49,13 @@ class RolloutConfig:
             raise ValueError(f"residual must lie in [0, 1], got {self.residual}")
 
 
-PROMPT_BLOCKS = 4  # each layer's prompt rows are kept in at most this many blocks (see the module docstring)
+CPU_PROMPT_BLOCKS = 4  # each layer's prompt rows are kept in at most this many blocks (see the module docstring)
+ACCELERATOR_PROMPT_BLOCKS = 1
+
+
+def prompt_blocks(device_type: str) -> int:
+    """Blocks a layer's prompt rows are kept in at most, on a device of this type (see the module docstring)."""
+    return CPU_PROMPT_BLOCKS if device_type == "cpu" else ACCELERATOR_PROMPT_BLOCKS
 
 
 def _merged(blocks: list[tuple[int, torch.Tensor]], most: int) -> list[tuple[int, torch.Tensor]]:
@@ -73,11 +80,11 @@ def _prefill_chunk(request: MemoryRequest) -> int:
 
 
 def _prompt_elements(request: MemoryRequest) -> int:
-    """Floats one layer's prompt rows keep: its prefill chunks merged into at most `PROMPT_BLOCKS` blocks of
+    """Floats one layer's prompt rows keep: its prefill chunks merged into at most `prompt_blocks` blocks of
     consecutive rows, each as wide as its last row."""
     n, chunk = request.n, _prefill_chunk(request)
     chunks = -(-n // chunk)  # the prefill's chunks of a layer
-    per = -(-chunks // PROMPT_BLOCKS) * chunk  # rows per merged block
+    per = -(-chunks // prompt_blocks(request.device_type)) * chunk  # rows per merged block
     return sum(min(per, n - a) * min(n, a + per) for a in range(0, n, per))
 
 
@@ -100,7 +107,7 @@ class Rollout(AttributionMethod):
     @staticmethod
     def kept_bytes(request: MemoryRequest) -> int:
         """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
-        of `kv.full_row_chunk` rows, merged into at most `PROMPT_BLOCKS`, each as wide as its last row) and the
+        of `kv.full_row_chunk` rows, merged into at most `prompt_blocks`, each as wide as its last row) and the
         generated rows (L x K x T, in one buffer that doubles)."""
         n, k = request.n, request.k
         return 4 * request.shape.layers * (_prompt_elements(request) + 2 * k * (n + 2 * k))
@@ -160,8 +167,8 @@ class Rollout(AttributionMethod):
         if n > 1 and len(self.prompt_blocks) != num_layers:
             raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
         for layer, blocks in self.prompt_blocks.items():
-            if len(blocks) > PROMPT_BLOCKS:
-                self.prompt_blocks[layer] = _merged(blocks, PROMPT_BLOCKS)
+            if len(blocks) > prompt_blocks(rows.device.type):
+                self.prompt_blocks[layer] = _merged(blocks, prompt_blocks(rows.device.type))
         for layer in range(num_layers) if n == 1 else ():
             self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], n - 1)[:, :n])]
 

@@ -77,31 +77,33 @@ def test_long_prompt_keeps_about_half_of_the_square(bundles):
     np.testing.assert_allclose(attr.methods["rollout"].raw, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("blocks", [1, 2])  # 1: an accelerator's layout
 @pytest.mark.parametrize("decode", ["solo", "static"])
-def test_merged_prompt_blocks_equal_the_dense_reference(bundles, monkeypatch, decode):
-    """Past `PROMPT_BLOCKS` chunks a layer's prompt rows are merged into fewer, wider blocks (fewer kernels a step):
+def test_merged_prompt_blocks_equal_the_dense_reference(bundles, monkeypatch, decode, blocks):
+    """Past `prompt_blocks` chunks a layer's prompt rows are merged into fewer, wider blocks (fewer kernels a step):
     the maps stay the dense reference's on the solo loop and on the static step, and what is kept is the merged
     layout that `kept_bytes` counts."""
     from explainer.decoding import DECODE_ENV
     from explainer.methods import rollout
     from explainer.runtime.memory import MemoryRequest, ModelShape
 
-    monkeypatch.setattr(rollout, "PROMPT_BLOCKS", 2)
+    monkeypatch.setattr(rollout, "CPU_PROMPT_BLOCKS", blocks)
     monkeypatch.setenv(DECODE_ENV, decode)
     bundle = bundles["llama"]
     method = Rollout(RolloutConfig())
     prompt = " ".join(["Paris is the capital of France."] * 38)
     attr = explain(bundle, prompt, methods=[method], max_new_tokens=3)
     n = attr.num_prompt_tokens
-    assert 3 * 128 < n < 500  # four chunks of 128 rows, merged into two blocks of 256
-    assert all([f for f, _ in blocks] == [0, 256] for blocks in method.prompt_blocks.values())
+    assert 3 * 128 < n < 500  # four chunks of 128 rows, merged into two blocks of 256 or one of all rows
+    per = 512 // blocks
+    assert all([f for f, _ in kept] == list(range(0, 512, per)) for kept in method.prompt_blocks.values())
     ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
     attentions, _ = eager_attentions(bundle.model, ids)
     ref = np.array(reference_rollout(attentions, n, attr.num_steps))
     np.testing.assert_allclose(attr.methods["rollout"].raw, ref, atol=1e-5, rtol=0)
     layers = bundle.model.config.num_hidden_layers
     stored = sum(b.numel() for blocks in method.prompt_blocks.values() for _, b in blocks)
-    assert stored == layers * (256 * 256 + (n - 256) * n)
+    assert stored == layers * (256 * 256 + (n - 256) * n if blocks == 2 else n * n)
     request = MemoryRequest(ModelShape.of(bundle.model), n, attr.num_steps)
     assert Rollout.kept_bytes(request) == 4 * layers * (stored // layers + 2 * request.k * (n + 2 * request.k))
 
