@@ -243,8 +243,11 @@ stage() {  # stage NAME: one stage of the next GPU session
         ;;
     crowd) # 8 visitors within 1.5x of one (issue #34), each with exactly the lone run's numbers
         # distinct prompts first (no shared prefill: the harder case), then every visitor the same prompt
+        # The last: the first again with cuBLAS made deterministic (one workspace per stream; a graph's warm-up step
+        # runs on a side stream), to tell whether its run-to-run choices are the mismatches (docs/gpu.md).
         local specs=("embedded --folder embedded --distinct" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
-            "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct") spec name
+            "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct"
+            "embedded-cublas-fixed --folder embedded --distinct") spec name env
         if [ -n "$DRY" ]; then
             specs=("tiny --model $LLAMA --tiny --device cpu --distinct")
         elif ! embedded_ready; then  # the embedded model's shape with random weights
@@ -252,12 +255,14 @@ stage() {  # stage NAME: one stage of the next GPU session
         fi
         for spec in "${specs[@]}"; do
             read -r name select <<<"$spec"
+            env=()
+            if [[ $name == *-cublas-fixed ]]; then env=(env CUBLAS_WORKSPACE_CONFIG=:4096:8); fi
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
                 echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
                 continue
             fi
             # shellcheck disable=SC2086  # $select holds the model's arguments
-            run "$(box 60)" "crowd-$name" $PY scripts/library_crowd.py $select --dtype bfloat16 --visitors 1,8 \
+            run "$(box 60)" "crowd-$name" "${env[@]}" $PY scripts/library_crowd.py $select --dtype bfloat16 --visitors 1,8 \
                 --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
         done
         ;;
