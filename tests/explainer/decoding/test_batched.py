@@ -428,6 +428,37 @@ def test_in_the_fixed_shape_rows_add_no_work_of_their_own_to_a_round(model, step
     _clean(model)
 
 
+def test_rows_keep_macs_layer_factors_and_options_as_the_solo_loop(model):
+    """The app's MACS keeps its layer factors (`keep_layers`); with options of the Table 4 ablations too, a row's
+    factors and maps equal the solo loop's to rounding, in both forms (in the fixed shape they are written inside the
+    step, `Row.device_work`); rows with other options decode beside it unchanged."""
+    options = ({"keep_layers": True}, {"keep_layers": True, "pooling": "mean", "alpha": 0.5}, {"redistribute": False})
+    made: dict[int, list] = {}
+
+    def methods(i):
+        def make():
+            made[i] = [MACS(**options[i]), get_method("rollout")]
+            return made[i]
+
+        return make
+
+    reqs = {i: _request(7 + 3 * i, 80 + i, k=6, methods=methods(i)) for i in range(3)}
+    out = _together(model, reqs)
+    for i, req in reqs.items():
+        got = out[i]
+        assert not isinstance(got, BaseException), got
+        solo = [MACS(**options[i]), get_method("rollout")]
+        job = DecodeJob(req["ids"], solo, req["k"])
+        ref = list(generate_steps(model, job, None, SinkTracker(req["ids"].shape[1], model)))
+        assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref]
+        for a, b in zip(got["steps"], ref):
+            np.testing.assert_allclose(a.scores["macs"], b.scores["macs"], rtol=RTOL, atol=ATOL)
+        if options[i].get("keep_layers"):
+            np.testing.assert_allclose(made[i][0].layer_scores(), solo[0].layer_scores(), rtol=RTOL, atol=ATOL)
+            assert made[i][0].layer_scores().shape == (6, model.config.num_hidden_layers, req["ids"].shape[1])
+    _clean(model)
+
+
 class FailsAtOnce(MACS):
     def step(self, rows):
         raise RuntimeError("failed at step 0")
