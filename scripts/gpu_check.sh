@@ -36,7 +36,7 @@
 #   scripts/gpu_check.sh OUTDIR hitratio       # issue #43: ABO's hit ratio of the methods a CPU cannot run at these
 #                                              # lengths in a session (AtMan: ~40 min a 1k prompt on one thread), and
 #                                              # the gradient methods, beside MACS and calibrated MACS, embedded
-#                                              # model, float32, 1k and 4k
+#                                              # model, float32, 1k and 4k; AtMan at 4k first (no CPU has it)
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
 # (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
@@ -262,8 +262,8 @@ stage() {  # stage NAME: one stage of the next GPU session
                 continue
             fi
             # shellcheck disable=SC2086  # $select holds the model's arguments
-            run "$(box 60)" "crowd-$name" "${env[@]}" $PY scripts/library_crowd.py $select --dtype bfloat16 --visitors 1,8 \
-                --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
+            run "$(box 60)" "crowd-$name" "${env[@]}" $PY scripts/library_crowd.py $select --dtype bfloat16 \
+                --visitors 1,8 --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
         done
         ;;
     esac
@@ -323,7 +323,13 @@ hitratio)  # resumable: a rerun skips the prompts already in the rows
     lengths=1024,4096 depths=10,30,50,70,90 tokens=16 methods=macs,macs_calibrated,attnlrp,grad_ellm,input_x_gradient
     if [ -n "$DRY" ]; then lengths=64 depths=50 tokens=2 methods=macs,attnlrp; fi
     gpu=$(gpu_name)
-    for m in ${methods//,/ } atman; do  # AtMan last: its passes grow with the prompt's length squared
+    # First what no CPU has measured: AtMan at the longest length (~8 million positions a 4k prompt, est. 2-3 min a
+    # prompt on an H200 in float32), with the rest of the call; then every method at every length (resumable: AtMan's
+    # long prompts done are skipped), AtMan last: its passes grow with the prompt's length squared.
+    run "$(box 480)" "hitratio-atman-longest" $PY -m explainer hitratio --methods atman --lengths "${lengths##*,}" \
+        --depths $depths --samples 1 --max-new-tokens $tokens --dtype float32 \
+        --results "$RESULTS/hitratio-gpu-$gpu-atman.jsonl"
+    for m in ${methods//,/ } atman; do
         run "$(box 120)" "hitratio-$m" $PY -m explainer hitratio --methods "$m" --lengths $lengths --depths $depths \
             --samples 1 --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-$m.jsonl"
     done

@@ -115,12 +115,14 @@ def test_a_second_call_resumes_with_nothing_left(dry_run):
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     """`gpu_check.sh OUT hitratio` (issue #43's hit ratio of the methods a CPU cannot run at 1k-4k), dry-run: one
-    64-token needle prompt, each method's row in its own file; a second call measures nothing again."""
+    64-token needle prompt, AtMan's longest first, each method's row in its own file (AtMan's once, its second run
+    skipping it); a second call measures nothing again."""
     env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
            "PY": sys.executable}  # fmt: skip
     call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "hitratio"]
     first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
-    assert "exit 124" not in first and first.count("exit 0") == 3, first
+    assert "exit 124" not in first and first.count("exit 0") == 4, first
+    assert first.index("=== hitratio-atman-longest") < first.index("=== hitratio-macs")  # what no CPU has measured
     for method in ("macs", "attnlrp", "atman"):
         rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{method}.jsonl").open()]
         assert len(rows) == 1 and rows[0]["methods"][method]["hit_ratio"] is not None, rows
