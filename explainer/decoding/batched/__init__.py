@@ -10,8 +10,9 @@ A request's row joins the batch at the next step and leaves when it is done or i
   row by row on each row's own keys by the solo call, on CUDA as one CUDA graph per slot state with attention over
   each slot's positions, masked (`attention.py`); either way each row gets its attention rows for its own streaming
   methods (MACS, Rollout), its own sink tracker, its forced ids (a given answer) or argmax, its own end-of-sequence
-  ids and step count (`row.py`); the host writes the forced ids before a step and reads every row's token
-  statistics in one read after it;
+  ids and step count (`row.py`); in the fixed shape a row whose methods all have a device step runs them, and its
+  sink shares, inside the step (so inside the graph); the host writes the forced ids before a step and reads every
+  row's token statistics (and those methods' rows) after it;
 - one thread per model owns the steps (`engine.py`), holding the model (`session.hold`) one round at a time; its
   rounds go first (`runtime/turns.py`): a request's post-hoc methods and other users of the model run when no row
   decodes, and give the model up between their passes when one arrives; a row that does not fit the memory check
