@@ -85,6 +85,32 @@ def test_static_path_equals_the_dynamic_path(kind, options, monkeypatch):
     assert registered_names() == []
 
 
+def test_the_keys_lie_in_one_buffer_and_rows_come_per_layer_where_they_do_not(monkeypatch):
+    """The static cache's keys are views of one (L, B, KVH, T, D) buffer (`StackedKeys`: no second copy), whose one
+    product gives the rows; where a layer's keys are not in it (`ready` False) the rows come from one product per
+    layer: the same steps either way, and the dynamic loop's."""
+    from explainer.decoding import static
+
+    model = build_model("qwen2")
+    ids = _ids(model)
+    seen = []
+    ready = static.StackedKeys.ready
+
+    def spy(self):
+        seen.append(ready.fget(self))
+        assert all(la.keys.untyped_storage().data_ptr() == self.buffer.untyped_storage().data_ptr() for la in self.layers)
+        return seen[-1]
+
+    monkeypatch.setattr(static.StackedKeys, "ready", property(spy))
+    stacked = _run(model, ids, "static", monkeypatch, {}, {})[0]
+    assert seen and all(seen)
+    monkeypatch.setattr(static.StackedKeys, "ready", property(lambda self: False))
+    apart = _run(model, ids, "static", monkeypatch, {}, {})[0]
+    dynamic = _run(model, ids, "solo", monkeypatch, {}, {})[0]
+    _assert_same_steps(stacked, dynamic)
+    _assert_same_steps(apart, dynamic)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_teacher_forced_answer_and_plain_generation(kind, monkeypatch):
     model = build_model(kind)
