@@ -98,7 +98,8 @@ def test_the_keys_lie_in_one_buffer_and_rows_come_per_layer_where_they_do_not(mo
 
     def spy(self):
         seen.append(ready.fget(self))
-        assert all(la.keys.untyped_storage().data_ptr() == self.buffer.untyped_storage().data_ptr() for la in self.layers)
+        storage = self.buffer.untyped_storage().data_ptr()
+        assert all(la.keys.untyped_storage().data_ptr() == storage for la in self.layers)
         return seen[-1]
 
     monkeypatch.setattr(static.StackedKeys, "ready", property(spy))
