@@ -4,7 +4,7 @@
 # hold, so a call cut short resumes where it stopped when made again:
 #
 #   scripts/gpu_check.sh OUTDIR all            # the seven stages below within $TOTAL_SECONDS (540), the headline
-#                                              # rows first: table3, static, crowd, profile, static-tests,
+#                                              # rows first: table3, static, crowd, static-tests, profile,
 #                                              # table3-long, product
 #   scripts/gpu_check.sh OUTDIR static-tests   # the graph paths' tests on CUDA (capture, no syncs): the static step,
 #                                              # MACS + Rollout against the dynamic loop, text and a Qwen2.5-VL image;
@@ -271,7 +271,7 @@ stage() {  # stage NAME: one stage of the next GPU session
 
 case "$STAGE" in
 all)
-    for name in table3 static crowd profile static-tests table3-long product; do  # the headline rows first
+    for name in table3 static crowd static-tests profile table3-long product; do  # the headline rows first
         if [ $((TOTAL - SECONDS)) -lt 20 ]; then
             echo "=== out of time before $name: run again to resume"
             break
