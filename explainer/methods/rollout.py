@@ -15,7 +15,8 @@ kept in blocks only as wide as causal attention lets them see); nothing else is 
 rows over in chunks (32 a layer on a GPU); when they are all there each layer's chunks are merged into at most
 `prompt_blocks` blocks, so a step's chain costs about L·(1 + blocks) kernels, not L·33: on a GPU, whose decode step is
 bound by its launches, one block a layer (L·N² kept instead of about half; a crowd's rows each run this chain in the
-batch's graph); on a CPU, bound by arithmetic, four (at most 5/8 of L·N²).
+batch's graph). On a CPU, bound by arithmetic (which the zeros of merged blocks raise) and short of memory, the
+chunks stay as they are.
 """
 
 from __future__ import annotations
@@ -49,12 +50,14 @@ class RolloutConfig:
             raise ValueError(f"residual must lie in [0, 1], got {self.residual}")
 
 
-CPU_PROMPT_BLOCKS = 4  # each layer's prompt rows are kept in at most this many blocks (see the module docstring)
+# Blocks a layer's prompt rows are merged into at most (see the module docstring); None: the prefill's chunks as they
+# are (a CPU's decode step is bound by its arithmetic, which merged blocks raise, and by its memory).
+CPU_PROMPT_BLOCKS: int | None = None
 ACCELERATOR_PROMPT_BLOCKS = 1
 
 
-def prompt_blocks(device_type: str) -> int:
-    """Blocks a layer's prompt rows are kept in at most, on a device of this type (see the module docstring)."""
+def prompt_blocks(device_type: str) -> int | None:
+    """Blocks a layer's prompt rows are merged into at most on a device of this type; None: not merged."""
     return CPU_PROMPT_BLOCKS if device_type == "cpu" else ACCELERATOR_PROMPT_BLOCKS
 
 
@@ -84,7 +87,8 @@ def _prompt_elements(request: MemoryRequest) -> int:
     consecutive rows, each as wide as its last row."""
     n, chunk = request.n, _prefill_chunk(request)
     chunks = -(-n // chunk)  # the prefill's chunks of a layer
-    per = -(-chunks // prompt_blocks(request.device_type)) * chunk  # rows per merged block
+    most = prompt_blocks(request.device_type) or chunks
+    per = -(-chunks // most) * chunk  # rows per (merged) block
     return sum(min(per, n - a) * min(n, a + per) for a in range(0, n, per))
 
 
@@ -107,7 +111,8 @@ class Rollout(AttributionMethod):
     @staticmethod
     def kept_bytes(request: MemoryRequest) -> int:
         """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
-        of `kv.full_row_chunk` rows, merged into at most `prompt_blocks`, each as wide as its last row) and the
+        of `kv.full_row_chunk` rows, merged into `prompt_blocks` on an accelerator, each as wide as its last row) and
+        the
         generated rows (L x K x T, in one buffer that doubles)."""
         n, k = request.n, request.k
         return 4 * request.shape.layers * (_prompt_elements(request) + 2 * k * (n + 2 * k))
@@ -167,8 +172,9 @@ class Rollout(AttributionMethod):
         if n > 1 and len(self.prompt_blocks) != num_layers:
             raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
         for layer, blocks in self.prompt_blocks.items():
-            if len(blocks) > prompt_blocks(rows.device.type):
-                self.prompt_blocks[layer] = _merged(blocks, prompt_blocks(rows.device.type))
+            most = prompt_blocks(rows.device.type)
+            if most is not None and len(blocks) > most:
+                self.prompt_blocks[layer] = _merged(blocks, most)
         for layer in range(num_layers) if n == 1 else ():
             self.prompt_blocks[layer] = [(0, self._hat(rows[layer][:, None, :], n - 1)[:, :n])]
 
