@@ -112,8 +112,7 @@ class Rollout(AttributionMethod):
     def kept_bytes(request: MemoryRequest) -> int:
         """The head-fused rows it keeps, float32: each layer's prompt rows (a triangle, L x N^2 / 2, stored in blocks
         of `kv.full_row_chunk` rows, merged into `prompt_blocks` on an accelerator, each as wide as its last row) and
-        the
-        generated rows (L x K x T, in one buffer that doubles)."""
+        the generated rows (L x K x T, in one buffer that doubles)."""
         n, k = request.n, request.k
         return 4 * request.shape.layers * (_prompt_elements(request) + 2 * k * (n + 2 * k))
 
