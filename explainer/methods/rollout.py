@@ -104,8 +104,11 @@ class Rollout(AttributionMethod):
     @classmethod
     def memory(cls, request: MemoryRequest, config: RolloutConfig) -> int:
         """`kept_bytes` and, while the prefill runs, one chunk's probabilities, scores and fused rows (float32), then
-        one layer's merged blocks beside its chunks."""
+        one layer's merged blocks beside its chunks; on an accelerator, where the device step moves every layer's
+        prompt rows into one (L, T, T) buffer (`_square_up`), all of them once more for that moment."""
         passing = max(3 * request.shape.heads * _prefill_chunk(request) * request.n, _prompt_elements(request))
+        if prompt_blocks(request.device_type) == 1:
+            passing = max(passing, request.shape.layers * _prompt_elements(request))
         return cls.kept_bytes(request) + 4 * passing
 
     @staticmethod
@@ -123,6 +126,7 @@ class Rollout(AttributionMethod):
         self.prompt_blocks: dict[int, list[tuple[int, torch.Tensor]]] = {}
         # (L, capacity, N + capacity) Â rows of the generated positions, layers in order
         self.gen: torch.Tensor | None = None
+        self.square: torch.Tensor | None = None  # (L, T, T) on the device-step path with one prompt block a layer
 
     def _hat(self, probs: torch.Tensor, first_row: int) -> torch.Tensor:
         """Head-fused attention rows with the residual added and rows renormalised.
@@ -218,10 +222,35 @@ class Rollout(AttributionMethod):
             self._prompt_rows_ready(rows)
             self.gen = rows.new_zeros((rows.shape[0], total - n, total), dtype=torch.float32)  # (L, K - 1, T)
             self._keys = torch.arange(total, device=rows.device)  # (T,)
+            self._square_up(total)
             return self._chain(self._last_row(n - 1, total), None), None
         hat = self._hat_at(rows[:, :, None, :], step + (n - 1))  # (L, 1, T)
         self.gen.index_copy_(1, step - 1, hat)
+        if self.square is not None:  # one kernel a layer: v · Â_l over all T positions at once
+            v = hat[-1, 0]
+            for pos in range(self.square.shape[0] - 2, -1, -1):
+                v = v @ self.square[pos]  # (T,) @ (T, T)
+            return v[:n], None
         return self._chain(hat[-1, 0], self.gen), None
+
+    def _square_up(self, total: int) -> None:
+        """Where a layer's prompt rows are one block (an accelerator's `prompt_blocks`), every layer's Â rows, prompt
+        and generated, in one (L, T, T) buffer: the prompt's blocks and `gen` become views of it, and a decode step's
+        chain is one product a layer. Until the blocks are copied the prompt rows are held twice (`memory` counts
+        it)."""
+        self.square = None
+        layers = sorted(self.prompt_blocks)
+        one_block = prompt_blocks(self.gen.device.type) == 1
+        if not one_block or self.n < 2 or any(len(self.prompt_blocks[la]) != 1 for la in layers):
+            return
+        n = self.n
+        square = self.gen.new_zeros((len(layers), total, total))  # (L, T, T)
+        for pos, layer in enumerate(layers):
+            (_, block), = self.prompt_blocks[layer]
+            square[pos, :n, : block.shape[1]] = block
+            self.prompt_blocks[layer] = [(0, square[pos, :n, : block.shape[1]])]
+        self.gen = square[:, n:, :]  # (L, K - 1, T)
+        self.square = square
 
     def _hat_at(self, probs: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """`_hat` of one query row whose position t is a (1,) device tensor: (L, H, 1, T) -> (L, 1, T)."""

@@ -664,6 +664,32 @@ def test_rows_equal_the_eager_references(model, rows):
     _clean(model)
 
 
+def test_rows_with_rollout_in_an_accelerators_layout_equal_the_eager_references(model, monkeypatch):
+    """Rollout's prompt rows as an accelerator keeps them (one block a layer, and in the fixed shape every layer's
+    rows in one (L, T, T) buffer, one product a layer a step): 3 rows' maps still equal the eager references."""
+    from explainer.methods import rollout
+
+    monkeypatch.setattr(rollout, "CPU_PROMPT_BLOCKS", 1)
+    made = []
+
+    def methods():
+        made.append([get_method(m) for m in METHODS])
+        return made[-1]
+
+    reqs = {i: _request(n, 90 + i, k=6, methods=methods) for i, n in enumerate((7, 12, 9))}
+    out = _together(model, reqs)
+    for i, req in reqs.items():
+        got = out[i]
+        assert not isinstance(got, BaseException), got
+        n, tokens = req["ids"].shape[1], [s.token_id for s in got["steps"]]
+        attentions, _ = eager_attentions(model, torch.cat([req["ids"], torch.tensor([tokens])], dim=1))
+        rollout_rows = np.array([s.scores["rollout"] for s in got["steps"]])
+        np.testing.assert_allclose(rollout_rows, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
+    squares = [m[1].square is not None for m in made]
+    assert all(squares) if choice.FIXED_SHAPE_ON_CPU else not any(squares)  # the square on the device path only
+    _clean(model)
+
+
 @pytest.mark.parametrize("device", ACCELERATORS)
 @pytest.mark.parametrize("rows", [1, 8])
 def test_cuda_rows_on_the_batch_graph_equal_the_dynamic_loop(device, rows, step_form, monkeypatch):

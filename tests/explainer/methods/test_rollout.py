@@ -97,6 +97,7 @@ def test_merged_prompt_blocks_equal_the_dense_reference(bundles, monkeypatch, de
     assert 3 * 128 < n < 500  # four chunks of 128 rows, merged into two blocks of 256 or one of all rows
     per = 512 // blocks
     assert all([f for f, _ in kept] == list(range(0, 512, per)) for kept in method.prompt_blocks.values())
+    assert (method.square is not None) == (decode == "static" and blocks == 1)  # one product a layer a step
     ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
     attentions, _ = eager_attentions(bundle.model, ids)
     ref = np.array(reference_rollout(attentions, n, attr.num_steps))
