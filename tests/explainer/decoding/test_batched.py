@@ -646,11 +646,24 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
     _clean(bundle.model)
 
 
+@pytest.mark.parametrize("layout", ["cpu", "accelerator"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_rows_equal_the_eager_references(model, rows):
+def test_rows_equal_the_eager_references(model, rows, layout, monkeypatch):
     """1 and 5 rows decoding together, each against MACS (`reference_macs`) and Rollout (`reference_rollout`)
-    computed from eager attention over its own prompt and answer: independent of the batch and of the capture."""
-    reqs = {i: _request(n, 40 + i, k=6) for i, n in enumerate((7, 12, 4, 9, 15)[:rows])}
+    computed from eager attention over its own prompt and answer: independent of the batch and of the capture. Also
+    with Rollout's prompt rows as an accelerator keeps them (one block a layer, and in the fixed shape every layer's
+    rows in one (L, T, T) buffer: one product a layer a step)."""
+    from explainer.methods import rollout
+
+    if layout == "accelerator":
+        monkeypatch.setattr(rollout, "CPU_PROMPT_BLOCKS", 1)
+    made = []
+
+    def methods():
+        made.append([get_method(m) for m in METHODS])
+        return made[-1]
+
+    reqs = {i: _request(n, 40 + i, k=6, methods=methods) for i, n in enumerate((7, 12, 4, 9, 15)[:rows])}
     out = _together(model, reqs)
     for i, req in reqs.items():
         got = out[i]
@@ -658,35 +671,11 @@ def test_rows_equal_the_eager_references(model, rows):
         n, tokens = req["ids"].shape[1], [s.token_id for s in got["steps"]]
         attentions, _ = eager_attentions(model, torch.cat([req["ids"], torch.tensor([tokens])], dim=1))
         macs = np.array([s.scores["macs"] for s in got["steps"]])
-        rollout = np.array([s.scores["rollout"] for s in got["steps"]])
-        np.testing.assert_allclose(macs, np.array(reference_macs(attentions, n, len(tokens))[0]), rtol=1e-4, atol=0)
-        np.testing.assert_allclose(rollout, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
-    _clean(model)
-
-
-def test_rows_with_rollout_in_an_accelerators_layout_equal_the_eager_references(model, monkeypatch):
-    """Rollout's prompt rows as an accelerator keeps them (one block a layer, and in the fixed shape every layer's
-    rows in one (L, T, T) buffer, one product a layer a step): 3 rows' maps still equal the eager references."""
-    from explainer.methods import rollout
-
-    monkeypatch.setattr(rollout, "CPU_PROMPT_BLOCKS", 1)
-    made = []
-
-    def methods():
-        made.append([get_method(m) for m in METHODS])
-        return made[-1]
-
-    reqs = {i: _request(n, 90 + i, k=6, methods=methods) for i, n in enumerate((7, 12, 9))}
-    out = _together(model, reqs)
-    for i, req in reqs.items():
-        got = out[i]
-        assert not isinstance(got, BaseException), got
-        n, tokens = req["ids"].shape[1], [s.token_id for s in got["steps"]]
-        attentions, _ = eager_attentions(model, torch.cat([req["ids"], torch.tensor([tokens])], dim=1))
         rollout_rows = np.array([s.scores["rollout"] for s in got["steps"]])
+        np.testing.assert_allclose(macs, np.array(reference_macs(attentions, n, len(tokens))[0]), rtol=1e-4, atol=0)
         np.testing.assert_allclose(rollout_rows, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
-    squares = [m[1].square is not None for m in made]
-    assert all(squares) if choice.FIXED_SHAPE_ON_CPU else not any(squares)  # the square on the device path only
+    squares = {m[1].square is not None for m in made}
+    assert squares == {layout == "accelerator" and choice.FIXED_SHAPE_ON_CPU}  # the square on the device path only
     _clean(model)
 
 
