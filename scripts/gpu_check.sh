@@ -229,13 +229,14 @@ stage() {  # stage NAME: one stage of the next GPU session
                 --deadline "$(box 60)" --plan "$STATIC_LENGTHS:none,plain,macs;$ROLLOUT_LENGTHS:rollout"
         done
         ;;
-    profile) # what MACS adds to a step (issue #42: MACS at 0.80-0.90x plain on the graph path): per token the
-        # kernels, their device time and the host's launches, on the eager static step and on the graph
+    profile) # what MACS adds to a step (issue #42: MACS at 0.80-0.90x plain on the graph path), and Rollout (the
+        # app's other default) at the shortest length: per token the kernels, their device time and the host's
+        # launches, on the eager static step and on the graph
         embedded_model
         for decode in static-eager $DECODE; do
             run "$(box 45)" "profile-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats 1 --json "$RESULTS/profile-gpu-$gpu-$decode.json" --deadline "$(box 40)" \
-                --plan "$PROFILE_LENGTHS:plain,macs" --profile
+                --plan "$PROFILE_LENGTHS:plain,macs;${PROFILE_LENGTHS%%,*}:rollout" --profile
         done
         ;;
     product)

@@ -83,11 +83,12 @@ def test_every_stage_writes_its_results(dry_run):
         assert {(r["method"], r["prompt_tokens"]) for r in report["rows"]} == {
             (m, n) for m in ("none", "plain", "macs") for n in (16, 48)
         } | {("rollout", 16)}  # Rollout's device step at the shorter lengths only
-    for decode in ("static-eager", "static"):  # the profile stage: plain and MACS, each with its counts
+    for decode in ("static-eager", "static"):  # the profile stage: plain, MACS and Rollout, each with its counts
         profiles = json.loads((results / f"profile-gpu-cpu-dry-{decode}.json").read_text())["profiles"]
         assert [(c["method"], c["prompt_tokens"], c["decode_path"]) for c in profiles] == [
             ("plain", 16, "static"),
             ("macs", 16, "static"),
+            ("rollout", 16, "static"),
         ]
         assert all(c["aten_ops_per_token"] > 0 and c["kernels_per_token"] == 0 for c in profiles)  # no GPU here
         assert profiles[1]["aten_ops_per_token"] > profiles[0]["aten_ops_per_token"]  # MACS's own work per step
