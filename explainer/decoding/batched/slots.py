@@ -21,7 +21,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ...capture import QueryStash, float32_products
+from ...capture import QueryStash, float32_products, stacked_last_rows
 from ..step import token_stats
 
 
@@ -111,11 +111,11 @@ class Slots:
         self.stacked = None
         if rows_shape is not None and len(set(layout.shapes)) == 1:
             kvh, dk, _ = layout.shapes[0]
-            stacked = (len(layout.shapes), slots, kvh, capacity, dk)  # (L, S, KVH, C, D)
+            stacked = (slots, len(layout.shapes), kvh, capacity, dk)  # (S, L, KVH, C, D): a slot's keys in one piece
             self.stacked = torch.zeros(stacked, dtype=layout.dtype, device=device)
         for i, (kvh, dk, dv) in enumerate(layout.shapes):
             if self.stacked is not None:
-                keys = self.stacked[i]
+                keys = self.stacked[:, i]  # (S, KVH, C, D), a view
             else:
                 keys = torch.zeros((slots, kvh, capacity, dk), dtype=layout.dtype, device=device)
             values = torch.zeros((slots, kvh, capacity, dv), dtype=layout.dtype, device=device)
@@ -172,10 +172,22 @@ class Slots:
     def write_rows(self, visible: torch.Tensor) -> None:
         """`rows` from the queries each layer stashed in `queries` (`capture.QueryStash`): every slot's and layer's
         float32 softmax row over its C positions, the keys it does not see (`visible`, (S, C) bool: `mask` of the
-        step) exactly 0; one product for all layers where their keys lie in one buffer; no host read."""
-        keys = [la.keys for la in self.cache.layers]
-        out = self.rows.transpose(0, 1)  # (L, S, H, C)
-        self.queries.write_rows(out, keys, self.stacked, visible, self.float32_out)
+        step) exactly 0; no host read.
+
+        Where the layers' keys lie in one buffer, one product a slot over all its layers: the very call a row decoding
+        alone makes, so its rows do not depend on how many others decode beside it (a product library picks its
+        kernel by the whole call's shape, batch count included). Otherwise one product a layer over all slots."""
+        stash = self.queries
+        if self.stacked is None or stash.buffer is None or len(set(stash.scales)) != 1:
+            keys = [la.keys for la in self.cache.layers]
+            stash.write_rows(self.rows.transpose(0, 1), keys, None, visible, self.float32_out)  # (L, S, H, C)
+            return
+        for s in range(self.size):
+            one = stacked_last_rows(
+                stash.buffer[:, s : s + 1], self.stacked[s][:, None], visible[s : s + 1], stash.scales[0],
+                self.float32_out,
+            )  # (L, 1, H, C)  # fmt: skip
+            self.rows[s].copy_(one[:, 0])
 
     def mask(self) -> torch.Tensor:
         """(S, 1, 1, C) bool: each slot's own positions and its new one (attend), on the device; no host read."""
