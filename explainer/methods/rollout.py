@@ -168,14 +168,14 @@ class Rollout(AttributionMethod):
             buf = self.gen = grown
         buf[:, j, : rows.shape[1]] = rows
 
-    def _prompt_rows_ready(self, rows: torch.Tensor) -> None:
+    def _prompt_rows_ready(self, rows: torch.Tensor, merge: bool = True) -> None:
         """At the prefill step: the prompt's Â rows are all there (a 1-token prompt has no multi-query pass, so its
-        row comes from the step's (L, H, T) rows)."""
+        row comes from the step's (L, H, T) rows); with `merge`, each layer's chunks merged into `prompt_blocks`."""
         n, num_layers = self.n, rows.shape[0]
         if n > 1 and len(self.prompt_blocks) != num_layers:
             raise RuntimeError("rollout needs the prefill's full attention rows (capture full_row_consumer)")
+        most = prompt_blocks(rows.device.type) if merge else None
         for layer, blocks in self.prompt_blocks.items():
-            most = prompt_blocks(rows.device.type)
             if most is not None and len(blocks) > most:
                 self.prompt_blocks[layer] = _merged(blocks, most)
         for layer in range(num_layers) if n == 1 else ():
@@ -219,10 +219,13 @@ class Rollout(AttributionMethod):
         """
         n, total = self.n, rows.shape[-1]
         if self.gen is None:  # the prefill (eager): step 0
-            self._prompt_rows_ready(rows)
-            self.gen = rows.new_zeros((rows.shape[0], total - n, total), dtype=torch.float32)  # (L, K - 1, T)
+            square = prompt_blocks(rows.device.type) == 1 and n > 1  # an accelerator's layout
+            self._prompt_rows_ready(rows, merge=not square)
             self._keys = torch.arange(total, device=rows.device)  # (T,)
-            self._square_up(total)
+            if square:
+                self._square_up(rows.shape[0], total)
+            else:
+                self.gen = rows.new_zeros((rows.shape[0], total - n, total), dtype=torch.float32)  # (L, K - 1, T)
             return self._chain(self._last_row(n - 1, total), None), None
         hat = self._hat_at(rows[:, :, None, :], step + (n - 1))  # (L, 1, T)
         self.gen.index_copy_(1, step - 1, hat)
@@ -233,22 +236,17 @@ class Rollout(AttributionMethod):
             return v[:n], None
         return self._chain(hat[-1, 0], self.gen), None
 
-    def _square_up(self, total: int) -> None:
-        """Where a layer's prompt rows are one block (an accelerator's `prompt_blocks`), every layer's Â rows, prompt
-        and generated, in one (L, T, T) buffer: the prompt's blocks and `gen` become views of it, and a decode step's
-        chain is one product a layer. Until the blocks are copied the prompt rows are held twice (`memory` counts
-        it)."""
-        self.square = None
-        layers = sorted(self.prompt_blocks)
-        one_block = prompt_blocks(self.gen.device.type) == 1
-        if not one_block or self.n < 2 or any(len(self.prompt_blocks[la]) != 1 for la in layers):
-            return
+    def _square_up(self, num_layers: int, total: int) -> None:
+        """An accelerator's layout on the device-step path: every layer's Â rows, prompt and generated, in one
+        (L, T, T) buffer, the prompt's chunks copied in (the layer's one block and `gen` are views of it), so a decode
+        step's chain is one product a layer. Until the chunks are copied the prompt rows are held twice (`memory`
+        counts it)."""
         n = self.n
-        square = self.gen.new_zeros((len(layers), total, total))  # (L, T, T)
-        for pos, layer in enumerate(layers):
-            (_, block), = self.prompt_blocks[layer]
-            square[pos, :n, : block.shape[1]] = block
-            self.prompt_blocks[layer] = [(0, square[pos, :n, : block.shape[1]])]
+        square = torch.zeros((num_layers, total, total), device=self._keys.device)  # (L, T, T) float32
+        for pos, layer in enumerate(sorted(self.prompt_blocks)):
+            for first, block in self.prompt_blocks[layer]:
+                square[pos, first : first + block.shape[0], : block.shape[1]] = block
+            self.prompt_blocks[layer] = [(0, square[pos, :n, :n])]
         self.gen = square[:, n:, :]  # (L, K - 1, T)
         self.square = square
 
