@@ -222,6 +222,11 @@ class QueryStash:
         self.layers[layer].copy_(query)
         self.scales[layer] = scale
 
+    @property
+    def one_product(self) -> bool:
+        """Whether one product can serve every layer: the queries lie in one buffer and share one temperature."""
+        return self.buffer is not None and len(set(self.scales)) == 1
+
     def write_rows(
         self,
         out: torch.Tensor,
@@ -233,7 +238,7 @@ class QueryStash:
         """`stacked_last_rows` of the stashed queries into `out` (L, B, H, T), a view of any layout: one product over
         `stacked` (L, B, KVH, T, D), the layers' `keys` (B, KVH, T, D) in one buffer, when the queries are in one too
         and the layers share one temperature; otherwise one product per layer."""
-        if stacked is not None and self.buffer is not None and len(set(self.scales)) == 1:
+        if stacked is not None and self.one_product:
             out.copy_(stacked_last_rows(self.buffer, stacked, visible, self.scales[0], float32_out))
             return
         for i, (query, layer_keys) in enumerate(zip(self.layers, keys)):

@@ -178,7 +178,7 @@ class Slots:
         alone makes, so its rows do not depend on how many others decode beside it (a product library picks its
         kernel by the whole call's shape, batch count included). Otherwise one product a layer over all slots."""
         stash = self.queries
-        if self.stacked is None or stash.buffer is None or len(set(stash.scales)) != 1:
+        if self.stacked is None or not stash.one_product:
             keys = [la.keys for la in self.cache.layers]
             stash.write_rows(self.rows.transpose(0, 1), keys, None, visible, self.float32_out)  # (L, S, H, C)
             return
