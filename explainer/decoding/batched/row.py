@@ -85,6 +85,7 @@ class Row:
         self.step_index: torch.Tensor | None = None  # (1,) long on the device: the step its device work explains
         self.layer_buffers: list[torch.Tensor | None] = []  # per method, its (K, L, N) layer factors or None
         self.share_sum = self.share_min = None  # (N,) its decode steps' sink shares, summed and smallest
+        self._order = {id(m): i for i, m in enumerate(self.streaming)}  # a method's place in the rows of its outputs
 
     @property
     def device_capable(self) -> bool:
@@ -154,8 +155,7 @@ class Row:
             self.share_min = torch.full((self.n,), float("inf"), device=device)
         outs = [to_numpy(row) for row in device_scores(self.streaming, self.layer_buffers, rows, self.step_index)]
         self.step_index.add_(1)
-        index = {id(m): i for i, m in enumerate(self.streaming)}
-        return lambda m: m.finish_step(outs[index[id(m)]])
+        return lambda m: m.finish_step(outs[self._order[id(m)]])
 
     def device_work(self, rows: torch.Tensor, outs: torch.Tensor) -> None:
         """A decode step's work of a row whose methods run on the device, inside the batch's step (a graph records
@@ -179,8 +179,7 @@ class Row:
         self.length += 1
         self.largest_batch = max(self.largest_batch, batch)
         if self.on_device:
-            n = self.n
-            self.emit(stats, lambda m: m.finish_step(rows[self.streaming.index(m), :n]), t0)
+            self.emit(stats, lambda m: m.finish_step(rows[self._order[id(m)], : self.n]), t0)
             return
         if rows is not None and self.sinks is not None:
             self.sinks.add(rows)
