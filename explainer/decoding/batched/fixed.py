@@ -74,9 +74,11 @@ class BatchStep:
             return {}
         return {s: slots.rows[s, :, :, :n] for s, n in enumerate(lengths) if n is not None}
 
-    def _forward(self, slots: Slots) -> torch.Tensor:
-        """(S, V) next-token logits of every slot, products at the fixed row count."""
-        call = dict(input_ids=slots.token_in, attention_mask=slots.mask(), position_ids=slots.positions[:, None])
+    def _forward(self, slots: Slots, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(S, V) next-token logits of every slot, products at the fixed row count; `mask`: `slots.mask()` where the
+        caller has it."""
+        mask = slots.mask() if mask is None else mask
+        call = dict(input_ids=slots.token_in, attention_mask=mask, position_ids=slots.positions[:, None])
         with fixed_rows(self._linears, self._product_rows):
             return self.model(**call, past_key_values=slots.cache, use_cache=True, logits_to_keep=1).logits[:, -1]
 
@@ -92,10 +94,11 @@ class BatchStep:
     def _fixed(self, slots: Slots, keep: bool, on_device: list[Row], recording: bool = False) -> None:
         """The fixed-shape step, eagerly: what the graph records. Eagerly a row whose device work fails is failed
         and left out of `on_device` (the list changes); while `recording` its error ends the recording."""
+        mask = slots.mask()  # (S, 1, 1, C)
         with fixed_shape(self.model, slots if keep else None):
-            logits = self._forward(slots)
+            logits = self._forward(slots, mask)
         if keep:
-            slots.write_rows(slots.mask()[:, 0, 0])  # (S, C): before the step advances the positions
+            slots.write_rows(mask[:, 0, 0])  # (S, C)
         slots.record_tokens(logits, None)
         for row in list(on_device):
             try:
