@@ -23,6 +23,8 @@ import json
 import sys
 from pathlib import Path
 
+from torch.utils._python_dispatch import TorchDispatchMode
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -57,22 +59,16 @@ def count_step(model, n: int, methods: list[str], steps: int = 4) -> dict:
     return _kernels(count.ops)
 
 
-class _Count:
-    """A `TorchDispatchMode` that counts the operators run within it, by name."""
+class _Count(TorchDispatchMode):
+    """Counts the operators run within it, by name."""
 
-    def __new__(cls):
-        from torch.utils._python_dispatch import TorchDispatchMode
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: collections.Counter = collections.Counter()
 
-        class Count(TorchDispatchMode):
-            def __init__(self) -> None:
-                super().__init__()
-                self.ops: collections.Counter = collections.Counter()
-
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                self.ops[str(func)] += 1
-                return func(*args, **(kwargs or {}))
-
-        return Count()
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops[str(func)] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def _kernels(ops: collections.Counter) -> dict:
