@@ -18,8 +18,12 @@ import gradio as gr
 
 from explainer.runtime.hardware import hardware_name, zero_gpu
 from explainer.runtime.memory import available_bytes, format_bytes
-from ui import api, contrast, faithfulness, image_tab, layers, models, options, page, regions, share, sources, text_tab
+from ui import api, models, options, page
+from ui.panels import contrast, faithfulness, layers, regions, sources
 from ui.process import prepare
+from ui.tabs import image as image_tab
+from ui.tabs import share
+from ui.tabs import text as text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (

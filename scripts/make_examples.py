@@ -1,7 +1,7 @@
 """Regenerate the saved results of the text examples (`assets/examples.json` -> `assets/examples/<slug>.json`).
 
 The app shows these at once when an example is clicked, and the first example's on the first page view, before any
-model has loaded (`ui/examples.py`). Each comes from the embedded model (SmolLM2-135M-Instruct, `load_model()`),
+model has loaded (`ui/tabs/examples.py`). Each comes from the embedded model (SmolLM2-135M-Instruct, `load_model()`),
 in float32 (so the file does not depend on the CPU having native bf16), greedy, with the chat template, up to the
 app's 64 new tokens, and these methods, each with its default options: the app's defaults MACS and Attention Rollout,
 then AtMan, the random baseline and Grad-ELLM (about a minute per example on a busy 2-core CPU). Input x Gradient and

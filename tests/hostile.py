@@ -1,5 +1,5 @@
-"""Markup from outside, for the escaping tests (`tests/ui/test_markup.py`, `tests/browser/test_markup.py`): a saved
-result with markup in every string field, and a check that a piece of HTML draws none of it.
+"""Markup from outside, for the escaping tests (`tests/ui/guards/test_markup.py`, `tests/browser/test_markup.py`): a
+saved result with markup in every string field, and a check that a piece of HTML draws none of it.
 
 Every injected element has an id starting with `INJECTED`, and every address points at `SINK` (the discard port on
 the loopback: nothing answers there), so a test finds what got drawn by id and what got fetched by address.

@@ -14,7 +14,10 @@ import gradio as gr
 import pytest
 
 from explainer.methods import method_options
-from ui import estimates, faithfulness, image_tab, models, options, requests, text_tab
+from ui import models, options, requests
+from ui.panels import estimates, faithfulness
+from ui.tabs import image as image_tab
+from ui.tabs import text as text_tab
 
 from . import upload_files
 

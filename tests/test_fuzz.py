@@ -448,7 +448,8 @@ def option_values(draw, odd_share: int) -> list:
 
 def _app_result(state: Attribution, data) -> None:
     """Re-render a streamed result with any step, methods and toggles; only a step that is not a number is refused."""
-    from ui import faithfulness, text_tab
+    from ui.panels import faithfulness
+    from ui.tabs import text as text_tab
 
     _result(state)
     step = data.draw(STEPS)
@@ -471,7 +472,7 @@ def _app_result(state: Attribution, data) -> None:
     flags=st.tuples(st.booleans(), st.booleans()),
 )
 def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
-    from ui import text_tab
+    from ui.tabs import text as text_tab
 
     try:
         options = data.draw(option_values(odd_share=8))
@@ -487,7 +488,7 @@ def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
 @fuzz(30)
 @given(data=st.data(), methods=ANY_METHODS, new=st.one_of(st.sampled_from([257, 2.5, "2"]), ANY_NEW_TOKENS))
 def test_app_explain_any_settings(app, text, data, methods, new):
-    from ui import text_tab
+    from ui.tabs import text as text_tab
 
     options = data.draw(option_values(odd_share=2))
     try:
@@ -520,7 +521,7 @@ def test_app_explain_any_image(app, vl, tmp_path_factory, data, as_payload, ques
     path = upload_files.uploaded(tmp_path_factory.mktemp("upload") / "photo.png")  # as Gradio's /upload records it
     path.write_bytes(data)
     image = {"path": str(path), "orig_name": "photo.png", "url": None} if as_payload else str(path)
-    from ui import image_tab
+    from ui.tabs import image as image_tab
 
     try:
         outs = collect(image_tab.explain_image(image, question, ["macs"], new, opacity, True, detail))
@@ -555,7 +556,7 @@ def answer(text):
 def test_app_faithfulness_refuses_what_it_cannot_measure(app, text, answer, methods, metric, choice, step, no_answer):
     """Methods the answer was not explained with, or no answer: a clear refusal before the model is asked (measuring
     takes seconds, so the accepted inputs are checked once in test_app_faithfulness_clamps_the_step)."""
-    from ui import faithfulness
+    from ui.panels import faithfulness
 
     with pytest.raises(gr.Error) as info:
         collect(faithfulness.faithfulness(None if no_answer else answer, methods, metric, choice, step))
@@ -565,7 +566,7 @@ def test_app_faithfulness_refuses_what_it_cannot_measure(app, text, answer, meth
 
 
 def test_app_faithfulness_clamps_the_step(app, text, answer):
-    from ui import faithfulness
+    from ui.panels import faithfulness
 
     choices = faithfulness.SOFT_CHOICES
     last = collect(faithfulness.faithfulness(answer, ["macs", "nope"], "no such metric", choices[2], 10**6))[-1]

@@ -1,7 +1,7 @@
 """Tiny image files as users upload them: broken ones (with the message they must get) and odd but valid formats
 (with the RGB pixel they must give). Built in the test's tmp_path; none is over a few kilobytes. `uploaded` records
-a file as Gradio's /upload route does (`Blocks.upload_file_set`), so the handlers' file gate (`ui/uploads.py`) lets
-it through; every file `write` makes is recorded so."""
+a file as Gradio's /upload route does (`Blocks.upload_file_set`), so the handlers' file gate (`ui/guards/uploads.py`)
+lets it through; every file `write` makes is recorded so."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ui import uploads
+from ui.guards import uploads
 
 UPLOADED: set[str] = set()  # what the /upload route of an app would have recorded
 uploads.watch(UPLOADED)

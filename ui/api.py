@@ -36,11 +36,12 @@ from explainer.result.steps import clamp_step
 from explainer.runtime.hardware import gpu_duration, on_gpu
 from visuals import top_tokens_rows
 
-from . import gpu_time, inputs, models, uploads
-from .contrast import contrastive_methods
-from .errors import wrap_handler
-from .measurement import SOFT_CHOICES, faithfulness_request
+from . import gpu_time, models
+from .guards import inputs, uploads
+from .guards.errors import wrap_handler
 from .options import DEFAULT_METHODS
+from .panels.contrast import contrastive_methods
+from .panels.measurement import SOFT_CHOICES, faithfulness_request
 from .requests import build_image_request, build_text_request
 from .stream import explain_updates, run_stream
 
@@ -109,7 +110,7 @@ def _image_request(
     max_new_tokens: int = 24, max_image_tokens: int | None = None, answer: str = "",
     method_options: dict | None = None,
 ) -> ExplainRequest:  # fmt: skip
-    # the image is opened by `requests.open_image`, through the gate of every file a visitor sends (`ui/uploads.py`)
+    # the image is opened by `requests.open_image`, through the gate of every file a visitor sends (`guards/uploads.py`)
     return build_image_request(
         image, question, methods or ["macs"], max_new_tokens, max_image_tokens, answer, None, method_options
     )

@@ -18,7 +18,7 @@ import gradio as gr
 
 from explainer.runtime.hardware import on_gpu
 
-from .errors import wrap_handler
+from .guards.errors import wrap_handler
 
 
 class _Keep(enum.Enum):

@@ -22,7 +22,7 @@ from explainer.result.attribution import Attribution
 from explainer.runtime.hardware import gpu_duration
 
 from . import models, requests
-from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured
+from .panels.measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured
 
 DECODE_TOKENS_PER_S = 10.0  # a GPU's greedy decoding with capture on, at worst (first request included)
 IMAGE_PREFILL_SECONDS = 10.0  # vision tower and prefill of an image prompt

@@ -33,8 +33,8 @@ from explainer.models.loading import (
 from explainer.runtime.hardware import zero_gpu
 from explainer.runtime.precision import dtype_name, model_dtype, precision_label
 
-from .errors import user_errors
-from .markup import markdown_code, markdown_text
+from .guards.errors import user_errors
+from .guards.markup import markdown_code, markdown_text
 
 # No angle brackets: the page draws Markdown as HTML, where "<hub id>" was read as a tag and cut the line short.
 NO_VLM = (

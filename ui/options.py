@@ -14,9 +14,9 @@ from explainer.methods import method_options
 from explainer.methods.calibration import calibrate_command
 
 from . import models
-from .errors import user_errors
 from .events import KEEP
-from .markup import markdown_code
+from .guards.errors import user_errors
+from .guards.markup import markdown_code
 
 CALIBRATED = "macs_calibrated"  # offered only for a model with weights (`models.calibrated`)
 DEFAULT_METHODS = ["macs", "rollout"]  # side by side on first use; the slower methods are opt-in, with time estimates

@@ -31,7 +31,7 @@ from explainer.result.attribution import Attribution
 from explainer.result.steps import last_content_step
 from explainer.runtime.session import CancelToken, WorkerStream, model_lock, place
 
-from .markup import markdown_text
+from .guards.markup import markdown_text
 
 T = TypeVar("T")
 UPDATE_SECONDS = 0.25  # at most ~4 streamed updates per second; the final state is always sent

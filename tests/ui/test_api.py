@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 
 from explainer.result.attribution import Attribution, MethodScores, load_result, result_json
-from ui import api, options, requests, uploads
+from ui import api, options, requests
+from ui.guards import uploads
 from visuals import top_tokens_rows
 
 from .. import upload_files

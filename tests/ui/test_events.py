@@ -12,8 +12,8 @@ from typing import Any
 import gradio as gr
 import pytest
 
-from ui.errors import user_errors
 from ui.events import KEEP, Components, settle, view_updates
+from ui.guards.errors import user_errors
 
 SKIP = gr.skip()
 

@@ -13,8 +13,9 @@ from explainer.faithfulness import QUICK_SOFT, soft_cost
 from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import Attribution, MethodScores
 from explainer.runtime.hardware import gpu_duration
-from ui import gpu_time, inputs, models
-from ui.measurement import SOFT_CHOICES
+from ui import gpu_time, models
+from ui.guards import inputs
+from ui.panels.measurement import SOFT_CHOICES
 
 from .. import upload_files
 from ..conftest import build_model, make_tokenizer

@@ -10,7 +10,7 @@ from explainer.methods import method_options
 from explainer.methods.calibration import CalibrationWeights, config_fingerprint
 from explainer.models.loading import EMBEDDED_MODEL
 from ui import models, options
-from ui.markup import markdown_code
+from ui.guards.markup import markdown_code
 
 from ..conftest import build_model
 

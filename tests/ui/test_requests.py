@@ -11,7 +11,10 @@ from PIL import Image
 
 from explainer.methods import available_methods, method_options
 from explainer.request import ExplainRequest
-from ui import contrast, gpu_time, image_tab, options, requests, stream, text_tab
+from ui import gpu_time, options, requests, stream
+from ui.panels import contrast
+from ui.tabs import image as image_tab
+from ui.tabs import text as text_tab
 
 from .. import upload_files
 from .conftest import FakeStream, collect, image_attr

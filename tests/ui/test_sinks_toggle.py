@@ -10,8 +10,10 @@ import pytest
 from PIL import Image
 
 from explainer.result.attribution import Attribution, MethodScores
-from ui import image_tab, options, text_tab
-from ui.image_tab import ImageResult
+from ui import options
+from ui.tabs import image as image_tab
+from ui.tabs import text as text_tab
+from ui.tabs.image import ImageResult
 
 GRID = (2, 3)
 

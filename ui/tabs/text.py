@@ -23,16 +23,18 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import estimates, examples, gpu_time, inputs, models
-from .downloads import download, exported_methods, has_steps, no_file
-from .errors import user_errors
-from .events import KEEP, Components, settle
-from .markup import markdown_text
-from .options import method_choices, offered_choices
-from .page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
-from .requests import text_request
-from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
-from .uploads import uploaded_path
+from .. import gpu_time, models
+from ..downloads import download, exported_methods, has_steps, no_file
+from ..events import KEEP, Components, settle
+from ..guards import inputs, uploads
+from ..guards.errors import user_errors
+from ..guards.markup import markdown_text
+from ..options import method_choices, offered_choices
+from ..page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
+from ..panels import estimates
+from ..requests import text_request
+from ..stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from . import examples
 
 TOP_K = 5  # rows per method in the top-tokens table
 TOP_SENTENCES = 3  # sentences per method under a span or word/sentence view
@@ -140,15 +142,13 @@ def render_sinks(
     return render(result, methods, step, show_all, span, span_end, granularity, hide_sinks)
 
 
-def _sliders(attr: Attribution, live: bool, span: bool) -> tuple[dict, dict]:
-    """Updates of the step and span-end sliders (see `stream.step_slider`); a finished span covers the whole answer."""
+def result_view(
+    attr: Attribution, methods: list[str], show_all: bool, live: bool, span: bool, granularity: str
+) -> TextView:
+    """The `SHOWN` fields of a (possibly still growing) result, for the handlers of the text tab and its contrast
+    step: the views, the status and the sliders (`stream.step_slider`; a finished span covers the whole answer)."""
     step = step_slider(attr, live, 1 if span and not live else None)
-    return step, step_slider(attr, live, max(attr.num_steps, 1))
-
-
-def _shown(attr: Attribution, methods: list[str], show_all: bool, live: bool, span: bool, granularity: str) -> TextView:
-    """Every view of a (possibly still growing) result, with its sliders and status."""
-    step, end = _sliders(attr, live, span)
+    end = step_slider(attr, live, max(attr.num_steps, 1))
     view = render(attr, methods, step["value"], show_all, span, attr.num_steps, granularity)
     return dataclasses.replace(view, step=step, span_end=end, status=status_line(attr, live), result=attr)
 
@@ -185,7 +185,7 @@ async def explain(
                 yield TextView(status=update.note or KEEP, request=update.request)
             else:
                 live = update.request.phase is not Phase.DONE and not finished(update.item)
-                view = _shown(update.item, methods, show_all, live, span, request.unit)
+                view = result_view(update.item, methods, show_all, live, span, request.unit)
                 yield dataclasses.replace(view, request=update.request)
 
 
@@ -208,7 +208,7 @@ def after_explain(
         return TextView()
     if not stop.partial:
         return TextView(status=stop.status or KEEP, request=stop.request)
-    view = _shown(result, list(methods or []), show_all, False, bool(span), inputs.granularity(granularity))
+    view = result_view(result, list(methods or []), show_all, False, bool(span), inputs.granularity(granularity))
     return dataclasses.replace(view, status=stop.status, request=stop.request)
 
 
@@ -232,7 +232,7 @@ def open_saved(upload: Any, show_all: bool, span: bool, granularity: str) -> Tex
     uploaded to this app is opened (`uploads.uploaded_path`). Returns the `SHOWN` fields and `methods`."""
     if not upload:
         return TextView()
-    path = uploaded_path(upload)
+    path = uploads.uploaded_path(upload)
     attr = load_result(path)
     choices = offered_choices()
     methods = list(attr.methods)
@@ -245,7 +245,7 @@ def open_saved(upload: Any, show_all: bool, span: bool, granularity: str) -> Tex
         f"tokens{given} by {markdown_text(attr.model)}, methods {shown}; no model was run. Move the slider to explain "
         "any token."
     )
-    view = _shown(attr, methods, show_all, False, bool(span), inputs.granularity(granularity))
+    view = result_view(attr, methods, show_all, False, bool(span), inputs.granularity(granularity))
     return dataclasses.replace(view, status=status, request=RequestState(), methods=box)
 
 
@@ -264,7 +264,7 @@ def open_example(
     if attr is None:
         return TextView(prompt=shown[i]["prompt"])
     chosen = examples.shown_methods(attr, methods, method_choices()[1])
-    view = _shown(attr, chosen, show_all, False, bool(span), inputs.granularity(granularity))
+    view = result_view(attr, chosen, show_all, False, bool(span), inputs.granularity(granularity))
     status = examples.saved_status(attr, shown[i]["label"])
     box = gr.update(value=chosen)
     return dataclasses.replace(view, status=status, request=RequestState(), methods=box, prompt=shown[i]["prompt"])

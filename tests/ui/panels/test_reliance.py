@@ -1,13 +1,14 @@
-"""The image tab's reliance strip (`ui/reliance.py`): drawn from the tab's result at the slider's step, empty before
-a question, placed above the overlays and following the result and the step through an internal event."""
+"""The image tab's reliance strip (`ui/panels/reliance.py`): drawn from the tab's result at the slider's step, empty
+before a question, placed above the overlays and following the result and the step through an internal event."""
 
 from __future__ import annotations
 
 import gradio as gr
 from PIL import Image
 
-from ui import image_tab, reliance
-from ui.image_tab import ImageResult
+from ui.panels import reliance
+from ui.tabs import image as image_tab
+from ui.tabs.image import ImageResult
 from visuals.reliance import reliance_html
 
 from ..visuals.test_reliance import result

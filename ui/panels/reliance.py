@@ -13,10 +13,10 @@ import gradio as gr
 from explainer.result.attribution import Attribution
 from visuals.reliance import reliance_html
 
-from . import inputs
-from .errors import user_errors
-from .events import KEEP, Components
-from .stream import FOLLOWS_STEP
+from ..events import KEEP, Components
+from ..guards import inputs
+from ..guards.errors import user_errors
+from ..stream import FOLLOWS_STEP
 
 
 @dataclass

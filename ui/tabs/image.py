@@ -24,16 +24,19 @@ from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import examples, gpu_time, inputs, models, reliance, uploads
-from .downloads import download, exported_methods, has_steps, no_file
-from .errors import user_errors
-from .events import KEEP, Components, settle
-from .options import method_choices, offer_image_methods
-from .page import VIEWS_CLASS, busy_on_click, ready_after
-from .requests import image_request
-from .stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from .. import gpu_time, models
+from ..downloads import download, exported_methods, has_steps, no_file
+from ..events import KEEP, Components, settle
+from ..guards import inputs, uploads
+from ..guards.errors import user_errors
+from ..options import method_choices, offer_image_methods
+from ..page import VIEWS_CLASS, busy_on_click, ready_after
+from ..panels import reliance
+from ..requests import image_request
+from ..stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from . import examples
 
-IMAGES_DIR = Path(__file__).resolve().parents[1] / "assets" / "images"
+IMAGES_DIR = Path(__file__).resolve().parents[2] / "assets" / "images"
 DEFAULT_QUESTION = "What is in the image?"
 CONTOUR_TOP_PERCENT = 10
 EMPTY_QUESTION = "<p>Upload an image, ask a question and press <b>Ask</b>: the question's tokens appear here.</p>"
@@ -126,7 +129,7 @@ def render_image(
 def render_image_sinks(
     result: ImageResult | None, methods: list[str], step: float | None, opacity: float, contour: bool, hide: bool
 ) -> ImageView:
-    """As `text_tab.render_sinks`: `render_image` once an answer is complete, only with sinks left out."""
+    """As `tabs.text.render_sinks`: `render_image` once an answer is complete, only with sinks left out."""
     if not hide or not isinstance(result, ImageResult) or not sink_positions(result.attr):
         return ImageView()
     return render_image(result, methods, step, opacity, contour, hide)
@@ -162,7 +165,7 @@ async def explain_image(
     request is `requests.image_request` of these arguments, as `gpu_time.image_seconds` reads it.
 
     Yields:
-        `ImageView`s with the `SHOWN` fields, as `text_tab.explain` does.
+        `ImageView`s with the `SHOWN` fields, as `tabs.text.explain` does.
     """
     opacity = inputs.fraction(opacity, "Overlay opacity")
     values = (image, question, methods, max_new_tokens, opacity, contour, max_image_tokens, answer, more_images)
@@ -170,7 +173,7 @@ async def explain_image(
     bundle = models.get_vl_bundle()
     updates = explain_updates(bundle, request, progress)
     methods = list(request.method_names)
-    async with aclosing(updates):  # as in text_tab.explain
+    async with aclosing(updates):  # as in tabs.text.explain
         async for update in updates:
             if update.item is None:
                 yield ImageView(status=update.note or KEEP, request=update.request)
@@ -188,7 +191,7 @@ def after_image(
     opacity: float = 0.5,
     contour: bool = True,
 ) -> ImageView:
-    """As `text_tab.after_explain`, for the image tab: the `SHOWN` fields it changes."""
+    """As `tabs.text.after_explain`, for the image tab: the `SHOWN` fields it changes."""
     stop = stopped(request, _result_attr(result))
     if stop is None:
         return ImageView()
@@ -283,7 +286,7 @@ def _views(c: Components) -> None:
     c["step"] = gr.Slider(
         1, 2, value=1, step=1, interactive=False, label="Generation step (the answer token being explained)"
     )
-    reliance.attach(c)  # the reliance strip, above the overlays (ui/reliance.py)
+    reliance.attach(c)  # the reliance strip, above the overlays (ui/panels/reliance.py)
     c["overlay"] = gr.Image(label="Image regions each method credits for this token", interactive=False, height=420)
     c["question"] = gr.HTML(label="Question tokens")
     with gr.Row():

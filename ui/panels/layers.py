@@ -15,10 +15,10 @@ import gradio as gr
 from explainer.result.attribution import Attribution
 from visuals.layers import has_layers, layer_figure, layer_positions
 
-from . import inputs
-from .errors import user_errors
-from .events import KEEP, Components
-from .stream import FOLLOWS_STEP
+from ..events import KEEP, Components
+from ..guards import inputs
+from ..guards.errors import user_errors
+from ..stream import FOLLOWS_STEP
 
 NOTE = (
     "MACS multiplies, over the layers, each layer's factor α·(max over heads of the attention to a prompt token) + "

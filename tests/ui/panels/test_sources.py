@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ui import sources
+from ui.panels import sources
 from visuals.sources import NO_SOURCES
 
 from ..visuals.test_sources import result

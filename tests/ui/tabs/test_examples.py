@@ -1,4 +1,4 @@
-"""The examples' saved results (`assets/examples.json`, `ui/examples.py`): each matches its prompt and the current
+"""The examples' saved results (`assets/examples.json`, `ui/tabs/examples.py`): each matches its prompt and the current
 file format and opens without a model; a clicked example and the first page view show one at once."""
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ import pytest
 from explainer.models.loading import EMBEDDED_MODEL, load_model
 from explainer.result.attribution import Attribution, MethodScores
 from explainer.result.schema import FORMAT_VERSION
-from ui import examples, models, text_tab
+from ui import models
+from ui.tabs import examples
+from ui.tabs import text as text_tab
 
 SHOWN = examples.examples()
 
@@ -57,7 +59,7 @@ def test_a_clicked_example_shows_its_saved_result_at_once_without_a_model(no_mod
 
 def test_the_first_page_view_is_the_first_examples_saved_result_then_the_model_line(no_model):
     import app
-    from ui import share
+    from ui.tabs import share
 
     first = share.first_view(["macs", "rollout"], False, False, "token", None)
     assert first.prompt == SHOWN[0]["prompt"] and first.methods["value"] == ["macs", "rollout"]

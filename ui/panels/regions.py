@@ -18,10 +18,10 @@ from explainer.result.regions import cell_at, cells_in_box, image_region_strengt
 from explainer.result.steps import clamp_step
 from visuals.regions import grid_picker, picker_size, region_figure
 
-from . import inputs
-from .errors import user_errors
-from .events import KEEP, Components
-from .stream import FOLLOWS_STEP
+from ..events import KEEP, Components
+from ..guards import inputs
+from ..guards.errors import user_errors
+from ..stream import FOLLOWS_STEP
 
 MODES = ("Pick cells", "Rectangle (click two corners)")
 IMAGE_NOTE = (

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from explainer.result.attribution import Attribution, MethodScores
-from ui import contrast, models, stream
+from ui import models, stream
+from ui.panels import contrast
 
 from .conftest import FakeBundle, FakeStream, collect, request_fields
 

@@ -16,12 +16,12 @@ from explainer.faithfulness.common import RANKED
 from explainer.result.attribution import Attribution
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
 
-from . import gpu_time, models
-from .errors import user_errors
-from .events import KEEP, Components, settle
-from .markup import markdown_text
+from .. import gpu_time, models
+from ..events import KEEP, Components, settle
+from ..guards.errors import user_errors
+from ..guards.markup import markdown_text
+from ..stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 from .measurement import SOFT_CHOICES, faithfulness_request, is_image_result, measured, soft_steps
-from .stream import FOLLOWS_STEP, Phase, RequestState, run_stream
 
 REMOVAL_METRIC_KEYS = {m.label: m.key for m in REMOVAL_METRICS}  # the metric menu's labels -> the library's keys
 MEASURING = "Measuring the removal curves…"  # the status note until the first report
@@ -141,7 +141,7 @@ async def faithfulness(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
-    as soon as they are ready. An image-tab result (`image_tab.ImageResult`) ranks its image tokens (`rank`:
+    as soon as they are ready. An image-tab result (`tabs.image.ImageResult`) ranks its image tokens (`rank`:
     "image" or "image+question"), and pi-Soft, measured on text prompts only, is skipped.
 
     Yields:

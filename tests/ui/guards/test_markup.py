@@ -1,5 +1,5 @@
-"""`ui/markup.py`, the one rule for text from outside, and the handlers that put such text into Markdown, HTML and
-toasts: markup in every field of a saved result, in a model's name and in typed input is shown as text, never drawn.
+"""`ui/guards/markup.py`, the one rule for text from outside, and the handlers that put such text into Markdown, HTML
+and toasts: markup in every field of a saved result, in a model's name and in typed input is shown as text, never drawn.
 
 Markdown is rendered here with markdown-it (CommonMark, inline HTML on, GFM tables and strikethrough), as Gradio's
 Markdown renders it in the page; the browser test (`tests/browser/test_markup.py`) checks the real page."""
@@ -16,8 +16,13 @@ import pytest
 from markdown_it import MarkdownIt
 
 from explainer.errors import InputError
-from ui import contrast, examples, image_tab, models, stream, text_tab, uploads
-from ui.markup import html_text, markdown_code, markdown_text
+from ui import models, stream
+from ui.guards import uploads
+from ui.guards.markup import html_text, markdown_code, markdown_text
+from ui.panels import contrast
+from ui.tabs import examples
+from ui.tabs import image as image_tab
+from ui.tabs import text as text_tab
 from visuals.export import result_json
 
 from .. import upload_files

@@ -12,11 +12,12 @@ from explainer.estimate import calibrate, estimate
 from explainer.result.attribution import Attribution
 from explainer.runtime.hardware import zero_gpu
 
-from . import inputs, models
-from .errors import user_errors
-from .events import Components
-from .markup import markdown_text
-from .options import chosen_options
+from .. import models
+from ..events import Components
+from ..guards import inputs
+from ..guards.errors import user_errors
+from ..guards.markup import markdown_text
+from ..options import chosen_options
 
 HINT = "Type a prompt to see how long the slower methods would take on it."
 

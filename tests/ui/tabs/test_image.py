@@ -11,10 +11,12 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from ui import image_tab, inputs, models, requests, stream, uploads
+from ui import models, requests, stream
 from ui.events import KEEP
-from ui.image_tab import ImageResult
+from ui.guards import inputs, uploads
 from ui.stream import Phase, RequestState
+from ui.tabs import image as image_tab
+from ui.tabs.image import ImageResult
 from visuals.export import png_bytes
 from visuals.overlay import gif_bytes
 from visuals.png import view_png

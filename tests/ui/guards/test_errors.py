@@ -14,7 +14,7 @@ import gradio as gr
 import pytest
 
 from explainer.errors import InputError, UnknownMethodError
-from ui.errors import user_errors, wrap_handler
+from ui.guards.errors import user_errors, wrap_handler
 
 
 @user_errors
@@ -158,7 +158,7 @@ blocks.close()
 def test_a_user_error_logs_one_info_line_and_a_fault_its_traceback():
     """Through Gradio's queue, as in the app (a fresh process, its stderr read whole): a user error is one INFO line
     and no traceback; a bug still prints its traceback."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     done = subprocess.run(
         [sys.executable, "-c", SERVED], cwd=root, capture_output=True, text=True, timeout=300, check=False
     )  # fmt: skip

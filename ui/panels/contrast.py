@@ -23,12 +23,13 @@ from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
-from . import gpu_time, inputs, models
-from .errors import user_errors
-from .events import KEEP, Components, settle
-from .options import chosen_options
-from .stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
-from .text_tab import SHOWN, TextView, _shown, after_explain, render, then_export
+from .. import gpu_time, models
+from ..events import KEEP, Components, settle
+from ..guards import inputs
+from ..guards.errors import user_errors
+from ..options import chosen_options
+from ..stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
+from ..tabs.text import SHOWN, TextView, after_explain, render, result_view, then_export
 
 NOTE = (
     "Pick a **foil** for the token on the step slider: one of the model's most probable alternatives at that step, "
@@ -130,7 +131,7 @@ async def explain_contrast(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Explain the answer shown again (teacher-forced, the prompt in the box) with the step on the slider
-    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`text_tab.SHOWN` and the
+    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`tabs.text.SHOWN` and the
     methods box, which ticks AtMan where it was added), the last one on that step."""
     asked = (prompt, methods, chat_template, show_all, granularity, result, step, picked, typed)
     request = contrast_request(*asked, *options)
@@ -146,7 +147,7 @@ async def explain_contrast(
                 yield TextView(status=update.note or KEEP, request=update.request)
                 continue
             live = update.request.phase is not Phase.DONE and not finished(update.item)
-            view = _shown(update.item, methods, show_all, live, False, granularity)
+            view = result_view(update.item, methods, show_all, live, False, granularity)
             if not live:  # open the finished result on the contrasted step
                 drawn = render(update.item, methods, index + 1, show_all, False, None, granularity)
                 slider = step_slider(update.item, False, index + 1)

@@ -8,7 +8,9 @@ from explainer import bundle_from_objects
 from explainer import estimate as est
 from explainer.errors import InputError
 from explainer.methods import method_options
-from ui import estimates, models, options, text_tab
+from ui import models, options
+from ui.panels import estimates
+from ui.tabs import text as text_tab
 
 from .conftest import collect
 

@@ -1,5 +1,5 @@
 """The examples and their saved results: a clicked text example shows its saved result at once, and the first page
-view shows the first one's, before any model has loaded (the handlers are in `text_tab`).
+view shows the first one's, before any model has loaded (the handlers are in `tabs.text`).
 
 `assets/examples.json` lists each text example's `label`, `prompt` and `result`: the path, from the repository root,
 of a saved-result JSON (`explainer.result.load_result`) that `scripts/make_examples.py` makes with the embedded model.
@@ -17,9 +17,9 @@ import gradio as gr
 
 from explainer.result.attribution import Attribution, load_result
 
-from .markup import markdown_text
+from ..guards.markup import markdown_text
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES_PATH = ROOT / "assets" / "examples.json"
 IMAGE_EXAMPLES_LABEL = (
     "Example images: they run live (no saved results: the only vision model at hand when they were made had random "

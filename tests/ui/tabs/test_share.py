@@ -1,4 +1,4 @@
-"""Links that reopen a saved example at a step (`ui/share.py`): the query parameters the first page view reads, and
+"""Links that reopen a saved example at a step (`ui/tabs/share.py`): the query parameters the first page view reads, and
 the link line, without a browser."""
 
 from __future__ import annotations
@@ -6,7 +6,8 @@ from __future__ import annotations
 import gradio as gr
 
 from explainer.result.attribution import Attribution
-from ui import examples, share, text_tab
+from ui.tabs import examples, share
+from ui.tabs import text as text_tab
 
 SHOWN = examples.examples()
 

@@ -9,7 +9,8 @@ import gradio as gr
 import numpy as np
 
 from explainer.result.attribution import Attribution, MethodScores
-from ui import layers, options
+from ui import options
+from ui.panels import layers
 
 STEPS, LAYERS, N = 3, 4, 6
 

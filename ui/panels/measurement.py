@@ -1,7 +1,7 @@
 """The faithfulness panel's widgets read into one `FaithfulnessRequest`, in one place.
 
-The panel's handler (`ui/faithfulness.py`) runs the request this builds, and `gpu_time.faithfulness_seconds` sizes the
-ZeroGPU call from the same request, so the two cannot read the widgets differently.
+The panel's handler (`ui/panels/faithfulness.py`) runs the request this builds, and `gpu_time.faithfulness_seconds`
+sizes the ZeroGPU call from the same request, so the two cannot read the widgets differently.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ from explainer.faithfulness.common import RANKED, image_ranked_positions
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
-from . import inputs
+from ..guards import inputs
 
 SOFT_CHOICES = ("the step on the slider", "every 5th step", "skip π-Soft")
 
 
 def is_image_result(result: Any) -> bool:
-    """Whether `result` is an image tab's result (`image_tab.ImageResult`, which holds its `Attribution` as `attr`)."""
+    """Whether `result` is an image tab's result (`tabs.image.ImageResult`, which holds its `Attribution` as `attr`)."""
     return isinstance(getattr(result, "attr", None), Attribution)
 
 

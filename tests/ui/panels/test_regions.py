@@ -12,9 +12,9 @@ from PIL import Image
 
 from explainer.result.attribution import Attribution, MethodScores
 from explainer.result.regions import image_region_strengths, word_region_strengths
-from ui import regions
-from ui.image_tab import ImageResult
-from ui.regions import EMPTY_SELECTION, MODES
+from ui.panels import regions
+from ui.panels.regions import EMPTY_SELECTION, MODES
+from ui.tabs.image import ImageResult
 
 from .conftest import image_attr
 

@@ -1,4 +1,4 @@
-"""`ui/uploads.py`, the one gate for files: only uploads of this process and the app's example files are opened;
+"""`ui/guards/uploads.py`, the one gate for files: only uploads of this process and the app's example files are opened;
 everything else gets one message. The second half calls every event the built app registers, by `fn_index`
 through Gradio's queue as an attacker would, with a server file and a missing file in each file-taking input."""
 
@@ -14,12 +14,12 @@ import pytest
 from PIL import Image
 
 from explainer.errors import InputError
-from ui import uploads
+from ui.guards import uploads
 
 from .. import upload_files
 from .served import Server, serve_app
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SERVER_FILE = ROOT / "docs" / "app-text-mode.png"  # a file of the server no visitor uploaded
 MISSING = ROOT / "docs" / "no-such-file.png"
 
@@ -55,7 +55,7 @@ def test_an_upload_is_opened_and_every_other_path_gets_the_same_message(tmp_path
 
 
 def test_opening_a_saved_result_goes_through_the_gate(tmp_path):
-    from ui import text_tab
+    from ui.tabs import text as text_tab
 
     for path in (SERVER_FILE, MISSING, ROOT / "tests" / "data" / "result-v0-app.json"):
         with pytest.raises(gr.Error) as info:
@@ -67,7 +67,7 @@ def test_the_example_images_and_their_copies_in_gradios_cache_are_accepted(tmp_p
     from gradio.processing_utils import save_file_to_cache
     from gradio.utils import get_upload_folder
 
-    from ui.image_tab import example_images
+    from ui.tabs.image import example_images
 
     example = example_images()[0]
     uploads.add_examples([example])
