@@ -42,6 +42,8 @@ def test_the_wheel_carries_the_packages_their_data_and_the_command(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     for path in (*DATA_FILES, "explainer/__init__.py", "explainer/methods/macs.py", "visuals/report.py"):
         assert path in names, path
+    modules = {str(p.relative_to(ROOT)) for d in ("explainer", "visuals", "ui") for p in (ROOT / d).rglob("*.py")}
+    assert not modules - names, sorted(modules - names)  # every subpackage too (ui/tabs/, explainer/decoding/batched/)
     assert not any(n.startswith(("tests/", "assets/", "scripts/")) for n in names)
     (entry_points,) = [n for n in names if n.endswith(".dist-info/entry_points.txt")]
     assert "explainer = explainer.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -18,7 +18,7 @@ from ui.tabs import text as text_tab
 
 from .. import upload_files
 from .conftest import FakeStream, collect, image_attr
-from .test_contrast import result
+from .panels.test_contrast import result
 
 
 def handler_parameters(handler) -> list[tuple[str, object]]:

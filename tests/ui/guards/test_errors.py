@@ -122,7 +122,7 @@ def test_a_toast_shows_markup_as_text():
 SERVED = """
 import json, logging, socket, sys, uuid
 import gradio as gr, httpx
-from tests.ui.test_errors import plain
+from tests.ui.guards.test_errors import plain
 
 logging.basicConfig(stream=sys.stderr, format="LOG %(levelname)s %(name)s %(message)s")
 logging.getLogger("explainer.ui").setLevel(logging.INFO)

@@ -25,10 +25,10 @@ from ui.tabs import image as image_tab
 from ui.tabs import text as text_tab
 from visuals.export import result_json
 
-from .. import upload_files
-from ..hostile import INJECTED, SINK, drawn_markup, hostile_result, markup
-from .conftest import FakeBundle, collect
-from .served import serve_app
+from ... import upload_files
+from ...hostile import INJECTED, SINK, drawn_markup, hostile_result, markup
+from ..conftest import FakeBundle, collect
+from ..served import serve_app
 
 HOSTILE = [
     markup("field"), "<script>alert(1)</script>", "<b>bold</b> & &amp; &lt;", "[link](http://127.0.0.1:9/x)",

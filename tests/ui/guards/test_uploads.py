@@ -16,8 +16,8 @@ from PIL import Image
 from explainer.errors import InputError
 from ui.guards import uploads
 
-from .. import upload_files
-from .served import Server, serve_app
+from ... import upload_files
+from ..served import Server, serve_app
 
 ROOT = Path(__file__).resolve().parents[3]
 SERVER_FILE = ROOT / "docs" / "app-text-mode.png"  # a file of the server no visitor uploaded

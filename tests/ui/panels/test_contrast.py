@@ -11,7 +11,7 @@ from explainer.result.attribution import Attribution, MethodScores
 from ui import models, stream
 from ui.panels import contrast
 
-from .conftest import FakeBundle, FakeStream, collect, request_fields
+from ..conftest import FakeBundle, FakeStream, collect, request_fields
 
 ALTERNATIVES = [
     [{"id": 10, "token": " It", "p": 0.6}, {"id": 11, "token": " This", "p": 0.2}],

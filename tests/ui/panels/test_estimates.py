@@ -12,7 +12,7 @@ from ui import models, options
 from ui.panels import estimates
 from ui.tabs import text as text_tab
 
-from .conftest import collect
+from ..conftest import collect
 
 
 def defaults() -> list:

@@ -18,7 +18,7 @@ from ui.panels.faithfulness import SOFT_CHOICES, FaithfulnessView
 from ui.stream import Phase, RequestState
 from ui.tabs import text as text_tab
 
-from .conftest import FakeStream, collect
+from ..conftest import FakeStream, collect
 
 
 def fake_report() -> FaithfulnessReport:

@@ -16,7 +16,7 @@ from ui.panels import regions
 from ui.panels.regions import EMPTY_SELECTION, MODES
 from ui.tabs.image import ImageResult
 
-from .conftest import image_attr
+from ..conftest import image_attr
 
 
 def image_result() -> ImageResult:

@@ -11,7 +11,7 @@ from ui.tabs import image as image_tab
 from ui.tabs.image import ImageResult
 from visuals.reliance import reliance_html
 
-from ..visuals.test_reliance import result
+from ...visuals.test_reliance import result
 
 
 def test_the_strip_is_the_results_at_the_sliders_step():

@@ -7,7 +7,7 @@ import gradio as gr
 from ui.panels import sources
 from visuals.sources import NO_SOURCES
 
-from ..visuals.test_sources import result
+from ...visuals.test_sources import result
 
 
 def test_the_accordion_shows_the_sources_of_the_step_on_the_slider():

@@ -21,8 +21,8 @@ from visuals.export import png_bytes
 from visuals.overlay import gif_bytes
 from visuals.png import view_png
 
-from .. import upload_files
-from .conftest import collect, first_then_close
+from ... import upload_files
+from ..conftest import collect, first_then_close
 
 NOT_NUMBERS = [float("nan"), float("inf"), "many"]
 

@@ -24,8 +24,8 @@ from visuals.granularity import span_side_by_side_html, top_sentences_html
 from visuals.png import view_png
 from visuals.report import report_html
 
-from .. import upload_files
-from .conftest import ANSWER, collect, first_then_close
+from ... import upload_files
+from ..conftest import ANSWER, collect, first_then_close
 
 NOT_NUMBERS = [float("nan"), float("inf"), "many"]
 OFF = {"__type__": "update", "value": None, "interactive": False}
