@@ -21,9 +21,7 @@ from explainer.runtime.memory import available_bytes, format_bytes
 from ui import api, models, options, page
 from ui.panels import contrast, faithfulness, layers, regions, sources
 from ui.process import prepare
-from ui.tabs import image as image_tab
-from ui.tabs import share
-from ui.tabs import text as text_tab
+from ui.tabs import image_tab, share, text_tab
 
 TITLE = "Why did the model write that?"
 INTRO = (

@@ -16,8 +16,7 @@ import pytest
 from explainer.methods import method_options
 from ui import models, options, requests
 from ui.panels import estimates, faithfulness
-from ui.tabs import image as image_tab
-from ui.tabs import text as text_tab
+from ui.tabs import image_tab, text_tab
 
 from . import upload_files
 

@@ -449,7 +449,7 @@ def option_values(draw, odd_share: int) -> list:
 def _app_result(state: Attribution, data) -> None:
     """Re-render a streamed result with any step, methods and toggles; only a step that is not a number is refused."""
     from ui.panels import faithfulness
-    from ui.tabs import text as text_tab
+    from ui.tabs import text_tab
 
     _result(state)
     step = data.draw(STEPS)
@@ -472,7 +472,7 @@ def _app_result(state: Attribution, data) -> None:
     flags=st.tuples(st.booleans(), st.booleans()),
 )
 def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
-    from ui.tabs import text as text_tab
+    from ui.tabs import text_tab
 
     try:
         options = data.draw(option_values(odd_share=8))
@@ -488,7 +488,7 @@ def test_app_explain_any_prompt(app, text, data, prompt, methods, new, flags):
 @fuzz(30)
 @given(data=st.data(), methods=ANY_METHODS, new=st.one_of(st.sampled_from([257, 2.5, "2"]), ANY_NEW_TOKENS))
 def test_app_explain_any_settings(app, text, data, methods, new):
-    from ui.tabs import text as text_tab
+    from ui.tabs import text_tab
 
     options = data.draw(option_values(odd_share=2))
     try:
@@ -521,7 +521,7 @@ def test_app_explain_any_image(app, vl, tmp_path_factory, data, as_payload, ques
     path = upload_files.uploaded(tmp_path_factory.mktemp("upload") / "photo.png")  # as Gradio's /upload records it
     path.write_bytes(data)
     image = {"path": str(path), "orig_name": "photo.png", "url": None} if as_payload else str(path)
-    from ui.tabs import image as image_tab
+    from ui.tabs import image_tab
 
     try:
         outs = collect(image_tab.explain_image(image, question, ["macs"], new, opacity, True, detail))

@@ -246,8 +246,7 @@ def _registered(demo) -> dict:
 def _handlers() -> dict:
     from ui import api
     from ui.panels import contrast, faithfulness
-    from ui.tabs import image as image_tab
-    from ui.tabs import text as text_tab
+    from ui.tabs import image_tab, text_tab
 
     return {
         "explain": api.explain,

@@ -3,8 +3,8 @@
 One module per part of the page, each with `create_ui()` (builds its components, inside the caller's Blocks context)
 and `create_event_handlers()` (wires their events), the split text-generation-webui uses. The folders name the roles:
 
-- `tabs/`: the two tabs (`text`, `image`), the examples and their saved results, and the text tab's first view and
-  share links (`share`).
+- `tabs/`: the two tabs (`text_tab`, `image_tab`), the examples and their saved results, and the text tab's first
+  view and share links (`share`).
 - `panels/`: the accordions and lines inside a tab: `contrast`, `layers`, `regions`, `sources`, `reliance`,
   `faithfulness` (with `measurement`, its widgets read into one request) and `estimates`.
 - `guards/`: what every public event passes through: widget values checked (`inputs`), text from outside escaped

@@ -2,7 +2,7 @@
 are busy, and the scroll a share link asks for.
 
 A live demo is watched on a laptop or a projector, 1280×900 or 1920×1080. Each tab keeps its controls in a side
-column and its views beside them (`tabs.text.create_ui`), so the answer, the step slider and the method panels side by
+column and its views beside them (`text_tab.create_ui`), so the answer, the step slider and the method panels side by
 side are on the first screen; the accordions (contrast, layers, regions, sources, faithfulness) follow below. On a
 narrow window the columns stack, controls first; a link to a step (`share.py`) then scrolls down to the views.
 """

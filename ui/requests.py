@@ -3,7 +3,7 @@
 `build_text_request` and `build_image_request` make the request of a text prompt or an image question from named
 values, `method_options` as one {method: {option: value}} object; the public API (`ui/api.py`) calls them directly.
 The tabs' builders (`text_request`, `image_request`) read the "Method options" widgets into that object first. Each
-tab builder takes exactly the arguments of its tab's handler (`tabs.text.explain`, `tabs.image.explain_image`), in the
+tab builder takes exactly the arguments of its tab's handler (`text_tab.explain`, `image_tab.explain_image`), in the
 same order, because Gradio hands both the handler and its ZeroGPU duration function (`gpu_time`) the same positional
 widget values: the handler and `gpu_time` call the same builder, so they read the same `ExplainRequest`. The library
 validates the request when it is built (`explainer.request`); the builders add the widgets' own bounds.
@@ -30,7 +30,7 @@ def text_request(
     prompt: str, methods: list[str], max_new_tokens: float, chat_template: bool, show_all: bool = False,
     answer: str | None = None, span: bool = False, granularity: str = "token", *options: Any,
 ) -> ExplainRequest:  # fmt: skip
-    """The text tab's request (the arguments of `tabs.text.explain`; `show_all` and `span` only choose the view):
+    """The text tab's request (the arguments of `text_tab.explain`; `show_all` and `span` only choose the view):
     `build_text_request` with the "Method options" widgets' values read (`options.chosen_options`)."""
     methods = inputs.chosen_methods(methods)
     chosen = chosen_options(methods, options)
@@ -59,7 +59,7 @@ def image_request(
     image: Any, question: str, methods: list[str], max_new_tokens: float, opacity: Any = None, contour: Any = None,
     max_image_tokens: Any = None, answer: str | None = None, more_images: Any = None, *options: Any,
 ) -> ExplainRequest:  # fmt: skip
-    """The image tab's request (the arguments of `tabs.image.explain_image`; `opacity` and `contour` only choose the
+    """The image tab's request (the arguments of `image_tab.explain_image`; `opacity` and `contour` only choose the
     view): `build_image_request` with the "Method options" widgets' values read."""
     methods = inputs.chosen_methods(methods)
     chosen = chosen_options(methods, options)

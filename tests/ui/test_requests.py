@@ -13,8 +13,7 @@ from explainer.methods import available_methods, method_options
 from explainer.request import ExplainRequest
 from ui import gpu_time, options, requests, stream
 from ui.panels import contrast
-from ui.tabs import image as image_tab
-from ui.tabs import text as text_tab
+from ui.tabs import image_tab, text_tab
 
 from .. import upload_files
 from .conftest import FakeStream, collect, image_attr

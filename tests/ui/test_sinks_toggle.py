@@ -11,9 +11,8 @@ from PIL import Image
 
 from explainer.result.attribution import Attribution, MethodScores
 from ui import options
-from ui.tabs import image as image_tab
-from ui.tabs import text as text_tab
-from ui.tabs.image import ImageResult
+from ui.tabs import image_tab, text_tab
+from ui.tabs.image_tab import ImageResult
 
 GRID = (2, 3)
 

@@ -15,7 +15,7 @@ from explainer.runtime.session import model_lock, run_in_worker
 from ui import models, stream
 from ui.events import Components
 from ui.stream import Phase, RequestState, Update
-from ui.tabs import text as text_tab
+from ui.tabs import text_tab
 
 from ..conftest import build_model
 from ..explainer.runtime.test_session import PROMPTS, SlowMACS

@@ -29,7 +29,7 @@ from ..guards import inputs
 from ..guards.errors import user_errors
 from ..options import chosen_options
 from ..stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
-from ..tabs.text import SHOWN, TextView, after_explain, render, result_view, then_export
+from ..tabs.text_tab import SHOWN, TextView, after_explain, render, result_view, then_export
 
 NOTE = (
     "Pick a **foil** for the token on the step slider: one of the model's most probable alternatives at that step, "
@@ -131,7 +131,7 @@ async def explain_contrast(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Explain the answer shown again (teacher-forced, the prompt in the box) with the step on the slider
-    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`tabs.text.SHOWN` and the
+    contrastive against the chosen foil (`contrast_request`); yields text-tab views (`text_tab.SHOWN` and the
     methods box, which ticks AtMan where it was added), the last one on that step."""
     asked = (prompt, methods, chat_template, show_all, granularity, result, step, picked, typed)
     request = contrast_request(*asked, *options)

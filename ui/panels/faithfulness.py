@@ -141,7 +141,7 @@ async def faithfulness(
     progress: gr.Progress = gr.Progress(),  # noqa: B008 - gradio injects the request's tracker through this default
 ) -> Any:
     """Measure MIF/LIF/SRG, then pi-Soft, for the selected methods of the session's result; removal curves are shown
-    as soon as they are ready. An image-tab result (`tabs.image.ImageResult`) ranks its image tokens (`rank`:
+    as soon as they are ready. An image-tab result (`image_tab.ImageResult`) ranks its image tokens (`rank`:
     "image" or "image+question"), and pi-Soft, measured on text prompts only, is skipped.
 
     Yields:

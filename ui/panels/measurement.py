@@ -20,7 +20,7 @@ SOFT_CHOICES = ("the step on the slider", "every 5th step", "skip π-Soft")
 
 
 def is_image_result(result: Any) -> bool:
-    """Whether `result` is an image tab's result (`tabs.image.ImageResult`, which holds its `Attribution` as `attr`)."""
+    """Whether `result` is an image tab's result (`image_tab.ImageResult`, which holds its `Attribution` as `attr`)."""
     return isinstance(getattr(result, "attr", None), Attribution)
 
 

@@ -1,5 +1,5 @@
 """The examples and their saved results: a clicked text example shows its saved result at once, and the first page
-view shows the first one's, before any model has loaded (the handlers are in `tabs.text`).
+view shows the first one's, before any model has loaded (the handlers are in `text_tab`).
 
 `assets/examples.json` lists each text example's `label`, `prompt` and `result`: the path, from the repository root,
 of a saved-result JSON (`explainer.result.load_result`) that `scripts/make_examples.py` makes with the embedded model.

@@ -26,7 +26,7 @@ from ..guards.errors import user_errors
 from ..page import SCROLL_TO_STEP_JS
 from ..stream import FOLLOWS_STEP, step_slider
 from . import examples
-from .text import EXAMPLE, TextView, open_example, render, then_export
+from .text_tab import EXAMPLE, TextView, open_example, render, then_export
 
 
 def example_id(example: dict[str, str]) -> str:
@@ -50,7 +50,7 @@ def first_view(
     methods: list[str] | None, show_all: bool, span: bool, granularity: str, request: gr.Request | None = None
 ) -> TextView:
     """The first page view: the example and step the address names (`linked`), else the first example's saved
-    result; never runs a model. Returns the `tabs.text.EXAMPLE` fields."""
+    result; never runs a model. Returns the `text_tab.EXAMPLE` fields."""
     query = dict(getattr(request, "query_params", None) or {})
     index, step = linked(query)
     view = open_example(index, methods, show_all, span, granularity)

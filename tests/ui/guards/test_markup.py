@@ -20,9 +20,7 @@ from ui import models, stream
 from ui.guards import uploads
 from ui.guards.markup import html_text, markdown_code, markdown_text
 from ui.panels import contrast
-from ui.tabs import examples
-from ui.tabs import image as image_tab
-from ui.tabs import text as text_tab
+from ui.tabs import examples, image_tab, text_tab
 from visuals.export import result_json
 
 from ... import upload_files

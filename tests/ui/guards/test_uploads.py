@@ -55,7 +55,7 @@ def test_an_upload_is_opened_and_every_other_path_gets_the_same_message(tmp_path
 
 
 def test_opening_a_saved_result_goes_through_the_gate(tmp_path):
-    from ui.tabs import text as text_tab
+    from ui.tabs import text_tab
 
     for path in (SERVER_FILE, MISSING, ROOT / "tests" / "data" / "result-v0-app.json"):
         with pytest.raises(gr.Error) as info:
@@ -67,7 +67,7 @@ def test_the_example_images_and_their_copies_in_gradios_cache_are_accepted(tmp_p
     from gradio.processing_utils import save_file_to_cache
     from gradio.utils import get_upload_folder
 
-    from ui.tabs.image import example_images
+    from ui.tabs.image_tab import example_images
 
     example = example_images()[0]
     uploads.add_examples([example])

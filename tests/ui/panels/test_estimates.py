@@ -10,7 +10,7 @@ from explainer.errors import InputError
 from explainer.methods import method_options
 from ui import models, options
 from ui.panels import estimates
-from ui.tabs import text as text_tab
+from ui.tabs import text_tab
 
 from ..conftest import collect
 

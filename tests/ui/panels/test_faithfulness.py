@@ -16,7 +16,7 @@ from ui.events import KEEP
 from ui.panels import faithfulness, measurement
 from ui.panels.faithfulness import SOFT_CHOICES, FaithfulnessView
 from ui.stream import Phase, RequestState
-from ui.tabs import text as text_tab
+from ui.tabs import text_tab
 
 from ..conftest import FakeStream, collect
 
@@ -131,7 +131,7 @@ def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatc
 
     from explainer.models import vision
     from ui import gpu_time
-    from ui.tabs import image as image_tab
+    from ui.tabs import image_tab
 
     image = Image.new("RGB", (45, 31), (40, 90, 200))
     result = collect(image_tab.explain_image(image, "What?", ["macs", "random"], 3, 0.5, True, 64))[-1].result
@@ -177,7 +177,7 @@ def test_the_gpu_time_asked_is_that_of_the_request_the_handler_runs(answer, vl_f
 
     from explainer.models import vision
     from ui import gpu_time
-    from ui.tabs import image as image_tab
+    from ui.tabs import image_tab
 
     streamed = []
 

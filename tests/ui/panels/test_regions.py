@@ -14,7 +14,7 @@ from explainer.result.attribution import Attribution, MethodScores
 from explainer.result.regions import image_region_strengths, word_region_strengths
 from ui.panels import regions
 from ui.panels.regions import EMPTY_SELECTION, MODES
-from ui.tabs.image import ImageResult
+from ui.tabs.image_tab import ImageResult
 
 from ..conftest import image_attr
 

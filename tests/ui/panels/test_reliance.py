@@ -7,8 +7,8 @@ import gradio as gr
 from PIL import Image
 
 from ui.panels import reliance
-from ui.tabs import image as image_tab
-from ui.tabs.image import ImageResult
+from ui.tabs import image_tab
+from ui.tabs.image_tab import ImageResult
 from visuals.reliance import reliance_html
 
 from ...visuals.test_reliance import result

@@ -12,8 +12,7 @@ from explainer.models.loading import EMBEDDED_MODEL, load_model
 from explainer.result.attribution import Attribution, MethodScores
 from explainer.result.schema import FORMAT_VERSION
 from ui import models
-from ui.tabs import examples
-from ui.tabs import text as text_tab
+from ui.tabs import examples, text_tab
 
 SHOWN = examples.examples()
 

@@ -6,8 +6,7 @@ from __future__ import annotations
 import gradio as gr
 
 from explainer.result.attribution import Attribution
-from ui.tabs import examples, share
-from ui.tabs import text as text_tab
+from ui.tabs import examples, share, text_tab
 
 SHOWN = examples.examples()
 

@@ -17,7 +17,7 @@ from ui import models, options, stream
 from ui.events import KEEP
 from ui.guards import inputs
 from ui.stream import Phase, RequestState
-from ui.tabs import text as text_tab
+from ui.tabs import text_tab
 from visuals import answer_html, side_by_side_html, top_tokens_rows
 from visuals.export import load_result, png_bytes, result_json
 from visuals.granularity import span_side_by_side_html, top_sentences_html

@@ -129,7 +129,7 @@ def render_image(
 def render_image_sinks(
     result: ImageResult | None, methods: list[str], step: float | None, opacity: float, contour: bool, hide: bool
 ) -> ImageView:
-    """As `tabs.text.render_sinks`: `render_image` once an answer is complete, only with sinks left out."""
+    """As `text_tab.render_sinks`: `render_image` once an answer is complete, only with sinks left out."""
     if not hide or not isinstance(result, ImageResult) or not sink_positions(result.attr):
         return ImageView()
     return render_image(result, methods, step, opacity, contour, hide)
@@ -165,7 +165,7 @@ async def explain_image(
     request is `requests.image_request` of these arguments, as `gpu_time.image_seconds` reads it.
 
     Yields:
-        `ImageView`s with the `SHOWN` fields, as `tabs.text.explain` does.
+        `ImageView`s with the `SHOWN` fields, as `text_tab.explain` does.
     """
     opacity = inputs.fraction(opacity, "Overlay opacity")
     values = (image, question, methods, max_new_tokens, opacity, contour, max_image_tokens, answer, more_images)
@@ -173,7 +173,7 @@ async def explain_image(
     bundle = models.get_vl_bundle()
     updates = explain_updates(bundle, request, progress)
     methods = list(request.method_names)
-    async with aclosing(updates):  # as in tabs.text.explain
+    async with aclosing(updates):  # as in text_tab.explain
         async for update in updates:
             if update.item is None:
                 yield ImageView(status=update.note or KEEP, request=update.request)
@@ -191,7 +191,7 @@ def after_image(
     opacity: float = 0.5,
     contour: bool = True,
 ) -> ImageView:
-    """As `tabs.text.after_explain`, for the image tab: the `SHOWN` fields it changes."""
+    """As `text_tab.after_explain`, for the image tab: the `SHOWN` fields it changes."""
     stop = stopped(request, _result_attr(result))
     if stop is None:
         return ImageView()

@@ -15,8 +15,8 @@ from ui import models, requests, stream
 from ui.events import KEEP
 from ui.guards import inputs, uploads
 from ui.stream import Phase, RequestState
-from ui.tabs import image as image_tab
-from ui.tabs.image import ImageResult
+from ui.tabs import image_tab
+from ui.tabs.image_tab import ImageResult
 from visuals.export import png_bytes
 from visuals.overlay import gif_bytes
 from visuals.png import view_png
