@@ -225,7 +225,8 @@ LAYERS = (
     ("request",),  # ExplainRequest (explainer/request.py): checked with the registry
     ("decoding", "estimate", "reliance"),  # the decode layer (explainer/decoding/); estimates; knockout
     ("explain",),  # the request orchestration
-    ("faithfulness", "eval", "bench"),  # evaluation and measurement
+    ("faithfulness",),  # removal curves and pi-Soft, with their metrics (what the app's faithfulness panel runs)
+    ("eval", "bench"),  # evaluation over data sets, and measurement: they may run faithfulness, never the reverse
     ("visuals",),  # pure views
     ("cli", "__main__", "explainer"),  # front ends of the library; `explainer` is its public __init__
     ("ui",),  # the Gradio app
@@ -254,6 +255,15 @@ def test_every_module_has_a_layer():
 def test_the_layer_check_sees_an_upward_import():
     graph = {"explainer.runtime.memory": {"explainer.capture", "explainer.errors"}, "ui.models": {"explainer"}}
     assert upward_imports(graph) == ["explainer.runtime.memory -> explainer.capture"]
+
+
+def test_faithfulness_sits_below_eval():
+    """faithfulness/ holds its own metrics: an import of eval/ from it is upward (issue 54, item 7)."""
+    graph = {
+        "explainer.faithfulness.soft": {"explainer.eval.metrics"},
+        "explainer.eval.evaluate": {"explainer.faithfulness"},
+    }
+    assert upward_imports(graph) == ["explainer.faithfulness.soft -> explainer.eval.metrics"]
 
 
 # --- optional extras -----------------------------------------------------------------------------------------------
