@@ -107,8 +107,8 @@ class Form:
         if not self.grid:
             return dict(self.fixed)
         candidates = [dict(zip(self.grid, values)) for values in product(*self.grid.values())]
-        means = [np.mean(lds_values(self, p, rows)) for p in candidates]
-        return candidates[int(np.argmax(means))]  # the first best: grids list the simpler values first where it matters
+        means = [_mean(lds_values(self, p, rows)) for p in candidates]
+        return candidates[int(np.argmax(means))]  # the first best
 
 
 def forms(shipped_weights: Sequence[float] | None = None) -> dict[str, Form]:
@@ -123,6 +123,11 @@ def forms(shipped_weights: Sequence[float] | None = None) -> dict[str, Form]:
     if shipped_weights is not None:
         out["shipped"] = Form("shipped", _layer, fixed={"weights": list(shipped_weights)})
     return out
+
+
+def _mean(values: np.ndarray) -> float:
+    """The mean over the rows where the LDS is defined; -inf where it is nowhere (a form that ranks nothing)."""
+    return float(np.nanmean(values)) if np.isfinite(values).any() else -np.inf
 
 
 def usable(rows: list[Row]) -> list[Row]:

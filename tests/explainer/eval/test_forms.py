@@ -151,3 +151,15 @@ def test_a_measured_row_has_macs_as_the_product_of_its_layer_factors():
     assert arrays["macs"].shape == arrays["sources"].shape == (k, p)
     np.testing.assert_allclose(arrays["macs"], np.exp(arrays["features"].astype(np.float64).sum(axis=1)), rtol=1e-4)
     assert np.isfinite(forms.lds_values(forms.forms()["blend"], {"lambda": 0.5}, [arrays])[0])
+
+
+def test_a_grid_value_that_ranks_nothing_is_never_chosen():
+    """beta = 1 with a map that is the same on every token makes every source's score 0: no LDS anywhere."""
+    rows = []
+    for i in range(3):
+        row = random_row(200 + i, sizes=(2, 2, 2, 2))
+        row["macs"] = np.ones_like(row["macs"])
+        rows.append(row)
+    form = forms.Form("flat", FORMS["intercept"].scores, {"beta": (1.0, 0.0), "delta": (0.0,)})
+    assert np.isnan(forms.lds_values(form, {"beta": 1.0, "delta": 0.0}, rows)).all()
+    assert form.choose(rows) == {"beta": 0.0, "delta": 0.0}
