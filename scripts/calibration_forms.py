@@ -20,13 +20,15 @@ from pathlib import Path
 
 import torch
 
-from explainer.eval import calibrate as cal
-from explainer.eval import forms
-from explainer.eval.datasets import resolve_data
-from explainer.eval.evaluate import load_squad
-from explainer.methods.calibration import find_weights
-from explainer.models.loading import load_model
-from explainer.runtime.precision import parse_dtype
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
+
+from explainer.eval import calibrate as cal  # noqa: E402
+from explainer.eval import forms  # noqa: E402
+from explainer.eval.datasets import resolve_data  # noqa: E402
+from explainer.eval.evaluate import load_squad  # noqa: E402
+from explainer.methods.calibration import find_weights  # noqa: E402
+from explainer.models.loading import load_model  # noqa: E402
+from explainer.runtime.precision import parse_dtype  # noqa: E402
 
 
 def ranges(text: str) -> list[tuple[int, int]]:
@@ -82,11 +84,11 @@ def main(argv: list[str] | None = None) -> int:
     got = {name: cal.collect(bundle, pick(rows, ids, spec), cfg, Path(args.cache), measure=cal.collect_forms_row)
            for name, spec in (("train", args.train), ("heldout", args.heldout))}  # fmt: skip
     train, test = (forms.usable(got[name]["examples"]) for name in ("train", "heldout"))
-    candidates = forms.forms(find_weights(bundle.model).layer_weights)
-    selection = forms.select(train, candidates)
-    baselines = {"macs": candidates["macs"], "shipped": candidates["shipped"],
-                 "sources": forms.Form("sources", candidates["blend"].scores, fixed={"lambda": 1.0})}  # fmt: skip
-    final = forms.held_out(candidates[selection["chosen"]], train, test, baselines)
+    every = forms.forms(find_weights(bundle.model).layer_weights)
+    selection = forms.select(train, {name: every[name] for name in forms.CANDIDATES})
+    baselines = {"macs": every["macs"], "shipped": every["shipped"],
+                 "sources": forms.Form("sources", every["blend"].scores, fixed={"lambda": 1.0})}  # fmt: skip
+    final = forms.held_out(every[selection["chosen"]], train, test, baselines)
     show(selection, final)
     if args.results:
         facts = {"command": "python scripts/calibration_forms.py " + " ".join(sys.argv[1:] if argv is None else argv),

@@ -13,9 +13,11 @@ of the scores cannot):
 - `blend`: (1 - lambda) MACS + lambda Sources (`sources`, its defaults), each divided by its sum of |scores|;
 - `layer`: one exponent per layer, `macs_calibrated`'s form, fitted with the `calibrate` command's objective (AT2's:
   minus the mean Pearson over the masks) and its default pull (l2 0.1);
-- `shipped`: the layer weights that ship with the package (fitted on rows 200-209 of the 350-question dev file).
+- `shipped`: the layer weights that ship with the package, fixed. They were fitted on rows 200-209 of the
+  350-question dev file, training rows here, so they are no candidate (their training score is partly in-sample):
+  `layer` is their form refitted honestly; they are scored on the held-out rows beside the chosen form.
 
-Selection (`cross_validate`): on the training rows only, each form's parameters are chosen on four fifths of them
+Selection (`cross_validate`): on the training rows only, each candidate's parameters are chosen on four fifths of them
 (a grid search on the mean LDS, or the layer fit) and scored on the fifth left out, so every training row gets an
 out-of-fold LDS; the form with the best mean is the one chosen. `held_out` then fits it on all training rows and
 scores it once on rows it never saw, paired against MACS with a t interval (`metrics.paired_difference`).
@@ -29,7 +31,6 @@ from itertools import product
 from typing import Any
 
 import numpy as np
-import torch
 
 from .calibrate import fit_weights
 from .metrics import paired_difference, spearman
@@ -42,6 +43,7 @@ BETAS = tuple(np.round(np.linspace(-1.0, 2.0, 13), 2))  # 0: MACS; 1: zero-mean 
 DELTAS = tuple(np.round(np.linspace(-1.0, 1.0, 9), 2))
 LAMBDAS = tuple(np.round(np.linspace(0.0, 1.0, 21), 2))  # 0: MACS; 1: Sources alone
 LAYER_L2 = 0.1  # the `calibrate` command's default pull towards w = 1
+CANDIDATES = ("macs", "temperature", "intercept", "blend", "layer")  # what the selection may choose
 
 
 def _per_source(tokens: np.ndarray, row: Row) -> np.ndarray:
@@ -112,7 +114,7 @@ class Form:
 
 
 def forms(shipped_weights: Sequence[float] | None = None) -> dict[str, Form]:
-    """The forms compared, in table order; `shipped` only when the shipped weights fit the rows' model."""
+    """The forms, in table order; `shipped` only when weights are given (a baseline, not a candidate: `CANDIDATES`)."""
     out = {
         "macs": Form("macs", _macs),
         "temperature": Form("temperature", _temperature, {"tau": TEMPERATURES}),
@@ -185,6 +187,6 @@ def held_out(form: Form, train: list[Row], test: list[Row], baselines: dict[str,
     values = lds_values(form, params, test)
     base = lds_values(baselines["macs"], {}, test)
     shown = {name: float(np.nanmean(lds_values(b, b.fixed, test))) for name, b in baselines.items()}
-    plain = {k: (v.tolist() if isinstance(v, np.ndarray | torch.Tensor) else float(v)) for k, v in params.items()}
+    plain = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in params.items()}  # numbers or lists, for JSON
     return {"form": form.name, "params": plain, "lds": float(np.nanmean(values)),
             "vs_macs": paired_difference(values, base), "baselines": shown}  # fmt: skip

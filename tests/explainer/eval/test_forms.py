@@ -105,6 +105,8 @@ def test_held_out_fits_on_training_rows_only_and_pairs_against_macs():
     assert seen == [train]
     expected = paired_difference(forms.lds_values(spy, {"tau": 0.5}, test), forms.lds_values(FORMS["macs"], {}, test))
     assert out["vs_macs"] == expected and out["params"] == {"tau": 0.5}
+    shipped = forms.held_out(FORMS["shipped"], train, test, {"macs": FORMS["macs"]})
+    assert shipped["params"] == {"weights": [1.0] * 4} and shipped["vs_macs"]["mean"] == 0  # weights of 1 are MACS
 
 
 def test_selection_reports_every_form_and_picks_the_best_mean():
