@@ -63,8 +63,10 @@ def show(selection: dict, final: dict) -> None:
               f"{d['half_width']:.3f} {record}", file=sys.stderr)  # fmt: skip
     d = final["vs_macs"]
     print(f"chosen: {final['form']}; held out: LDS {final['lds']:.3f}, vs MACS {d['mean']:+.3f} ± {d['half_width']:.3f}"
-          f" (n {d['n']}, wins/losses/ties {d['wins']}/{d['losses']}/{d['ties']}); baselines {final['baselines']}",
-          file=sys.stderr)  # fmt: skip
+          f" (n {d['n']}, wins/losses/ties {d['wins']}/{d['losses']}/{d['ties']})", file=sys.stderr)  # fmt: skip
+    for name, b in final["baselines"].items():
+        d = b["vs_macs"]
+        print(f"  {name}: LDS {b['lds']:.3f}, vs MACS {d['mean']:+.3f} ± {d['half_width']:.3f}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

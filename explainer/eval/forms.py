@@ -181,12 +181,15 @@ def held_out(form: Form, train: list[Row], test: list[Row], baselines: dict[str,
     (fixed forms, nothing fitted on `test`) scored beside it for context.
 
     Returns:
-        {"form", "params", "lds": mean, "vs_macs": paired_difference, "baselines": {name: mean LDS}}.
+        {"form", "params", "lds": mean, "vs_macs": paired_difference, "baselines": {name: {"lds", "vs_macs"}}}.
     """
     params = form.choose(train)
     values = lds_values(form, params, test)
     base = lds_values(baselines["macs"], {}, test)
-    shown = {name: float(np.nanmean(lds_values(b, b.fixed, test))) for name, b in baselines.items()}
+    shown = {}
+    for name, b in baselines.items():
+        fixed = lds_values(b, b.fixed, test)
+        shown[name] = {"lds": float(np.nanmean(fixed)), "vs_macs": paired_difference(fixed, base)}
     plain = {k: np.asarray(v, dtype=np.float64).tolist() for k, v in params.items()}  # numbers or lists, for JSON
     return {"form": form.name, "params": plain, "lds": float(np.nanmean(values)),
             "vs_macs": paired_difference(values, base), "baselines": shown}  # fmt: skip
