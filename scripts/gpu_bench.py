@@ -9,9 +9,9 @@ memory reset before each run, so the weights count in every row alike). The repo
 out of memory.
 
 The model: `--model` a shipped configuration (`explainer/data/configs`, e.g. meta-llama/Llama-3.1-8B-Instruct) built
-with random weights on the device (cost depends only on shape; end-of-sequence never stops a bench run), with the
-offline tokenizer of `real_size.py`; `--tiny` shrinks its dimensions (a CPU dry run). `--folder` loads a saved model
-instead (a path, or `embedded`).
+with random weights on the device (cost depends only on shape; end-of-sequence never stops a bench run), with an
+offline tokenizer (`explainer/bench/synthetic.py`); `--tiny` shrinks its dimensions (a CPU dry run). `--folder` loads
+a saved model instead (a path, or `embedded`).
 
 `--plan` lists the configurations in the order they run, most valuable first: groups `LENGTHS:METHODS[:REPEATS]`
 separated by `;`, e.g. `512,1024,2048:none,plain,macs;8192:macs,rollout:1`. The JSON is rewritten after every
@@ -37,11 +37,6 @@ from datetime import datetime
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, vocab_size=512)  # fmt: skip
-
 
 def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
     """`LENGTHS:METHODS[:REPEATS];...` -> [(prompt tokens, method, repeats)] in running order."""
@@ -51,48 +46,6 @@ def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
         lengths, methods = [int(v) for v in parts[0].split(",")], parts[1].split(",")
         out += [(n, m.strip(), int(parts[2]) if len(parts) > 2 else repeats) for n in lengths for m in methods]
     return out
-
-
-def random_model(model_id: str, dtype, device: str, tiny: bool = False, positions: int | None = None):
-    """(model, tokenizer): `model_id`'s shipped configuration with random weights made on `device`; `positions`
-    raises its position limit (the embedded model's 8,192 to 32,800 for the 32k rows: its rotary embedding is computed
-    from the positions, so the work is the same model's with a longer context)."""
-    import torch
-    from real_size import SPECIAL, _tokenizer
-    from transformers import AutoModelForCausalLM
-
-    from explainer.runtime.fit import bundled_config
-
-    config = bundled_config(model_id)
-    tok = _tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
-    config.eos_token_id, config.pad_token_id, config.bos_token_id = ids["<|im_end|>"], ids["<|endoftext|>"], None
-    for key, value in (TINY if tiny else {}).items():
-        setattr(config, key, value)
-    if positions:
-        config.max_position_embeddings = positions
-    torch.manual_seed(0)
-    with torch.device(device):  # initialised where it runs: seconds for 8B on a GPU, nothing through the host
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
-    model.set_attn_implementation("sdpa")
-    return model.eval(), tok
-
-
-def _load(args):
-    """(model, tokenizer, name, device) of the arguments."""
-    import torch
-
-    from explainer.models.loading import load_model
-    from explainer.runtime.precision import parse_dtype
-
-    if args.folder:
-        bundle = load_model(None if args.folder == "embedded" else args.folder, device=args.device, dtype=args.dtype)
-        return bundle.model, bundle.tokenizer, bundle.name, bundle.device
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    positions = getattr(args, "max_positions", None)  # library_crowd's arguments have none
-    model, tok = random_model(args.model, parse_dtype(args.dtype), device, args.tiny, positions)
-    name = f"{args.model} ({'tiny ' if args.tiny else ''}random weights)"
-    return model, tok, name, torch.device(device)
 
 
 HOST_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cudaGraphLaunch", "cudaMemcpyAsync",
@@ -176,18 +129,6 @@ def _write(path: Path, report: dict) -> None:
     tmp.replace(path)
 
 
-def _machine(device) -> dict:
-    import torch
-
-    from explainer.bench.runner import machine_info
-
-    info = machine_info(str(device), torch.get_num_threads())
-    if device.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(device)
-        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 2**30, 1)
-    return info
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
@@ -223,13 +164,14 @@ def _run_plan(a, path: Path, report: dict | None, plan: list, t_start: float) ->
     import torch
 
     from explainer.bench.prompts import prompt_text
+    from explainer.bench.synthetic import bench_model, machine
 
-    model, tok, name, device = _load(a)
+    model, tok, name, device = bench_model(a.model, a.folder, a.dtype, a.device, a.tiny, a.max_positions)
     print(f"{name} on {device}: built/loaded in {time.perf_counter() - t_start:.1f} s", flush=True)
     report = report or {"rows": [], "refused": [], "model": name, "dtype": a.dtype, "new_tokens": a.new_tokens,
                         "text_source": prompt_text()[1], "decode": a.decode or "auto",
                         "note": "one process for every configuration (scripts/gpu_bench.py)"}  # fmt: skip
-    report.update(machine=_machine(device), date=datetime.now().astimezone().isoformat(timespec="seconds"))
+    report.update(machine=machine(device), date=datetime.now().astimezone().isoformat(timespec="seconds"))
     for n, method, repeats in plan:
         if a.deadline is not None and time.perf_counter() - t_start > a.deadline:
             print(f"deadline reached: {method} @ {n} and later configurations left for the next run", flush=True)

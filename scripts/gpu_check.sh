@@ -22,7 +22,7 @@
 #                                              # question at 256 and 1,024 image tokens: MACS + Rollout, every method
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode (its
 #                                              # CUDA graph: the app's path; the JSON names it, `decode_reason`)
-#                                              # (scripts/library_crowd.py): the embedded model, then Qwen2.5-1.5B,
+#                                              # (`python -m explainer crowd`): the embedded model, then Qwen2.5-1.5B,
 #                                              # distinct prompts, then the same prompt
 #
 # Then the checks of the first GPU session:
@@ -263,7 +263,7 @@ stage() {  # stage NAME: one stage of the next GPU session
                 continue
             fi
             # shellcheck disable=SC2086  # $select holds the model's arguments
-            run "$(box 60)" "crowd-$name" "${env[@]}" $PY scripts/library_crowd.py $select --dtype bfloat16 \
+            run "$(box 60)" "crowd-$name" "${env[@]}" $PY -m explainer crowd $select --dtype bfloat16 \
                 --visitors 1,8 --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
         done
         ;;

@@ -2,8 +2,8 @@
 
 The default models' weights cannot be downloaded everywhere (CI has no Hub), but their cost depends only on their
 shape. This script builds each from its real configuration (`explainer/data/configs`) with random weights, saves it
-with an offline tokenizer (same special tokens, tiny vocabulary: token ids only set the cost through the prompt
-length), and then, in a fresh process per model and precision, measures what the app does:
+with an offline tokenizer (`explainer/bench/synthetic.py`: same special tokens, tiny vocabulary: token ids only set
+the cost through the prompt length), and then, in a fresh process per model and precision, measures what the app does:
 
 - load: `load_model` of the saved folder, seconds, and the process's peak RSS after it;
 - text: a ~300-token prompt with MACS + Rollout, 32 answer tokens (teacher-forced token ids, the same forward passes
@@ -32,62 +32,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
 
-SPECIAL = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|image_pad|>", "<|vision_end|>",
-           "<|video_pad|>"]  # fmt: skip
-TOKEN_IDS = (("image_token_id", "<|image_pad|>"), ("video_token_id", "<|video_pad|>"),
-             ("vision_start_token_id", "<|vision_start|>"), ("vision_end_token_id", "<|vision_end|>"))  # fmt: skip
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n"
-    "{% if m['content'] is string %}{{ m['content'] }}{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>{% else %}{{ c['text'] }}{% endif %}"
-    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-WORDS = "the lighthouse keeper wrote about storms ships harbours and the long winter nights on the island".split()
-
-
-def _tokenizer():
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=SPECIAL, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())  # fmt: skip
-    tok.train_from_iterator([" ".join(WORDS)] * 20, trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>")
-    fast.add_special_tokens({"additional_special_tokens": SPECIAL[3:]})
-    fast.chat_template = CHAT_TEMPLATE
-    return fast
-
-
 def build(model_id: str, folder: Path, dtype: str, layers: int | None, vision_depth: int | None, vocab: int | None):
     """Save the model of `model_id`'s real configuration (optionally reduced) with random weights into `folder`."""
     import torch
     from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
 
-    from explainer.runtime.fit import bundled_config
+    from explainer.bench.synthetic import offline_tokenizer, random_config
 
-    config = bundled_config(model_id)
-    tok = _tokenizer()
-    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL}
-    text = config.get_text_config()
-    for c in {id(config): config, id(text): text}.values():
-        c.eos_token_id, c.pad_token_id, c.bos_token_id = ids["<|im_end|>"], ids["<|endoftext|>"], None
-        for key, token in TOKEN_IDS:
-            if hasattr(c, key):
-                setattr(c, key, ids[token])
-        if layers:
-            c.num_hidden_layers = layers
-            if hasattr(c, "layer_types"):
-                c.layer_types = c.layer_types[:layers]
-        if vocab:
-            c.vocab_size = vocab
+    tok = offline_tokenizer()
+    config = random_config(model_id, tok, layers=layers, vision_depth=vision_depth, vocab=vocab)
     vision = getattr(config, "vision_config", None)
-    if vision is not None and vision_depth:
-        vision.depth = vision_depth
-        if hasattr(vision, "fullatt_block_indexes"):
-            vision.fullatt_block_indexes = [vision_depth - 1]
     cls = AutoModelForImageTextToText if vision is not None else AutoModelForCausalLM
     torch.manual_seed(0)
     model = cls.from_config(config, dtype=getattr(torch, dtype))
@@ -128,6 +82,7 @@ def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image
     from PIL import Image
 
     from explainer import load_model, stream_explain
+    from explainer.bench.synthetic import WORDS
 
     torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
     t0 = time.perf_counter()
@@ -175,17 +130,6 @@ def _timed(stream, key: str) -> dict:
     return out
 
 
-def _machine() -> str:
-    """The accelerator (or the CPU) the row was measured on."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(0)
-    from explainer.bench.runner import machine_info
-
-    return f"CPU: {machine_info('cpu', None)['cpu_model']}"
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="a default model's Hub id (its config ships with the package)")
@@ -208,12 +152,17 @@ def main(argv: list[str] | None = None) -> int:
         row = measure(folder, a.dtype, a.prompt_tokens, a.new_tokens, a.image_tokens, a.methods, not a.no_text)
         print(json.dumps(row))
         return 0
+    import torch
+
+    from explainer.bench.synthetic import machine_label
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # where `load_model` puts it
     if not (folder / "config.json").is_file():
         build(a.model, folder, a.dtype, a.layers, a.vision_depth, a.vocab)
     out = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]), "--measure-only"],
                          capture_output=True, text=True, check=True)  # fmt: skip
     row = {"model": a.model, "dtype": a.dtype, "reduced": reduced or None, "date": time.strftime("%Y-%m-%d"),
-           "methods": a.methods, "image_tokens_asked": a.image_tokens, "machine": _machine(),
+           "methods": a.methods, "image_tokens_asked": a.image_tokens, "machine": machine_label(device),
            **json.loads(out.stdout.strip().splitlines()[-1])}  # fmt: skip
     print(json.dumps(row))
     if a.results:

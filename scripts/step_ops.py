@@ -26,7 +26,6 @@ from pathlib import Path
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 VIEWS = {
     "alias", "as_strided", "chunk", "detach", "expand", "lift_fresh", "mT", "narrow", "numpy_T", "permute", "reshape",
@@ -131,8 +130,8 @@ def main() -> None:
     p.add_argument("--json", help="write the counts here")
     a = p.parse_args()
     import torch
-    from gpu_bench import random_model
 
+    from explainer.bench.synthetic import random_model
     from explainer.methods import rollout
 
     if not a.cpu_layout and hasattr(rollout, "ACCELERATOR_PROMPT_BLOCKS"):

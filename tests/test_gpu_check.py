@@ -19,11 +19,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import gpu_bench  # noqa: E402
 
+from explainer.bench.crowd import difference, same  # noqa: E402
+from explainer.bench.synthetic import random_model  # noqa: E402
+
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_the_8b_model_builds_on_the_meta_device():
-    model, tokenizer = gpu_bench.random_model(LLAMA, torch.bfloat16, "meta")
+    model, tokenizer = random_model(LLAMA, torch.bfloat16, "meta")
     assert type(model).__name__ == "LlamaForCausalLM" and model.dtype == torch.bfloat16
     assert sum(p.numel() for p in model.parameters()) == 8_030_261_248
     assert model.config.rope_parameters["rope_type"] == "llama3" and model.config.num_key_value_heads == 8
@@ -150,8 +153,6 @@ def test_the_crowd_report_says_by_how_much_a_visitor_differs(tokenizer):
     per mismatched visitor, whether the tokens agree and the largest gap of each map and step score."""
     import copy
 
-    import library_crowd
-
     from explainer import bundle_from_objects, explain
 
     from .conftest import build_model
@@ -159,11 +160,23 @@ def test_the_crowd_report_says_by_how_much_a_visitor_differs(tokenizer):
     bundle = bundle_from_objects(build_model("llama"), tokenizer)
     a = explain(bundle, "Paris is the capital of France.", methods=["macs", "rollout"], max_new_tokens=3)
     b = copy.deepcopy(a)
-    assert library_crowd._same(a, b)
+    assert same(a, b)
     b.methods["macs"].raw[1, 2] += 0.25
     b.step_scores["probability"][0] -= 0.5
-    assert not library_crowd._same(a, b)
-    d = library_crowd.difference(a, b)
+    assert not same(a, b)
+    d = difference(a, b)
     assert d["tokens_equal"] and d["maps"]["rollout"]["max_abs"] == 0.0
     assert abs(d["maps"]["macs"]["max_abs"] - 0.25) < 1e-6 and d["maps"]["macs"]["relative"] > 0
     assert abs(d["step_scores"]["probability"]["max_abs"] - 0.5) < 1e-6 and d["step_scores"]["entropy"]["max_abs"] == 0
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [(["--visitors", "0,8"], "--visitors must be"), (["--rounds", "0"], "--rounds must be"), ([], "Give --model")],
+)
+def test_the_crowd_command_refuses_bad_input_before_loading_a_model(tmp_path, capsys, arguments, message):
+    from explainer.cli import main
+
+    model = [] if not arguments else ["--model", LLAMA, "--tiny"]
+    assert main(["crowd", *model, *arguments, "--json", str(tmp_path / "crowd.json")]) == 2
+    assert message in capsys.readouterr().err and not (tmp_path / "crowd.json").exists()

@@ -46,6 +46,29 @@ def test_the_scan_sees_imports(tmp_path):
     assert imported_modules(ROOT / "app.py") >= {"gradio", "ui"}
 
 
+
+# --- scripts -------------------------------------------------------------------------------------------------------
+# Scripts are thin front ends: what two of them share lives in the library, and no script imports another (style
+# guide, point 22). The pairs below belong to branches that turn them into library code or options; the lead empties
+# this at their merge.
+PENDING_SCRIPT_IMPORTS = {("crowd.py", "crowd_rounds"), ("load_test.py", "crowd"), ("peers_hitratio.py", "peers_lds")}
+
+
+def script_imports(folder: Path = ROOT / "scripts") -> set[tuple[str, str]]:
+    """(script file, script module) for every import of one script by another in `folder`."""
+    names = {p.stem for p in folder.glob("*.py")}
+    return {(p.name, m) for p in sorted(folder.glob("*.py")) for m in imported_modules(p) & names}
+
+
+def test_no_script_imports_another():
+    assert script_imports() - PENDING_SCRIPT_IMPORTS == set()
+
+
+def test_the_script_check_sees_an_import(tmp_path):
+    (tmp_path / "a.py").write_text("import json\n\ndef f():\n    from b import helper\n")
+    (tmp_path / "b.py").write_text("from explainer.bench import synthetic\n")
+    assert script_imports(tmp_path) == {("a.py", "b")}
+
 # --- import cycles -------------------------------------------------------------------------------------------------
 # Every import counts, at module level and inside functions: an import placed in a function is for an optional
 # dependency or start-up cost, never to hide a cycle (style guide, point 15). Imports under `if TYPE_CHECKING:` never
@@ -225,7 +248,8 @@ LAYERS = (
     ("request",),  # ExplainRequest (explainer/request.py): checked with the registry
     ("decoding", "estimate", "reliance"),  # the decode layer (explainer/decoding/); estimates; knockout
     ("explain",),  # the request orchestration
-    ("faithfulness", "eval", "bench"),  # evaluation and measurement
+    ("faithfulness",),  # removal curves and pi-Soft, with their metrics (what the app's faithfulness panel runs)
+    ("eval", "bench"),  # evaluation over data sets, and measurement: they may run faithfulness, never the reverse
     ("visuals",),  # pure views
     ("cli", "__main__", "explainer"),  # front ends of the library; `explainer` is its public __init__
     ("ui",),  # the Gradio app
@@ -254,6 +278,15 @@ def test_every_module_has_a_layer():
 def test_the_layer_check_sees_an_upward_import():
     graph = {"explainer.runtime.memory": {"explainer.capture", "explainer.errors"}, "ui.models": {"explainer"}}
     assert upward_imports(graph) == ["explainer.runtime.memory -> explainer.capture"]
+
+
+def test_faithfulness_sits_below_eval():
+    """faithfulness/ holds its own metrics: an import of eval/ from it is upward (issue 54, item 7)."""
+    graph = {
+        "explainer.faithfulness.soft": {"explainer.eval.metrics"},
+        "explainer.eval.evaluate": {"explainer.faithfulness"},
+    }
+    assert upward_imports(graph) == ["explainer.faithfulness.soft -> explainer.eval.metrics"]
 
 
 # --- optional extras -----------------------------------------------------------------------------------------------

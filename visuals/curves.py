@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from explainer.eval.metrics import REMOVAL_METRICS
+from explainer.faithfulness.metrics import REMOVAL_METRICS
 
 if TYPE_CHECKING:  # the reports are plain data; importing them at run time would pull in torch
     from explainer.faithfulness import FaithfulnessReport, RemovalReport, SoftReport

@@ -1,9 +1,9 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|eval|agreement|haystack|lds|hitratio|calibrate ...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|crowd|eval|agreement|haystack|lds|hitratio|calibrate`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
-Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`,
+Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`, `crowd.py`,
 `agreement.py`, `haystack.py`, `lds.py`, `hitratio.py`, `calibrate.py`), the options they share in `options.py`; this
 one holds the parser and `main`. Only this package imports `visuals`: the library returns data.
 """
@@ -20,6 +20,7 @@ from ..errors import ExplainerError
 from .agreement import add_agreement_parser
 from .bench import add_bench_parser
 from .calibrate import add_calibrate_parser
+from .crowd import add_crowd_parser
 from .eval import add_eval_parser
 from .explain import cmd_explain, cmd_faithfulness
 from .haystack import add_haystack_parser
@@ -99,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_faithfulness_parser(sub)
 
     add_bench_parser(sub)
+    add_crowd_parser(sub)
     add_eval_parser(sub)
     add_agreement_parser(sub)
     add_haystack_parser(sub)

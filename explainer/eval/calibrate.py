@@ -83,6 +83,20 @@ def collect_row(bundle, row: dict[str, Any], cfg: CalibrateConfig) -> dict[str, 
     return ablate_answered(bundle, row, answered, cfg, t0)
 
 
+def collect_forms_row(bundle, row: dict[str, Any], cfg: CalibrateConfig) -> dict[str, np.ndarray]:
+    """`collect_row`'s arrays plus the maps the calibration forms (`forms.py`) blend or check against, over the same
+    P sentence tokens: "macs" (K, P) float32, MACS's raw scores (the product of the layer factors, as `lds` reads
+    them), and "sources" (K, P) float32, Sources' raw scores (its defaults), both from the same generation."""
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, ["macs", "sources"], cfg.max_new_tokens, {"macs": {"keep_layers": True}})
+    arrays = ablate_answered(bundle, row, answered, cfg, t0)
+    flat = [p for s in answered.sentences for p in s]
+    for name in ("macs", "sources"):
+        arrays[name] = np.asarray(answered.attr.methods[name].raw[: answered.k], dtype=np.float32)[:, flat]  # (K, P)
+    arrays["seconds"] = np.float64(time.perf_counter() - t0)
+    return arrays
+
+
 def ablate_answered(bundle, row: dict[str, Any], answered: LdsRow, cfg: CalibrateConfig, t0: float) -> dict:
     """`collect_row`'s arrays of a row answered with MACS keeping its layer factors (`lds_eval.answer_row`): its
     masks drawn and their log-probabilities measured by removal (`ablate.response_logprobs`)."""

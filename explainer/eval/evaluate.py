@@ -28,11 +28,12 @@ import numpy as np
 from ..errors import InputError
 from ..explain import explain
 from ..faithfulness import RemovalConfig, removal_curves
+from ..faithfulness.metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS
 from ..methods import MACS, MACSConfig, get_method
 from ..runtime.precision import precision_meta
 from ..runtime.session import CancelToken
 from .datasets import is_official_layout, rows_from_official
-from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS, mean_ci, span_labels, step_auc_pr
+from .metrics import mean_ci, span_labels, step_auc_pr
 from .parallel import results_files
 from .resumable import measure_rows, read_results
 

@@ -16,12 +16,12 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from ..eval.metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS
 from ..methods.base import ProgressFn
 from ..models.loading import ModelBundle
 from ..result.attribution import Attribution
 from ..runtime.session import CancelToken, WorkerStream, hold, run_in_worker
 from .common import RANDOM, evaluated_positions, ranking_scores, removal_orderings
+from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS
 from .removal import RemovalConfig, RemovalReport, removal_curves, removal_runs
 from .request import FaithfulnessRequest
 from .soft import PAPER_SOFT, QUICK_SOFT, SoftConfig, SoftReport, fixed_routing, soft_cost, soft_curves, soft_steps

@@ -37,7 +37,6 @@ import torch
 from transformers import DynamicCache
 
 from ..errors import InputError
-from ..eval.metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 from ..methods.base import ProgressFn
 from ..models.loading import ModelBundle
 from ..result.attribution import Attribution
@@ -51,6 +50,7 @@ from .common import (
     evaluated_positions,
     removal_orderings,
 )
+from .metrics import REMOVAL_FRACTIONS, REMOVAL_METRIC_KEYS, bleu, normalised_auc, rouge_l_f1, srg
 
 CPU_ROWS = 16  # perturbed runs per forward on a CPU
 

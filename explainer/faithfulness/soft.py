@@ -35,7 +35,6 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ..capture import additive_mask, attention_function_selected, attention_probs
 from ..errors import InputError
-from ..eval.metrics import PI_GRID, calibrate, hellinger, minmax
 from ..methods.base import ProgressFn
 from ..models.loading import ModelBundle
 from ..result.attribution import Attribution
@@ -45,6 +44,7 @@ from ..runtime.kv import TOKENS_PER_BATCH, batch_budget, prefix_cache, rows_per_
 from ..runtime.memory import ModelShape, check_fits
 from ..runtime.session import between_passes, hold
 from .common import check_result, evaluated_positions
+from .metrics import PI_GRID, calibrate, hellinger, minmax
 
 CPU_ROWS = 16  # perturbed inputs per forward on a CPU
 
