@@ -23,7 +23,7 @@ from explainer.request import ExplainRequest
 from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
-from . import gpu_time, inputs, models
+from . import admission, gpu_time, inputs, models
 from .errors import user_errors
 from .events import KEEP, Components, settle
 from .options import chosen_options
@@ -186,11 +186,9 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     )  # fmt: skip
     asked = text("prompt", "methods", "chat_template", "show_all", "granularity", "result", "step")
     event = c["run"].click(
-        **text.bind(explain_contrast, SHOWN + ("methods",), gpu=True, duration=contrast_seconds),
+        **text.bind(explain_contrast, SHOWN + ("methods",), gpu=True, duration=contrast_seconds, gate=admission.MODEL),
         inputs=asked + c("foil", "typed") + option_widgets,
         api_name="explain_contrast",
-        concurrency_limit=1,  # shares the model with the explain event
-        concurrency_id="model",
         show_progress_on=text["status"],
     )
     text["cancel"].click(None, cancels=[event])

@@ -24,7 +24,7 @@ from visuals.overlay import gif_bytes
 from visuals.png import view_png
 from visuals.report import report_html
 
-from . import examples, gpu_time, inputs, models, reliance, uploads
+from . import admission, examples, gpu_time, inputs, models, reliance, uploads
 from .downloads import download, exported_methods, has_steps, no_file
 from .errors import user_errors
 from .events import KEEP, Components, settle
@@ -337,12 +337,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     )
     busy_on_click(c["ask"], "Asking…", "ask")  # first: see busy_on_click
     event = c["ask"].click(
-        **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
+        **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds, gate=admission.MODEL),
         inputs=asked + option_widgets,
         api_name="page_explain_image",  # private: the public /explain_image is ui/api.py's
         preprocess=False,  # the handler opens the upload itself (see explain_image)
-        concurrency_limit=1,
-        concurrency_id="model",
         show_progress_on=c["status"],  # one progress line (see the text tab)
     )
     ready_after(event, c["ask"], "ask")
