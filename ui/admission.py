@@ -44,6 +44,7 @@ SLOTS = {TEXT: 16, MODEL: 1}  # requests of a group running at once (16: the bat
 RUNNING_ENV, QUEUED_ENV, QUEUE_ENV = "EXPLAINER_VISITOR_RUNNING", "EXPLAINER_VISITOR_QUEUED", "EXPLAINER_QUEUE_LIMIT"
 DEFAULTS = {RUNNING_ENV: 2, QUEUED_ENV: 4, QUEUE_ENV: 32}  # a public Space's; a private box may raise them
 POLL_SECONDS = 0.05  # how often a waiting request looks whether its turn came
+STALE_SECONDS = 5.0  # a waiting request whose loop has not looked for this long was abandoned (see `Gate.place`)
 FIRST_GUESS_SECONDS = 10.0  # a request's time before any has been measured (for "try again in about ...")
 
 
@@ -59,6 +60,8 @@ class Ticket:
     group: str
     admitted: bool = False
     started: float = 0.0
+    seen: float = dataclasses.field(default_factory=time.monotonic)  # its wait loop last looked (`Gate.place`)
+    claimed: bool = False  # admitted, and its wait loop saw it: its handler runs
 
 
 def limit(name: str) -> int:
@@ -76,6 +79,7 @@ class Gate:
         self.slots = dict(slots or SLOTS)
         self._lock = threading.Lock()
         self._queue: FairQueue[Ticket] = FairQueue()
+        self._admitted: list[Ticket] = []
         self._running: Counter[Hashable] = Counter()  # admitted requests per visitor
         self._busy: Counter[str] = Counter()  # admitted requests per group
         self._started: dict[Hashable, list[float]] = {}  # when each visitor's running requests started
@@ -93,6 +97,7 @@ class Gate:
             self._queue.push(visitor, ticket)
             self._dispatch()
             if ticket.admitted:
+                ticket.claimed = True
                 return ticket
             self._queue.remove(ticket)
             mine = self._queue.waiting(visitor)
@@ -115,22 +120,37 @@ class Gate:
         """The request ended (any way) or left the line: its slot goes to the next visitor in turn."""
         with self._lock:
             if ticket.admitted:
-                ticket.admitted = False
-                self._running[ticket.visitor] -= 1
-                self._busy[ticket.group] -= 1
-                self._started[ticket.visitor].remove(ticket.started)
-                if not self._running[ticket.visitor]:
-                    del self._running[ticket.visitor], self._started[ticket.visitor]
-                took = time.monotonic() - ticket.started
-                self._seconds[ticket.group] = 0.8 * self._seconds[ticket.group] + 0.2 * took
+                if ticket.claimed:
+                    took = time.monotonic() - ticket.started
+                    self._seconds[ticket.group] = 0.8 * self._seconds[ticket.group] + 0.2 * took
+                self._release(ticket)
             else:
                 self._queue.remove(ticket)
             self._dispatch()
 
+    def _release(self, ticket: Ticket) -> None:
+        ticket.admitted = False
+        self._admitted.remove(ticket)
+        self._running[ticket.visitor] -= 1
+        self._busy[ticket.group] -= 1
+        self._started[ticket.visitor].remove(ticket.started)
+        if not self._running[ticket.visitor]:
+            del self._running[ticket.visitor], self._started[ticket.visitor]
+
     def place(self, ticket: Ticket) -> tuple[int, float] | None:
-        """(its place in line, 1 = next; the estimated seconds until its turn) while `ticket` waits, else None."""
+        """(its place in line, 1 = next; the estimated seconds until its turn) while `ticket` waits, else None.
+
+        The wait loop calls this every `POLL_SECONDS`: a waiting request whose loop stops calling it (Gradio can
+        cancel an event between two updates of its handler and leave the handler's generator suspended at its last
+        update) leaves the line after `STALE_SECONDS`, so it never takes a slot nobody will use. A loop that comes
+        back after that joins the line again at its end."""
         with self._lock:
+            ticket.seen = time.monotonic()
+            if not ticket.admitted and ticket not in self._queue:
+                self._queue.push(ticket.visitor, ticket)
+                self._dispatch()
             if ticket.admitted:
+                ticket.claimed = True
                 return None
             line = [t for t in self._queue.order() if t.group == ticket.group]
             if ticket not in line:
@@ -142,12 +162,17 @@ class Gate:
     def counts(self) -> tuple[int, int]:
         """(requests running, requests waiting)."""
         with self._lock:
+            self._dispatch()  # the abandoned leave the line
             return sum(self._running.values()), len(self._queue)
 
     def _dispatch(self) -> None:
         """Admit waiting requests while some may run: the fair queue's order, among visitors under their running
         limit, into groups with a free slot."""
         most = limit(RUNNING_ENV)
+        now = time.monotonic()
+        self._queue.drop(lambda t: now - t.seen > STALE_SECONDS)
+        for ticket in [t for t in self._admitted if not t.claimed and now - t.seen > STALE_SECONDS]:
+            self._release(ticket)  # admitted while its loop was gone: the slot goes to someone who is there
 
         def may_run(ticket: Ticket) -> bool:
             return self._running[ticket.visitor] < most and self._busy[ticket.group] < self.slots[ticket.group]
@@ -158,6 +183,7 @@ class Gate:
                 return
             ticket = self._queue.take(ready[0])
             ticket.admitted, ticket.started = True, time.monotonic()
+            self._admitted.append(ticket)
             self._running[ticket.visitor] += 1
             self._busy[ticket.group] += 1
             self._started.setdefault(ticket.visitor, []).append(ticket.started)
@@ -188,66 +214,74 @@ def gated(
     Raises (from the wrapper):
         Busy: refused at the gate (`wrap_handler` turns it into `gr.Error`).
     """
-    at = gate or GATE
-    if inspect.isasyncgenfunction(fn):
+    kind = _async_gen if inspect.isasyncgenfunction(fn) else _sync_gen if inspect.isgeneratorfunction(fn) else _call
+    return with_request(functools.wraps(fn)(kind(fn, group, waiting, gate)), fn)
 
-        @functools.wraps(fn)
-        async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
-            ticket = at.enter(visitor_key(request), group)
+
+def _note(place: tuple[int, float], shown: str | None, waiting: Callable[[str], Any] | None) -> str | None:
+    """The note to show for a place in line, when it differs from the one shown."""
+    note = waiting_note(place)
+    return note if waiting is not None and note != shown else None
+
+
+def _async_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
+    async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
+        at = gate or GATE  # looked up per call: a test may give the app a fresh gate
+        ticket = at.enter(visitor_key(request), group)
+        try:
+            shown = None
+            while (place := at.place(ticket)) is not None:
+                if (note := _note(place, shown, waiting)) is not None:
+                    shown = note
+                    yield waiting(note)
+                await anyio.sleep(POLL_SECONDS)
+            gen = fn(*args, **kwargs)
             try:
-                shown = None
-                while not ticket.admitted:
-                    place = at.place(ticket)
-                    note = None if place is None else waiting_note(place)
-                    if waiting is not None and note is not None and note != shown:
-                        shown = note
-                        yield waiting(note)
-                    await anyio.sleep(POLL_SECONDS)
-                gen = fn(*args, **kwargs)
-                try:
-                    async for item in gen:
-                        yield item
-                finally:
-                    await gen.aclose()
+                async for item in gen:
+                    yield item
             finally:
-                at.leave(ticket)
+                await gen.aclose()
+        finally:
+            at.leave(ticket)
 
-    elif inspect.isgeneratorfunction(fn):  # a handler on ZeroGPU (`hardware.on_gpu`): Gradio runs it in a thread
+    return wrapper
 
-        @functools.wraps(fn)
-        def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
-            ticket = at.enter(visitor_key(request), group)
+
+def _sync_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
+    def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:  # on ZeroGPU (`hardware.on_gpu`): a thread
+        at = gate or GATE
+        ticket = at.enter(visitor_key(request), group)
+        try:
+            shown = None
+            while (place := at.place(ticket)) is not None:
+                if (note := _note(place, shown, waiting)) is not None:
+                    shown = note
+                    yield waiting(note)
+                time.sleep(POLL_SECONDS)
+            gen = fn(*args, **kwargs)
             try:
-                shown = None
-                while not ticket.admitted:
-                    place = at.place(ticket)
-                    note = None if place is None else waiting_note(place)
-                    if waiting is not None and note is not None and note != shown:
-                        shown = note
-                        yield waiting(note)
-                    time.sleep(POLL_SECONDS)
-                gen = fn(*args, **kwargs)
-                try:
-                    yield from gen
-                finally:
-                    gen.close()
+                yield from gen
             finally:
-                at.leave(ticket)
+                gen.close()
+        finally:
+            at.leave(ticket)
 
-    else:
+    return wrapper
 
-        @functools.wraps(fn)
-        async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
-            ticket = at.enter(visitor_key(request), group)
-            try:
-                while not ticket.admitted:
-                    await anyio.sleep(POLL_SECONDS)
-                result = fn(*args, **kwargs)
-                return await result if inspect.isawaitable(result) else result
-            finally:
-                at.leave(ticket)
 
-    return with_request(wrapper, fn)
+def _call(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
+    async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
+        at = gate or GATE
+        ticket = at.enter(visitor_key(request), group)
+        try:
+            while at.place(ticket) is not None:
+                await anyio.sleep(POLL_SECONDS)
+            result = fn(*args, **kwargs)
+            return await result if inspect.isawaitable(result) else result
+        finally:
+            at.leave(ticket)
+
+    return wrapper
 
 
 def with_request(wrapper: Callable[..., Any], fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -54,6 +54,9 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return sum(len(items) for items in self._waiting.values())
 
+    def __contains__(self, item: object) -> bool:
+        return any(other is item for items in self._waiting.values() for _, other in items)
+
     def __iter__(self) -> Iterator[T]:
         """Every waiting item, in the order `pop` would take them."""
         return iter(self.order())
