@@ -1,6 +1,6 @@
-"""What both crowd tests share (`crowd.py` through the app, `library_crowd.py` through the library): visitors who
-start at one instant, and the medians of alternating rounds. No gradio here: the library's crowd runs on GPU
-machines that have none."""
+"""What both crowd tests share (`load_test.py --crowd` through the app, `library_crowd.py` through the library):
+visitors who start at one instant, and the medians of alternating rounds. No gradio here: the library's crowd runs on
+GPU machines that have none."""
 
 from __future__ import annotations
 
