@@ -14,6 +14,9 @@ and `create_event_handlers()` (wires their events), the split text-generation-we
 `api`: the public API ("Use via API"): typed endpoints with named parameters on the tabs' request builders; every
 event of the page itself is private.
 
+`admission`: the gate every event that runs a model passes, on the page and in the API (per-visitor limits, a bounded
+queue, turns by visitor); `visitors`: who a request's visitor is (the session, or the address behind a trusted proxy).
+
 Shared pieces: `models` (the process's model bundles, loaded on first use, and the lines naming them), `stream`
 (following a library stream, the request state kept in `gr.State`, the explain driver both tabs share), `events`
 (views turned into `{component: value}` and the one place handlers are put on the GPU), `errors` (the one decorator
