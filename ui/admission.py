@@ -13,7 +13,8 @@ GPU wrapper, by `events.Components.bind` and `api.endpoint`). A request of visit
   page, an error through the API): never dropped silently.
 
 When a slot frees, the next request comes from the visitor served least recently (`explainer.decoding.fair`: round
-robin across visitors), not the oldest request. A request stops counting as soon as its handler ends, however it
+robin across visitors), not the oldest request. The handler runs as its visitor (`fair.as_visitor`), so the batched
+decode admits its rows by the same rule. A request stops counting as soon as its handler ends, however it
 ended (finished, failed, cancelled, the visitor left). Gradio's own queue does not hold these events
 (`concurrency_limit=None`): it would serve them first come, first served.
 """
@@ -33,7 +34,7 @@ from typing import Any
 import anyio
 import gradio as gr
 
-from explainer.decoding.fair import FairQueue
+from explainer.decoding.fair import FairQueue, as_visitor
 from explainer.errors import ExplainerError
 from explainer.estimate import format_seconds
 
@@ -237,7 +238,12 @@ def _async_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | No
                 await anyio.sleep(POLL_SECONDS)
             gen = fn(*args, **kwargs)
             try:
-                async for item in gen:
+                while True:
+                    with as_visitor(ticket.visitor):  # the library work it starts knows whose it is (`fair.py`)
+                        try:
+                            item = await gen.__anext__()
+                        except StopAsyncIteration:
+                            break
                     yield item
             finally:
                 await gen.aclose()
@@ -260,7 +266,13 @@ def _sync_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | Non
                 time.sleep(POLL_SECONDS)
             gen = fn(*args, **kwargs)
             try:
-                yield from gen
+                while True:
+                    with as_visitor(ticket.visitor):
+                        try:
+                            item = next(gen)
+                        except StopIteration:
+                            break
+                    yield item
             finally:
                 gen.close()
         finally:
@@ -276,8 +288,9 @@ def _call(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -
         try:
             while at.place(ticket) is not None:
                 await anyio.sleep(POLL_SECONDS)
-            result = fn(*args, **kwargs)
-            return await result if inspect.isawaitable(result) else result
+            with as_visitor(ticket.visitor):
+                result = fn(*args, **kwargs)
+                return await result if inspect.isawaitable(result) else result
         finally:
             at.leave(ticket)
 

@@ -18,6 +18,7 @@ import httpx
 import pytest
 from gradio_client import Client
 
+from explainer.decoding.fair import current_visitor
 from ui import admission, stream, visitors
 
 from .conftest import FakeLibrary, FakeStream
@@ -46,9 +47,11 @@ class Held(FakeLibrary):
         super().__init__()
         self.gates: dict[str, threading.Event] = {}
         self.started: list[str] = []
+        self.visitors: dict[str, object] = {}  # the visitor the library work runs as, by prompt
 
     def stream_request(self, bundle, request, progress=None, cancel=None):
         self.started.append(request.prompt)
+        self.visitors[request.prompt] = current_visitor()
         go = self.gates.setdefault(request.prompt, threading.Event())
         return HeldStream(self._stream(request.prompt, list(request.methods), request.max_new_tokens), go, None)
 
@@ -158,6 +161,9 @@ def test_a_slot_goes_to_the_visitor_served_least_recently(server, held, monkeypa
     for visitor, event_id in [(flood, first), (other, late), *((flood, e) for e in rest)]:
         assert visitor.result(event_id)["success"]
     assert held.started == ["flood one", "other one", "flood two", "flood three"]  # not first come, first served
+    # the library's work runs as its visitor: the batched decode orders its rows by the same rule
+    assert held.visitors["flood one"] == held.visitors["flood three"] == f"session:{flood.session}"
+    assert held.visitors["other one"] == f"session:{other.session}"
     assert any("in line" in note for note in flood.notes(rest[1]))  # the page showed its place while it waited
 
 
