@@ -1,7 +1,10 @@
-"""Load and fault test of the running app: concurrent API clients with cancels and disconnects mixed in.
+"""The app's load tests, one script with four modes: concurrent API clients with cancels and disconnects mixed in
+(the default), a cancel scenario, a crowd, and a flood.
 
     .venv/bin/python scripts/load_test.py [--clients 8] [--requests 3] [--url http://127.0.0.1:PORT] [--json out.json]
-    .venv/bin/python scripts/load_test.py --crowd 1,4 [--url ...]   # N visitors pressing Generate at once
+    .venv/bin/python scripts/load_test.py --scenario       # a long request cancelled, then short ones
+    .venv/bin/python scripts/load_test.py --crowd 1,4 [--rounds 4]   # N visitors pressing Generate at once
+    .venv/bin/python scripts/load_test.py --flood 30 [--rounds 3]    # one client's 30 requests, then a second visitor
 
 Without --url it starts `app.py` on a free loopback port (with EXPLAINER_LOG=DEBUG, so the library logs when a
 request takes and releases the model) and stops it at the end. It never talks to anything but the loopback address.
@@ -34,7 +37,13 @@ from pathlib import Path
 import httpx
 from gradio_client import Client
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the library, run from anywhere
+from explainer.bench.crowd import at_once, summary  # noqa: E402
+from explainer.bench.percentiles import percentile  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
+CROWD_METHODS = ["macs", "rollout"]
+CROWD_NEW_TOKENS = 32
 SHORT = [
     ("What is the capital of France?", ["macs", "rollout"]),
     ("Why does the sky look blue on a clear day? Answer in one sentence.", ["macs", "rollout"]),
@@ -131,7 +140,12 @@ def main() -> int:
     )  # fmt: skip
     p.add_argument("--crowd-prompts", choices=("qa", "mixed", "distinct"), default="qa",
                    help="qa: all the QA example; mixed: the examples in turn; distinct: no two visitors alike")
-    p.add_argument("--rounds", type=int, default=1, help="with --crowd: run the list this many times, alternating")
+    p.add_argument("--rounds", type=int, default=1, help="with --crowd or --flood: this many rounds, alternating")
+    p.add_argument(
+        "--flood", type=int, help="instead of the load: one client sends this many requests at once and a second "
+        "visitor then asks once; the second visitor's time against a quiet app (alternating rounds), and the flood's "
+        "requests answered, refused with a message, and lost",
+    )  # fmt: skip
     args = p.parse_args()
 
     proc = None
@@ -145,9 +159,9 @@ def main() -> int:
         proc = start_app(port, log_path)
         url = f"http://127.0.0.1:{port}"
     try:
+        if args.flood:
+            return flood(url, args.flood, args.rounds, args.json)
         if args.crowd:
-            from crowd import crowd
-
             return crowd(url, [int(n) for n in args.crowd.split(",")], args.crowd_prompts, args.json, args.rounds)
         return scenario(url, proc, log_path) if args.scenario else run(url, args, proc, log_path)
     finally:
@@ -295,11 +309,186 @@ def parse_holds(log_path: Path) -> list[tuple[float, float]]:
     return holds
 
 
-def percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q / 100 * len(ordered) + 0.5) - 1))]
+# The crowd (--crowd): N visitors press Generate at once, each with its own gradio_client.
+
+
+
+def views(saved: str) -> dict[str, str]:
+    """What is compared with the solo run, from the result's JSON: the answer's token ids ("tokens"), each method's
+    raw map and z-scores ("maps"), and the step probabilities and entropies ("steps"); timings are left out."""
+    result = json.loads(saved)
+    maps = {name: [m.get("raw"), m.get("z")] for name, m in sorted(result["methods"].items())}
+    return {
+        "tokens": json.dumps(result["generated_token_ids"]),
+        "maps": json.dumps(maps),
+        "steps": json.dumps(result.get("step_scores")),
+    }
+
+
+COMPARED = ("tokens", "maps", "steps")
+FIRST_TOKEN = re.compile(r'"generated_token_ids":\s*\[\s*\d')  # a streamed result with an answer token
+
+
+def prompts(kind: str, visitors: int = 1) -> list[str]:
+    """What the visitors ask, in turn: "qa" the QA example (every visitor the same prompt: their rows share one
+    prefill), "mixed" the examples, "distinct" the QA example with each visitor's own last line (no two alike)."""
+    examples = [e["prompt"] for e in json.loads((ROOT / "assets" / "examples.json").read_text(encoding="utf-8"))]
+    if kind == "distinct":
+        return [f"{examples[0]}\n(Visitor {i + 1}.)" for i in range(visitors)]
+    return examples if kind == "mixed" else examples[:1]
+
+
+def visit(client: Client, prompt: str) -> dict:
+    """One visitor's request through the public /explain: its times, its number of answer tokens, the views compared.
+    The first token's time is when the first streamed result with an answer token arrives."""
+    t0 = time.perf_counter()
+    job = client.submit(prompt=prompt, methods=CROWD_METHODS, max_new_tokens=CROWD_NEW_TOKENS, api_name="/explain")
+    first = None
+    while first is None and not job.done():  # then it waits for the end without polling: the app's cores are shared
+        if any(FIRST_TOKEN.search(str(o)) for o in job.outputs()):
+            first = time.perf_counter() - t0
+        time.sleep(0.01)
+    saved = job.result()
+    total = time.perf_counter() - t0
+    return {
+        "first_s": total if first is None else first,
+        "total_s": total,
+        "tokens": len(json.loads(saved)["generated_token_ids"]),
+        "views": views(saved),
+        "decode": json.loads(saved)["meta"]["decode"]["path"],  # `decoding.DecodeChoice.record`
+        "batch_size": json.loads(saved)["meta"]["decode"]["batch_size"],
+    }
+
+
+def crowd_once(url: str, n: int, asked: list[str], solo: dict[str, dict]) -> dict:
+    clients = [Client(url, verbose=False) for _ in range(n)]  # connected before the clock starts
+    visits, wall = at_once(n, lambda i: visit(clients[i], asked[i % len(asked)]))
+    for c in clients:
+        c.close()  # its heartbeat stream would stay open on the app through the next rounds
+    done = [v for v in visits if isinstance(v, dict)]
+    mismatches = {
+        name: sum(v["views"][name] != solo[asked[i % len(asked)]]["views"][name] for i, v in enumerate(visits)
+                  if isinstance(v, dict))
+        for name in COMPARED
+    }  # fmt: skip
+    alone = statistics.mean(solo[asked[i % len(asked)]]["total_s"] for i in range(n))
+    return {
+        "visitors": n,
+        "errors": [f"{type(v).__name__}: {v}" for v in visits if not isinstance(v, dict)],
+        "all_served_s": wall,
+        "vs_one_alone": wall / alone,
+        "first_token_p50_s": statistics.median(v["first_s"] for v in done),
+        "first_token_p95_s": percentile([v["first_s"] for v in done], 95),
+        "full_answer_p50_s": statistics.median(v["total_s"] for v in done),
+        "full_answer_p95_s": percentile([v["total_s"] for v in done], 95),
+        "tokens_per_s": sum(v["tokens"] for v in done) / wall,
+        "mismatches": mismatches,
+        "batched": sorted({str(v.get("decode")) for v in done}),
+        "largest_batch": max((v.get("batch_size") or 1 for v in done), default=0),
+        "mismatched_visitors": sum(
+            any(v["views"][k] != solo[asked[i % len(asked)]]["views"][k] for k in COMPARED)
+            for i, v in enumerate(visits)
+            if isinstance(v, dict)
+        ),
+    }
+
+
+def crowd(url: str, counts: list[int], kind: str, json_path: str | None, rounds: int = 1) -> int:
+    """Each crowd size of `counts` in turn, the whole list `rounds` times (1, 4, 1, 4, ...), then the medians."""
+    asked = prompts(kind, max(counts))
+    warm = Client(url, verbose=False)
+    visit(warm, asked[0])  # loads the model: no crowd waits for the download or the load
+    solo = {p: visit(warm, p) for p in asked}
+    print(f"app at {url}; solo: " + ", ".join(f"{s['total_s']:.2f} s ({s['tokens']} tokens)" for s in solo.values()))
+    warm_up = crowd_once(url, max(counts), asked, solo)  # not counted: the app's first crowd also grows its memory
+    print(f"warm-up crowd of {warm_up['visitors']}: {warm_up['all_served_s']:.2f} s (not counted)")
+    rows = [crowd_once(url, n, asked, solo) for _ in range(rounds) for n in counts]
+    for row in rows:
+        print(
+            f"{row['visitors']:>3} visitors: all served in {row['all_served_s']:.2f} s ({row['vs_one_alone']:.2f}x one "
+            f"alone); first token p50 {row['first_token_p50_s']:.2f} s p95 {row['first_token_p95_s']:.2f} s; full "
+            f"answer p50 {row['full_answer_p50_s']:.2f} s p95 {row['full_answer_p95_s']:.2f} s; "
+            f"{row['tokens_per_s']:.1f} tokens/s; mismatched visitors {row['mismatched_visitors']} "
+            f"{row['mismatches']}; errors {len(row['errors'])}"
+        )
+        for e in row["errors"]:
+            print("  error:", e)
+    medians = summary(rows)
+    for m in medians:
+        ratio = "" if m["vs_one_alone_median"] is None else f" = {m['vs_one_alone_median']:.2f}x the 1-visitor rounds"
+        print(f"{m['visitors']:>3} visitors, median of {m['rounds']} rounds: {m['all_served_median_s']:.2f} s{ratio}")
+    if json_path:
+        figures = {"solo": {p[:40]: {k: s[k] for k in ("first_s", "total_s", "tokens")} for p, s in solo.items()}}
+        figures["medians"] = medians
+        Path(json_path).write_text(json.dumps({**figures, "crowds": rows}, indent=2), encoding="utf-8")
+    return 0 if all(not r["errors"] and not r["mismatched_visitors"] for r in rows) else 1
+
+
+# The flood (--flood F): one client sends F requests at once, a second visitor then asks once.
+
+FLOOD_PROMPT, FLOOD_METHODS, FLOOD_NEW_TOKENS = SHORT[0][0], SHORT[0][1], 16
+
+
+def ask_once(client: Client) -> float:
+    """The second visitor's request (the flood's own prompt and methods): its seconds until the full answer."""
+    t0 = time.perf_counter()
+    client.predict(*explain_args(FLOOD_PROMPT, FLOOD_METHODS, FLOOD_NEW_TOKENS), api_name="/explain")
+    return time.perf_counter() - t0
+
+
+def flood_once(url: str, n: int) -> dict:
+    """One round: one client submits `n` requests at once; once they are at the app, a second client asks once.
+    Each flood request ends answered (a result), refused with a message (an error saying why and when to try again),
+    or lost (anything else: an error without that message, or no end within the wait)."""
+    flooder, second = Client(url, verbose=False), Client(url, verbose=False)
+    jobs = [flooder.submit(*explain_args(FLOOD_PROMPT, FLOOD_METHODS, FLOOD_NEW_TOKENS), api_name="/explain")
+            for _ in range(n)]  # fmt: skip
+    time.sleep(1.0)  # the flood reaches the app first
+    seconds = ask_once(second)
+    counts = {"answered": 0, "refused": 0, "lost": 0}
+    messages = set()
+    for job in jobs:
+        try:
+            json.loads(job.result(timeout=600))
+            counts["answered"] += 1
+        except Exception as e:  # refused (with its message) or lost
+            text = str(e)
+            refused = "Try again" in text
+            counts["refused" if refused else "lost"] += 1
+            messages.add(re.sub(r"\d+(\.\d+)?", "N", text)[:200] if refused else f"{type(e).__name__}: {text}"[:200])
+    for c in (flooder, second):
+        c.close()
+    return {"flood": n, "second_visitor_s": seconds, **counts, "messages": sorted(messages)}
+
+
+def flood(url: str, n: int, rounds: int, json_path: str | None) -> int:
+    """Rounds alternating quiet (the second visitor alone) and flood; the median of each, and their ratio."""
+    warm = Client(url, verbose=False)
+    ask_once(warm)  # loads the model
+    quiet, rows = [], []
+    for r in range(max(1, rounds)):
+        quiet.append(ask_once(warm))
+        rows.append(flood_once(url, n))
+        row = rows[-1]
+        print(f"round {r + 1}: quiet {quiet[-1]:.2f} s; behind a flood of {n}: {row['second_visitor_s']:.2f} s; "
+              f"flood answered {row['answered']}, refused with a message {row['refused']}, lost {row['lost']}",
+              flush=True)  # fmt: skip
+    warm.close()
+    behind = statistics.median(row["second_visitor_s"] for row in rows)
+    figures = {
+        "flood": n, "rounds": len(rows), "quiet_median_s": statistics.median(quiet), "behind_flood_median_s": behind,
+        "ratio": behind / statistics.median(quiet), "answered": sum(r["answered"] for r in rows),
+        "refused": sum(r["refused"] for r in rows), "lost": sum(r["lost"] for r in rows), "rounds_detail": rows,
+        "quiet_s": quiet,
+    }  # fmt: skip
+    print(f"second visitor: {behind:.2f} s behind a flood of {n} vs {figures['quiet_median_s']:.2f} s quiet "
+          f"(medians of {len(rows)} rounds) = {figures['ratio']:.2f}x; flood requests answered {figures['answered']}, "
+          f"refused with a message {figures['refused']}, lost {figures['lost']}")  # fmt: skip
+    for message in sorted({m for r in rows for m in r["messages"]}):
+        print("  refusal:", message)
+    if json_path:
+        Path(json_path).write_text(json.dumps(figures, indent=2), encoding="utf-8")
+    return 0 if figures["lost"] == 0 else 1
 
 
 if __name__ == "__main__":

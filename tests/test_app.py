@@ -15,6 +15,7 @@ import pytest
 
 from explainer.methods import method_options
 from ui import models, options, requests
+from ui.guards import admission
 from ui.panels import estimates, faithfulness
 from ui.tabs import image_tab, text_tab
 
@@ -81,14 +82,16 @@ def test_every_event_is_named_and_maps_the_library_errors(fns):
 
 def test_model_events_share_one_queue_and_draw_progress_on_their_status_line(fns):
     # text explain requests run side by side (their decode steps are batched, decoding/batched/); the other model
-    # events queue one at a time
+    # events one at a time: the admission gate orders both (ui/guards/admission.py), Gradio's queue holds neither
     explain, shared = fns["page_explain"], fns["page_faithfulness"]
-    assert explain.concurrency_limit == 16 and explain.concurrency_id != shared.concurrency_id
+    assert admission.SLOTS[admission.TEXT] == 16 and admission.SLOTS[admission.MODEL] == 1
+    assert explain.concurrency_limit is None and explain.concurrency_id == f"gate_{admission.TEXT}"
+    assert shared.concurrency_id == f"gate_{admission.MODEL}"
     for name, module in [("page_explain", text_tab), ("page_faithfulness", faithfulness),
                          ("page_explain_image", image_tab), ("explain_contrast", text_tab)]:  # fmt: skip
         fn = fns[name]
         if name != "page_explain":
-            assert fn.concurrency_limit == 1 and fn.concurrency_id == shared.concurrency_id
+            assert fn.concurrency_limit is None and fn.concurrency_id == shared.concurrency_id
         assert inspect.isasyncgenfunction(fn.fn)
         assert list(fn.show_progress_on) == [fn.outputs[module.SHOWN.index("status")]], name
 

@@ -8,7 +8,9 @@ and `create_event_handlers()` (wires their events), the split text-generation-we
 - `panels/`: the accordions and lines inside a tab: `contrast`, `layers`, `regions`, `sources`, `reliance`,
   `faithfulness` (with `measurement`, its widgets read into one request) and `estimates`.
 - `guards/`: what every public event passes through: widget values checked (`inputs`), text from outside escaped
-  (`markup`), visitors' files opened through one gate (`uploads`), typed errors turned into `gr.Error` (`errors`).
+  (`markup`), visitors' files opened through one gate (`uploads`), typed errors turned into `gr.Error` (`errors`),
+  and the admission gate of every event that runs a model (`admission`: per-visitor limits, a bounded queue, turns by
+  visitor; `visitors`: who a request's visitor is, the session or the address behind a trusted proxy).
 - at the top, the plumbing both tabs share: `api` (the public "Use via API" endpoints on the tabs' request builders;
   every event of the page itself is private), `models` (the process's model bundles), `stream` (the explain driver
   and the request state kept in `gr.State`), `events` (views turned into `{component: value}`, the one place handlers

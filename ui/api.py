@@ -37,7 +37,7 @@ from explainer.runtime.hardware import gpu_duration, on_gpu
 from visuals import top_tokens_rows
 
 from . import gpu_time, models
-from .guards import inputs, uploads
+from .guards import admission, inputs, uploads
 from .guards.errors import wrap_handler
 from .options import DEFAULT_METHODS
 from .panels.contrast import contrastive_methods
@@ -298,23 +298,28 @@ ENDPOINTS: dict[str, tuple[Callable[..., Any], Callable[..., int] | None, str | 
 }
 
 
-def endpoint(fn: Callable[..., Any], duration: Callable[..., int] | None) -> Callable[..., Any]:
-    """`fn` as Gradio runs it: on the GPU where there is one (for `duration`'s seconds, as the tabs' handlers), the
-    library's errors as `gr.Error`, and a signature whose return type is what a streaming endpoint yields (Gradio
-    reads the API's types from it)."""
-    handler = wrap_handler(on_gpu(fn, duration) if duration is not None else fn)  # the order `Components.bind` uses
+def endpoint(
+    fn: Callable[..., Any], duration: Callable[..., int] | None, gate: str | None = None
+) -> Callable[..., Any]:
+    """`fn` as Gradio runs it: on the GPU where there is one (for `duration`'s seconds, as the tabs' handlers),
+    behind the admission gate of the page's event (`gate`: the same limits, turns and refusals), the library's errors
+    as `gr.Error`, and a signature whose return type is what a streaming endpoint yields (Gradio reads the API's types
+    from it; its first parameter, the `gr.Request` the gate reads, is not one of the API's)."""
+    handler = on_gpu(fn, duration) if duration is not None else fn  # the order `Components.bind` uses
+    handler = wrap_handler(admission.gated(handler, gate) if gate is not None else handler)
     returned = get_type_hints(fn).get("return")
     if get_origin(returned) is AsyncIterator:
         (returned,) = get_args(returned)
-    handler.__signature__ = inspect.signature(fn).replace(return_annotation=returned)
+    handler.__signature__ = inspect.signature(handler).replace(return_annotation=returned)
     return handler
 
 
 def create_endpoints(blocks: gr.Blocks) -> None:
     """Add the public endpoints to `blocks` (call inside it, after the tabs' events). Each one that runs a model
-    queues with the page's event of the same request (its concurrency limit and group), so API callers and
-    visitors share the model as the page's events share it. The files that `blocks`' /upload route stores, for the
-    page and the API alike, are the only ones the handlers may open (`uploads.watch`)."""
+    queues with the page's event of the same request (its admission gate, concurrency limit and group), so API
+    callers and visitors share the model, and its limits, as the page's events share them. The files that `blocks`'
+    /upload route stores, for the page and the API alike, are the only ones the handlers may open
+    (`uploads.watch`)."""
     uploads.watch(blocks.upload_file_set)
     page = {fn.api_name: fn for fn in blocks.fns.values()}
     for name, (fn, duration, event) in ENDPOINTS.items():
@@ -322,4 +327,6 @@ def create_endpoints(blocks: gr.Blocks) -> None:
         same = (
             {"concurrency_limit": queued.concurrency_limit, "concurrency_id": queued.concurrency_id} if queued else {}
         )
-        gr.api(endpoint(fn, duration), api_name=name, api_description=inspect.getdoc(fn), **same)
+        gated = queued is not None and str(queued.concurrency_id).startswith("gate_")
+        gate = str(queued.concurrency_id).removeprefix("gate_") if gated else None
+        gr.api(endpoint(fn, duration, gate), api_name=name, api_description=inspect.getdoc(fn), **same)

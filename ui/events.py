@@ -18,7 +18,10 @@ import gradio as gr
 
 from explainer.runtime.hardware import on_gpu
 
+from .guards import admission
 from .guards.errors import wrap_handler
+from .guards.markup import markdown_text
+from .stream import Phase, RequestState
 
 
 class _Keep(enum.Enum):
@@ -59,6 +62,7 @@ class Components(dict):
         outputs: Sequence[str],
         gpu: bool = False,
         duration: Callable[..., int] | None = None,
+        gate: str | None = None,
     ) -> dict[str, Any]:
         """An event listener's `fn` and `outputs` for a handler returning (or yielding) views, and its API visibility:
         private, since the page's events take and return widgets and State (the public API is `ui/api.py`).
@@ -68,14 +72,39 @@ class Components(dict):
             outputs: names of the components the event may change.
             gpu: the handler runs the model: on ZeroGPU a GPU is attached while it runs (`hardware.on_gpu`).
             duration: with `gpu`, the seconds to ask for as a function of the handler's arguments (`ui.gpu_time`).
+            gate: the handler runs a model: its admission group (`admission.TEXT` or `MODEL`); it goes through the
+                gate (per-visitor limits, fair turns; outside the GPU wrapper, so a waiting request holds no GPU),
+                and Gradio's own queue leaves it to the gate (`concurrency_limit=None`). While it waits, its view
+                shows its place in line (`status`) and a waiting request state.
         """
         names = tuple(outputs)
         handler = (on_gpu(fn, duration) if duration is not None else on_gpu(fn)) if gpu else fn
+        gated = {}
+        if gate is not None:
+            handler = admission.gated(handler, gate, self._waiting_view(names))
+            gated = {"concurrency_limit": None, "concurrency_id": f"gate_{gate}"}
         return {
-            "fn": wrap_handler(handler, lambda view: view_updates(view, self, names)),
+            "fn": wrap_handler(handler, self._converter(names)),
             "outputs": self(*names),
             "api_visibility": "private",
+            **gated,
         }
+
+    def _converter(self, names: tuple[str, ...]) -> Callable[[Any], dict[Any, Any]]:
+        """A handler's view as `{component: value}`; the gate's waiting updates are such dicts already."""
+        return lambda view: view if isinstance(view, dict) else view_updates(view, self, names)
+
+    def _waiting_view(self, outputs: tuple[str, ...]) -> Callable[[str], dict[Any, Any]]:
+        """The update of a request waiting at the gate: its note on the status line, its state WAITING (so that the
+        handler run after it says it was cancelled while waiting), the other outputs as they are."""
+
+        def view(note: str) -> dict[Any, Any]:
+            out = {self[name]: gr.skip() for name in outputs}
+            out[self["status"]] = markdown_text(note)
+            out[self["request"]] = RequestState(Phase.WAITING)
+            return out
+
+        return view
 
 
 def settle(event: Any, **listener: Any) -> Any:

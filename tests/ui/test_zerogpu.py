@@ -26,7 +26,7 @@ GPU_SECONDS_BOUNDS = (20, 300)  # runtime.hardware.GPU_SECONDS_BOUNDS (written o
 ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = r"""
-import json, os, shutil, sys, threading
+import inspect, json, os, shutil, sys, threading
 sys.path.insert(0, "tests/ui")
 import zerogpu_emulation
 record = zerogpu_emulation.install()            # what `import spaces` does on ZeroGPU, first thing in app.py
@@ -48,8 +48,9 @@ def args(name, **given):                        # an event's inputs at their def
         values[int(key[1:])] = value
     return values
 
-def run(name, *values):
-    result = fns[name].fn(*values)
+def run(name, *values):  # a gated event's first parameter: Gradio's request (ui/guards/admission)
+    gated = "request" in inspect.signature(fns[name].fn).parameters
+    result = fns[name].fn(*((None,) if gated else ()), *values)
     return list(result) if hasattr(result, "__next__") else result
 
 def visitor():                                  # Gradio calls handlers from its worker threads

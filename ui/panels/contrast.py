@@ -25,7 +25,7 @@ from explainer.result.steps import clamp_step
 
 from .. import gpu_time, models
 from ..events import KEEP, Components, settle
-from ..guards import inputs
+from ..guards import admission, inputs
 from ..guards.errors import user_errors
 from ..options import chosen_options
 from ..stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
@@ -187,11 +187,9 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     )  # fmt: skip
     asked = text("prompt", "methods", "chat_template", "show_all", "granularity", "result", "step")
     event = c["run"].click(
-        **text.bind(explain_contrast, SHOWN + ("methods",), gpu=True, duration=contrast_seconds),
+        **text.bind(explain_contrast, SHOWN + ("methods",), gpu=True, duration=contrast_seconds, gate=admission.MODEL),
         inputs=asked + c("foil", "typed") + option_widgets,
         api_name="explain_contrast",
-        concurrency_limit=1,  # shares the model with the explain event
-        concurrency_id="model",
         show_progress_on=text["status"],
     )
     text["cancel"].click(None, cancels=[event])

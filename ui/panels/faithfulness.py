@@ -18,6 +18,7 @@ from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, sof
 
 from .. import gpu_time, models
 from ..events import KEEP, Components, settle
+from ..guards import admission
 from ..guards.errors import user_errors
 from ..guards.markup import markdown_text
 from ..stream import FOLLOWS_STEP, Phase, RequestState, run_stream
@@ -216,11 +217,9 @@ def create_ui(image: bool = False) -> Components:
 def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, prefix: str = "") -> None:
     """Wire the panel to the text tab's result State, methods checkboxes and step slider."""
     event = c["measure"].click(
-        **c.bind(faithfulness, SHOWN, gpu=True, duration=gpu_time.faithfulness_seconds),
+        **c.bind(faithfulness, SHOWN, gpu=True, duration=gpu_time.faithfulness_seconds, gate=admission.MODEL),
         inputs=[result, methods, c["metric"], c["soft_choice"], step, c["rank"]],
         api_name=f"{prefix or 'page_'}faithfulness",  # private: the public /faithfulness is ui/api.py's
-        concurrency_limit=1,  # shares the model with the explain event
-        concurrency_id="model",
         show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs
     )
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)

@@ -27,7 +27,7 @@ from visuals.report import report_html
 from .. import gpu_time, models
 from ..downloads import download, exported_methods, has_steps, no_file
 from ..events import KEEP, Components, settle
-from ..guards import inputs, uploads
+from ..guards import admission, inputs, uploads
 from ..guards.errors import user_errors
 from ..options import method_choices, offer_image_methods
 from ..page import VIEWS_CLASS, busy_on_click, ready_after
@@ -340,12 +340,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     )
     busy_on_click(c["ask"], "Asking…", "ask")  # first: see busy_on_click
     event = c["ask"].click(
-        **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds),
+        **c.bind(explain_image, SHOWN, gpu=True, duration=gpu_time.image_seconds, gate=admission.MODEL),
         inputs=asked + option_widgets,
         api_name="page_explain_image",  # private: the public /explain_image is ui/api.py's
         preprocess=False,  # the handler opens the upload itself (see explain_image)
-        concurrency_limit=1,
-        concurrency_id="model",
         show_progress_on=c["status"],  # one progress line (see the text tab)
     )
     ready_after(event, c["ask"], "ask")

@@ -26,7 +26,7 @@ from visuals.report import report_html
 from .. import gpu_time, models
 from ..downloads import download, exported_methods, has_steps, no_file
 from ..events import KEEP, Components, settle
-from ..guards import inputs, uploads
+from ..guards import admission, inputs, uploads
 from ..guards.errors import user_errors
 from ..guards.markup import markdown_text
 from ..options import method_choices, offered_choices
@@ -395,11 +395,9 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     asked = c("prompt", "methods", "max_new", "chat_template", "show_all", "given_answer", "span", "granularity")
     busy_on_click(c["generate"], "Generating…", "generate")  # first: see busy_on_click
     explain_event = c["generate"].click(
-        **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds),
+        **c.bind(explain, SHOWN, gpu=True, duration=gpu_time.text_seconds, gate=admission.TEXT),
         inputs=asked + option_widgets,
         api_name="page_explain",  # private: the public /explain is ui/api.py's
-        concurrency_limit=16,  # visitors' text requests share the decode steps (decoding/batched/); the library's
-        concurrency_id="text_explain",  # model lock still orders everything else on the model
         show_progress_on=c["status"],  # one progress line; the answer and views stay readable while they stream
     )
     ready_after(explain_event, c["generate"], "generate")

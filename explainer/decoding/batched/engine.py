@@ -24,6 +24,7 @@ from ...runtime.kv import batch_budget
 from ...runtime.memory import MemoryLimitError, ModelShape, check_fits, language_config
 from ...runtime.session import hold, model_lock
 from ..choice import GRAPH, ROWS_APART, batch_step_form
+from ..fair import FairQueue, current_visitor
 from .fixed import BatchStep
 from .row import Row, same_prefill
 from .slots import Layout, Slots, slot_count
@@ -41,7 +42,7 @@ class Batcher:
         self.model = model
         self.device = input_device(model)
         self._cond = threading.Condition()
-        self._pending: list[Row] = []
+        self._pending: FairQueue[Row] = FairQueue()  # the visitor served least recently joins first (`fair.py`)
         self._active: list[Row] = []
         self._admitting = 0  # rows taken from `_pending` whose prefill runs now (they decode from the next step)
         self._thread: threading.Thread | None = None
@@ -53,7 +54,7 @@ class Batcher:
     def submit(self, row: Row) -> None:
         row.on_device = self._step.shape_fixed and row.device_capable  # its methods run inside the batch's step
         with self._cond:
-            self._pending.append(row)
+            self._pending.push(current_visitor(), row)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="explainer-batcher", daemon=True)
                 self._runner = self._thread
@@ -84,34 +85,36 @@ class Batcher:
                         self._decode()
         except BaseException as e:  # every row hears of it; none waits forever
             with self._cond:
-                rows, self._active, self._pending, self._thread = self._active + self._pending, [], [], None
+                rows, self._active, self._thread = self._active + list(self._pending), [], None
+                self._pending = FairQueue()
                 self._slots = None
             for row in rows:
                 row.fail(e)
 
     def _work_left(self) -> bool:
         with self._cond:
-            self._pending = [r for r in self._pending if not r.left.is_set()]
+            self._pending.drop(lambda r: r.left.is_set())
             if not self._active and not self._pending:
                 self._thread, self._slots = None, None
                 return False
             return True
 
     def _admit(self) -> None:
-        """Prefill the waiting rows that fit (in order; a row that does not fit waits for room), then give them slots.
+        """Prefill the waiting rows that fit (in the fair queue's order, `fair.py`; a row that does not fit waits
+        for room), then give them slots.
         Waiting rows with the same prompt as the one admitted (`row.same_prefill`) join with it and share its prefill
         pass."""
         joining: list[Row] = []
         try:
             while True:
                 with self._cond:
-                    if not self._pending or not self._room_for(self._pending[0], joining):
+                    first = self._pending.peek()
+                    if first is None or not self._room_for(first, joining):
                         break
-                    group = [self._pending.pop(0)]
+                    group = [self._pending.pop()]
                     for other in list(self._pending):
                         if same_prefill(group[0], other) and self._room_for(other, joining + group):
-                            self._pending.remove(other)
-                            group.append(other)
+                            group.append(self._pending.take(other))
                     self._admitting = len(joining) + len(group)
                 group = [r for r in group if not r.left.is_set()]
                 if not group:
