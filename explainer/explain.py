@@ -253,7 +253,7 @@ def _encode_request(
 def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: DecodeChoice) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
     step scores: a snapshot after every token, on the path `choice` names (`decoding.generate_steps` dispatches it).
-    `meta["decode"]` records it (`DecodeChoice.record`)."""
+    `meta["decode"]` records it (`DecodeChoice.meta`)."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
@@ -265,12 +265,12 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: De
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     seen = {"batch_size": 1, "prefill_rows": 1}
     steps = generate_steps(bundle.model, job, method_seconds, sinks, choice, seen)
-    attr.meta["decode"] = choice.record()
+    attr.meta["decode"] = choice.meta()
     for step in steps:
         forward_seconds += step.seconds
         if step.decode_path != choice.path:  # a CUDA graph's capture failed: the same step goes on eagerly
             choice = choice.eager(graph_failure(bundle.model))
-            attr.meta["decode"] = choice.record()
+            attr.meta["decode"] = choice.meta()
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:
@@ -295,7 +295,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: De
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
-        decode=choice.record(seen["batch_size"], seen["prefill_rows"]),
+        decode=choice.meta(seen["batch_size"], seen["prefill_rows"]),
     )
 
 

@@ -57,7 +57,7 @@ class DecodeChoice:
         """Whether the step is recorded as a CUDA graph and replayed (`graphs.StepGraph`)."""
         return self.form == GRAPH
 
-    def record(self, batch_size: int = 1, prefill_rows: int = 1) -> dict[str, Any]:
+    def meta(self, batch_size: int = 1, prefill_rows: int = 1) -> dict[str, Any]:
         """What `meta["decode"]` keeps: the path, the reason, the most rows a step shared (`batch_size`) and how many
         rows with this prompt shared its prefill pass (`prefill_rows`); 1 and 1 off the batched path."""
         return {"path": self.path, "reason": self.reason, "batch_size": batch_size, "prefill_rows": prefill_rows}

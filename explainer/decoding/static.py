@@ -28,8 +28,9 @@ Nothing is read on the host per token: the buffers are read after the prefill an
 steps (`MAX_CHUNK`), so a visitor still sees the answer grow. An end-of-sequence token is found when its chunk is read;
 the steps computed after it are dropped (a flag on the device keeps them out of the sink shares).
 
-On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
-replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
+On CUDA (path `cuda-graph`) the step is recorded once and replayed by the decode layer's one graph wrapper
+(`graphs.StepGraph`, which the batch's step uses too); where capture fails the model is remembered and the same step
+runs eagerly (path `static`, the CPU's form when forced).
 Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
 that all have a device step (`has_device_step`: MACS, calibrated MACS, Rollout), text and image prompts, models on
 one device whose layers all use full attention and that transformers marks as working with a static cache. Each step

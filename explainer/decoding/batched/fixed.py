@@ -1,13 +1,15 @@
 """The batch's decode step over its slots (`slots.Slots`): one forward pass of every slot, its tokens and their
 statistics, written once and run in one of three ways.
 
-- **Eager, row by row** (the CPU's default): attention per active slot on its own keys (`attention.rows_apart`),
-  token statistics for the active slots; what the batch did before it had slots, at the same cost.
-- **Eager, fixed shape**: every slot's attention in one masked call over the slot's C positions
+- **Eager, row by row** (form `dynamic`, the CPU's default): attention per active slot on its own keys
+  (`attention.rows_apart`), token statistics for the active slots; what the batch did before it had slots, at the
+  same cost.
+- **Eager, fixed shape** (`fixed-shape`): every slot's attention in one masked call over the slot's C positions
   (`attention.fixed_shape`), token statistics for every slot: the work a graph records, run eagerly (on CUDA after a
   failed capture; on a CPU for the tests).
-- **CUDA graph** (CUDA's default): that fixed-shape step recorded once per slot state (S, C, and whether attention
-  rows are kept) and replayed; the host writes the forced ids before a replay and reads the statistics after it.
+- **CUDA graph** (`graph`, CUDA's default): that fixed-shape step recorded (`graphs.StepGraph`) once per slot state
+  (S, C, and whether attention rows are kept) and replayed; the host writes the forced ids before a replay and reads
+  the statistics after it.
 
 In the fixed shape (and so in its graph) the rows whose methods run on the device (`row.Row.on_device`) do that
 work inside the step (`Row.device_work`): the graph is then recorded per slot state and set of such rows, and a row
