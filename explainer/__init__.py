@@ -1,6 +1,6 @@
 """Explain why a language model wrote what it wrote: per-token attribution maps (MACS and peers) while it generates."""
 
-from .decoding.solo import generate_steps
+from .decoding.dispatch import generate_steps
 from .errors import ExplainerError, InputError, ModelLoadError, UnknownMethodError, UnsupportedModelError
 from .explain import explain, explain_request, stream_explain, stream_request
 from .methods import METHODS, available_methods, get_method

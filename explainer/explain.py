@@ -1,8 +1,8 @@
 """One explain request from start to end: the request (`request.ExplainRequest`, validated when it was built) meets
-the model, the decode loop (`decoding/solo.py`) runs with the streaming methods, then the post-hoc methods, yielding a
+the model, the decode loop (`decoding/`) runs with the streaming methods, then the post-hoc methods, yielding a
 growing `Attribution` snapshot after every step.
 
-A given answer is teacher-forced through exactly the forward passes of generation (`decoding.solo.generate_steps`).
+A given answer is teacher-forced through exactly the forward passes of generation (`decoding.generate_steps`).
 """
 
 from __future__ import annotations
@@ -16,15 +16,16 @@ from typing import Any
 import torch
 
 from .contrast import alternatives_record, foil_vector, resolve_contrast
-from .decoding.batched import batched_steps
-from .decoding.choice import BATCHED, DecodeChoice, choose_path, graph_failure
-from .decoding.solo import DecodeJob, generate_steps
+from .decoding.choice import BATCHED, DecodeChoice, choose_path
+from .decoding.dispatch import generate_steps
+from .decoding.graphs import graph_failure
+from .decoding.job import DecodeJob
 from .estimate import post_hoc_seconds
 from .methods import AttributionMethod, GenerationRun, ProgressFn
 from .models.answer import answer_token_ids
 from .models.loading import ModelBundle
 from .reliance import add_reliance
-from .request import ExplainRequest, answer_too_long, check_vocabulary
+from .request import ExplainRequest, answer_too_long, check_vocabulary, fit_answer
 from .result.attribution import STEP_SCORES, Attribution, MethodScores, ScoreRows
 from .result.sinks import SinkTracker
 from .runtime.kv import batch_budget
@@ -67,10 +68,11 @@ def stream_explain(
         answer: explain this answer instead of generating one: text, or token ids used as they are. The text is
             tokenised as the continuation of the prompt after the chat template's assistant prefix, with no special
             tokens added (see `answer_token_ids`); every method then explains each of its K tokens as if the model
-            had generated it (teacher forcing, the same forward passes as generation). K must not exceed
-            `max_new_tokens`; all K tokens are explained, an end-of-sequence token inside the answer included, and
-            none is appended. None, "" or whitespace only: generate as usual. The result's `meta["answer"]` is
-            "given" or "generated", `meta["answer_tokenization"]` says how a text answer was split.
+            had generated it (teacher forcing, the same forward passes as generation). All K tokens are explained,
+            `max_new_tokens` raised to hold them (`request.fit_answer`, up to 1,024), an end-of-sequence token
+            inside the answer included, and none is appended. None, "" or whitespace only: generate as usual.
+            The result's `meta["answer"]` is "given" or "generated", `meta["answer_tokenization"]` says how a
+            text answer was split.
         contrast: {0-based step: foil (token id or one-token text)}: there the contrastive methods explain
             l_A - l_B ("why A rather than B?"); `meta["contrast"]` records it (see `explainer/contrast.py`).
         reliance: for an image prompt, measure `Attribution.reliance` after the methods (`explainer/reliance.py`).
@@ -82,7 +84,7 @@ def stream_explain(
     model's worker thread; closing the stream cancels the work).
 
     Raises:
-        InputError: bad prompt, answer, image or settings (an answer longer than `max_new_tokens` included).
+        InputError: bad prompt, answer, image or settings (an answer longer than 1,024 tokens included).
         UnknownMethodError: unknown method name. UnsupportedModelError: the model's attention cannot be captured.
     """
     request = ExplainRequest.build(
@@ -109,29 +111,61 @@ def stream_request(
         progress: callback for post-hoc methods' progress: (fraction, message).
         cancel: a token that stops the work within one forward pass when it fires (`Cancelled` is raised).
     """
-    choice = choose_path(bundle, request)  # the one decision of the decode path
-    run = partial(_run, bundle, request, progress, choice)
-    if holds(bundle.model):
-        return _inline(bundle.model, run, cancel)
-    # On the batched path (the app) a text request joins the model's batched decode (decoding/batched/) and holds
-    # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
-    return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
+    return _updates(bundle, request, progress, cancel, on_caller=False)
 
 
 def explain_request(
     bundle: ModelBundle, request: ExplainRequest, progress: ProgressFn | None = None, cancel: CancelToken | None = None
 ) -> Attribution:
-    """Run `stream_request` to the end and return the final `Attribution`."""
+    """Run `stream_request` to the end and return the final `Attribution`.
+
+    The model runs on the caller's own thread (holding the model's lock, waiting for it like any request), except a
+    row of the batched decode, whose steps the batcher's thread runs: a process keeps one team of torch's CPU threads.
+    A worker thread here would start a second team, and once the caller has run torch itself (a `model.generate`, a
+    comparison script) the two teams contend for the cores: every later call was ~1.5x slower on a 2-core CPU.
+    """
     final = None
-    for update in stream_request(bundle, request, progress, cancel):
+    for update in _updates(bundle, request, progress, cancel, on_caller=True):
         final = update
     assert final is not None
     return final
 
 
-def _inline(model: torch.nn.Module, run: Callable[[], Iterator[Attribution]], cancel: CancelToken | None):
-    """`run` in the calling thread, which holds the model already (e.g. inside an evaluation)."""
-    with hold(model, cancel):
+def _updates(
+    bundle: ModelBundle,
+    request: ExplainRequest,
+    progress: ProgressFn | None,
+    cancel: CancelToken | None,
+    on_caller: bool,
+) -> Iterator[Attribution]:
+    """The request's snapshots: on the caller's thread when it holds the model (eval) or when `on_caller` (a call that
+    reads them to the end), else in a worker thread (a stream the caller may drop)."""
+    request = fit_answer(bundle, request)  # a given answer is explained in full (the one rule of its length)
+    choice = choose_path(bundle, request)  # the one decision of the decode path
+    run = partial(_run, bundle, request, progress, choice)
+    if holds(bundle.model):
+        return _inline(bundle.model, run, cancel)
+    if on_caller and choice.path != BATCHED:
+        return _inline(bundle.model, run, cancel, fresh_modes=True)
+    # On the batched path (the app) a text request joins the model's batched decode (decoding/batched/) and holds
+    # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
+    return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
+
+
+def _inline(
+    model: torch.nn.Module,
+    run: Callable[[], Iterator[Attribution]],
+    cancel: CancelToken | None,
+    fresh_modes: bool = False,
+):
+    """`run` in the calling thread, holding the model (re-entrantly where it holds it already, e.g. inside an
+    evaluation). `fresh_modes`: with the autograd modes a worker thread starts with (gradients on, no inference
+    mode), whatever the caller set, so the gradient methods run as they do in a worker."""
+    modes = contextlib.ExitStack()
+    if fresh_modes:
+        modes.enter_context(torch.inference_mode(False))
+        modes.enter_context(torch.enable_grad())
+    with modes, hold(model, cancel):
         yield from run()
 
 
@@ -218,28 +252,25 @@ def _encode_request(
 
 def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: DecodeChoice) -> Iterator[Attribution]:
     """Greedy generation (or the job's teacher-forced answer) into `attr`, with the streaming methods' rows and the
-    step scores: a snapshot after every token, on the path `choice` names (`batched`: as a row of the model's batch,
-    `decoding.batched.batched_steps`). `meta["decode"]` records it (`DecodeChoice.record`)."""
+    step scores: a snapshot after every token, on the path `choice` names (`decoding.generate_steps` dispatches it).
+    `meta["decode"]` records it (`DecodeChoice.meta`)."""
     streaming = [m for m in job.methods if m.streaming]
     forced_ids = job.forced_ids
     attr.step_scores = {key: [] for key in STEP_SCORES}  # "probability", "entropy"
     capacity = min(job.max_new_tokens, 64) if forced_ids is None else len(forced_ids)
-    rows = {m.name: ScoreRows(attr.num_prompt_tokens, capacity) for m in streaming}  # O(N) host work per token
+    score_rows = {m.name: ScoreRows(attr.num_prompt_tokens, capacity) for m in streaming}  # O(N) host work a token
     method_seconds: dict[str, float] = {}
     gen_start = time.perf_counter()
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     seen = {"batch_size": 1, "prefill_rows": 1}
-    if choice.path == BATCHED:
-        steps = batched_steps(bundle.model, job, method_seconds, sinks, record=seen)
-    else:
-        steps = generate_steps(bundle.model, job, method_seconds, sinks, choice)
-    attr.meta["decode"] = choice.record()
+    steps = generate_steps(bundle.model, job, method_seconds, sinks, choice, seen)
+    attr.meta["decode"] = choice.meta()
     for step in steps:
         forward_seconds += step.seconds
         if step.decode_path != choice.path:  # a CUDA graph's capture failed: the same step goes on eagerly
-            choice = DecodeChoice(step.decode_path, f"CUDA graph capture failed: {graph_failure(bundle.model)}")
-            attr.meta["decode"] = choice.record()
+            choice = choice.eager(graph_failure(bundle.model))
+            attr.meta["decode"] = choice.meta()
         attr.generated_token_ids.append(step.token_id)
         attr.generated_tokens.extend(bundle.readable([step.token_id]))
         for key in STEP_SCORES:
@@ -247,7 +278,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: De
         alternatives = alternatives_record(bundle, step.alternatives)
         attr.meta["alternatives"] = [*attr.meta.get("alternatives", []), alternatives]  # a new list per snapshot
         for m in streaming:
-            attr.methods[m.name] = rows[m.name].append(
+            attr.methods[m.name] = score_rows[m.name].append(
                 step.scores[m.name], seconds=method_seconds.get(m.name, 0.0), meta=m.meta()
             )
         done = len(attr.generated_token_ids)
@@ -264,7 +295,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: De
         generation_seconds=generation_seconds,
         forward_seconds=forward_seconds,
         tokens_per_s=len(attr.generated_token_ids) / generation_seconds if generation_seconds > 0 else 0.0,
-        decode=choice.record(seen["batch_size"], seen["prefill_rows"]),
+        decode=choice.meta(seen["batch_size"], seen["prefill_rows"]),
     )
 
 
@@ -300,9 +331,7 @@ def _run_post_hoc(
 
 
 def explain(bundle: ModelBundle, prompt: str, **kwargs: Any) -> Attribution:
-    """Run `stream_explain` to the end and return the final `Attribution`."""
-    final = None
-    for update in stream_explain(bundle, prompt, **kwargs):
-        final = update
-    assert final is not None
-    return final
+    """`stream_explain`'s request (the same keywords) run to the end on the caller's thread (`explain_request`);
+    returns the final `Attribution`."""
+    progress, cancel = kwargs.pop("progress", None), kwargs.pop("cancel", None)
+    return explain_request(bundle, ExplainRequest.build(prompt, **kwargs), progress, cancel)

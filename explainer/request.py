@@ -20,7 +20,7 @@ import torch
 
 from .errors import InputError
 from .methods import AttributionMethod, get_method, method_class, method_config
-from .models.answer import MAX_NEW_TOKENS_LIMIT
+from .models.answer import MAX_NEW_TOKENS_LIMIT, answer_budget
 from .models.tokens import check_encodable
 from .result.spans import GRANULARITIES
 
@@ -38,12 +38,12 @@ class ExplainRequest:
         method_options: {method name: {option: value}} of the named methods, converted and validated by the method's
             config (`methods.method_config`); options of methods not chosen are dropped.
         max_new_tokens: the answer's length bound, 1 to `MAX_NEW_TOKENS_LIMIT` (greedy decoding stops earlier at an
-            end-of-sequence token); a given answer must fit in it.
+            end-of-sequence token); a given answer is explained in full: `fit_answer` raises the bound to hold it.
         chat_template: wrap the prompt in the tokenizer's chat template (when it has one).
         images: the images the prompt asks about, in order (paths or PIL images); empty for a text prompt.
         max_image_tokens: with images, at most this many merged image tokens in all (None: the bundle's budget).
         answer: None to generate; else the answer to explain, teacher-forced: text (never blank: blank is None) or
-            token ids (a tuple of whole numbers, at most `max_new_tokens` of them).
+            token ids (a tuple of whole numbers, at most `MAX_NEW_TOKENS_LIMIT` of them).
         contrast: {0-based step: foil (token id or one-token text)}: there the contrastive methods explain
             "why this token rather than the foil?" (`explainer/contrast.py`).
         unit: the prompt units the views group scores by: "token", "word" or "sentence" (the library ignores it).
@@ -78,7 +78,7 @@ class ExplainRequest:
             or self.max_image_tokens < 1
         ):  # fmt: skip
             raise InputError(f"max_image_tokens must be a positive integer, got {self.max_image_tokens!r:.40}.")
-        set_(self, "answer", _answer(self.answer, self.max_new_tokens))
+        set_(self, "answer", _answer(self.answer))
         set_(self, "contrast", _contrast(self.contrast, self.num_steps))
         set_(self, "reliance", bool(self.reliance))
         if self.unit not in GRANULARITIES:
@@ -135,6 +135,16 @@ class ExplainRequest:
             m if isinstance(m, AttributionMethod) else get_method(m, **self.method_options.get(m, {}))
             for m in self.methods
         ]
+
+
+def fit_answer(bundle: Any, request: ExplainRequest) -> ExplainRequest:
+    """The one rule for a given answer's length, which every front end follows (`explain.stream_request` applies
+    it; the app applies it before it sizes the request): a given answer is explained in full, its request's
+    `max_new_tokens` raised to hold it (`models.answer.answer_budget`: the ids' count, a text's bound before it is
+    tokenised), never lowered, up to `MAX_NEW_TOKENS_LIMIT`; an answer beyond the limit is refused
+    (`answer_too_long`). `bundle`: the `ModelBundle` whose tokenizer reads a text answer."""
+    fitted = answer_budget(bundle, request.answer, request.max_new_tokens)
+    return request if fitted == request.max_new_tokens else request.replace(max_new_tokens=fitted)
 
 
 def answer_too_long(tokens: int, max_new_tokens: int) -> InputError:
@@ -217,7 +227,7 @@ def _options(options: Any, methods: tuple[Method, ...]) -> dict[str, dict[str, A
     return out
 
 
-def _answer(answer: Any, max_new_tokens: int) -> Answer:
+def _answer(answer: Any) -> Answer:
     """None (also for blank text), the text as given, or the ids as a tuple of whole numbers that fits."""
     if answer is None:
         return None
@@ -225,8 +235,8 @@ def _answer(answer: Any, max_new_tokens: int) -> Answer:
         check_encodable(answer, "The answer")
         return answer if answer.strip() else None
     ids = _token_ids(answer)
-    if len(ids) > max_new_tokens:
-        raise answer_too_long(len(ids), max_new_tokens)
+    if len(ids) > MAX_NEW_TOKENS_LIMIT:  # within it, `fit_answer` raises the bound to hold them
+        raise answer_too_long(len(ids), MAX_NEW_TOKENS_LIMIT)
     return ids
 
 

@@ -83,7 +83,7 @@ def count_round(model, n: int, methods: list[str], rows: int, steps: int = 6) ->
 
     import torch
 
-    from explainer.decoding import choice
+    from explainer.decoding import FIXED_SHAPE
     from explainer.decoding.batched import batched_steps, engine
     from explainer.decoding.job import DecodeJob
     from explainer.methods import get_method
@@ -99,9 +99,9 @@ def count_round(model, n: int, methods: list[str], rows: int, steps: int = 6) ->
 
     def visit(i: int) -> None:
         ids = torch.randint(3, 300, (1, n + i), generator=torch.Generator().manual_seed(i))
-        list(batched_steps(model, DecodeJob(ids, [get_method(m) for m in methods], steps)))
+        list(batched_steps(model, DecodeJob(ids, [get_method(m) for m in methods], steps), form=FIXED_SHAPE))
 
-    choice.FIXED_SHAPE_ON_CPU, engine.Batcher._decode = True, counted
+    engine.Batcher._decode = counted
     engine._batchers.clear()
     try:
         visitors = [threading.Thread(target=visit, args=(i,)) for i in range(rows)]
@@ -114,7 +114,7 @@ def count_round(model, n: int, methods: list[str], rows: int, steps: int = 6) ->
             v.join()
         engine.finish(model)
     finally:
-        choice.FIXED_SHAPE_ON_CPU, engine.Batcher._decode = False, decode
+        engine.Batcher._decode = decode
         engine._batchers.clear()
     full = [r for r in rounds if sum(r.values()) > 100]  # a round that only drops finished rows runs nothing
     return _kernels(sorted(full, key=lambda r: sum(r.values()))[len(full) // 2])

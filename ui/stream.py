@@ -24,9 +24,8 @@ from explainer.decoding import batched as batching
 from explainer.errors import InputError
 from explainer.estimate import format_seconds
 from explainer.explain import stream_request
-from explainer.models.answer import answer_budget
 from explainer.models.loading import ModelBundle
-from explainer.request import ExplainRequest
+from explainer.request import ExplainRequest, fit_answer
 from explainer.result.attribution import Attribution
 from explainer.result.steps import last_content_step
 from explainer.runtime.session import CancelToken, WorkerStream, model_lock, place
@@ -234,10 +233,11 @@ async def explain_updates(
 
     Args:
         bundle: the text or vision-language bundle.
-        request: the request; a given text answer raises its `max_new_tokens` to fit (`answer.answer_budget`).
+        request: the request; a given answer raises its `max_new_tokens` to fit (the library's rule,
+            `request.fit_answer`).
         progress: Gradio's progress tracker (post-hoc methods report through it).
     """
-    request = request.replace(max_new_tokens=answer_budget(bundle, request.answer, request.max_new_tokens))
+    request = fit_answer(bundle, request)
 
     def start(cancel: CancelToken) -> WorkerStream[Attribution]:
         return stream_request(bundle, request, progress=lambda f, message: progress(f, desc=message), cancel=cancel)

@@ -12,7 +12,7 @@ from typing import Any
 from ..errors import InputError
 
 BASELINE = "none"
-PLAIN = "plain"  # generation through the library's own decode loop without methods (`decoding.solo.generate_steps`)
+PLAIN = "plain"  # generation through the library's own decode loop without methods (`decoding.generate_steps`)
 
 
 @dataclass

@@ -7,13 +7,15 @@ import json
 import os
 import statistics
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from ..decoding.choice import DECODE_ENV, choose_path
-from ..decoding.solo import DecodeJob, generate_steps
+from ..decoding.choice import DECODE_ENV
+from ..decoding.dispatch import generate_steps
+from ..decoding.job import DecodeJob
 from ..errors import ExplainerError, InputError
 from ..methods import GenerationRun
 from ..methods import method_from_spec as from_spec
@@ -25,6 +27,7 @@ from .probes import ContentionProbe, MemoryProbe, live_peak_mb
 from .prompts import prompt_ids
 from .report import BASELINE, PLAIN, BenchRow
 
+_last_paths: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> the path its last run's steps took
 WARMUP_NEW_TOKENS = 2  # enough to run the prefill and one cached decode step
 # Post-hoc methods (AtMan) cost about as much for 2 new tokens as for 32 (their cost grows with the prompt), so they
 # warm up on a short prefix of the prompt: the one-time costs are the same, minutes of untimed work are not spent.
@@ -82,7 +85,7 @@ def _make_runner(
     if method_name == PLAIN:
 
         def run_library(input_ids: torch.Tensor, k: int) -> int:
-            return sum(1 for _ in generate_steps(model, DecodeJob(input_ids, [], k)))
+            return sum(1 for _ in _steps(model, DecodeJob(input_ids, [], k)))
 
         return run_library
 
@@ -92,13 +95,13 @@ def _make_runner(
 
         def run_streaming(input_ids: torch.Tensor, k: int) -> int:
             # Keep the score rows as the app does, so their cost is counted.
-            rows = [s.scores[method.name] for s in generate_steps(model, DecodeJob(input_ids, [method], k))]
+            rows = [s.scores[method.name] for s in _steps(model, DecodeJob(input_ids, [method], k))]
             return len(rows)
 
         return run_streaming
 
     def run_posthoc(input_ids: torch.Tensor, k: int) -> int:
-        tokens = [s.token_id for s in generate_steps(model, DecodeJob(input_ids, [], k))]
+        tokens = [s.token_id for s in _steps(model, DecodeJob(input_ids, [], k))]
         generated = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)  # (1, K)
         full = torch.cat([input_ids, generated], dim=1)  # (1, N + K)
         n = input_ids.shape[1]
@@ -191,14 +194,21 @@ def timed_runs(config: BenchConfig, method: str, device: Any, run: Any, input_id
     )  # fmt: skip
 
 
-def decode_path(model: Any, method_name: str, input_ids: Any) -> str:
-    """The loop a configuration generates with: "generate" for the baseline, else `decoding.choose_path`'s
-    (asked after the runs, so a CUDA graph that failed to record reads as the eager static path it fell back to)."""
+def decode_path(model: Any, method_name: str, input_ids: Any = None) -> str:
+    """The loop a configuration generated with: "generate" for the baseline, else the path its last run's steps
+    took (`Step.decode_path`: a CUDA graph that failed to record reads as the eager static path it fell back to).
+    `input_ids` is not read (kept for callers of the earlier signature)."""
     if method_name == BASELINE:
         return "generate"
-    method = None if method_name == PLAIN else method_from_spec(method_name)
-    job = DecodeJob(input_ids, [method] if method is not None and method.streaming else [], 1)
-    return choose_path(model, job, can_batch=False).path
+    return _last_paths[model]
+
+
+def _steps(model: Any, job: DecodeJob):
+    """`generate_steps` on the path the dispatcher chooses for the job, each step's path remembered for
+    `decode_path`."""
+    for step in generate_steps(model, job):
+        _last_paths[model] = step.decode_path
+        yield step
 
 
 def worker_main(argv: list[str]) -> int:

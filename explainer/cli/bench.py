@@ -32,7 +32,7 @@ def _split(text: str) -> list[str]:
 
 _DECODE_HELP = (
     "the library's decode loop in every worker (rows say which ran): auto (CUDA graphs on a GPU where they apply), "
-    "solo (the per-token loop), static (the static-cache step, graphs on CUDA), static-eager (never graphs); "
+    "solo (the per-token loop), static (the static-cache step, eagerly), cuda-graph (that step as a CUDA graph); "
     "$EXPLAINER_DECODE in each worker"
 )
 

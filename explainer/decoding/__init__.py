@@ -1,25 +1,23 @@
-"""The decode layer: which path a request's decode takes (`choose_path`, `choice.py`) and why, the job every path
-runs (`DecodeJob`, `job.py`) and the per-token work that every path's scheduler calls (`step.py`).
+"""The decode layer, in a serving engine's roles: `choose_path` (`choice.py`) decides a request's path once, a
+`DecodeChoice` (path, reason, the step's form); `generate_steps` (`dispatch.py`) hands the request's `DecodeJob`
+(`job.py`) to the scheduler the choice names: the solo loop (`solo.py`), the static step (`static.py`) or a row of
+the batch (`batched/`); every scheduler calls the same per-token work (`step.py`), and the one graph wrapper
+(`graphs.py`) records and replays both CUDA graphs (the static step's and the batch's).
 
-By default (`EXPLAINER_DECODE` unset or `auto`):
-
-- `batched`, a row of the model's batched decode (`batched/`): a text request while batching is on (the app) and
-  the caller does not hold the model; the batch's step is one CUDA graph per slot state on CUDA, row by row on a CPU
-  (`choice.batch_step_form`);
-- `cuda-graph`, the static-cache step (`static.py`) replayed as a CUDA graph: on CUDA, when every
-  streaming method has a device step (`has_device_step`: MACS, calibrated MACS, Rollout), text and image prompts;
-- `static`, the same step run eagerly: on CUDA after a failed capture;
-- `solo`, the plain loop (`solo.py`): the rest (the CPU, text prompts to vision-language models, sliding
-  windows, device maps, methods without a device step).
-
-`EXPLAINER_DECODE` = `solo`, `static`, `static-eager` or `batched` forces a path wherever it can run. The result
-records the choice once, `meta["decode"] = {path, reason, batch_size, prefill_rows}`; every `Step` carries its path.
+The paths are two axes, alone or in the batch, and a dynamic, fixed-shape eager or CUDA-graph step (see
+`choice.py` and docs/architecture.md). `EXPLAINER_DECODE` = `solo`, `static`, `cuda-graph` or `batched` (the path
+names) forces a path wherever it can run; `batched:fixed-shape` also forces the batch's form. The result records the
+choice once, `meta["decode"] = {path, reason, batch_size, prefill_rows}`; every `Step` carries its path.
 """
 
 from .choice import (
     BATCHED,
     CUDA_GRAPH,
     DECODE_ENV,
+    DYNAMIC,
+    FIXED_SHAPE,
+    FORMS,
+    GRAPH,
     OVERRIDES,
     PATHS,
     SOLO,
@@ -30,6 +28,7 @@ from .choice import (
     decode_record,
     enable_batching,
 )
+from .dispatch import generate_steps
 from .job import DecodeJob
 from .step import Step
 
@@ -37,6 +36,10 @@ __all__ = [
     "BATCHED",
     "CUDA_GRAPH",
     "DECODE_ENV",
+    "DYNAMIC",
+    "FIXED_SHAPE",
+    "FORMS",
+    "GRAPH",
     "OVERRIDES",
     "PATHS",
     "SOLO",
@@ -48,4 +51,5 @@ __all__ = [
     "choose_path",
     "decode_record",
     "enable_batching",
+    "generate_steps",
 ]

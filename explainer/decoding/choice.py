@@ -1,21 +1,21 @@
 """Which decode path a request takes, and why: `choose_path`, the one place that decides, and the one variable that
 overrides it, `EXPLAINER_DECODE`.
 
-The paths (the schedulers of one decode step):
+A path is a place and a form of the step (docs/architecture.md draws them as two axes):
 
-- `solo`: the plain loop (`solo.generate_steps`): a dynamic cache, one Python step per token, the request alone.
-- `static`: the static-cache step (`decoding/static.py`) run eagerly: what `cuda-graph` replays, on any device.
-- `cuda-graph`: the same step recorded once as a CUDA graph and replayed.
-- `batched`: a row of the model's batched decode (`decoding/batched/`), beside the other visitors' text requests.
+| | dynamic | fixed shape, eager | fixed shape, CUDA graph |
+|---|---|---|---|
+| alone | `solo` (`solo.py`) | `static` (`static.py`) | `cuda-graph` (`static.py`) |
+| in the batch (`batched`) | row by row (a CPU) | the fixed-shape step | one graph per slot state (CUDA) |
 
-The choice (`DecodeChoice`) goes into the result once, `meta["decode"] = {path, reason, batch_size, prefill_rows}`,
-and each `Step` carries its path.
+The choice (`DecodeChoice`: path, reason, form) is made once per request and passed down to the scheduler that
+runs it; none asks again. It goes into the result once, `meta["decode"] = {path, reason, batch_size,
+prefill_rows}`, and each `Step` carries its path.
 """
 
 from __future__ import annotations
 
 import os
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -27,27 +27,46 @@ from ..methods import method_class
 from ..runtime.devices import input_device, spread_over_devices
 from ..runtime.memory import language_config
 from ..runtime.session import holds
+from .graphs import graph_failure
 
 DECODE_ENV = "EXPLAINER_DECODE"
-OVERRIDES = ("auto", "solo", "static", "static-eager", "batched")  # the values of $EXPLAINER_DECODE
 SOLO, STATIC, CUDA_GRAPH, BATCHED = "solo", "static", "cuda-graph", "batched"  # the paths
 PATHS = (SOLO, STATIC, CUDA_GRAPH, BATCHED)
+DYNAMIC, FIXED_SHAPE, GRAPH = "dynamic", "fixed-shape", "graph"  # the forms of a step
+FORMS = (DYNAMIC, FIXED_SHAPE, GRAPH)
+# The values of $EXPLAINER_DECODE: a path, or "auto"; "auto" and "batched" may name the batch's form after a colon
+# ("batched:fixed-shape": the batch's fixed-shape step, eagerly, on a CPU too).
+OVERRIDES = ("auto", *PATHS)
+RENAMED = {"static-eager": STATIC}  # earlier names still read
 
 _batching = False  # whether text requests of this process join the batched decode (`enable_batching`)
-_graph_failures: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # model -> why its graph capture failed
 
 
 @dataclass(frozen=True)
 class DecodeChoice:
-    """The path a request's decode takes (one of `PATHS`) and why, in words a person can act on."""
+    """The path a request's decode takes (one of `PATHS`), why, in words a person can act on, and the form of its
+    step (one of `FORMS`: `dynamic` for `solo` and the batch's rows apart, `fixed-shape` for `static` and the batch's
+    eager fixed-shape step, `graph` for `cuda-graph` and the batch's CUDA graphs)."""
 
     path: str
     reason: str
+    form: str = DYNAMIC
 
-    def record(self, batch_size: int = 1, prefill_rows: int = 1) -> dict[str, Any]:
+    @property
+    def graphs(self) -> bool:
+        """Whether the step is recorded as a CUDA graph and replayed (`graphs.StepGraph`)."""
+        return self.form == GRAPH
+
+    def meta(self, batch_size: int = 1, prefill_rows: int = 1) -> dict[str, Any]:
         """What `meta["decode"]` keeps: the path, the reason, the most rows a step shared (`batch_size`) and how many
         rows with this prompt shared its prefill pass (`prefill_rows`); 1 and 1 off the batched path."""
         return {"path": self.path, "reason": self.reason, "batch_size": batch_size, "prefill_rows": prefill_rows}
+
+    def eager(self, why: str | None) -> DecodeChoice:
+        """The choice after this request's graph capture failed (`graphs.graph_failure` says `why`): the same step,
+        eagerly."""
+        path = STATIC if self.path == CUDA_GRAPH else self.path
+        return DecodeChoice(path, f"CUDA graph capture failed: {why}", FIXED_SHAPE)
 
 
 def enable_batching(on: bool = True) -> None:
@@ -59,16 +78,6 @@ def enable_batching(on: bool = True) -> None:
 
 def batching_enabled() -> bool:
     return _batching
-
-
-def remember_graph_failure(model: torch.nn.Module, why: str) -> None:
-    """A CUDA graph capture failed on `model`: its later requests run the static step eagerly."""
-    _graph_failures[model] = why
-
-
-def graph_failure(model: torch.nn.Module) -> str | None:
-    """Why a CUDA graph capture failed on `model`, or None when none did."""
-    return _graph_failures.get(model)
 
 
 def solo_reason(model: torch.nn.Module, images: bool = False) -> str | None:
@@ -104,24 +113,30 @@ def static_reason(model: torch.nn.Module, streaming: Sequence[Any]) -> str | Non
     return None
 
 
-def override() -> str:
-    """$EXPLAINER_DECODE, checked: one of `OVERRIDES` ("auto" when unset)."""
+def override() -> tuple[str, str | None]:
+    """$EXPLAINER_DECODE, checked: (one of `OVERRIDES`, "auto" when unset; the batch's form asked after a colon, or
+    None)."""
     value = (os.environ.get(DECODE_ENV) or "auto").strip().lower()
-    if value not in OVERRIDES:
-        raise InputError(f"{DECODE_ENV} must be one of {', '.join(OVERRIDES)}, got {value!r}.")
-    return value
+    path, _, form = value.partition(":")
+    path = RENAMED.get(path, path)
+    if path not in OVERRIDES or (form and (form not in FORMS or path not in ("auto", BATCHED))):
+        raise InputError(
+            f"{DECODE_ENV} must be one of {', '.join(OVERRIDES)} (auto and batched may add the batch's form: "
+            f"{', '.join(f'batched:{f}' for f in FORMS)}), got {value!r}."
+        )
+    return path, form or None
 
 
 def choose_path(
     bundle: Any, request: Any, *, device: torch.device | None = None, can_batch: bool | None = None
 ) -> DecodeChoice:
-    """The path a request decodes on, and why.
+    """The path a request decodes on, why, and its step's form.
 
     By default (`EXPLAINER_DECODE` unset or "auto"): `batched` for a text request when batching is on
     (`enable_batching`, the app) and the caller does not hold the model; else on CUDA `cuda-graph` where the static
-    step can run, image prompts included (`static` where a capture failed before); `solo` everywhere else. `solo`,
-    `static` (graphs on CUDA, eager elsewhere), `static-eager` and `batched` force a path wherever it can run; where
-    it cannot, `solo` runs and the reason says why.
+    step can run, image prompts included (`static` where a capture failed before); `solo` everywhere else. A path
+    named in `EXPLAINER_DECODE` is forced wherever it can run (`cuda-graph` off CUDA runs `static`); where it cannot,
+    `solo` runs and the reason says why.
 
     Args:
         bundle: the `ModelBundle`, or the model itself.
@@ -133,53 +148,53 @@ def choose_path(
     Raises:
         InputError: `EXPLAINER_DECODE` names no path.
     """
-    forced = override()
+    forced, form = override()
     model = bundle if isinstance(bundle, torch.nn.Module) else bundle.model  # a causal LM has a `.model` too
     images, streaming, ids = _facts(request)
     device = device or (ids.device if ids is not None else input_device(model))
     can_batch = not holds(model) if can_batch is None else can_batch
-    if forced == "solo":
+    if forced == SOLO:
         return DecodeChoice(SOLO, f"{DECODE_ENV}=solo")
     why = solo_reason(model, images)
     if why is not None:
         return DecodeChoice(SOLO, why)
-    if forced == "batched" or (forced == "auto" and _batching):
+    if forced == BATCHED or (forced == "auto" and _batching):
         why = batch_reason(images)
         if can_batch and why is None:
-            return DecodeChoice(BATCHED, f"{_batched_why(forced)}: {batch_step_form(model, device)[1]}")
-        if forced == "batched":
+            form, words = batch_step_form(model, device, form)
+            return DecodeChoice(BATCHED, f"{_batched_why(forced)}: {words}", form)
+        if forced == BATCHED:
             why = why or "this caller cannot follow a batched row (it holds the model: an evaluation)"
             return DecodeChoice(SOLO, why)
     cuda = device.type == "cuda"
-    if forced in ("auto", "batched") and not cuda:
+    if forced in ("auto", BATCHED) and not cuda:
         return DecodeChoice(SOLO, "the CPU runs the plain loop (the static step is not faster there)")
     why = static_reason(model, streaming)
     if why is not None:
         return DecodeChoice(SOLO, why)
-    if forced == "static-eager" or not cuda:
-        return DecodeChoice(STATIC, f"{DECODE_ENV}={forced}: the static step, run eagerly")
+    if forced == STATIC or not cuda:
+        return DecodeChoice(STATIC, f"{DECODE_ENV}={forced}: the static step, run eagerly", FIXED_SHAPE)
     failed = graph_failure(model)
     if failed is not None:
-        return DecodeChoice(STATIC, f"CUDA graph capture failed before ({failed}): the step runs eagerly")
-    return DecodeChoice(CUDA_GRAPH, f"{DECODE_ENV}=static" if forced == "static" else "CUDA: the step as one graph")
+        return DecodeChoice(STATIC, f"CUDA graph capture failed before ({failed}): the step runs eagerly", FIXED_SHAPE)
+    why = f"{DECODE_ENV}={CUDA_GRAPH}" if forced == CUDA_GRAPH else "CUDA: the step as one graph"
+    return DecodeChoice(CUDA_GRAPH, why, GRAPH)
 
 
 def _batched_why(forced: str) -> str:
-    return f"{DECODE_ENV}=batched" if forced == "batched" else "batching is on"
+    return f"{DECODE_ENV}=batched" if forced == BATCHED else "batching is on"
 
 
-ROWS_APART, FIXED_SHAPE, GRAPH = "rows-apart", "fixed-shape", "graph"  # the forms of the batch's step
-FIXED_SHAPE_ON_CPU = False  # a CPU runs the batch's step in the fixed shape too (the tests set it)
-
-
-def batch_step_form(model: torch.nn.Module, device: torch.device) -> tuple[str, str]:
+def batch_step_form(model: torch.nn.Module, device: torch.device, asked: str | None = None) -> tuple[str, str]:
     """How the batch runs its decode step (`batched/fixed.py`) on `device`: (form, in words). On CUDA the fixed-shape
-    step as one graph (eagerly where a capture failed before); on a CPU row by row, at the speed it had before."""
-    if device.type != "cuda" and not FIXED_SHAPE_ON_CPU:
-        return ROWS_APART, "the batch's step runs eagerly, row by row"
-    failed = graph_failure(model) if device.type == "cuda" else "not on CUDA"
-    if failed is not None:
-        return FIXED_SHAPE, f"the batch's fixed-shape step runs eagerly ({failed})"
+    step as one graph (eagerly where a capture failed before); on a CPU row by row (`dynamic`), at the speed it had
+    before. `asked`: the form `EXPLAINER_DECODE` names after a colon (a graph only on CUDA)."""
+    cuda = device.type == "cuda"
+    if asked == DYNAMIC or (asked is None and not cuda):
+        return DYNAMIC, "the batch's step runs eagerly, row by row"
+    failed = graph_failure(model) if cuda else "not on CUDA"
+    if failed is not None or asked == FIXED_SHAPE:
+        return FIXED_SHAPE, f"the batch's fixed-shape step runs eagerly ({failed or 'asked'})"
     return GRAPH, "the batch's step as one CUDA graph per slot state"
 
 

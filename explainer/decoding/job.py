@@ -54,6 +54,18 @@ class DecodeJob:
         """K: the given answer's length, else the bound `max_new_tokens` (generation may stop earlier)."""
         return self.max_new_tokens if self.forced_ids is None else len(self.forced_ids)
 
+    def step_positions(self, k: int | torch.Tensor) -> dict[str, torch.Tensor]:
+        """Decode step k's keyword inputs: where the prefill has explicit positions (..., N) (Qwen's 3-D mRoPE), the
+        prompt's last position + k in every axis, (..., 1); else none (the cache counts the positions). `k`: an int,
+        or a (1,) long tensor on the device (the static step reads no host value)."""
+        positions = (self.extra_inputs or {}).get("position_ids")
+        return {} if positions is None else {"position_ids": positions[..., -1:] + k}
+
+    def forced_at(self, k: int) -> int:
+        """The given answer's token for step k, or -1 (the argmax): past its end, or when no answer is given."""
+        forced = self.forced_ids
+        return -1 if forced is None or k >= len(forced) else forced[k]
+
     @property
     def stop_ids(self) -> frozenset[int]:
         """The ids after which generation stops: the end-of-sequence ids, none for a given answer (all K run)."""

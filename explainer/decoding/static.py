@@ -28,8 +28,9 @@ Nothing is read on the host per token: the buffers are read after the prefill an
 steps (`MAX_CHUNK`), so a visitor still sees the answer grow. An end-of-sequence token is found when its chunk is read;
 the steps computed after it are dropped (a flag on the device keeps them out of the sink shares).
 
-On CUDA the step is recorded once as a `torch.cuda.CUDAGraph` (after one real warm-up step on a side stream) and
-replayed; where capture fails the model is remembered and the same step runs eagerly. On the CPU it runs eagerly.
+On CUDA (path `cuda-graph`) the step is recorded once and replayed by the decode layer's one graph wrapper
+(`graphs.StepGraph`, which the batch's step uses too); where capture fails the model is remembered and the same step
+runs eagerly (path `static`, the CPU's form when forced).
 Which requests take it is decided by `decoding.choose_path` (paths `static` and `cuda-graph`): streaming methods
 that all have a device step (`has_device_step`: MACS, calibrated MACS, Rollout), text and image prompts, models on
 one device whose layers all use full attention and that transformers marks as working with a static cache. Each step
@@ -40,29 +41,23 @@ from __future__ import annotations
 
 import contextlib
 import time
-import warnings
 from collections.abc import Iterator, Sequence
 
 import torch
 from transformers import StaticCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..capture import (
-    QueryStash,
-    attention_function_selected,
-    check_attention_kwargs,
-    float32_products,
-    hand_full_rows,
-)
+from ..capture import QueryStash, attention_function_selected, float32_products, hand_full_rows
 from ..methods import AttributionMethod
 from ..result.sinks import SinkTracker
 from ..runtime.host import to_numpy
 from ..runtime.kv import full_row_chunk
 from ..runtime.memory import language_config
 from ..runtime.session import check_cancelled
-from .choice import CUDA_GRAPH, STATIC, remember_graph_failure
+from .choice import CUDA_GRAPH, STATIC
+from .graphs import StepGraph
 from .job import DecodeJob
-from .step import Step, device_scores, ends, full_row_consumer, make_step, method_scores, token_stats
+from .state import DeviceWork
+from .step import Step, ends, full_row_consumer, make_step, method_scores, query_stashing_attention, token_stats
 
 MAX_CHUNK = 32  # decode steps between two host reads, at most
 _NAME_PREFIX = "explainer_static_"
@@ -108,26 +103,27 @@ class StaticDecoder:
     ) -> None:
         """The job's streaming methods all have a device step (`decoding.choose_path` checked) and have had `begin`;
         K = `job.num_steps`."""
-        input_ids, steps, forced_ids = job.input_ids, job.num_steps, job.forced_ids
+        input_ids, steps = job.input_ids, job.num_steps
         device, text = input_ids.device, language_config(model)
         self.model, self.n, self.steps = model, input_ids.shape[1], steps
         self.methods = [m for m in job.methods if m.streaming]  # each with `has_device_step`
         self.consumer = full_row_consumer(self.methods)  # the prefill's full rows, for `needs_full_rows` (Rollout)
-        self.graphs, self.graph, self.path = graphs, None, CUDA_GRAPH if graphs else STATIC
+        self.graph, self.path = StepGraph(model, graphs, "decoding without graphs"), CUDA_GRAPH if graphs else STATIC
         self.cache = StaticCache(config=model.config, max_cache_len=self.n + steps - 1)
+        self.job = job
         self.prefill_inputs = dict(job.extra_inputs or {})  # an image prompt's pixels, grid and 3-D positions
-        positions = self.prefill_inputs.get("position_ids")  # (..., N) or None (the cache counts the positions)
-        self.last_position = None if positions is None else positions[..., -1:]  # (..., 1): step k is at it + k
-        self.k = torch.zeros(1, dtype=torch.long, device=device)  # (1,) the step the next pass explains
+        # k, the step the next pass explains, each method's layer buffer, the sink shares summed in place
+        layers, tracker = text.num_hidden_layers, sinks if self.methods else None
+        self.work = DeviceWork(self.methods, self.n, steps, layers, device, tracker)
+        self.k = self.work.k  # (1,)
         self.token_in = torch.zeros((1, 1), dtype=input_ids.dtype, device=device)  # the next pass's input id
-        forced = [-1] * steps if forced_ids is None else list(forced_ids)  # -1: the argmax
+        forced = [job.forced_at(k) for k in range(steps)]  # -1: the argmax
         self.forced = torch.tensor(forced, dtype=torch.long, device=device)  # (K,)
         self.eos = torch.tensor(sorted(job.stop_ids), dtype=torch.long, device=device)  # (E,) none for a given answer
         self.alive = torch.ones(1, dtype=torch.bool, device=device)  # (1,) no end-of-sequence token yet
         self.stats: torch.Tensor | None = None  # (K, 3 + 2A) float64, made at the prefill (A from the logits)
         self.rows = self.sinks = None
         self.outs: list[torch.Tensor | None] = [None] * len(self.methods)  # (K, N) each, made at the prefill
-        self.layers: list[torch.Tensor | None] = []
         if self.methods:
             total = self.n + steps - 1
             self.rows = torch.zeros((text.num_hidden_layers, text.num_attention_heads, total), device=device)
@@ -136,26 +132,17 @@ class StaticDecoder:
             self.queries = QueryStash(text.num_hidden_layers)
             self.key_index = torch.arange(total, device=device)  # (T,)
             self.float32_out: bool | None = None  # asked at the prefill (`capture.float32_products`)
-            self.layers = [m.reserve_layers(steps, text.num_hidden_layers, device) for m in self.methods]
             self.sinks = sinks
-            self.share_sum = torch.zeros(self.n, device=device)  # (N,) decode steps' shares, summed
-            self.share_min = torch.full((self.n,), float("inf"), device=device)  # (N,) their smallest
 
     # --- the device work --------------------------------------------------------------------------------------
-    def _attention(self, module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        """The model's own SDPA output, and the last query stashed for the step's rows (`_step_rows`)."""
-        check_attention_kwargs(module, kwargs, "the static decode path")
-        out, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    def _prefill_rows(self, module, query, key, attention_mask, scale) -> None:
+        """Beside the stash (`step.query_stashing_attention`): the products' precision, asked at the prefill's
+        first layer, and the prefill's full rows for `needs_full_rows` (Rollout)."""
         if self.float32_out is None:  # the prefill's first layer
             self.float32_out = float32_products(query.device, query.dtype)
-        self.queries.put(module.layer_idx, query[:, :, -1], scale)  # (1, H, D)
         if self.consumer is not None and query.shape[2] > 1:  # the prefill, from an empty cache: query 0 is key 0
             chunk = full_row_chunk(self.n, query.device.type)
             hand_full_rows(self.consumer, chunk, module.layer_idx, query, key, attention_mask, scale, 0)
-        return out, None
 
     def _step_rows(self) -> None:
         """The rows buffer from the pass's stashed queries: each layer's float32 softmax row of its last query, the
@@ -170,13 +157,14 @@ class StaticDecoder:
         """The block within which forward passes write the rows buffer (nothing without a streaming method)."""
         if self.rows is None:
             return contextlib.nullcontext()
-        return attention_function_selected(self.model, _NAME_PREFIX, self._attention)
+        attention = query_stashing_attention("the static decode path", self.queries, self._prefill_rows)
+        return attention_function_selected(self.model, _NAME_PREFIX, attention)
 
     def _forward(self, ids: torch.Tensor, inputs: dict) -> torch.Tensor:
         out = self.model(input_ids=ids, past_key_values=self.cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1]  # (V,)
 
-    def _record(self, logits: torch.Tensor, prefill: bool) -> None:
+    def _write_step(self, logits: torch.Tensor, prefill: bool) -> None:
         """Row k of every buffer from this pass, the token fed to the next one, then k += 1; no host read."""
         token, stats = token_stats(logits, self.forced.index_select(0, self.k))  # (1,), (3 + 2A,)
         if self.stats is None:
@@ -184,13 +172,13 @@ class StaticDecoder:
         self.stats.index_copy_(0, self.k, stats[None])
         if self.rows is not None:
             self._step_rows()
-            self._record_rows(prefill)
+            self._write_rows(prefill)
         self.token_in.copy_(token.view(1, 1))
         self.alive.logical_and_(~(token[:, None] == self.eos).any(dim=-1))  # (1,)
-        self.k.add_(1)
+        self.work.advance()
 
-    def _record_rows(self, prefill: bool) -> None:
-        for i, row in enumerate(device_scores(self.methods, self.layers, self.rows, self.k)):  # (N,) each
+    def _write_rows(self, prefill: bool) -> None:
+        for i, row in enumerate(self.work.scores(self.rows)):  # (N,) each
             if self.outs[i] is None:  # the prefill: the buffer takes the row's dtype
                 self.outs[i] = torch.zeros((self.steps, *row.shape), dtype=row.dtype, device=row.device)  # (K, N)
             self.outs[i].index_copy_(0, self.k, row[None])
@@ -199,55 +187,32 @@ class StaticDecoder:
         if prefill:
             self.sinks.add(self.rows)
             return
-        self.sinks.gather(self.rows, self.share_sum, self.share_min, self.alive)  # none after an end-of-sequence
+        self.work.gather_sinks(self.rows, self.alive)  # none after an end-of-sequence
 
     def prefill(self, input_ids: torch.Tensor) -> None:
         """The prompt's pass (eager: its length is the prompt's), which also explains step 0."""
         probe = self.sinks.probing_norms(self.model) if self.sinks is not None else contextlib.nullcontext()
         with self.capturing(), probe:
-            self._record(self._forward(input_ids, self.prefill_inputs), prefill=True)
+            self._write_step(self._forward(input_ids, self.prefill_inputs), prefill=True)
 
     def step(self) -> None:
         """One decode step: the fixed-shape work that a CUDA graph records."""
         # Explicit positions (Qwen's mRoPE) continue from the prompt's last in every axis, from k on the device.
-        inputs = {} if self.last_position is None else {"position_ids": self.last_position + self.k}  # (..., 1)
-        self._record(self._forward(self.token_in, inputs), prefill=False)
+        self._write_step(self._forward(self.token_in, self.job.step_positions(self.k)), prefill=False)
 
     def decode(self, count: int) -> None:
         """`count` more decode steps on the device; the first call on a graph path records the graph."""
-        if count > 0 and self.graphs and self.graph is None:
-            self._capture_graph()  # runs one real step
+        graph = self.graph
+        if count > 0 and graph.enabled and graph.graph is None:
+            with self.capturing():
+                graph.record(self.k.device, self.step, self.step)  # runs one real step
+            self.path = CUDA_GRAPH if graph.enabled else STATIC
             count -= 1
-        with contextlib.nullcontext() if self.graph is not None else self.capturing():
+        with contextlib.nullcontext() if graph.graph is not None else self.capturing():
             for _ in range(count):
                 check_cancelled()
-                if self.graph is not None:
-                    self.graph.replay()
-                else:
+                if not graph.replay():
                     self.step()
-
-    def _capture_graph(self) -> None:
-        """One real step on a side stream (it loads every kernel), then the next step recorded, not run; where the
-        capture fails the model is remembered (`decoding.choose_path`) and this request goes on eagerly."""
-        device = self.k.device
-        with self.capturing():
-            side = torch.cuda.Stream(device)
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):
-                self.step()
-            torch.cuda.current_stream(device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph, capture_error_mode="thread_local"):  # other models may run meanwhile
-                    self.step()
-            except torch.cuda.OutOfMemoryError:
-                raise  # not the graph's fault: the request does not fit
-            except RuntimeError as e:  # an op that cannot be captured: run the same step eagerly
-                remember_graph_failure(self.model, f"{type(e).__name__}: {e}")
-                warnings.warn(f"CUDA graph capture failed, decoding without graphs: {e}", RuntimeWarning, stacklevel=2)
-                self.graphs, self.path = False, STATIC
-                return
-        self.graph = graph
 
     # --- the host reads ---------------------------------------------------------------------------------------
     def read(self, start: int, stop: int, seconds: float, method_seconds: dict[str, float] | None) -> Iterator[Step]:
@@ -261,8 +226,7 @@ class StaticDecoder:
 
     def finish(self, steps_taken: int) -> None:
         """Hand the decode steps' sink shares to the tracker (steps after an end-of-sequence token hold nothing)."""
-        if self.sinks is not None:
-            self.sinks.add_totals(self.share_sum, self.share_min, max(steps_taken - 1, 0))
+        self.work.finish(steps_taken)
 
 
 def static_steps(
@@ -271,11 +235,12 @@ def static_steps(
     streaming: Sequence[AttributionMethod],
     sinks: SinkTracker | None = None,
     method_seconds: dict[str, float] | None = None,
-    path: str = STATIC,
+    graphs: bool = False,
 ) -> Iterator[Step]:
-    """What `solo.generate_steps` yields, from the static step; the `streaming` methods (each with a device step,
-    see `decoding.choose_path`) have had `begin`. `path`: `STATIC` (eager) or `CUDA_GRAPH`."""
-    decoder = StaticDecoder(model, job, sinks, graphs=path == CUDA_GRAPH)
+    """What `solo.solo_steps` yields, from the static step; the `streaming` methods (each with a device step,
+    see `decoding.choose_path`) have had `begin`. `graphs`: replayed as a CUDA graph (path `cuda-graph`), else
+    eagerly (`static`)."""
+    decoder = StaticDecoder(model, job, sinks, graphs)
     check_cancelled()
     t0 = time.perf_counter()
     decoder.prefill(job.input_ids)

@@ -11,7 +11,9 @@ For one generated (or forced) token:
 - the sink tracker's share of a step's attention rows is `SinkTracker.share` (`SinkTracker.add` sums it; the static
   step sums it in place);
 - `ends`: the stop rule, after a step's token: the job's step count, or an end-of-sequence id unless the answer is
-  given.
+  given;
+- `query_stashing_attention`: the attention function of both fixed-shape steps (the static step's and the batch's),
+  which stashes each layer's last query for the rows computed after the pass.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from typing import Any
 import numpy as np
 import torch
 from transformers import DynamicCache
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-from ..capture import capture_attention
+from ..capture import QueryStash, capture_attention, check_attention_kwargs
 from ..contrast import TOP_ALTERNATIVES
 from ..methods import AttributionMethod
 from ..result.sinks import SinkTracker
@@ -149,22 +152,47 @@ def forward_pass(
     ids: torch.Tensor,
     cache: DynamicCache,
     inputs: dict[str, Any],
-    consumer: Any,
     total: int,
+    *,
+    keep_rows: bool,
+    full_rows: Callable[[int, int, torch.Tensor], None] | None = None,
     sinks: SinkTracker | None = None,
     prefill: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One generation pass: (V,) next-token logits and, unless `consumer` is False (no streaming method), the
-    (L, H, `total`) attention rows of its last query, captured for this pass only; `sinks` gets the rows (and, in the
-    `prefill`, the hidden-state norms)."""
-    if consumer is False:
+    """One generation pass: (V,) next-token logits and, when `keep_rows` (a streaming method reads them), the
+    (L, H, `total`) attention rows of its last query, captured for this pass only (else None); `full_rows` gets every
+    query row of a prefill (`full_row_consumer`); `sinks` gets the rows (and, in the `prefill`, the hidden-state
+    norms)."""
+    if not keep_rows:
         out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         return out.logits[0, -1], None
     chunk = full_row_chunk(total, ids.device.type)  # (H, chunk, T) rows per consumer call: sized by the device
-    with capture_attention(model, full_row_consumer=consumer, full_row_chunk=chunk) as recorder:
+    with capture_attention(model, full_row_consumer=full_rows, full_row_chunk=chunk) as recorder:
         with sinks.probing_norms(model) if sinks is not None and prefill else contextlib.nullcontext():
             out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **inputs)
         rows = recorder.stacked(total)[:, 0]  # (L, H, total)
     if sinks is not None:
         sinks.add(rows)
     return out.logits[0, -1], rows
+
+
+def query_stashing_attention(what: str, stash: QueryStash | None, on_call: Callable | None = None) -> Callable:
+    """An attention function (transformers' signature) for a fixed-shape step: the model's own SDPA output, and each
+    layer's last query with its temperature put in `stash` (when given) for the rows of all layers that come after
+    the pass (`QueryStash.write_rows`); `on_call(module, query, key, attention_mask, scale)` then sees the call (the
+    static step hands a prefill's full rows there). `what` names the caller in an unsupported model's error."""
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        check_attention_kwargs(module, kwargs, what)
+        out, _ = sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+        if stash is not None or on_call is not None:
+            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+            if on_call is not None:
+                on_call(module, query, key, attention_mask, scale)
+            if stash is not None:
+                stash.put(module.layer_idx, query[:, :, -1], scale)  # (B, H, D)
+        return out, None
+
+    return attention

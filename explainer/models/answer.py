@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from .loading import ModelBundle
 
 MAX_NEW_TOKENS_LIMIT = 1024
@@ -38,15 +40,19 @@ def answer_token_ids(
     return list(tok(answer, add_special_tokens=False)["input_ids"]), "on its own"
 
 
-def answer_budget(bundle: ModelBundle, answer: str | None, max_new_tokens: int) -> int:
-    """`max_new_tokens` raised to hold every token of a given `answer`, up to `MAX_NEW_TOKENS_LIMIT` (never lowered).
+def answer_budget(bundle: ModelBundle, answer: str | Sequence[int] | None, max_new_tokens: int) -> int:
+    """`max_new_tokens` raised to hold every token of a given `answer`, up to `MAX_NEW_TOKENS_LIMIT` (never lowered):
+    the library's one rule for a given answer's length (`request.fit_answer` applies it for every front end).
 
-    Byte-level BPE makes at most one token per UTF-8 byte, plus a prefix-space token; any other tokenizer is asked:
-    the answer's own tokens plus `ANSWER_BOUNDARY_TOKENS`. An answer that still does not fit gets the InputError.
+    Token ids need their count. For text, byte-level BPE makes at most one token per UTF-8 byte, plus a prefix-space
+    token; any other tokenizer is asked: the answer's own tokens plus `ANSWER_BOUNDARY_TOKENS`. An answer that still
+    does not fit gets the InputError once it is tokenised (`request.answer_too_long`).
     """
-    if not isinstance(answer, str) or not answer.strip():
+    if answer is None or isinstance(answer, str) and not answer.strip():
         return max_new_tokens
-    if bundle.byte_level:
+    if not isinstance(answer, str):
+        need = len(answer)
+    elif bundle.byte_level:
         need = len(answer.encode("utf-8")) + 1
     else:
         need = len(bundle.tokenizer(answer, add_special_tokens=False)["input_ids"]) + ANSWER_BOUNDARY_TOKENS

@@ -9,7 +9,7 @@ PIL/numpy image processor gives `pixel_values` and `image_grid_thw`, the tokeniz
 image placeholder is expanded to `grid_t * grid_h * grid_w / merge_size**2` tokens. Qwen's 3D rotary positions
 (mRoPE) are computed once for the prompt with the model's own `get_rope_index` and passed explicitly, so the model's
 cached `rope_deltas` attribute is never written; decode steps continue from the last prompt position (see
-`decoding.solo.generate_steps`).
+`decoding.generate_steps`).
 
 Per-architecture facts live in `VISION_ADAPTERS` (one entry per `model_type`); token ids, patch and merge sizes come
 from the model's config and the image processor.

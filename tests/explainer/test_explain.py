@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 import torch
@@ -79,3 +81,39 @@ def test_model_without_attention_layers_is_refused(tokenizer):
     with pytest.raises(UnsupportedModelError, match="no attention layers"):
         explain(bundle, PROMPT, methods=["macs"], max_new_tokens=2)
     assert registered_names() == []
+
+
+def _forward_threads(model) -> tuple[set[int], object]:
+    """The idents of the threads that run `model`'s forward passes, and the hook's handle."""
+    seen: set[int] = set()
+    handle = model.register_forward_pre_hook(lambda module, args: seen.add(threading.get_ident()))
+    return seen, handle
+
+
+def test_explain_runs_the_model_on_the_callers_thread(bundle):
+    """One owner of torch's threads: `explain` (and `explain_request`) run every forward pass on the caller's own
+    thread, so a process keeps one team of CPU threads (a worker's second team made every call after the caller's
+    own torch work ~1.5x slower on a 2-core CPU); a stream, which the caller may drop, still runs in a worker."""
+    seen, handle = _forward_threads(bundle.model)
+    try:
+        explain(bundle, "Where is Paris?", methods=["macs", "random"], max_new_tokens=3)
+        assert seen == {threading.get_ident()}
+        seen.clear()
+        list(stream_explain(bundle, "Where is Paris?", methods=["macs"], max_new_tokens=3))
+        assert seen and threading.get_ident() not in seen
+    finally:
+        handle.remove()
+    assert not model_lock(bundle.model).locked()
+
+
+def test_explain_on_the_callers_thread_keeps_a_workers_autograd_modes(bundle):
+    """The caller's grad and inference modes do not reach the methods (a worker thread started without them): a
+    gradient method called inside `torch.inference_mode()` gives what it gives outside, and the caller's mode is
+    back after the call."""
+    kwargs = dict(methods=["macs", "input_x_gradient"], max_new_tokens=3)
+    plain = explain(bundle, "Where is Paris?", **kwargs)
+    with torch.inference_mode():
+        inside = explain(bundle, "Where is Paris?", **kwargs)
+        assert torch.is_inference_mode_enabled()
+    for name in ("macs", "input_x_gradient"):
+        np.testing.assert_array_equal(inside.methods[name].raw, plain.methods[name].raw)

@@ -14,7 +14,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from explainer.decoding.solo import DecodeJob, generate_steps
+from explainer.decoding import DecodeJob, generate_steps
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 

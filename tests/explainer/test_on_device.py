@@ -25,8 +25,7 @@ from PIL import Image
 
 from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
-from explainer.decoding import DECODE_ENV
-from explainer.decoding.solo import DecodeJob, generate_steps
+from explainer.decoding import DECODE_ENV, DecodeJob, generate_steps
 from explainer.eval.evaluate import EvalConfig, evaluate_sample
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig

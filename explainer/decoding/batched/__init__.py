@@ -50,6 +50,7 @@ import torch
 
 from ...result.sinks import SinkTracker
 from ...runtime.session import check_cancelled
+from ..choice import batch_step_form, override
 from ..job import DecodeJob
 from ..step import Step
 from .engine import batcher_for, counts
@@ -65,26 +66,30 @@ def batched_steps(
     job: DecodeJob,
     method_seconds: dict[str, float] | None = None,
     sinks: SinkTracker | None = None,
-    record: dict[str, Any] | None = None,
+    seen: dict[str, Any] | None = None,
+    form: str | None = None,
 ) -> Iterator[Step]:
-    """`decoding.solo.generate_steps` as a row of the model's batch: the same arguments and steps.
+    """`decoding.generate_steps` as a row of the model's batch: the same arguments and steps.
 
-    The caller must not hold the model (the batcher's thread takes it for each round). `record`, when given, gets
+    The caller must not hold the model (the batcher's thread takes it for each round). `seen`, when given, gets
     "batch_size": the most rows any step of this request shared a forward pass with, and "prefill_rows": how many
-    rows (itself included) took their step 0 from its prefill pass.
+    rows (itself included) took their step 0 from its prefill pass. `form`: the batch's step form, the request's
+    `DecodeChoice.form` (None: the device's, or the one `EXPLAINER_DECODE` names: `choice.batch_step_form`); a
+    batch already decoding keeps its own.
 
     Raises:
         ValueError: the job has prefill inputs (an image prompt: `decoding.choose_path` sends it to the static step
             or the solo loop).
     """
     if job.extra_inputs:
-        raise ValueError("image prompts do not join the batched decode (decoding.solo.generate_steps runs them)")
+        raise ValueError("image prompts do not join the batched decode (decoding.generate_steps runs them)")
     row = Row(model, job, method_seconds, sinks)
-    return _follow(row, model, record)
+    form = form or batch_step_form(model, job.input_ids.device, override()[1])[0]
+    return _follow(row, model, form, seen)
 
 
-def _follow(row: Row, model: torch.nn.Module, record: dict[str, Any] | None) -> Iterator[Step]:
-    batcher_for(model).submit(row)
+def _follow(row: Row, model: torch.nn.Module, form: str, seen: dict[str, Any] | None) -> Iterator[Step]:
+    batcher_for(model).submit(row, form)
     try:
         while True:
             check_cancelled()
@@ -92,9 +97,9 @@ def _follow(row: Row, model: torch.nn.Module, record: dict[str, Any] | None) -> 
                 kind, value = row.out.get(timeout=POLL_SECONDS)
             except queue.Empty:  # look at the cancel token again
                 continue
-            if record is not None:
-                record["batch_size"] = row.largest_batch
-                record["prefill_rows"] = row.prefill_rows
+            if seen is not None:
+                seen["batch_size"] = row.largest_batch
+                seen["prefill_rows"] = row.prefill_rows
             if kind == "step":
                 yield value
             elif kind == "error":

@@ -23,6 +23,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from ...capture import attention_function_selected, check_attention_kwargs, last_query_probs
+from ..step import query_stashing_attention
 from .slots import Slots
 
 
@@ -34,17 +35,17 @@ def _no_mask(*args, **kwargs) -> None:
 
 @contextlib.contextmanager
 def rows_apart(
-    model: torch.nn.Module, lengths: list[int | None], record: bool
+    model: torch.nn.Module, lengths: list[int | None], keep_rows: bool
 ) -> Iterator[dict[int, dict[int, torch.Tensor]]]:
     """Within the block, every attention layer of `model` runs each active slot on its own keys.
 
     Args:
         lengths: per slot, its own positions after this step (its cached ones and the new one), left-aligned in the
             slot (`slots.SlotLayer`); None for a free slot (its output is zeros).
-        record: whether to record each active slot's attention probabilities of its query.
+        keep_rows: whether to keep each active slot's attention probabilities of its query.
 
     Yields:
-        layer index -> slot -> one (1, H, length) float32 tensor, filled by the forward pass when `record`.
+        layer index -> slot -> one (1, H, length) float32 tensor, filled by the forward pass when `keep_rows`.
     """
     recorded: dict[int, dict[int, torch.Tensor]] = {}
 
@@ -60,9 +61,9 @@ def rows_apart(
             q, k, v = query[i : i + 1], key[i : i + 1, :, :n].contiguous(), value[i : i + 1, :, :n].contiguous()
             one, _ = sdpa_attention_forward(module, q, k, v, None, dropout=dropout, scaling=scaling, **kwargs)
             out[i : i + 1] = one  # (1, 1, H, D)
-            if record:
+            if keep_rows:
                 rows[i] = last_query_probs(q, k, scale)  # (1, H, n)
-        if record:
+        if keep_rows:
             recorded[module.layer_idx] = rows
         return out, None
 
@@ -76,15 +77,6 @@ def fixed_shape(model: torch.nn.Module, slots: Slots | None) -> Iterator[None]:
     (the mask is the step's, (S, 1, 1, C) bool), and stashes its slots' queries and temperature in `slots` when given
     (`Slots.write_rows` makes the rows after the pass); no host read."""
 
-    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-        check_attention_kwargs(module, kwargs, "the batched decode")
-        out, _ = sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
-        if slots is not None:
-            scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-            slots.queries.put(module.layer_idx, query[:, :, -1], scale)  # (S, H, D)
-        return out, None
-
+    attention = query_stashing_attention("the batched decode", None if slots is None else slots.queries)
     with attention_function_selected(model, "explainer_batch_", attention, _no_mask):
         yield

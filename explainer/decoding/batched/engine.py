@@ -23,7 +23,6 @@ from ...runtime.host import to_numpy
 from ...runtime.kv import batch_budget
 from ...runtime.memory import MemoryLimitError, ModelShape, check_fits, language_config
 from ...runtime.session import hold, model_lock
-from ..choice import GRAPH, ROWS_APART, batch_step_form
 from ..fair import FairQueue, current_visitor
 from .fixed import BatchStep
 from .row import Row, same_prefill
@@ -48,12 +47,15 @@ class Batcher:
         self._thread: threading.Thread | None = None
         self._runner: threading.Thread | None = None  # the last thread started, kept after it ends (`join`)
         self._slots: Slots | None = None  # the batch's slots while it has rows
-        form, _ = batch_step_form(model, self.device)
-        self._step = BatchStep(model, form != ROWS_APART, form == GRAPH)
+        self._step: BatchStep | None = None  # in the form of the request that started the thread
 
-    def submit(self, row: Row) -> None:
-        row.on_device = self._step.shape_fixed and row.device_capable  # its methods run inside the batch's step
+    def submit(self, row: Row, form: str) -> None:
+        """Queue `row`; `form`: its request's `DecodeChoice.form`, the batch's when no row decodes (a batch that
+        decodes keeps its own form)."""
         with self._cond:
+            if self._thread is None and (self._step is None or self._step.form != form):
+                self._step = BatchStep(self.model, form)
+            row.on_device = self._step.shape_fixed and row.device_capable  # its methods run inside the batch's step
             self._pending.push(current_visitor(), row)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="explainer-batcher", daemon=True)
@@ -177,8 +179,8 @@ class Batcher:
         rows = self._active + joining
         slots, capacity = self._sizes(rows)
         text = language_config(self.model)
-        record = self._step.shape_fixed and any(r.captures for r in rows)
-        rows_shape = (text.num_hidden_layers, text.num_attention_heads) if record else None
+        keep_rows = self._step.shape_fixed and any(r.keeps_rows for r in rows)
+        rows_shape = (text.num_hidden_layers, text.num_attention_heads) if keep_rows else None
         outputs = max((len(r.streaming) for r in rows if r.on_device), default=0)  # each one's methods' rows
         state = self._slots
         if state is None:
@@ -186,7 +188,7 @@ class Batcher:
         elif (
             state.size < slots
             or state.capacity < capacity
-            or (record and state.rows is None)
+            or (keep_rows and state.rows is None)
             or state.outputs < outputs
         ):
             grown_rows = rows_shape or (None if state.rows is None else tuple(state.rows.shape[1:3]))
@@ -223,7 +225,7 @@ class Batcher:
         state.forced.copy_(torch.tensor(forced))
         t0 = time.perf_counter()
         on_device = [r for r in rows if r.on_device]
-        attention = self._step.run(state, lengths, any(r.captures for r in rows), on_device)
+        attention = self._step.run(state, lengths, any(r.keeps_rows for r in rows), on_device)
         stats = to_numpy(state.stats)  # (S, 3 + 2A): the step's one read, and one more where rows work on the device
         outs = to_numpy(state.outs[:, :, : max(r.n for r in on_device)]) if on_device else None  # (S, M, N_max)
         for row in rows:

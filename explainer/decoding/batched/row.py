@@ -34,7 +34,8 @@ from ...runtime.host import to_numpy
 from ...runtime.memory import MemoryRequest, request_bytes
 from ..choice import BATCHED
 from ..job import DecodeJob
-from ..step import device_scores, ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
+from ..state import DeviceWork
+from ..step import ends, forward_pass, full_row_consumer, make_step, method_scores, token_stats
 
 
 class Row:
@@ -82,9 +83,7 @@ class Row:
         self.need = _row_bytes(model, self.n, self.steps, self.streaming)
         self.serial = next(Row._serials)
         self.on_device = False
-        self.step_index: torch.Tensor | None = None  # (1,) long on the device: the step its device work explains
-        self.layer_buffers: list[torch.Tensor | None] = []  # per method, its (K, L, N) layer factors or None
-        self.share_sum = self.share_min = None  # (N,) its decode steps' sink shares, summed and smallest
+        self.work: DeviceWork | None = None  # where its methods run on the device: their state, made at the prefill
         self._order = {id(m): i for i, m in enumerate(self.streaming)}  # a method's place in the rows of its outputs
 
     @property
@@ -93,7 +92,8 @@ class Row:
         return bool(self.streaming) and all(m.has_device_step for m in self.streaming)
 
     @property
-    def captures(self) -> bool:
+    def keeps_rows(self) -> bool:
+        """Whether the row keeps each step's attention rows (it has a streaming method)."""
         return bool(self.streaming)
 
     def prefill(self, model: torch.nn.Module, others: Sequence[Row] = ()) -> None:
@@ -109,10 +109,13 @@ class Row:
         if not rows:
             return
         lead = rows[0]  # the pass runs on its ids, cache and sink tracker
-        capture = full_row_consumer([m for r in rows for m in r.streaming]) if lead.streaming else False
+        full_rows = full_row_consumer([m for r in rows for m in r.streaming])
         lead.cache = DynamicCache(config=model.config)
         t0 = time.perf_counter()
-        logits, attention = forward_pass(model, lead.input_ids, lead.cache, {}, capture, lead.n, lead.sinks, True)
+        logits, attention = forward_pass(
+            model, lead.input_ids, lead.cache, {}, lead.n, keep_rows=lead.keeps_rows, full_rows=full_rows,
+            sinks=lead.sinks, prefill=True,
+        )  # fmt: skip
         for row in rows:
             if row is not lead:
                 row.cache = lead.cache
@@ -148,13 +151,9 @@ class Row:
         buffers they keep are made here. Returns each method's scoring of the step (read on the host)."""
         layers, device = attention.shape[0], attention.device
         rows = torch.nn.functional.pad(attention, (0, self.n + self.steps - 1 - attention.shape[-1]))  # (L, H, T)
-        self.step_index = torch.zeros(1, dtype=torch.long, device=device)
-        self.layer_buffers = [m.reserve_layers(self.steps, layers, device) for m in self.streaming]
-        if self.sinks is not None:
-            self.share_sum = torch.zeros(self.n, device=device)
-            self.share_min = torch.full((self.n,), float("inf"), device=device)
-        outs = [to_numpy(row) for row in device_scores(self.streaming, self.layer_buffers, rows, self.step_index)]
-        self.step_index.add_(1)
+        self.work = DeviceWork(self.streaming, self.n, self.steps, layers, device, self.sinks)
+        outs = [to_numpy(row) for row in self.work.scores(rows)]
+        self.work.advance()
         return lambda m: m.finish_step(outs[self._order[id(m)]])
 
     def device_work(self, rows: torch.Tensor, outs: torch.Tensor) -> None:
@@ -166,11 +165,10 @@ class Row:
             rows: (L, H, C) its slot's attention rows of the step (`Slots.rows`), keys after its query exactly 0.
         """
         rows = rows[..., : self.n + self.steps - 1]  # (L, H, T): the positions its buffers were made for
-        for i, row in enumerate(device_scores(self.streaming, self.layer_buffers, rows, self.step_index)):
+        for i, row in enumerate(self.work.scores(rows)):
             outs[i, : row.shape[0]].copy_(row)
-        if self.sinks is not None:
-            self.sinks.gather(rows, self.share_sum, self.share_min)
-        self.step_index.add_(1)
+        self.work.gather_sinks(rows)
+        self.work.advance()
 
     def decoded(self, stats: Sequence[float], rows: torch.Tensor | np.ndarray | None, t0: float, batch: int) -> None:
         """A decode step's `token_stats` row (read on the host) and either the row's (L, H, length + 1) attention rows
@@ -194,8 +192,8 @@ class Row:
         self.k += 1
         self.next_input = step.token_id
         self.done = ends(self.k, step.token_id, self.steps, self.job.stop_ids)
-        if self.done and self.on_device and self.sinks is not None:
-            self.sinks.add_totals(self.share_sum, self.share_min, self.k - 1)  # the decode steps gathered in place
+        if self.done and self.on_device:
+            self.work.finish(self.k)  # the decode steps gathered in place
         self.out.put(("step", step))
         if self.done:
             self.out.put(("done", None))
@@ -203,8 +201,7 @@ class Row:
     @property
     def forced_next(self) -> int:
         """The given answer's token for the next step, or -1 (the argmax)."""
-        forced = self.job.forced_ids
-        return -1 if forced is None or self.k >= len(forced) else forced[self.k]
+        return self.job.forced_at(self.k)
 
     def fail(self, error: BaseException) -> None:
         self.done = True
@@ -220,7 +217,7 @@ def same_prefill(a: Row, b: Row) -> bool:
     attention or neither, both track sinks or neither)."""
     return (
         a.n == b.n
-        and a.captures == b.captures
+        and a.keeps_rows == b.keeps_rows
         and (a.sinks is None) == (b.sinks is None)
         and torch.equal(a.input_ids, b.input_ids)
     )

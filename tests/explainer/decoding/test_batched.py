@@ -22,9 +22,8 @@ import torch
 
 from explainer import bundle_from_objects, explain, stream_explain
 from explainer.capture import registered_names
-from explainer.decoding import DECODE_ENV, choice, enable_batching
+from explainer.decoding import DECODE_ENV, DecodeJob, choice, enable_batching, generate_steps
 from explainer.decoding.batched import batched_steps, counts, engine
-from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import Cancelled, InputError
 from explainer.methods import MACS, get_method
 from explainer.result.sinks import SinkTracker
@@ -47,7 +46,8 @@ def model(request):
 def step_form(request, monkeypatch):
     """Every test runs in both forms of the batch's step (`fixed.BatchStep`): row by row (a CPU's) and the fixed
     shape that a CUDA graph records, run eagerly."""
-    monkeypatch.setattr(choice, "FIXED_SHAPE_ON_CPU", request.param == "fixed-shape")
+    if request.param == "fixed-shape":
+        monkeypatch.setenv(DECODE_ENV, "auto:fixed-shape")
     engine._batchers.clear()  # the next request makes a batcher in this form
     yield request.param
     engine._batchers.clear()
@@ -524,7 +524,7 @@ def test_stream_explain_batches_text_requests_and_records_the_path(tokenizer, mo
         t.join(120)
     for i, ref in enumerate(alone):
         got = results[i]
-        form = choice.batch_step_form(bundle.model, torch.device("cpu"))[1]
+        form = choice.batch_step_form(bundle.model, torch.device("cpu"), choice.override()[1])[1]
         assert got.meta["decode"] == {"path": "batched", "reason": f"batching is on: {form}", "batch_size": 3,
                                       "prefill_rows": 1}  # fmt: skip
         assert got.meta["status"] == "done"
@@ -648,7 +648,7 @@ def test_a_text_visitor_decodes_between_the_passes_of_someone_elses_atman(tokeni
 
 @pytest.mark.parametrize("layout", ["cpu", "accelerator"])
 @pytest.mark.parametrize("rows", [1, 5])
-def test_rows_equal_the_eager_references(model, rows, layout, monkeypatch):
+def test_rows_equal_the_eager_references(model, rows, layout, step_form, monkeypatch):
     """1 and 5 rows decoding together, each against MACS (`reference_macs`) and Rollout (`reference_rollout`)
     computed from eager attention over its own prompt and answer: independent of the batch and of the capture. Also
     with Rollout's prompt rows as an accelerator keeps them (one block a layer, and in the fixed shape every layer's
@@ -675,7 +675,7 @@ def test_rows_equal_the_eager_references(model, rows, layout, monkeypatch):
         np.testing.assert_allclose(macs, np.array(reference_macs(attentions, n, len(tokens))[0]), rtol=1e-4, atol=0)
         np.testing.assert_allclose(rollout_rows, np.array(reference_rollout(attentions, n, len(tokens))), atol=1e-5)
     squares = {m[1].square is not None for m in made}
-    assert squares == {layout == "accelerator" and choice.FIXED_SHAPE_ON_CPU}  # the square on the device path only
+    assert squares == {layout == "accelerator" and step_form == "fixed-shape"}  # the square on the device path only
     _clean(model)
 
 

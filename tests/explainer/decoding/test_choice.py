@@ -11,16 +11,20 @@ from explainer.decoding import (
     BATCHED,
     CUDA_GRAPH,
     DECODE_ENV,
+    DYNAMIC,
+    FIXED_SHAPE,
+    GRAPH,
     SOLO,
     STATIC,
     DecodeChoice,
-    choice,
+    DecodeJob,
     choose_path,
     decode_record,
     enable_batching,
+    generate_steps,
+    graphs,
 )
 from explainer.decoding.batched import batched_steps
-from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.errors import InputError
 from explainer.methods import get_method
 from explainer.request import ExplainRequest
@@ -45,6 +49,10 @@ TABLE = [
     (CPU, {}, ["macs", "atman"], False, "static", False, True, STATIC, "EXPLAINER_DECODE=static"),
     (CPU, {}, [], False, "static-eager", False, True, STATIC, "eagerly"),
     (CPU, {}, ["rollout"], False, "static", False, True, STATIC, "EXPLAINER_DECODE=static"),
+    (CPU, {}, ["rollout"], False, "cuda-graph", False, True, STATIC, "cuda-graph: the static step"),
+    (CPU, {}, ["macs"], False, "batched:fixed-shape", False, True, BATCHED, "fixed-shape step runs eagerly"),
+    (CPU, {}, ["macs"], False, "auto:fixed-shape", True, True, BATCHED, "fixed-shape step runs eagerly"),
+    (CUDA, {}, ["macs"], False, "batched:dynamic", False, True, BATCHED, "row by row"),
     (CPU, {}, ["macs", "rollout"], False, "static-eager", False, True, STATIC, "eagerly"),
     (CPU, {}, ["macs", "rollout"], False, None, False, True, SOLO, "CPU"),
     (CPU, {}, ["macs"], False, None, True, True, BATCHED, "batching is on: the batch's step runs eagerly, row by"),
@@ -59,14 +67,15 @@ TABLE = [
     (CPU, {"kind": "qwen2_sliding"}, ["macs"], False, "batched", True, True, SOLO, "sliding-window"),
     (CUDA, {}, ["macs"], False, None, False, True, CUDA_GRAPH, "CUDA"),
     (CUDA, {}, [], False, None, False, True, CUDA_GRAPH, "CUDA"),
-    (CUDA, {}, ["macs"], False, "static", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=static"),
+    (CUDA, {}, ["macs"], False, "cuda-graph", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=cuda-graph"),
+    (CUDA, {}, ["macs"], False, "static", False, True, STATIC, "eagerly"),
     (CUDA, {}, ["macs"], False, "static-eager", False, True, STATIC, "eagerly"),
     (CUDA, {}, ["macs"], False, "solo", False, True, SOLO, "EXPLAINER_DECODE=solo"),
     (CUDA, {}, ["macs"], False, None, True, True, BATCHED, "batching is on: the batch's step as one CUDA graph"),
     (CUDA, {}, ["macs", "rollout"], False, None, False, True, CUDA_GRAPH, "CUDA"),
     (CUDA, {}, ["macs", "rollout"], False, None, True, True, BATCHED, "batching is on"),
     (CUDA, {}, ["failing-macs"], False, None, False, True, SOLO, "has no device step"),  # a subclass with its own step
-    (CUDA, {}, ["macs"], True, "static", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=static"),
+    (CUDA, {}, ["macs"], True, "cuda-graph", False, True, CUDA_GRAPH, "EXPLAINER_DECODE=cuda-graph"),
     (CUDA, {"vision": True}, ["macs", "rollout"], True, None, True, True, CUDA_GRAPH, "CUDA"),  # the app's images
     (CUDA, {"kind": "qwen2_sliding"}, ["macs"], False, None, False, True, SOLO, "sliding-window"),
     (CUDA, {"spread": True}, ["macs"], False, None, True, True, SOLO, "device map"),
@@ -98,16 +107,27 @@ def test_a_request_is_read_as_its_job_is(monkeypatch):
 
 def test_a_failed_graph_capture_is_remembered(monkeypatch):
     model = _model()
-    monkeypatch.setattr(choice, "_graph_failures", type(choice._graph_failures)())
-    choice.remember_graph_failure(model, "RuntimeError: not capturable")
+    monkeypatch.setattr(graphs, "_failures", type(graphs._failures)())
+    graphs._failures[model] = "RuntimeError: not capturable"
     got = choose_path(model, DecodeJob(torch.arange(3, 9)[None], [get_method("macs")], 4), device=CUDA)
     assert got.path == STATIC and "not capturable" in got.reason
 
 
 def test_an_unknown_override_lists_the_valid_ones(monkeypatch):
     monkeypatch.setenv(DECODE_ENV, "dynamic")
-    with pytest.raises(InputError, match="auto, solo, static, static-eager, batched"):
-        choose_path(_model(), DecodeJob(torch.arange(3, 9)[None], [], 4))
+    for value in ("dynamic", "solo:graph", "batched:rows"):
+        monkeypatch.setenv(DECODE_ENV, value)
+        with pytest.raises(InputError, match="auto, solo, static, cuda-graph, batched"):
+            choose_path(_model(), DecodeJob(torch.arange(3, 9)[None], [], 4))
+
+
+@pytest.mark.parametrize("value", ["auto", "solo", "static", "cuda-graph", "batched"])
+def test_the_override_values_are_the_path_names(value, monkeypatch):
+    """Each value of `EXPLAINER_DECODE` but auto forces the path of its name where it can run (CUDA here)."""
+    monkeypatch.setenv(DECODE_ENV, value)
+    got = choose_path(_model(), DecodeJob(torch.arange(3, 9)[None], [get_method("macs")], 4), device=CUDA)
+    assert got.path == (CUDA_GRAPH if value == "auto" else value)
+    assert got.form == {SOLO: DYNAMIC, STATIC: FIXED_SHAPE, CUDA_GRAPH: GRAPH, BATCHED: GRAPH}[got.path]
 
 
 def test_decode_record_reads_every_version():
@@ -132,5 +152,5 @@ def test_every_step_carries_the_path_that_computed_it(monkeypatch):
     assert paths(batched_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {BATCHED}
     monkeypatch.setenv(DECODE_ENV, "static")
     assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {STATIC}
-    with pytest.raises(ValueError, match="batched_steps"):  # the solo loop never runs a batched row itself
-        list(generate_steps(model, DecodeJob(ids, [], 3), choice=DecodeChoice(BATCHED, "the batcher's")))
+    batched = DecodeChoice(BATCHED, "the request's", DYNAMIC)  # the dispatcher hands it to the batch
+    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3), choice=batched)) == {BATCHED}

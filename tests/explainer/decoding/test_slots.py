@@ -12,11 +12,10 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from explainer.decoding import choice
+from explainer.decoding import DECODE_ENV, DYNAMIC, FIXED_SHAPE, GRAPH, DecodeJob, generate_steps
 from explainer.decoding.batched import attention, batched_steps, engine, fixed
 from explainer.decoding.batched.fixed import BatchStep
 from explainer.decoding.batched.slots import Layout, Slots, slot_count
-from explainer.decoding.solo import DecodeJob, generate_steps
 from explainer.methods import get_method
 from explainer.runtime.host import to_numpy
 
@@ -95,9 +94,9 @@ def test_the_fixed_shape_step_equals_the_row_by_row_step_and_the_solo_loop(kind,
     """Tokens identical; statistics and attention rows to float32 rounding, over 6 steps of 1 and 5 rows."""
     model = build_model(kind)
     prompts = [_ids(n, i) for i, n in enumerate(LENGTHS[:rows])]
-    apart = _decode(model, *_state(model, prompts, slot_count(rows), rows=False), BatchStep(model, False, False), 6)
+    apart = _decode(model, *_state(model, prompts, slot_count(rows), rows=False), BatchStep(model, DYNAMIC), 6)
     state, rows_of = _state(model, prompts, slot_count(rows), rows=True)
-    shaped = _decode(model, state, rows_of, BatchStep(model, True, False), 6)
+    shaped = _decode(model, state, rows_of, BatchStep(model, FIXED_SHAPE), 6)
     for a, b in zip(apart, shaped):
         for slot in a:
             assert a[slot][0][0] == b[slot][0][0]  # the token
@@ -109,14 +108,15 @@ def test_the_fixed_shape_step_equals_the_row_by_row_step_and_the_solo_loop(kind,
 
 
 def test_each_form_of_the_step_is_the_one_that_runs(monkeypatch):
-    """The batcher's form follows `choice.batch_step_form`: row by row on a CPU, the fixed shape when asked."""
+    """The batcher's form follows the request's (`choice.batch_step_form`): row by row on a CPU, the fixed shape when
+    `EXPLAINER_DECODE` asks."""
     model = build_model("llama")
     seen = []
     for name in ("rows_apart", "fixed_shape"):
         real = getattr(attention, name)
         monkeypatch.setattr(fixed, name, lambda *a, _real=real, _name=name, **k: seen.append(_name) or _real(*a, **k))
     for on_cpu in (False, True):
-        monkeypatch.setattr(choice, "FIXED_SHAPE_ON_CPU", on_cpu)
+        monkeypatch.setenv(DECODE_ENV, "auto:fixed-shape" if on_cpu else "auto")
         engine._batchers.clear()
         seen.clear()
         steps = list(batched_steps(model, DecodeJob(_ids(6, 0), [get_method("macs")], 4)))
@@ -129,11 +129,11 @@ def test_each_form_of_the_step_is_the_one_that_runs(monkeypatch):
 def test_cuda_graph_replays_equal_the_eager_fixed_step_bit_for_bit(device, rows):
     model = build_model("llama").to(device)
     prompts = [_ids(n, i, device) for i, n in enumerate(LENGTHS[:rows])]
-    eager = _decode(model, *_state(model, prompts, slot_count(rows), rows=True), BatchStep(model, True, False), 6)
-    graphed = BatchStep(model, True, True)
+    eager = _decode(model, *_state(model, prompts, slot_count(rows), rows=True), BatchStep(model, FIXED_SHAPE), 6)
+    graphed = BatchStep(model, GRAPH)
     state, rows_of = _state(model, prompts, slot_count(rows), rows=True)
     replayed = _decode(model, state, rows_of, graphed, 6)
-    assert graphed.graphs and graphed._graph is not None  # recorded (a failed capture would have said so)
+    assert graphed._graph.enabled and graphed._graph.graph is not None  # recorded (a failed capture would have said so)
     for a, b in zip(eager, replayed):
         for slot in a:
             np.testing.assert_array_equal(a[slot][0], b[slot][0])
@@ -145,10 +145,10 @@ def test_cuda_a_row_among_eight_equals_its_lone_run_bit_for_bit_and_the_solo_tok
     model = build_model("llama").to(device)
     prompts = [_ids(n, i, device) for i, n in enumerate(LENGTHS)]
     state, rows_of = _state(model, prompts, 8, rows=True)
-    crowd = _decode(model, state, rows_of, BatchStep(model, True, True), 6)
+    crowd = _decode(model, state, rows_of, BatchStep(model, GRAPH), 6)
     for i, ids in enumerate(prompts):
         lone_state, lone_rows = _state(model, [ids], 1, rows=True)
-        lone = _decode(model, lone_state, lone_rows, BatchStep(model, True, True), 6)
+        lone = _decode(model, lone_state, lone_rows, BatchStep(model, GRAPH), 6)
         for a, b in zip(crowd, lone):
             np.testing.assert_array_equal(a[i][0], b[0][0])
             np.testing.assert_array_equal(a[i][1], b[0][1])

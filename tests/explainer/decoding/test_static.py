@@ -1,10 +1,10 @@
 """The static decode path (`explainer/decoding/static.py`) against the solo loop and the eager references.
 
-The static path is forced with `EXPLAINER_DECODE=static` (on the CPU it runs its fixed-shape step eagerly; on CUDA it
-replays it as a CUDA graph). Checked row by row against `generate_steps` on the solo loop: the same tokens, their
-probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and the same sink
-shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation without
-methods; Rollout alone and beside MACS the same way; an image prompt (Qwen2.5-VL, 3-D positions); MACS against
+The static path is forced with `EXPLAINER_DECODE=static` (its fixed-shape step, eagerly) or `cuda-graph` (replayed as
+a CUDA graph on CUDA; eagerly on the CPU). Checked row by row against `generate_steps` on the solo loop: the same
+tokens, their probabilities, entropies and alternatives, MACS's raw rows and layer factors to float32 rounding, and
+the same sink shares; generated and teacher-forced answers, an end-of-sequence token inside a chunk, plain generation
+without methods; Rollout alone and beside MACS the same way; an image prompt (Qwen2.5-VL, 3-D positions); MACS against
 `reference_macs` and Rollout against `reference_rollout` on eager attention; no host read inside a decode step; the
 fallbacks.
 """
@@ -18,8 +18,7 @@ from PIL import Image
 
 from explainer import explain
 from explainer.capture import registered_names
-from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, choose_path
-from explainer.decoding.solo import DecodeJob, generate_steps
+from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, DecodeJob, choose_path, generate_steps
 from explainer.decoding.static import StaticDecoder
 from explainer.methods import MACS, MACSCalibrated, Rollout
 from explainer.models.loading import bundle_from_objects
@@ -191,7 +190,7 @@ def test_macs_on_the_static_path_equals_the_reference(tokenizer, kind, monkeypat
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_macs_and_rollout_on_the_static_path_equal_the_references(tokenizer, kind, monkeypatch):
-    monkeypatch.setenv(DECODE_ENV, "static-eager")
+    monkeypatch.setenv(DECODE_ENV, "static")
     bundle = bundle_from_objects(build_model(kind), tokenizer, name=kind)
     prompt = "Question: What is the capital of France? Context: Paris is the capital of France."
     attr = explain(bundle, prompt, methods=["macs", "rollout"], max_new_tokens=8)
@@ -247,11 +246,11 @@ def test_a_stopped_consumer_leaves_nothing_registered(monkeypatch):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
 def test_static_path_on_the_device(device, kind, monkeypatch):
-    """On CUDA `static` replays a CUDA graph (`auto` chooses it too); on the CPU it runs the same step eagerly.
+    """On CUDA `cuda-graph` replays a CUDA graph (`auto` chooses it too); on the CPU it runs the same step eagerly.
     Either way: the dynamic loop's tokens and rows on the same device."""
     model = build_model(kind).to(device)
     ids = _ids(model, device=device)
-    static, layers, sinks = _run(model, ids, "static", monkeypatch, {"keep_layers": True}, {})  # MACS + Rollout
+    static, layers, sinks = _run(model, ids, "cuda-graph", monkeypatch, {"keep_layers": True}, {})  # MACS + Rollout
     dynamic, dyn_layers, dyn_sinks = _run(model, ids, "solo", monkeypatch, {"keep_layers": True}, {})
     _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
     np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
@@ -277,7 +276,7 @@ def test_calibrated_macs_takes_the_static_path_and_equals_its_solo_loop(device, 
         steps = list(generate_steps(model, DecodeJob(ids, methods, K), sinks=SinkTracker(ids.shape[1], model)))
         return steps, methods[0].layer_scores()
 
-    (static, layers), (dynamic, dyn_layers) = run("static"), run("solo")
+    (static, layers), (dynamic, dyn_layers) = run("cuda-graph"), run("solo")
     _assert_same_steps(static, dynamic, CUDA_GRAPH if device == "cuda" else STATIC)
     assert set(static[0].scores) == {"macs_calibrated", "macs", "rollout"}
     np.testing.assert_allclose(layers, dyn_layers, rtol=1e-5)
@@ -304,8 +303,8 @@ def test_cuda_graph_steps_do_not_synchronise(device, monkeypatch):
 def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, kind, monkeypatch):
     """Qwen2.5-VL and Qwen2-VL: the prefill takes the pixels and the 3-D (mRoPE) positions as on the solo loop; the
     decode steps continue every axis from the prompt's last position, k taken on the device. Generated and given
-    answers, MACS + Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `static` on CUDA
-    records the graph) and the decode loop; nothing is left in the model."""
+    answers, MACS + Rollout, through `explain` (`meta.decode.path`: the static step run eagerly; `cuda-graph` on
+    CUDA records the graph) and the decode loop; nothing is left in the model."""
     tokenizer = make_vl_tokenizer()
     model = build_vl_model(tokenizer, kind=kind).to(device)
     bundle = vl_bundle(model, tokenizer)
@@ -313,11 +312,11 @@ def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, kind, m
     image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (70, 120, 3), dtype=np.uint8))
     question = "What is in the image?"
     results = {}
-    for path in ("static-eager", "solo"):
+    for path in ("static", "solo"):
         monkeypatch.setenv(DECODE_ENV, path)
         results[path] = explain(bundle, question, image=image, methods=["macs", "rollout"], max_new_tokens=9)
         assert registered_names() == [] and model.model.rope_deltas is None
-    static, solo = results["static-eager"], results["solo"]
+    static, solo = results["static"], results["solo"]
     assert static.meta["decode"]["path"] == STATIC and solo.meta["decode"]["path"] == SOLO
     assert static.generated_token_ids == solo.generated_token_ids and static.num_steps == 9
     for name in ("macs", "rollout"):
@@ -325,12 +324,12 @@ def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, kind, m
     enc = encode_image_prompt(bundle, image, question)
     forced = [int(t) for t in (torch.arange(7) * 13 + 5) % model.config.text_config.vocab_size]
     steps = {}
-    for path in ("static", "solo"):
+    for path in ("cuda-graph", "solo"):
         monkeypatch.setenv(DECODE_ENV, path)
         job = DecodeJob(enc.input_ids, [MACS(), Rollout()], 7, forced_ids=forced, extra_inputs=enc.prefill_inputs)
         steps[path] = list(generate_steps(model, job))
-    assert [s.token_id for s in steps["static"]] == forced
-    _assert_same_steps(steps["static"], steps["solo"], graph)
+    assert [s.token_id for s in steps["cuda-graph"]] == forced
+    _assert_same_steps(steps["cuda-graph"], steps["solo"], graph)
     methods = [MACS(), Rollout()]
     for m in methods:
         m.begin(enc.input_ids.shape[1])

@@ -13,7 +13,7 @@ import torch
 from PIL import Image
 
 from explainer import explain
-from explainer.decoding.solo import DecodeJob, generate_steps
+from explainer.decoding import DecodeJob, generate_steps
 from explainer.methods import get_method
 from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import Attribution, load_result, result_json, zscore
