@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data, select_rows
 from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
@@ -19,6 +19,21 @@ from ..runtime.precision import parse_dtype
 from .options import held_out, methods_help, model_options, placement, rank_share
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
+
+
+def chosen_rows(args: argparse.Namespace) -> list[dict]:
+    """The SQuAD rows of --data, those of --ids only (in its order) when given, then --offset and --limit."""
+    if args.ids is None:
+        return load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    rows = select_rows(load_squad(resolve_data(args.data)), args.ids)
+    return load_squad_rows_slice(rows, args.offset, args.limit)
+
+
+def load_squad_rows_slice(rows: list[dict], offset: int, limit: int | None) -> list[dict]:
+    """rows[offset : offset + limit] (limit None: to the end), refusing negative values as `load_squad` does."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError(f"--offset and --limit must be 0 or more, got {offset} and {limit}.")
+    return rows[offset : offset + limit] if limit is not None else rows[offset:]
 
 
 def cmd_lds(args: argparse.Namespace) -> int:
@@ -39,7 +54,7 @@ def cmd_lds(args: argparse.Namespace) -> int:
             f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
             "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
         )
-    rows = held_out(load_squad(resolve_data(args.data), args.limit, offset=args.offset))
+    rows = held_out(chosen_rows(args))
     if rank.world > 1:
         rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
     cfg = LdsConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, masks=args.masks, seed=args.seed,
@@ -58,6 +73,11 @@ def add_lds_parser(sub) -> None:
         f"{KEEP_PROBABILITY}) and top-{'/'.join(map(str, TOP_K))} log-probability drop on a SQuAD file",
     )
     p.add_argument("--data", help=f"SQuAD JSON file (as for eval) or {SQUAD_V2_DEV}, downloaded once into the cache")
+    p.add_argument(
+        "--ids", default=None,
+        help="file naming the questions to use, in order (lines 'ID' or 'ID KEY', see datasets.select_rows), e.g. "
+        "docs/results/squad-dev-350.ids with --data squad_v2-dev; --offset and --limit count within them",
+    )  # fmt: skip
     p.add_argument("--methods", default=DEFAULT_METHODS, help=methods_help("comma-separated methods with options"))
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows (from --offset on)")
     p.add_argument("--offset", type=int, default=0, help="skip the first N rows")
