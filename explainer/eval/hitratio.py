@@ -93,12 +93,13 @@ def _haystack(tokenizer, sentences: list[str], budget: int, start: int) -> list[
 
 
 def _places(chosen: list[str], depths: Sequence[float]) -> list[int]:
-    """Distinct sentence boundaries nearest each depth (% of the haystack's characters), in the order of `depths`."""
+    """The sentence boundary nearest each depth (% of the haystack's characters), in the order of `depths`: distinct
+    ones while there are enough (needles that share one follow each other)."""
     bounds = np.cumsum([0, *(len(s) + 1 for s in chosen)])  # character where each sentence starts
     places: list[int] = []
     for depth in depths:
         order = np.argsort(np.abs(bounds - depth / 100 * bounds[-1]), kind="stable")
-        places.append(int(next(i for i in order if i not in places)))
+        places.append(int(next((i for i in order if i not in places), order[0])))
     return places
 
 
