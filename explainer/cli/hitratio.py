@@ -1,5 +1,6 @@
 """The `hitratio` command: the needle test (ABO's hit ratio, made harder) on needle-in-a-haystack prompts with a made-up
-password (`explainer/eval/hitratio.py`), resumable, and data-parallel under `torchrun` as `eval` is."""
+password (`explainer/eval/hitratio.py`), resumable, and data-parallel under `torchrun` as `eval` is; with `--peers`, the
+external references on the same prompts instead (`cli/peers.py`)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,13 @@ from ..eval.hitratio import (
 )
 from ..eval.hitratio import summarise as summarise_hits
 from ..eval.parallel import rank_from_env
+from ..eval.peers import PeerConfig, parse_peers, peer_needle_row
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .lds import DEFAULT_METHODS
 from .options import methods_help, model_options, placement, rank_share
+from .peers import add_peer_options, run_peer_rows, training_rows
 
 
 def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
@@ -77,6 +80,9 @@ def cmd_hitratio(args: argparse.Namespace) -> int:
             rows = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
             print(format_table(summarise_hits(rows, comparisons(args.compare))))
         return 0
+    peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
+    if "at2" in peers and not args.train_data:
+        raise InputError("--peers at2 is trained on SQuAD rows first: give --train-data (a SQuAD file, squad_v2-dev).")
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     specs = needle_plan(args.lengths, args.depths, args.samples, args.limit, args.variants)
     pairs = comparisons(args.compare)
@@ -90,6 +96,11 @@ def cmd_hitratio(args: argparse.Namespace) -> int:
     print(f"haystack text: {source}", file=sys.stderr)
     bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype), max_prompt_tokens=8192)
     rows = needle_rows(bundle.tokenizer, paragraphs, specs, args.seed)
+    if peers:
+        train = training_rows(args, None, set())
+        results = run_peer_rows(args, bundle, rows, train, peers, PeerConfig.masks, measure=peer_needle_row)
+        print(format_table(summarise_hits(results, pairs)))
+        return 0
     cfg = HitRatioConfig(
         methods=tuple(names),
         max_new_tokens=args.max_new_tokens,
@@ -125,4 +136,5 @@ def add_hitratio_parser(sub) -> None:
     model_options(p)
     p.add_argument("--results", help="JSON-lines file, one row per prompt; a rerun skips the prompts already in it")
     p.add_argument("--report", help="comma-separated --results files (rank files joined): print the table only")
+    add_peer_options(p)
     p.set_defaults(func=cmd_hitratio)

@@ -1,5 +1,6 @@
 """The `lds` command: LDS and top-k log-probability drop over the context's sentences on SQuAD rows
-(`explainer/eval/lds_eval.py`), resumable, and data-parallel under `torchrun` as `eval` is."""
+(`explainer/eval/lds_eval.py`), resumable, and data-parallel under `torchrun` as `eval` is; with `--peers`, the
+external references on the same rows instead (`cli/peers.py`)."""
 
 from __future__ import annotations
 
@@ -13,10 +14,12 @@ from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
 from ..eval.parallel import rank_from_env
+from ..eval.peers import agreement_lines, parse_peers
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .options import held_out, methods_help, model_options, placement, rank_share
+from .peers import add_peer_options, run_peer_rows, training_rows
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
 
@@ -46,6 +49,7 @@ def cmd_lds(args: argparse.Namespace) -> int:
         return 0
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
+    peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
@@ -57,11 +61,30 @@ def cmd_lds(args: argparse.Namespace) -> int:
     rows = held_out(chosen_rows(args))
     if rank.world > 1:
         rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
+    if peers:
+        return _run_peers(args, rows, peers)
     cfg = LdsConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, masks=args.masks, seed=args.seed,
                     batch_size=args.batch_size, method_options=method_options, command=args.command_line)  # fmt: skip
     bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
     summary = run_lds(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summary))
+    return 0
+
+
+def _run_peers(args: argparse.Namespace, rows: list[dict], peers: tuple[str, ...]) -> int:
+    """`--peers`: the references on the rows, AT2 trained on rows after them (or on --train-data)."""
+    after = len(rows) + args.offset
+
+    def default_rows(offset: int | None) -> list[dict]:
+        start = after if offset is None else offset
+        return load_squad_rows_slice(chosen_rows(argparse.Namespace(**{**vars(args), "offset": 0, "limit": None})),
+                                     start, None)  # fmt: skip
+
+    train = training_rows(args, default_rows, {r["id"] for r in rows})
+    bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
+    results = run_peer_rows(args, bundle, rows, train, peers, args.masks)
+    print(format_table(summarise(results)))
+    print("\n".join(["", *agreement_lines(results)]))
     return 0
 
 
@@ -92,4 +115,5 @@ def add_lds_parser(sub) -> None:
         help="comma-separated --results files (e.g. methods run separately on the same rows): join them by row id "
         "and print the tables without measuring; a path also joins the rank files of a data-parallel run",
     )
+    add_peer_options(p)
     p.set_defaults(func=cmd_lds)
