@@ -9,7 +9,7 @@ import argparse
 import sys
 from collections.abc import Callable
 
-from ..eval.datasets import resolve_data
+from ..eval.datasets import resolve_data, select_rows
 from ..eval.evaluate import load_squad
 from ..eval.peers import PEERS, PeerConfig, at2_folder, run_peers
 
@@ -22,6 +22,9 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
                    "their own --results file; join it with the methods' by --report A,B")  # fmt: skip
     g.add_argument("--train-data", default=None,
                    help="SQuAD file (or squad_v2-dev) AT2 is trained on (lds default: --data, after the rows)")
+    g.add_argument("--train-ids", default=None,
+                   help="ids file choosing the questions of --train-data, in order, before --train-offset and "
+                   "--train-limit (as --ids of `lds`)")  # fmt: skip
     g.add_argument("--train-offset", type=int, default=None, help="first row of the training data AT2 is trained on")
     g.add_argument("--train-limit", type=int, default=4, help="rows AT2 is trained on")
     g.add_argument("--at2-steps", type=int, default=PeerConfig.at2_steps, help="AT2's training steps")
@@ -33,10 +36,14 @@ def add_peer_options(p: argparse.ArgumentParser) -> None:
 
 def training_rows(args: argparse.Namespace, default_rows: Callable[[int], list[dict]] | None,
                   evaluated: set[str]) -> list[dict]:  # fmt: skip
-    """AT2's training rows: --train-limit rows of --train-data from --train-offset on, or of `default_rows(offset)`
+    """AT2's training rows: --train-limit rows of --train-data (those of --train-ids, in its order, when given) from
+    --train-offset on, or of `default_rows(offset)`
     (the `lds` command's own data after its evaluated rows); never an evaluated row."""
     if args.train_data:
-        rows = load_squad(resolve_data(args.train_data), args.train_limit, offset=args.train_offset or 0)
+        rows = load_squad(resolve_data(args.train_data))
+        rows = select_rows(rows, args.train_ids) if args.train_ids else rows
+        start = args.train_offset or 0
+        rows = rows[start : start + args.train_limit]
     elif default_rows is not None:
         rows = default_rows(args.train_offset)[: args.train_limit]
     else:
