@@ -129,7 +129,8 @@ def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     assert first.index("=== hitratio-atman-longest") < first.index("=== hitratio-macs")  # what no CPU has measured
     for method in ("macs", "attnlrp", "atman"):
         rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{method}.jsonl").open()]
-        assert len(rows) == 1 and rows[0]["methods"][method]["hit_ratio"] is not None, rows
+        entry = rows[0]["methods"][method]  # mass and AP: None where the dry run's answer misses the password
+        assert len(rows) == 1 and {"mass", "ap"} <= set(entry) and (entry["mass"] is None) == (not rows[0]["found"])
     before = {p.name: p.read_text() for p in (tmp_path / "results").iterdir()}
     subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
     assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before

@@ -1,5 +1,6 @@
-"""The `hitratio` command: ABO's hit ratio on needle-in-a-haystack prompts with a made-up password
-(`explainer/eval/hitratio.py`), resumable, and data-parallel under `torchrun` as `eval` is."""
+"""The `hitratio` command: the needle test (ABO's hit ratio, made harder) on needle-in-a-haystack prompts with a made-up
+password (`explainer/eval/hitratio.py`), resumable, and data-parallel under `torchrun` as `eval` is; with `--peers`, the
+external references on the same prompts instead (`cli/peers.py`)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,25 @@ from ..bench.prompts import DEFAULT_TEXT_NAME, prompt_text
 from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data
 from ..eval.evaluate import merge_results
-from ..eval.hitratio import DEPTHS, LENGTHS, HitRatioConfig, format_table, needle_rows, needle_specs, run_hitratio
+from ..eval.hitratio import (
+    DEPTHS,
+    LENGTHS,
+    VARIANTS,
+    HitRatioConfig,
+    format_table,
+    needle_rows,
+    needle_specs,
+    run_hitratio,
+)
 from ..eval.hitratio import summarise as summarise_hits
 from ..eval.parallel import rank_from_env
+from ..eval.peers import PeerConfig, parse_peers, peer_needle_row
 from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .lds import DEFAULT_METHODS
 from .options import methods_help, model_options, placement, rank_share
+from .peers import add_peer_options, run_peer_rows, training_rows
 
 
 def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
@@ -31,26 +43,49 @@ def _whole_numbers(text: str, what: str) -> tuple[int, ...]:
     return values
 
 
-def needle_plan(lengths: str, depths: str, samples: int, limit: int | None) -> list[tuple[int, int, int]]:
-    """The (length, depth, sample) needle prompts of --lengths, --depths, --samples and --limit (`needle_specs`).
+def needle_plan(lengths: str, depths: str, samples: int, limit: int | None,
+                variants: str = "plain") -> list[tuple[int, int, int, str]]:  # fmt: skip
+    """The (length, depth, sample, variant) needle prompts of --lengths, --depths, --samples, --variants and --limit
+    (`needle_specs`).
 
     Raises:
-        InputError: a length or depth is not a whole number of 0 or more, or a depth is over 100 (%).
+        InputError: a length or depth is not a whole number of 0 or more, a depth is over 100 (%), or a variant is
+            unknown.
     """
     depth_values = _whole_numbers(depths, "--depths")
     if max(depth_values) > 100:
         raise InputError(f"--depths are percentages of the haystack (0 to 100), got {depths!r}.")
-    return needle_specs(_whole_numbers(lengths, "--lengths"), depth_values, samples)[:limit]
+    chosen = tuple(dict.fromkeys(v.strip() for v in variants.split(",") if v.strip()))
+    if not chosen or set(chosen) - set(VARIANTS):
+        raise InputError(f"--variants: choose from {', '.join(VARIANTS)}, got {variants!r}.")
+    return needle_specs(_whole_numbers(lengths, "--lengths"), depth_values, samples, chosen)[:limit]
+
+
+def comparisons(text: str | None) -> list[tuple[str, str]]:
+    """The (a, b) method pairs of --compare "a/b,c/d" (paired differences a - b).
+
+    Raises:
+        InputError: a pair is not two names joined by "/".
+    """
+    pairs = [tuple(p.strip() for p in item.split("/")) for item in (text or "").split(",") if item.strip()]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise InputError(f"--compare takes pairs A/B separated by commas (A - B, paired), got {text!r}.")
+    return pairs  # type: ignore[return-value]
 
 
 def cmd_hitratio(args: argparse.Namespace) -> int:
     rank = rank_from_env()
     if args.report:
         if rank.rank == 0:  # launched data-parallel: one report is enough
-            print(format_table(summarise_hits(merge_results([p.strip() for p in args.report.split(",") if p.strip()]))))
+            rows = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
+            print(format_table(summarise_hits(rows, comparisons(args.compare))))
         return 0
+    peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
+    if "at2" in peers and not args.train_data:
+        raise InputError("--peers at2 is trained on SQuAD rows first: give --train-data (a SQuAD file, squad_v2-dev).")
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
-    specs = needle_plan(args.lengths, args.depths, args.samples, args.limit)
+    specs = needle_plan(args.lengths, args.depths, args.samples, args.limit, args.variants)
+    pairs = comparisons(args.compare)
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
     if rank.world > 1:
@@ -61,14 +96,18 @@ def cmd_hitratio(args: argparse.Namespace) -> int:
     print(f"haystack text: {source}", file=sys.stderr)
     bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype), max_prompt_tokens=8192)
     rows = needle_rows(bundle.tokenizer, paragraphs, specs, args.seed)
+    if peers:
+        train = training_rows(args, None, set())
+        results = run_peer_rows(args, bundle, rows, train, peers, PeerConfig.masks, measure=peer_needle_row)
+        print(format_table(summarise_hits(results, pairs)))
+        return 0
     cfg = HitRatioConfig(
         methods=tuple(names),
         max_new_tokens=args.max_new_tokens,
         method_options=method_options,
         command=args.command_line,
     )
-    summary = run_hitratio(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
-    print(format_table(summary))
+    print(format_table(run_hitratio(bundle, rows, cfg, args.results, lambda m: print(m, file=sys.stderr), pairs)))
     return 0
 
 
@@ -76,12 +115,16 @@ def add_hitratio_parser(sub) -> None:
     """Register `python -m explainer hitratio` on the CLI's subparsers."""
     p = sub.add_parser(
         "hitratio",
-        help="ABO's hit ratio: share of positive saliency on the system prompt, needle and query of needle prompts",
+        help="needle test (ABO's hit ratio, made harder): each map's mass share and AP on the needle of needle prompts",
     )
     p.add_argument("--methods", default=DEFAULT_METHODS, help=methods_help("comma-separated methods with options"))
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)), help="prompt lengths in tokens, about")
     p.add_argument("--depths", default=",".join(map(str, DEPTHS)), help="needle depths, %% of the haystack")
     p.add_argument("--samples", type=int, default=4, help="prompts per length and depth (other text and password)")
+    p.add_argument("--variants", default="plain",
+                   help=f"comma-separated needle variants: {', '.join(VARIANTS)} (default: plain)")  # fmt: skip
+    p.add_argument("--compare", default=None,
+                   help="paired differences to print, e.g. macs_calibrated/macs,sources/macs (A - B on the same rows)")
     p.add_argument("--limit", type=int, default=None, help="run only the first N prompts (whole depth sweeps first)")
     p.add_argument(
         "--data", default=None,
@@ -93,4 +136,5 @@ def add_hitratio_parser(sub) -> None:
     model_options(p)
     p.add_argument("--results", help="JSON-lines file, one row per prompt; a rerun skips the prompts already in it")
     p.add_argument("--report", help="comma-separated --results files (rank files joined): print the table only")
+    add_peer_options(p)
     p.set_defaults(func=cmd_hitratio)

@@ -1,5 +1,6 @@
 """The `lds` command: LDS and top-k log-probability drop over the context's sentences on SQuAD rows
-(`explainer/eval/lds_eval.py`), resumable, and data-parallel under `torchrun` as `eval` is."""
+(`explainer/eval/lds_eval.py`), resumable, and data-parallel under `torchrun` as `eval` is; with `--peers`, the
+external references on the same rows instead (`cli/peers.py`)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,34 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..eval.datasets import SQUAD_V2_DEV, resolve_data
+from ..eval.datasets import SQUAD_V2_DEV, resolve_data, select_rows
 from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
 from ..eval.parallel import rank_from_env
+from ..eval.peers import agreement_lines, parse_peers
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .options import held_out, methods_help, model_options, placement, rank_share
+from .peers import add_peer_options, run_peer_rows, training_rows
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
+
+
+def chosen_rows(args: argparse.Namespace) -> list[dict]:
+    """The SQuAD rows of --data, those of --ids only (in its order) when given, then --offset and --limit."""
+    if args.ids is None:
+        return load_squad(resolve_data(args.data), args.limit, offset=args.offset)
+    rows = select_rows(load_squad(resolve_data(args.data)), args.ids)
+    return load_squad_rows_slice(rows, args.offset, args.limit)
+
+
+def load_squad_rows_slice(rows: list[dict], offset: int, limit: int | None) -> list[dict]:
+    """rows[offset : offset + limit] (limit None: to the end), refusing negative values as `load_squad` does."""
+    if offset < 0 or (limit is not None and limit < 0):
+        raise InputError(f"--offset and --limit must be 0 or more, got {offset} and {limit}.")
+    return rows[offset : offset + limit] if limit is not None else rows[offset:]
 
 
 def cmd_lds(args: argparse.Namespace) -> int:
@@ -31,6 +49,7 @@ def cmd_lds(args: argparse.Namespace) -> int:
         return 0
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
+    peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
     names, method_options = parse_methods(args.methods)  # fail on a bad name or option before loading a model
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
@@ -39,14 +58,33 @@ def cmd_lds(args: argparse.Namespace) -> int:
             f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
             "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
         )
-    rows = held_out(load_squad(resolve_data(args.data), args.limit, offset=args.offset))
+    rows = held_out(chosen_rows(args))
     if rank.world > 1:
         rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
+    if peers:
+        return _run_peers(args, rows, peers)
     cfg = LdsConfig(methods=tuple(names), max_new_tokens=args.max_new_tokens, masks=args.masks, seed=args.seed,
                     batch_size=args.batch_size, method_options=method_options, command=args.command_line)  # fmt: skip
     bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
     summary = run_lds(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summary))
+    return 0
+
+
+def _run_peers(args: argparse.Namespace, rows: list[dict], peers: tuple[str, ...]) -> int:
+    """`--peers`: the references on the rows, AT2 trained on rows after them (or on --train-data)."""
+    after = len(rows) + args.offset
+
+    def default_rows(offset: int | None) -> list[dict]:
+        start = after if offset is None else offset
+        return load_squad_rows_slice(chosen_rows(argparse.Namespace(**{**vars(args), "offset": 0, "limit": None})),
+                                     start, None)  # fmt: skip
+
+    train = training_rows(args, default_rows, {r["id"] for r in rows})
+    bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
+    results = run_peer_rows(args, bundle, rows, train, peers, args.masks)
+    print(format_table(summarise(results)))
+    print("\n".join(["", *agreement_lines(results)]))
     return 0
 
 
@@ -58,6 +96,11 @@ def add_lds_parser(sub) -> None:
         f"{KEEP_PROBABILITY}) and top-{'/'.join(map(str, TOP_K))} log-probability drop on a SQuAD file",
     )
     p.add_argument("--data", help=f"SQuAD JSON file (as for eval) or {SQUAD_V2_DEV}, downloaded once into the cache")
+    p.add_argument(
+        "--ids", default=None,
+        help="file naming the questions to use, in order (lines 'ID' or 'ID KEY', see datasets.select_rows), e.g. "
+        "docs/results/squad-dev-350.ids with --data squad_v2-dev; --offset and --limit count within them",
+    )  # fmt: skip
     p.add_argument("--methods", default=DEFAULT_METHODS, help=methods_help("comma-separated methods with options"))
     p.add_argument("--limit", type=int, default=None, help="evaluate only the first N rows (from --offset on)")
     p.add_argument("--offset", type=int, default=0, help="skip the first N rows")
@@ -72,4 +115,5 @@ def add_lds_parser(sub) -> None:
         help="comma-separated --results files (e.g. methods run separately on the same rows): join them by row id "
         "and print the tables without measuring; a path also joins the rank files of a data-parallel run",
     )
+    add_peer_options(p)
     p.set_defaults(func=cmd_lds)

@@ -10,11 +10,14 @@ Two layouts hold the same questions:
 `rows_from_official` turns the second into the first, keeping answerable questions only (the MACS paper's AUC-PR
 needs a gold span) and dropping repeated answers. `resolve_data("squad_v2-dev")` downloads the official dev set once
 into `models.cache_root()/data/`, converted, and reuses that file afterwards (`squad_v2-train`, the training set, for
-`calibrate`); any other value is a local path.
+`calibrate`); any other value is a local path. `select_rows` picks the questions an ids file names (`--ids`), by
+id or by a key of their text (`question_key`), so that a committed list of questions reproduces a run on data anyone
+can download.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
@@ -139,6 +142,53 @@ def resolve_data(name_or_path: str | Path) -> Path:
             f"{SQUAD_V2_DEV} to download the SQuAD 2.0 dev set once."
         )
     return path
+
+
+def question_key(row: dict[str, Any]) -> str:
+    """A row's key made from its text, not its id: the first 16 hex digits of the SHA-1 of its title, context and
+    question (joined by newlines), so that a list of keys picks the same questions out of any copy of the data."""
+    text = "\n".join(str(row.get(k, "")) for k in ("title", "context", "question"))
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()[:16]
+
+
+def select_rows(rows: list[dict[str, Any]], ids_path: str | Path) -> list[dict[str, Any]]:
+    """The rows an ids file names, in the file's order (`--ids`): a list of questions anyone can take from data they
+    can get (e.g. `squad_v2-dev`) without shipping the data.
+
+    Each non-blank line (text after "#" ignored) is `ID` or `ID KEY`: a row matches when its id or its
+    `question_key` is KEY (or, without KEY, when its id is ID), and it is returned with the id ID, so that results
+    keep the ids (and the ablation masks seeded by them) of the runs that first measured those questions.
+
+    Raises:
+        InputError: the file cannot be read, a line has more than two fields, or a line matches no row.
+    """
+    try:
+        lines = Path(ids_path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InputError(f"Cannot read ids file {str(ids_path)!r}: {e}") from e
+    by_id = {str(r["id"]): r for r in rows}
+    by_key: dict[str, dict[str, Any]] = {}
+    for r in rows:
+        by_key.setdefault(question_key(r), r)
+    out, missing = [], []
+    for number, line in enumerate(lines, start=1):
+        fields = line.split("#", 1)[0].split()
+        if not fields:
+            continue
+        if len(fields) > 2:
+            raise InputError(f"{str(ids_path)!r} line {number}: expected 'ID' or 'ID KEY', got {line.strip()!r}.")
+        name, key = fields[0], fields[-1]
+        row = by_id.get(key) or by_key.get(key) or by_id.get(name)
+        if row is None:
+            missing.append(name)
+        else:
+            out.append({**row, "id": name})
+    if missing:
+        raise InputError(
+            f"{len(missing)} questions of {str(ids_path)!r} are not in the data (first: {missing[0]!r}); the ids file "
+            "names questions of another data set or version."
+        )
+    return out
 
 
 HAYSTACK_PARAGRAPHS = 10  # the question's own paragraph among 9 from other articles: ~1,500-2,000 tokens

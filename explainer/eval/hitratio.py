@@ -1,19 +1,26 @@
-"""ABO's hit ratio ("The Fragile Truth of Saliency: Improving LLM Input Attribution via Attention Bias Optimization"):
-on a needle-in-a-haystack prompt with a made-up password, the share of a method's positive saliency that falls on
-the system prompt, the needle and the query, averaged over needle depths.
+"""The needle test (ABO's hit ratio, "The Fragile Truth of Saliency: Improving LLM Input Attribution via Attention Bias
+Optimization", made harder): on a needle-in-a-haystack prompt with a made-up password, how much of a method's map lies
+on the needle, and how well it ranks the needle's tokens first, over the steps that write the password.
 
-A prompt (`needle_rows`) is one user message, since the library sends one user turn: the system prompt's text
-(`SYSTEM`) leads it, then a haystack of whole sentences of real prose (the shipped essays, or the contexts of a SQuAD
-file) cut so that the prompt has about `length` tokens, with the needle ("The secret password is ...") placed at the
-sentence boundary nearest `depth` of the haystack's characters, then the query (`QUERY`). The password is made up from
-seeded syllables and digits, so no model knows it beforehand. The model answers greedily while the methods explain it.
+A prompt (`needle_rows`) is one user message, since the library sends one user turn: the instruction (`SYSTEM`), a
+haystack of whole sentences of real prose (the shipped essays, or the contexts of a SQuAD file) cut so that the
+prompt has about `length` tokens, the needle placed at the sentence boundary nearest `depth` of the haystack's
+characters, then the question. The password is made up from seeded syllables and digits, so no model knows it
+beforehand. The model answers greedily while the methods explain it. Three variants (`VARIANTS`):
 
-A method's map is the sum of its raw scores over the answer's content steps (a trailing end-of-sequence token left
-out): the same whole-answer surrogate as for LDS (`lds.py`). Its hit ratio is `lds.hit_ratio` over the user's text
-tokens (chat-template tokens left out): positive scores on the system prompt, needle and query tokens over positive
-scores on all of them. Per row we keep it with the row's chance level (the hit tokens' share of the text tokens, what
-a uniform map gets) and whether the answer holds the password. Rows are appended to a JSON-lines file as they finish
-(`resumable`). Front end: `python -m explainer hitratio`.
+- `plain`: "The secret password is X." and "What is the secret password?" (ABO's needle);
+- `paraphrased`: "The code word for the vault is X." and "What is the password?": the answer cannot copy the needle's
+  frame, so a map that follows the answer's own words back into the prompt finds nothing to copy;
+- `contradictory`: three plain needles with different passwords (at `depth`, and 27 and 53 points after it wrapped
+  into 10-90%, away from the edges a blind first-k or last-k map covers); only the needle whose password the model
+  wrote is the hit, the other two are scored tokens that are not.
+
+Scoring (`hitscore.py` has the definitions): the scored tokens are the needles and the haystack (the instruction, the
+question and the chat template left out); only rows whose answer holds a password are scored, and only the answer
+steps whose tokens overlap the written password; each step's map is normalised over the scored tokens before the
+steps are averaged. Per row and method: `mass` (the share on the needle) and `ap` (average precision of the needle's
+tokens), beside the blind maps of `hitscore.blind_maps`, and the row's chance levels. Rows are appended to a
+JSON-lines file as they finish (`resumable`). Front end: `python -m explainer hitratio`.
 """
 
 from __future__ import annotations
@@ -29,16 +36,22 @@ import numpy as np
 
 from ..explain import explain
 from ..result.segments import sentence_starts
-from ..result.steps import last_content_step
 from .evaluate import context_positions
 from .haystack import method_label
-from .lds import hit_ratio
-from .metrics import mean_ci
+from .hitscore import blind_maps, chance_ap, score
+from .intervals import mean_t, paired_t
 from .resumable import measure_and_summarise
 
 SYSTEM = "You are a helpful assistant. Read the text below and answer the question after it."
-NEEDLE = "The secret password is {password}."
-QUERY = "Question: What is the secret password? Answer with the password only."
+PLAIN = ("The secret password is {password}.", "Question: What is the secret password? Answer with the password only.")
+VARIANTS = {  # variant -> (needle frame, question)
+    "plain": PLAIN,
+    "paraphrased": ("The code word for the vault is {password}.",
+                    "Question: What is the password? Answer with the password only."),  # fmt: skip
+    "contradictory": PLAIN,
+}
+NEEDLE, QUERY = PLAIN
+CONTRADICTORY_OFFSETS = (0, 27, 53)  # depth points of the three contradictory needles after `depth` (`other_depth`)
 LENGTHS = (1024, 4096)  # prompt tokens (ABO's 1k and 4k)
 DEPTHS = (10, 30, 50, 70, 90)  # needle depth, % of the haystack
 _SYLLABLES = "ka lo mi ru ze ta vo ni pe su ga ri do fe ly xo".split()
@@ -68,123 +81,222 @@ def _sentences(paragraphs: list[str]) -> list[str]:
     return out
 
 
-def needle_row(tokenizer, sentences: list[str], length: int, depth: int, sample: int, seed: int = 0) -> dict[str, Any]:
+def _haystack(tokenizer, sentences: list[str], budget: int, start: int) -> list[str]:
+    """Sentences cycled from `start` until their tokens reach `budget`."""
+    chosen, used = [], 0
+    for sentence in itertools.islice(itertools.cycle(sentences[start:] + sentences[:start]), 100_000):
+        if used >= budget:
+            break
+        chosen.append(sentence)
+        used += len(tokenizer(" " + sentence, add_special_tokens=False)["input_ids"])
+    return chosen
+
+
+def _places(chosen: list[str], depths: Sequence[float]) -> list[int]:
+    """The sentence boundary nearest each depth (% of the haystack's characters), in the order of `depths`: distinct
+    ones while there are enough (needles that share one follow each other)."""
+    bounds = np.cumsum([0, *(len(s) + 1 for s in chosen)])  # character where each sentence starts
+    places: list[int] = []
+    for depth in depths:
+        order = np.argsort(np.abs(bounds - depth / 100 * bounds[-1]), kind="stable")
+        places.append(int(next((i for i in order if i not in places), order[0])))
+    return places
+
+
+def other_depth(depth: int, offset: int) -> int:
+    """Where a contradictory needle `offset` points after the first goes: wrapped into 10-90% (the first stays)."""
+    return depth if offset == 0 else 10 + (depth - 10 + offset) % 80
+
+
+def needle_row(tokenizer, sentences: list[str], length: int, depth: int, sample: int, seed: int = 0,
+               variant: str = "plain") -> dict[str, Any]:  # fmt: skip
     """One needle prompt of about `length` tokens (the user message's text, before the chat template).
 
     Args:
         tokenizer: counts tokens (without special tokens).
-        sentences: the haystack's sentences, cycled from a place that depends on `sample`.
-        depth: where the needle goes, in % of the haystack's characters (the nearest sentence boundary).
+        sentences: the haystack's sentences, cycled from a place that depends on `sample` (the same haystack for
+            every variant and depth of a sample, and the same password for every variant: rows pair across variants).
+        depth: where the (first) needle goes, in % of the haystack's characters (the nearest sentence boundary).
+        variant: one of `VARIANTS`.
 
     Returns:
-        `{"id", "prompt", "password", "length", "depth", "spans": {"system", "needle", "query": [start, end]}}`,
-        character spans in `prompt`.
+        `{"id", "variant", "prompt", "passwords", "password" (the first), "length", "depth", "spans": {"system",
+        "body" (haystack and needles), "query": [start, end], "needles": [[start, end], ...]}}`, character spans in
+        `prompt`, needles in the order of `passwords`.
     """
-    secret = password([seed, length, depth, sample])
-    needle = NEEDLE.format(password=secret)
-    fixed = len(tokenizer(f"{SYSTEM}\n\n{needle}\n\n{QUERY}", add_special_tokens=False)["input_ids"])
-    start = int(np.random.default_rng([seed, sample]).integers(len(sentences)))
-    chosen, used = [], fixed
-    for sentence in itertools.islice(itertools.cycle(sentences[start:] + sentences[:start]), 100_000):
-        if used >= length:
-            break
-        chosen.append(sentence)
-        used += len(tokenizer(" " + sentence, add_special_tokens=False)["input_ids"])
-    bounds = np.cumsum([0, *(len(s) + 1 for s in chosen)])  # character where each sentence starts
-    where = int(np.argmin(np.abs(bounds - depth / 100 * bounds[-1])))  # the boundary nearest the depth
-    before, after = " ".join(chosen[:where]), " ".join(chosen[where:])
-    head = f"{SYSTEM}\n\n" + (f"{before} " if before else "")
-    prompt = head + needle + (f" {after}" if after else "") + f"\n\n{QUERY}"
-    spans = {"system": [0, len(SYSTEM)], "needle": [len(head), len(head) + len(needle)],
-             "query": [len(prompt) - len(QUERY), len(prompt)]}  # fmt: skip
-    return {"id": f"needle:{length}:{depth}:{sample}", "prompt": prompt, "password": secret, "length": length,
-            "depth": depth, "spans": spans}  # fmt: skip
+    frame, query = VARIANTS[variant]
+    n = len(CONTRADICTORY_OFFSETS) if variant == "contradictory" else 1
+    secrets = [password([seed, length, depth, sample, *([i] if i else [])]) for i in range(n)]
+    needles = [frame.format(password=s) for s in secrets]
+    fixed = len(tokenizer(f"{SYSTEM}\n\n{' '.join(needles)}\n\n{query}", add_special_tokens=False)["input_ids"])
+    chosen = _haystack(tokenizer, sentences, length - fixed, int(np.random.default_rng([seed, sample]).integers(
+        len(sentences))))  # fmt: skip
+    depths = [other_depth(depth, CONTRADICTORY_OFFSETS[i]) for i in range(n)]
+    places = _places(chosen, depths)
+    pieces: list[tuple[str, int | None]] = []  # (text, needle index or None)
+    for i in range(len(chosen) + 1):
+        pieces += [(needles[j], j) for j in range(n) if places[j] == i]
+        pieces += [(chosen[i], None)] if i < len(chosen) else []
+    prompt, spans = f"{SYSTEM}\n\n", [None] * n
+    body_start = len(prompt)
+    for k, (text, j) in enumerate(pieces):
+        prompt += (" " if k else "") + text
+        if j is not None:
+            spans[j] = [len(prompt) - len(text), len(prompt)]
+    body_end = len(prompt)
+    prompt += f"\n\n{query}"
+    return {"id": f"needle:{variant}:{length}:{depth}:{sample}", "variant": variant, "prompt": prompt,
+            "passwords": secrets, "password": secrets[0], "length": length, "depth": depth, "needle_depths": depths,
+            "spans": {"system": [0, len(SYSTEM)], "body": [body_start, body_end],
+                      "query": [len(prompt) - len(query), len(prompt)], "needles": spans}}  # fmt: skip
 
 
-def needle_specs(lengths=LENGTHS, depths=DEPTHS, samples: int = 1) -> list[tuple[int, int, int]]:
-    """Every (length, depth, sample) of a run, lengths first, then samples, then depths: `--limit` keeps whole sweeps
-    over the depths."""
-    return [(length, depth, i) for length in lengths for i in range(samples) for depth in depths]
+def needle_specs(lengths=LENGTHS, depths=DEPTHS, samples: int = 1,
+                 variants: Sequence[str] = ("plain",)) -> list[tuple[int, int, int, str]]:  # fmt: skip
+    """Every (length, depth, sample, variant) of a run, lengths first, then samples, then variants, then depths:
+    `--limit` keeps whole sweeps over the depths, and a stopped run has every variant about equally far."""
+    return [(length, depth, i, v) for length in lengths for i in range(samples) for v in variants for depth in depths]
 
 
-def needle_rows(tokenizer, paragraphs: list[str], specs: Sequence[tuple[int, int, int]], seed: int = 0) -> list[dict]:
-    """The needle prompts of `specs` (see `needle_specs`), their haystacks cut from `paragraphs`."""
+def needle_rows(tokenizer, paragraphs: list[str], specs: Sequence[tuple], seed: int = 0) -> list[dict]:
+    """The needle prompts of `specs` (see `needle_specs`; a spec without a variant is `plain`), their haystacks cut
+    from `paragraphs`."""
     sentences = _sentences(paragraphs)
-    return [needle_row(tokenizer, sentences, length, depth, i, seed) for length, depth, i in specs]
+    return [needle_row(tokenizer, sentences, *spec[:3], seed, *spec[3:]) for spec in specs]
 
 
-def needle_positions(bundle, encoded, row: dict[str, Any]) -> tuple[list[int], list[int]]:
-    """The user's text tokens of a needle prompt (chat-template tokens left out) and those of them on the system
-    prompt, the needle or the query: what `lds.hit_ratio` shares the saliency over and what it counts as hits."""
+@dataclass
+class NeedleLayout:
+    """Where a needle prompt's parts lie among the model input's positions."""
+
+    scored: list[int]  # the needles' and the haystack's tokens
+    needles: list[list[int]]  # each needle's tokens (a subset of `scored`)
+    question: list[int]  # the question's tokens
+    n: int  # the prompt's length N, chat template included
+
+
+def _overlapping(positions, chars, span) -> list[int]:
+    return [p for p, (s, e) in zip(positions, chars) if s < span[1] and e > span[0]]
+
+
+def needle_layout(bundle, encoded, row: dict[str, Any]) -> NeedleLayout:
+    """The scored, needle and question positions of a needle prompt in its encoded model input."""
     text, chars = context_positions(bundle, encoded, row["prompt"], 0)  # the user's text tokens, their characters
-    hits = [p for p, (s, e) in zip(text, chars) if any(s < b and e > a for a, b in row["spans"].values())]
-    return text, hits
+    spans = row["spans"]
+    needles = [_overlapping(text, chars, s) for s in spans["needles"]]  # inside the body, so scored
+    return NeedleLayout(_overlapping(text, chars, spans["body"]), needles, _overlapping(text, chars, spans["query"]),
+                        len(encoded.input_ids[0]))  # fmt: skip
 
 
-def needle_result(row: dict[str, Any], attr, text: list[int], hits: list[int]) -> dict[str, Any]:
-    """A needle row's result before its methods: the answer, whether it holds the password, the chance level."""
+def written(passwords: Sequence[str], tokens: Sequence[str]) -> tuple[int | None, list[int]]:
+    """Which password the answer wrote first (its index, None if none) and the answer steps whose tokens overlap it.
+
+    Args:
+        passwords: the row's passwords.
+        tokens: the answer's tokens as text (`Attribution.generated_tokens`).
+    """
+    text = "".join(tokens).lower()
+    found = [(text.find(p.lower()), i) for i, p in enumerate(passwords) if p.lower() in text]
+    if not found:
+        return None, []
+    start, index = min(found)
+    end = start + len(passwords[index])
+    bounds = np.cumsum([0, *(len(t) for t in tokens)])
+    return index, [k for k in range(len(tokens)) if bounds[k] < end and bounds[k + 1] > start]
+
+
+def needle_result(row: dict[str, Any], attr, layout: NeedleLayout) -> dict[str, Any]:
+    """A needle row's result before its methods: the answer, which password it holds and the steps writing it, and
+    the chance levels of the scored tokens (a uniform map's mass share and a random ranking's AP)."""
+    index, steps = written(row.get("passwords", [row["password"]]), attr.generated_tokens)
+    hits = layout.needles[index] if index is not None else layout.needles[0]
+    n, r = len(layout.scored), len(hits)
     return {
-        "id": row["id"], "length": row["length"], "depth": row["depth"], "n_prompt_tokens": attr.num_prompt_tokens,
-        "answer": attr.generated_text, "found": row["password"].lower() in attr.generated_text.lower(),
-        "chance": len(hits) / max(len(text), 1), "dtype": attr.meta.get("dtype"), "methods": {},
+        "id": row["id"], "variant": row.get("variant", "plain"), "length": row["length"], "depth": row["depth"],
+        "n_prompt_tokens": attr.num_prompt_tokens, "answer": attr.generated_text, "found": index is not None,
+        "written": index, "steps": steps, "n_scored": n, "n_hits": r, "chance": r / max(n, 1),
+        "chance_ap": chance_ap(n, r) if 0 < r <= n else None, "dtype": attr.meta.get("dtype"), "methods": {},
     }  # fmt: skip
 
 
-def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig) -> dict[str, Any]:
-    """One needle prompt: the answer, whether it holds the password, and every method's hit ratio."""
+def score_maps(out: dict[str, Any], layout: NeedleLayout, maps: dict[str, np.ndarray]) -> None:
+    """Each (K, N) or (N,) map's mass share and AP into `out["methods"]` (None on a row whose answer holds no
+    password), keeping what is there (a method's seconds)."""
+    hits = layout.needles[out["written"]] if out["found"] else []
+    for label, raw in maps.items():
+        got = score(raw, out["steps"], layout.scored, hits) if out["found"] else {"mass": None, "ap": None}
+        out["methods"][label] = {**out["methods"].get(label, {}), **got}
+
+
+def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: str | None = None) -> dict[str, Any]:
+    """One needle prompt: the answer, which password it holds, and every method's and blind map's scores.
+
+    Args:
+        answer: None to answer greedily; else the answer teacher-forced (the tests plant one with the password).
+    """
     t0 = time.perf_counter()
+    given = {} if answer is None else {"answer": answer}
     attr = explain(bundle, row["prompt"], methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens,
-                   method_options=cfg.method_options)  # fmt: skip
-    text, hits = needle_positions(bundle, bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens), row)
-    k = (last_content_step(attr) or 0) + 1
-    out = needle_result(row, attr, text, hits)
+                   method_options=cfg.method_options, **given)  # fmt: skip
+    layout = needle_layout(bundle, bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens), row)
+    out = needle_result(row, attr, layout)
+    maps = {}
     for name, scores in attr.methods.items():
-        whole = np.nan_to_num(np.asarray(scores.raw[:k], dtype=np.float64)).sum(axis=0)  # (N,) the answer's map
         label = method_label(name, cfg.method_options.get(name))
-        out["methods"][label] = {"hit_ratio": hit_ratio(whole, hits, text), "seconds": scores.seconds}
+        maps[label] = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
+        out["methods"][label] = {"seconds": scores.seconds}
+    score_maps(out, layout, {**maps, **blind_maps(layout.n, layout.question)})
     out["seconds"], out["command"] = time.perf_counter() - t0, cfg.command
     return out
 
 
-def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per prompt length: N, the found rate, the chance level, and per method the hit ratio (mean, 95% half-width,
-    n) over its rows (every depth, so the mean is over depths); and the command lines that measured them."""
-    ok = [s for s in samples if "methods" in s]
+def summarise(samples: list[dict[str, Any]], compare: Sequence[tuple[str, str]] = ()) -> dict[str, Any]:
+    """Per (prompt length, variant): N, the found rate, the chance levels, and per method its mass share and AP (mean,
+    95% t half-width, n) over the rows whose answer holds a password; the paired differences of `compare`'s (a, b)
+    methods (a - b over the rows where both are scored); the command lines that measured them. Rows of the former
+    format (no "variant": the question and instruction counted as hits) are left out."""
+    ok = [s for s in samples if "methods" in s and "variant" in s]
     commands = list(dict.fromkeys(c for s in ok for c in s.get("commands") or [s.get("command")] if c))  # joined files'
-    out: dict[str, Any] = {"lengths": {}, "commands": commands}
-    for length in sorted({s["length"] for s in ok}):
-        rows = [s for s in ok if s["length"] == length]
+    out: dict[str, Any] = {"groups": {}, "commands": commands}
+    for key in sorted({(s["length"], s["variant"]) for s in ok}, key=lambda k: (k[0], list(VARIANTS).index(k[1]))):
+        rows = [s for s in ok if (s["length"], s["variant"]) == key]
+        found = [s for s in rows if s["found"]]
         names = list(dict.fromkeys(m for s in rows for m in s["methods"]))
-        methods = {}
-        for name in names:
-            values = [s["methods"][name]["hit_ratio"] for s in rows if name in s["methods"]]
-            defined = [v for v in values if v is not None]
-            methods[name] = (*mean_ci(defined), len(defined))
-        out["lengths"][length] = {
-            "n": len(rows), "depths": sorted({s["depth"] for s in rows}),
-            "found": float(np.mean([s["found"] for s in rows])), "chance": mean_ci([s["chance"] for s in rows]),
-            "methods": methods,
+        methods = {n: {m: mean_t([s["methods"][n].get(m) for s in found if n in s["methods"]]) for m in ("mass", "ap")}
+                   for n in names}  # fmt: skip
+        paired = {}
+        for a, b in compare:
+            both = [s for s in found if a in s["methods"] and b in s["methods"]]
+            paired[f"{a} - {b}"] = {m: paired_t([s["methods"][a][m] for s in both], [s["methods"][b][m] for s in both])
+                                    for m in ("mass", "ap")}  # fmt: skip
+        out["groups"][key] = {
+            "n": len(rows), "found": len(found), "depths": sorted({s["depth"] for s in rows}),
+            "chance": mean_t([s["chance"] for s in found]), "chance_ap": mean_t([s["chance_ap"] for s in found]),
+            "methods": methods, "paired": paired,
         }  # fmt: skip
     return out
 
 
+def _cell(entry: tuple[float, float, int]) -> str:
+    mean, half, n = entry
+    return "-" if n == 0 else f"{mean:.3f} ± {half:.3f}" if np.isfinite(half) else f"{mean:.3f}"
+
+
 def format_table(summary: dict[str, Any]) -> str:
-    """Hit ratio per method (rows) and prompt length (columns), mean ± 95% half-width, with N, depths and chance."""
-    lengths = summary["lengths"]
-    names = list(dict.fromkeys(m for e in lengths.values() for m in e["methods"]))
-    w = max([14, *(len(n) + 2 for n in names)])
-    lines = ["Hit ratio (ABO): share of positive saliency on the system prompt, the needle and the query", ""]
-    lines.append(f"{'method':<{w}}" + "".join(f"{f'~{length} tokens':>24}" for length in lengths))
-    for name in names:
-        cells = ""
-        for e in lengths.values():
-            mean, half, n = e["methods"].get(name, (float("nan"), float("nan"), 0))
-            cells += f"{'-' if n == 0 else f'{mean:.3f} ± {half:.3f}':>24}"
-        lines.append(f"{name:<{w}}{cells}")
-    lines.append(f"{'chance':<{w}}" + "".join(f"{e['chance'][0]:>24.3f}" for e in lengths.values()))
-    lines += ["", "N (prompts), needle depths (%), answers holding the password:"]
-    for length, e in lengths.items():
-        lines.append(f"  ~{length} tokens: N = {e['n']}, depths {e['depths']}, found {100 * e['found']:.0f}%")
+    """Per (length, variant): each method's mass share and AP, mean ± 95% t half-width, the chance levels, N, the found
+    rate and the paired differences asked for."""
+    lines = ["Needle test: mass share and average precision of the needle's tokens over the needle and haystack tokens",
+             "(steps writing the password, rows whose answer holds it; mean ± 95% t half-width)"]  # fmt: skip
+    for (length, variant), g in summary["groups"].items():
+        w = max([18, *(len(n) + 2 for n in g["methods"])])
+        lines += ["", f"~{length} tokens, {variant}: N = {g['n']}, answer holds the password in {g['found']} "
+                  f"({100 * g['found'] / max(g['n'], 1):.0f}%), depths {g['depths']}",
+                  f"{'method':<{w}}{'mass share':>20}{'AP':>20}{'n':>5}"]  # fmt: skip
+        for name, e in g["methods"].items():
+            lines.append(f"{name:<{w}}{_cell(e['mass']):>20}{_cell(e['ap']):>20}{e['mass'][2]:>5}")
+        lines.append(f"{'chance':<{w}}{_cell(g['chance']):>20}{_cell(g['chance_ap']):>20}")
+        for pair, e in g["paired"].items():
+            lines.append(f"{'paired ' + pair:<{w}}{_cell(e['mass']):>20}{_cell(e['ap']):>20}{e['mass'][2]:>5}")
     lines += ["", *(f"command: {c}" for c in summary.get("commands", []))]
     return "\n".join(lines)
 
@@ -195,7 +307,9 @@ def run_hitratio(
     cfg: HitRatioConfig,
     results_path: str | Path | None = None,
     log: Callable[[str], None] | None = None,
+    compare: Sequence[tuple[str, str]] = (),
 ) -> dict[str, Any]:
-    """Evaluate every row not yet in `results_path` (appending each), and summarise all of them."""
+    """Evaluate every row not yet in `results_path` (appending each), and summarise all of them (with the paired
+    differences of `compare`)."""
     measure = lambda row: evaluate_needle(bundle, row, cfg)  # noqa: E731
-    return measure_and_summarise(rows, measure, summarise, results_path, bundle.model, log)
+    return measure_and_summarise(rows, measure, lambda s: summarise(s, compare), results_path, bundle.model, log)

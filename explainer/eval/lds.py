@@ -17,10 +17,19 @@ rank it with a one-token sentence of the same average. For the whole answer, a s
 per-step scores over the answer's steps, the surrogate of log p(response) = sum over steps of log p(token): each
 step's row is taken as that step's surrogate. Tokens without a score (NaN) count as 0.
 
-Scores that are positive everywhere (Random, attention methods) predict more for masks that keep more sources, and
-the answer's log-probability also tends to grow with the context kept: such a map gets a positive LDS without any
-ranking. `centred` gives zero-mean scores (each step's row minus its mean over the evaluated tokens) so that a method
-can be scored without that effect; the tables show Random both ways.
+**Which scale enters.** The method's raw scores, as it returns them (not z-scores): the surrogate adds scores up, and
+a sum means something only on the scale the method produces; a z-score per step would divide each step by its own
+spread, which changes how much each answer token counts in the whole-answer sum. Spearman's correlation makes the LDS
+blind to any one positive factor of the whole map, so the raw scale's unit does not matter, only its zero and the
+steps' relative weights do.
+
+**Raw and centred.** Scores that are positive everywhere (Random, attention methods, MACS) predict more for masks that
+keep more sources (more tokens), and the answer's log-probability also tends to grow with the context kept: such a
+map gets a positive LDS without any ranking (Random: about 0.56). `centred` gives zero-mean scores (each step's row
+minus its mean over the context tokens, before the tokens are summed into sentences), which takes the token-count term
+out; then a sentence scores above 0 only where its tokens score above the step's mean. The field's LDS (ContextCite,
+AT2) is fitted on signed surrogate weights, which carry no such offset; so both are reported for every method: the raw
+LDS is what a user of the raw map gets, the centred one what its ranking alone earns.
 """
 
 from __future__ import annotations

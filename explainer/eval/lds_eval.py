@@ -15,8 +15,11 @@ test). Then, per row (`lds.py` has the definitions and the choice of sentence sc
   `drop_token@k`: per answer token, ranked by its step's scores, averaged over the row's tokens. A row with fewer
   than k sentences removes all of them.
 
-Random is also scored with zero-mean scores (`random (zero-mean)`, `lds.centred`), to show how much of an LDS comes
-from positive scores alone. Rows are appended to a JSON-lines file as they finish (`resumable`), one results file per
+Every method is scored twice, on the same masks and measurements: `lds` / `lds_token` with its raw scores, and
+`lds_centred` / `lds_token_centred` with each step's scores centred over the context tokens first (`lds.centred`), which
+takes out the length prior that a positive map gets for free (`lds.py` says why, and which scale enters). The top-k
+drops rank the raw scores. Rows of earlier runs carry a pseudo-method `random (zero-mean)` instead. Intervals use the t
+quantile (`intervals.mean_t`). Rows are appended to a JSON-lines file as they finish (`resumable`), one results file per
 rank under `torchrun` (`parallel`). Front end: `python -m explainer lds`.
 """
 
@@ -39,6 +42,7 @@ from ..result.steps import last_content_step
 from .ablate import response_logprobs
 from .evaluate import context_positions, qa_prompt
 from .haystack import method_label
+from .intervals import mean_t
 from .lds import (
     KEEP_PROBABILITY,
     MASKS,
@@ -52,11 +56,7 @@ from .lds import (
     top_sources,
     without,
 )
-from .metrics import mean_ci
 from .resumable import measure_and_summarise
-
-ZERO_MEAN = ("random",)  # methods also scored with zero-mean scores (the issue's "random's floor")
-ZERO_MEAN_SUFFIX = " (zero-mean)"
 
 
 @dataclass
@@ -98,17 +98,19 @@ def _mean(values: list[float | None]) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def method_plan(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], runs: _Runs, cfg: LdsConfig) -> dict:
+def method_plan(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], runs: _Runs, cfg: LdsConfig,
+                centred_scores: np.ndarray | None = None) -> dict:  # fmt: skip
     """What one method's entries of a row need: its scores, the masks' runs and the removal runs of its top-k drops
     (added to `runs`); `method_entries` turns it into the entries once the runs are measured.
 
     Args:
         scores: (K, S) the method's sentence scores at each response step.
         masks: (M, S) the row's ablation masks; mask_runs: their run indices.
+        centred_scores: (K, S) its sentence scores from centred token scores, for the centred LDS (None: none).
 
     Returns:
-        {"whole": (S,) scores summed over steps, "scores", "masks", "mask_runs", "top": {k: (whole-answer run,
-        [run per step])}}.
+        {"whole": (S,) scores summed over steps, "scores", "centred", "masks", "mask_runs", "top": {k: (whole-answer
+        run, [run per step])}}.
     """
     whole = scores.sum(axis=0)  # (S,)
     s = scores.shape[1]
@@ -116,7 +118,8 @@ def method_plan(scores: np.ndarray, masks: np.ndarray, mask_runs: list[int], run
         k: (runs.add(without(s, top_sources(whole, k))), [runs.add(without(s, top_sources(row, k))) for row in scores])
         for k in cfg.top_k
     }
-    return {"whole": whole, "scores": scores, "masks": masks, "mask_runs": mask_runs, "top": top}
+    return {"whole": whole, "scores": scores, "centred": centred_scores, "masks": masks, "mask_runs": mask_runs,
+            "top": top}  # fmt: skip
 
 
 def method_entries(plan: dict, logp: np.ndarray) -> dict[str, Any]:
@@ -126,6 +129,10 @@ def method_entries(plan: dict, logp: np.ndarray) -> dict[str, Any]:
         "lds": lds(actual.sum(axis=1), predictions(plan["masks"], plan["whole"])),
         "lds_token": _mean(lds_per_token(actual, predictions(plan["masks"], plan["scores"]))),
     }
+    if plan.get("centred") is not None:
+        c = plan["centred"]  # (K, S)
+        out["lds_centred"] = lds(actual.sum(axis=1), predictions(plan["masks"], c.sum(axis=0)))
+        out["lds_token_centred"] = _mean(lds_per_token(actual, predictions(plan["masks"], c)))
     full = logp[0]  # (K,)
     for k, (whole_run, step_runs) in plan["top"].items():
         out[f"drop@{k}"] = float(full.sum() - logp[whole_run].sum())
@@ -191,10 +198,8 @@ def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str
     for name, method in attr.methods.items():
         raw = np.asarray(method.raw[:k], dtype=np.float32)  # (K, N)
         label = method_label(name, cfg.method_options.get(name))
-        plans[label] = method_plan(source_scores(raw, sentences), masks, mask_runs, runs, cfg)
-        if name in ZERO_MEAN:
-            zero_mean = source_scores(centred(raw, positions), sentences)
-            plans[label + ZERO_MEAN_SUFFIX] = method_plan(zero_mean, masks, mask_runs, runs, cfg)
+        zero_mean = source_scores(centred(raw, positions), sentences)  # (K, S)
+        plans[label] = method_plan(source_scores(raw, sentences), masks, mask_runs, runs, cfg, zero_mean)
     device = bundle.device
     prompt_ids = torch.as_tensor(attr.prompt_token_ids, dtype=torch.long, device=device)  # (N,)
     response = torch.as_tensor(attr.generated_token_ids[:k], dtype=torch.long, device=device)  # (K,)
@@ -211,11 +216,12 @@ def evaluate_lds_sample(bundle, row: dict[str, Any], cfg: LdsConfig) -> dict[str
 
 def metric_keys(top_k: tuple[int, ...] = TOP_K) -> list[str]:
     """The per-row entries of a method, in table order."""
-    return ["lds", "lds_token", *(f"drop@{k}" for k in top_k), *(f"drop_token@{k}" for k in top_k)]
+    return ["lds", "lds_centred", "lds_token", "lds_token_centred", *(f"drop@{k}" for k in top_k),
+            *(f"drop_token@{k}" for k in top_k)]  # fmt: skip
 
 
 def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """`{"n", "commands", "methods": {name: {key: (mean, 95% half-width, n)}}}` over finished rows (undefined values
+    """`{"n", "commands", "methods": {name: {key: (mean, 95% t half-width, n)}}}` over finished rows (undefined values
     skipped); "commands" are the distinct command lines that measured them (of every file a joined row came from)."""
     ok = [s for s in samples if "methods" in s]
     names = list(dict.fromkeys(m for s in ok for m in s["methods"]))
@@ -226,7 +232,7 @@ def summarise(samples: list[dict[str, Any]]) -> dict[str, Any]:
         methods[name] = {}
         for key in keys:
             values = [r[key] for r in rows if r.get(key) is not None]
-            methods[name][key] = (*mean_ci(values), len(values))
+            methods[name][key] = mean_t(values)
     commands = list(dict.fromkeys(c for s in ok for c in s.get("commands") or [s.get("command")] if c))
     return {"n": len(ok), "commands": commands, "methods": methods}
 

@@ -2,7 +2,8 @@
 (`context-cite` 0.0.4, Cohen-Wang et al. 2024) and AT2 (`at2` 0.0.1, "Learning to Attribute with Attention", 2025).
 
 Both are optional (`pip install .[peers]`) and imported inside the functions that use them; nothing else of the
-library or the app imports them.
+library or the app imports them. The `lds` and `hitratio` commands run them with `--peers context-cite,at2`
+(`parse_peers` says what to install when they are absent).
 
 What each peer is handed, so that both measure what the `lds` command measures (`lds_eval.answer_row`):
 - the model and tokenizer of the project's `ModelBundle`, read-only;
@@ -21,8 +22,9 @@ logit is an increasing function of the summed log p, so a Spearman correlation, 
 Their top-k drops (`peer_drops`) are measured as the methods' whole-answer ones: the project's removal of the k
 sentences their scores rank first.
 
-Their hit ratio (`peer_needle_row`, the `hitratio` command's needle prompts) is the methods' hit ratio of their sentence
-scores, each shared evenly by its sentence's tokens; the sources are then the sentences of the whole user message.
+Their needle scores (`peer_needle_row`, the `hitratio` command's needle prompts) are the methods' mass share and AP of
+their sentence scores, each shared evenly by its sentence's tokens; the sources are then the sentences of the whole
+user message.
 
 Each peer's LDS is measured on 32 ablation masks drawn by its own code (ContextCite: seeds after its training masks;
 AT2: `create_masks`), with removal of the masked sentences: their LDS (scipy's Spearman of their surrogate against
@@ -36,10 +38,14 @@ attention mask hides the tokens; positions stay), what it is trained on; the LDS
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import math
+import tempfile
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +56,13 @@ import torch
 from ..errors import ExplainerError, InputError
 from ..runtime.host import to_numpy
 from .ablate import response_logprobs
-from .hitratio import needle_positions, needle_result
-from .lds import KEEP_PROBABILITY, MASKS, TOP_K, hit_ratio, lds, predictions, spread, top_sources, without
+from .hitratio import needle_layout, needle_result, score_maps
+from .lds import KEEP_PROBABILITY, MASKS, TOP_K, lds, predictions, spread, top_sources, without
 from .lds_eval import LdsRow, answer_prompt, answer_row
 from .resumable import measure_rows, read_results
 
 PEERS = ("context-cite", "at2")
+PEER_MODULES = {"context-cite": "context_cite", "at2": "at2"}  # what each peer imports
 CONTEXT_CITE_ABLATIONS = 64  # ContextCite's default number of ablations to fit its surrogate
 AT2_STEPS = 50  # training steps of the check (the paper: 1000 over many examples); agreement, not a result
 AT2_LEARNING_RATE = 1e-3  # AT2's default
@@ -332,20 +339,21 @@ def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[st
 
 def peer_needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[str, Any]:
     """The peers of `cfg.peers` on one needle prompt (`hitratio.needle_rows`), as a row of the `hitratio` command's
-    results (joinable with `hitratio --report`): each one's hit ratio.
+    results (joinable with `hitratio --report`): each one's mass share and AP on the needle.
 
-    A peer scores sentences, so its sources are the sentences of the whole user message (system prompt, haystack,
-    needle and query; `lds_eval.answer_prompt`), and its map is read at token level by sharing each sentence's score
-    evenly among its tokens (`lds.spread`), so that a token's share is its sentence's and the hit ratio is the
-    methods' (`lds.hit_ratio` over the same text and hit tokens, `hitratio.needle_positions`).
+    A peer scores sentences, so its sources are the sentences of the whole user message (instruction, haystack,
+    needles and question; `lds_eval.answer_prompt`), and its map is read at token level by sharing each sentence's
+    score evenly among its tokens (`lds.spread`). It explains the whole response, so its one map stands for every step
+    that writes the password; then it is scored as the methods are (`hitratio.score_maps`: the needle and haystack
+    tokens only, rows whose answer holds a password).
 
     Raises:
         InputError: no answer.
     """
     t0 = time.perf_counter()
     p = peer_row_of(bundle, answer_prompt(bundle, row["id"], row["prompt"], 0, ["random"], cfg.max_new_tokens))
-    text, hits = needle_positions(bundle, p.row.encoded, row)
-    out = needle_result(row, p.row.attr, text, hits)
+    layout = needle_layout(bundle, p.row.encoded, row)
+    out = needle_result(row, p.row.attr, layout)
     run = {"context-cite": lambda: context_cite_scores(bundle, p, cfg)[0],
            "at2": lambda: at2_scores(bundle, p, estimator)}  # fmt: skip
     out["peers"] = {}
@@ -353,7 +361,8 @@ def peer_needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> 
         start = time.perf_counter()
         scores = run[name]()
         whole = spread(scores, p.row.sentences, len(p.prompt_ids))  # (N,)
-        out["methods"][name] = {"hit_ratio": hit_ratio(whole, hits, text), "seconds": time.perf_counter() - start}
+        out["methods"][name] = {"seconds": time.perf_counter() - start}
+        score_maps(out, layout, {name: whole})
         out["peers"][name] = {"scores": [float(s) for s in scores]}
     out["n_sentences"], out["seconds"], out["command"] = len(p.row.sentences), time.perf_counter() - t0, cfg.command
     return out
@@ -384,3 +393,58 @@ def run_peers(bundle, rows: list[dict[str, Any]], train_rows: list[dict[str, Any
         one = measure or peer_row
         measure_rows(todo, lambda row: one(bundle, row, estimator, cfg), done, results_path, bundle.model, log)
     return [done[r["id"]] for r in rows if r["id"] in done]
+
+
+def _installed(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def parse_peers(text: str) -> tuple[str, ...]:
+    """The peers of `--peers context-cite,at2`, checked to be known and installed.
+
+    Raises:
+        InputError: an unknown name, or a peer whose optional package is not installed (says how to install it).
+    """
+    peers = tuple(dict.fromkeys(n.strip() for n in text.split(",") if n.strip()))
+    if not peers or set(peers) - set(PEERS):
+        raise InputError(f"--peers: choose from {', '.join(PEERS)}, got {text!r}.")
+    missing = [n for n in peers if not _installed(PEER_MODULES[n])]
+    if missing:
+        raise InputError(
+            f"--peers {','.join(missing)} needs the optional extras, which are not installed: pip install '.[peers]' "
+            "(context-cite 0.0.4 and at2 0.0.1; best in a separate virtual environment)."
+        )
+    return peers
+
+
+@contextlib.contextmanager
+def at2_folder(root: str | None, train: list[dict], key: Sequence[Any]) -> Iterator[str]:
+    """AT2's trainer folder: a temporary one, or one under `root` named after its training rows and `key` (what its
+    stored features depend on: masks, precision, answer length, model), so that a rerun with the same training
+    reuses them."""
+    if root is None:
+        with tempfile.TemporaryDirectory() as work:
+            yield work
+        return
+    digest = json.dumps([[r["id"] for r in train], *key])
+    work = Path(root) / f"at2-{zlib.crc32(digest.encode('utf-8')):08x}"
+    work.mkdir(parents=True, exist_ok=True)
+    yield str(work)
+
+
+def agreement_lines(rows: list[dict]) -> list[str]:
+    """One line per peer: its mean LDS by its own code and by ours, their largest difference, and the largest
+    per-token log-probability difference of its ablations from ours."""
+    lines = []
+    for name in dict.fromkeys(n for r in rows for n in r.get("peers", {})):
+        entries = [r["peers"][name] for r in rows if "lds_theirs" in r.get("peers", {}).get(name, {})]
+        if not entries:
+            continue
+        pairs = [(e["lds"], e["lds_theirs"]) for e in entries if None not in (e["lds"], e["lds_theirs"])]
+        ours = sum(p[0] for p in pairs) / max(len(pairs), 1)
+        theirs = sum(p[1] for p in pairs) / max(len(pairs), 1)
+        gap = max((abs(a - b) for a, b in pairs), default=float("nan"))
+        logp = max(e["max_abs_logp_diff"] for e in entries)
+        lines.append(f"{name}: LDS ours {ours:.4f}, theirs {theirs:.4f} (largest row difference {gap:.2e}); "
+                     f"largest per-token log p difference {logp:.2e} over {len(entries)} rows")  # fmt: skip
+    return lines

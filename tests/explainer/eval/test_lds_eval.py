@@ -4,6 +4,7 @@ plain loops from solo forwards, and the command resumed, sharded into rank files
 
 from __future__ import annotations
 
+import hashlib
 import json
 import zlib
 from pathlib import Path
@@ -13,8 +14,10 @@ import pytest
 import torch
 
 from explainer.cli import main
+from explainer.errors import InputError
 from explainer.eval.ablate import response_logprobs
-from explainer.eval.evaluate import context_positions, qa_prompt
+from explainer.eval.datasets import question_key, select_rows
+from explainer.eval.evaluate import context_positions, load_squad, qa_prompt
 from explainer.eval.lds import ablation_masks
 from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample
 from explainer.eval.metrics import spearman
@@ -89,13 +92,21 @@ def test_a_row_recomputed_from_solo_forwards(llama, tokenizer):
         tokens = [spearman(measured[:, j], [sum(per_step[j, s] for s in range(4) if m[s]) for m in masks])
                   for j in range(k)]  # fmt: skip
         assert entry["lds_token"] == pytest.approx(np.mean([t for t in tokens if t is not None]), abs=1e-6)
+        # centred: each step's token scores minus their mean over the context tokens, then summed into sentences
+        cen = np.array([[sum(raw[j, p] - np.mean([raw[j, q] for q in positions]) for p in s) for s in sentences]
+                        for j in range(k)])  # fmt: skip  # (K, S)
+        predicted_c = [sum(cen.sum(axis=0)[s] for s in range(4) if m[s]) for m in masks]
+        assert entry["lds_centred"] == pytest.approx(spearman(measured.sum(axis=1), predicted_c), abs=1e-6)
+        tokens_c = [spearman(measured[:, j], [sum(cen[j, s] for s in range(4) if m[s]) for m in masks])
+                    for j in range(k)]  # fmt: skip
+        assert entry["lds_token_centred"] == pytest.approx(np.mean([t for t in tokens_c if t is not None]), abs=1e-6)
         for top in (1, 2):
             best = set(np.argsort(-whole, kind="stable")[:top].tolist())
             assert entry[f"drop@{top}"] == pytest.approx(full.sum() - logp_without(best).sum(), abs=1e-3)
             drops = [full[j] - logp_without(set(np.argsort(-per_step[j], kind="stable")[:top].tolist()))[j]
                      for j in range(k)]  # fmt: skip
             assert entry[f"drop_token@{top}"] == pytest.approx(np.mean(drops), abs=1e-3)
-    assert set(got["methods"]) == {"macs", "random", "random (zero-mean)"}
+    assert set(got["methods"]) == {"macs", "random"}  # centred is a column of every method, not a pseudo-method
 
 
 def _rows() -> list[dict]:
@@ -114,7 +125,8 @@ def test_lds_command_resumes_shards_and_reports(tiny_model_dir, tmp_path, capsys
     assert main([*args, "--limit", "1"]) == 0
     assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["q0"]
     out = capsys.readouterr().out
-    assert "N = 1 rows" in out and "random (zero-mean)" in out and "command: python -m explainer lds" in out
+    assert "N = 1 rows" in out and "lds_centred" in out and "lds_token_centred" in out
+    assert "command: python -m explainer lds" in out
     assert main(args) == 0 and len(results.read_text().splitlines()) == 2  # resumed: one new row
     single = {json.loads(line)["id"]: json.loads(line) for line in results.read_text().splitlines()}
     sharded = tmp_path / "sharded.jsonl"
@@ -159,3 +171,34 @@ def test_a_joined_report_prints_every_files_command(tmp_path, capsys):
     assert "N = 2 rows" in out and "(1)" in out  # AtMan on one of the two rows
     assert "command: python -m explainer lds --methods macs\n" in out
     assert "command: python -m explainer lds --methods atman --limit 1" in out
+
+
+def test_ids_pick_questions_by_id_or_text_key_in_their_order(tmp_path, capsys, tiny_model_dir):
+    official = {"data": [{"title": "T", "paragraphs": [{"context": ROW["context"], "qas": [
+        {"id": f"official{i}", "question": q, "answers": [{"text": "fox", "answer_start": 16}], "is_impossible": False}
+        for i, q in enumerate(["What is the capital of France?", "Which dog is lazy?", "Who jumps?"])]}]}]}  # fmt: skip
+    data = tmp_path / "dev.json"
+    data.write_text(json.dumps(official))
+    rows = load_squad(data)
+    ids = tmp_path / "run.ids"
+    lines = ["# a comment", f"mine2 {question_key(rows[2])}", "", "official0  # by its own id",
+             f"mine1 {question_key(rows[1])}"]  # fmt: skip
+    ids.write_text("\n".join(lines) + "\n")
+    chosen = select_rows(rows, ids)
+    assert [r["id"] for r in chosen] == ["mine2", "official0", "mine1"]  # the file's order and ids
+    assert [r["question"] for r in chosen] == ["Who jumps?", "What is the capital of France?", "Which dog is lazy?"]
+    assert question_key(rows[0]) == hashlib.sha1(f"T\n{ROW['context']}\nWhat is the capital of France?".encode()
+                                                 ).hexdigest()[:16]  # fmt: skip
+    ids.write_text("mine9 0123456789abcdef\n")
+    with pytest.raises(InputError, match="1 questions of .* are not in the data"):
+        select_rows(rows, ids)
+    ids.write_text("a b c\n")
+    with pytest.raises(InputError, match="expected 'ID' or 'ID KEY'"):
+        select_rows(rows, ids)
+    ids.write_text(f"mine2 {question_key(rows[2])}\nmine1 {question_key(rows[1])}\n")
+    results = tmp_path / "lds.jsonl"
+    assert main(["lds", "--data", str(data), "--ids", str(ids), "--offset", "1", "--limit", "1", "--model",
+                 str(tiny_model_dir), "--methods", "random", "--masks", "4", "--max-new-tokens", "2", "--device", "cpu",
+                 "--results", str(results)]) == 0  # fmt: skip
+    assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["mine1"]
+    assert "--ids" in json.loads(results.read_text().splitlines()[0])["command"]
