@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 
 from explainer.eval import calibrate as cal  # noqa: E402
 from explainer.eval import forms  # noqa: E402
-from explainer.eval.datasets import resolve_data  # noqa: E402
+from explainer.eval.datasets import resolve_data, select_rows  # noqa: E402
 from explainer.eval.evaluate import load_squad  # noqa: E402
 from explainer.methods.calibration import find_weights  # noqa: E402
 from explainer.models.loading import load_model  # noqa: E402
@@ -36,22 +36,8 @@ def ranges(text: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in (part.split(":") for part in text.split(","))]
 
 
-def read_ids(path: str | None) -> list[str] | None:
-    """The row ids of an ids file (one a line, `#` comments), in the order the ranges index; None without one."""
-    if path is None:
-        return None
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
-
-
-def pick(rows: list[dict], ids: list[str] | None, spec: str) -> list[dict]:
-    """The rows of `spec`'s ranges, counted in the ids file's order (else the data's)."""
-    if ids is not None:
-        by_id = {r["id"]: r for r in rows}
-        missing = [i for i in ids if i not in by_id]
-        if missing:
-            raise SystemExit(f"{len(missing)} ids are not in the data, e.g. {missing[0]!r}")
-        rows = [by_id[i] for i in ids]
+def pick(rows: list[dict], spec: str) -> list[dict]:
+    """The rows of `spec`'s ranges, counted in `rows`' order (the ids file's, with `--ids`)."""
     return [r for a, b in ranges(spec) for r in rows[a:b]]
 
 
@@ -72,7 +58,7 @@ def show(selection: dict, final: dict) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data", required=True, help="SQuAD JSON file or squad_v2-dev")
-    p.add_argument("--ids", default=None, help="file of row ids (one a line) that the ranges count in")
+    p.add_argument("--ids", default=None, help="ids file (`explainer lds --ids`) whose order the ranges count in")
     p.add_argument("--train", required=True, help="row ranges the forms are chosen on, e.g. 200:300")
     p.add_argument("--heldout", required=True, help="row ranges the chosen form is scored on once, e.g. 0:100")
     p.add_argument("--cache", required=True, help="folder of the measured rows (a rerun reuses them)")
@@ -80,10 +66,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", default=None, help="JSON file for the tables")
     args = p.parse_args(argv)
     torch.set_num_threads(1)  # a long background run beside other work
-    rows, ids = load_squad(resolve_data(args.data)), read_ids(args.ids)
+    rows = load_squad(resolve_data(args.data))
+    rows = select_rows(rows, args.ids) if args.ids else rows
     bundle = load_model(None, device="cpu" if not torch.cuda.is_available() else None, dtype=parse_dtype(args.dtype))
     cfg = cal.CalibrateConfig()
-    got = {name: cal.collect(bundle, pick(rows, ids, spec), cfg, Path(args.cache), measure=cal.collect_forms_row)
+    got = {name: cal.collect(bundle, pick(rows, spec), cfg, Path(args.cache), measure=cal.collect_forms_row)
            for name, spec in (("train", args.train), ("heldout", args.heldout))}  # fmt: skip
     train, test = (forms.usable(got[name]["examples"]) for name in ("train", "heldout"))
     every = forms.forms(find_weights(bundle.model).layer_weights)
