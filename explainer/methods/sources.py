@@ -62,7 +62,7 @@ from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
-from .surrogate import DESIGNS, cross_validated, design, fit
+from .surrogate import DESIGNS, cross_validated, design, fit, spread
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
@@ -205,9 +205,7 @@ class Sources(AttributionMethod):
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress)  # (R, K)
         a = 1 + len(fitted)
         weights, intercepts, penalty = fit(masks[:a], logp[:a])  # (K, U), (K,)
-        raw = np.zeros((k, n), dtype=np.float32)  # (K, N)
-        for u, g in enumerate(groups):
-            raw[:, g.start : g.stop] = (weights[:, u] / (g.stop - g.start))[:, None]
+        raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
         whole = weights.sum(axis=0)  # (U,)
         quality = {
             "held_out_spearman": spearman(logp[a:].sum(axis=1), masks[a:] @ whole) if len(checks) > 1 else None,

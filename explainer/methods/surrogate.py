@@ -8,8 +8,8 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 
 - the fit is ridge regression with an unpenalised intercept (Eq. 1 of ContextCite with an L2 in place of its L1
   penalty), its strength chosen by leave-one-out error (exact, from the hat matrix), shared by every answer token;
-- the masks are a design, not independent draws (`design`): complementary pairs (x, 1 - x) of balanced masks, so
-  every unit is kept in exactly half of them and a unit's effect is estimated free of the intercept;
+- the masks are a design, not independent draws (`design`): complementary pairs (x, 1 - x), so every unit is kept
+  in exactly half of them and a unit's effect is estimated free of the intercept;
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
@@ -22,25 +22,22 @@ from collections.abc import Sequence
 import numpy as np
 
 DESIGNS = ("pairs", "random")  # complementary balanced pairs; independent masks kept with probability 1/2
+MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
 
 
 def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
-    """(k, U) keep-masks: "pairs": k/2 balanced random masks (each unit kept in half of them, up to one for odd
-    counts) and their complements (an odd k ends with one more random mask); "random": each unit kept with
-    probability 1/2, independently. `seed`: anything `np.random.default_rng` takes."""
+    """(k, U) keep-masks. "pairs": x_1, 1 - x_1, x_2, 1 - x_2, ... with each x_i kept with probability 1/2 per unit
+    (an odd k ends on an unpaired x), so every unit is kept in half of the paired masks, and the design of k masks
+    is the first k rows of every larger one with the same seed; "random": each unit kept with probability 1/2,
+    independently. `seed`: anything `np.random.default_rng` takes."""
     rng = np.random.default_rng(seed)
     if kind == "random":
         return rng.random((k, units)) < 0.5
     if kind != "pairs":
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {kind!r}")
-    half = k // 2
-    column = np.arange(half) < (half + 1) // 2  # (k/2,) half of the rows keep the unit
-    first = np.stack([rng.permutation(column) for _ in range(units)], axis=1) if half else np.zeros((0, units), bool)
-    out = [first, ~first]
-    if k % 2:
-        out.append(rng.random((1, units)) < 0.5)
-    return np.concatenate(out).astype(bool)  # (k, U)
+    first = rng.random((MAX_PAIRS, units)) < 0.5  # (P, U) drawn in full whatever k is: nested designs
+    return np.stack([first, ~first], axis=1).reshape(-1, units)[:k]  # (k, U) x_1, 1 - x_1, x_2, ...
 
 
 def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
@@ -84,3 +81,24 @@ def cross_validated(masks: np.ndarray, targets: np.ndarray, penalty: float) -> n
     x, y = np.asarray(masks, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     _, loo = _ridge_path(x, y, penalty * len(x) / 4)
     return y - loo
+
+
+def spread(weights: np.ndarray, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray:
+    """(K, N) float32 token map: each unit's weight (K, U) shared evenly by its tokens [start, stop), so summing a
+    step's map over a unit's tokens gives its weight back; tokens outside every unit get 0."""
+    out = np.zeros((weights.shape[0], n), dtype=np.float32)  # (K, N)
+    for u, (start, stop) in enumerate(spans):
+        out[:, start:stop] = (weights[:, u] / (stop - start))[:, None]
+    return out
+
+
+def refit(ablations: dict, count: int | None = None) -> np.ndarray:
+    """(K, U) weights fitted again from a Sources meta's `masks` record on its first `count` fitted masks (None: all
+    that were fitted): a pairs design of k masks is the start of every larger one, so one run of 64 ablations gives
+    the fits of 8, 16 and 32 as well."""
+    keep = np.asarray(ablations["keep"], dtype=bool)  # (R, U) row 0: all kept
+    logp = np.asarray(ablations["log_p"], dtype=np.float64)  # (R, K)
+    fitted = ablations["fitted"] if count is None else 1 + count
+    if not 1 < fitted <= ablations["fitted"]:
+        raise ValueError(f"count must lie between 1 and {ablations['fitted'] - 1}, got {count}")
+    return fit(keep[:fitted], logp[:fitted])[0]

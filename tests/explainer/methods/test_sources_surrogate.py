@@ -111,12 +111,13 @@ def test_signed_scores_and_the_fit_s_quality_are_recorded(run):
     assert (raw < 0).any() or (raw > 0).all()  # signed: nothing clips them
 
 
-def test_the_pairs_design_is_balanced_and_complementary():
+def test_the_pairs_design_is_complementary_balanced_and_nested():
     m = design(7, 16, "pairs", seed=3)
     assert m.shape == (16, 7) and m.dtype == bool
-    assert (m[:8] == ~m[8:]).all() and (m.sum(axis=0) == 8).all()
+    assert (m[0::2] == ~m[1::2]).all() and (m.sum(axis=0) == 8).all()
+    assert (design(7, 256, "pairs", seed=3)[:16] == m).all()  # a smaller design is the start of a larger one
     odd = design(5, 9, "pairs", seed=1)
-    assert odd.shape == (9, 5) and (odd[:4] == ~odd[4:8]).all()
+    assert odd.shape == (9, 5) and (odd[0:8:2] == ~odd[1:8:2]).all() and (odd == design(5, 10, "pairs", 1)[:9]).all()
     assert (design(4, 6, "pairs", seed=2) == design(4, 6, "pairs", seed=2)).all()
     assert design(3, 1, "pairs").shape == (1, 3)
     with pytest.raises(ValueError, match="design"):

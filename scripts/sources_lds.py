@@ -1,0 +1,106 @@
+"""Sources' surrogate at several ablation counts on the rows the `lds` command measures, as rows of its results file
+so that `python -m explainer lds --report LDS.jsonl,SOURCES.jsonl` joins them by question id with the other methods
+and the peers (ContextCite's rows: docs/results/lds-peers-cc-f32-2026-11-28.jsonl).
+
+Per row: the answer is generated while Sources fits its surrogate on --ablations keep-masks of the prompt's sentences
+(one run; its pairs design of k masks is the start of the larger one, so the fits at every k in --counts are refitted
+from the same passes, `surrogate.refit`); the context's sentences are ablated by the `lds` command's 32 random masks
+(the same seeds: [--seed, crc32(row id)]); each k's whole-answer and per-token LDS are written as
+"sources:ablations=k", with the fit's held-out Spearman on its own check masks.
+
+Usage: python scripts/sources_lds.py --data squad_v2-dev --ids docs/results/squad-dev-350.ids --limit 100
+       --dtype float32 --results docs/results/lds-sources-surrogate-f32-DATE.jsonl [--counts 8,16,32,64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+import zlib
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from explainer.eval.ablate import response_logprobs
+from explainer.eval.datasets import resolve_data
+from explainer.eval.evaluate import load_squad
+from explainer.eval.lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
+from explainer.eval.lds_eval import answer_row, format_table, summarise
+from explainer.eval.resumable import measure_and_summarise
+from explainer.methods.surrogate import refit, spread
+from explainer.models.loading import load_model
+from explainer.runtime.precision import parse_dtype
+
+
+def _mean(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
+
+
+def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
+    t0 = time.perf_counter()
+    options = {"sources": {"ablations": max(args.counts), "check": args.check}}
+    answered = answer_row(bundle, row, ["sources"], args.max_new_tokens, options)
+    attr, sentences, k = answered.attr, answered.sentences, answered.k
+    meta = attr.methods["sources"].meta
+    masks = ablation_masks(len(sentences), MASKS, 0.5, [args.seed, zlib.crc32(str(row["id"]).encode("utf-8"))])
+    keep = np.ones((len(masks), attr.num_prompt_tokens), dtype=bool)  # (M, N)
+    for m, mask in enumerate(masks):
+        for s, positions in enumerate(sentences):
+            if not mask[s]:
+                keep[m, positions] = False
+    device = bundle.device
+    logp = response_logprobs(
+        bundle.model, torch.as_tensor(attr.prompt_token_ids, device=device),
+        torch.as_tensor(attr.generated_token_ids[:k], device=device), torch.as_tensor(keep, device=device),
+    )[:, :k]  # fmt: skip  (M, K)
+    spans = [tuple(u) for u in meta["masks"]["units"]]
+    methods = {}
+    for count in args.counts:
+        raw = spread(refit(meta["masks"], count), spans, attr.num_prompt_tokens)[:k]  # (K, N)
+        scores = source_scores(raw, sentences)  # (K, S)
+        methods[f"sources:ablations={count}"] = {
+            "lds": lds(logp.sum(axis=1), predictions(masks, scores.sum(axis=0))),
+            "lds_token": _mean(lds_per_token(logp, predictions(masks, scores))),
+        }
+    return {
+        "id": row["id"], "answer": attr.generated_text, "dtype": attr.meta.get("dtype"),
+        "n_prompt_tokens": attr.num_prompt_tokens, "n_sentences": len(sentences), "n_response_tokens": k,
+        "n_units": len(spans), "held_out_spearman": meta["held_out_spearman"], "ridge": meta["ridge"],
+        "methods": methods, "seconds": time.perf_counter() - t0, "command": args.command_line,
+    }  # fmt: skip
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--data", required=True, help="SQuAD JSON file or squad_v2-dev")
+    p.add_argument("--ids", help="a file of row ids, one a line: only these rows, in this order")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--counts", default="8,16,32,64", help="ablation counts fitted (the largest is run)")
+    p.add_argument("--check", type=int, default=4, help="masks measured for the fit's held-out Spearman")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=16)
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--model", default=None)
+    p.add_argument("--results", help="JSON-lines file; a rerun skips the rows already in it")
+    args = p.parse_args()
+    args.counts = sorted({int(c) for c in args.counts.split(",")})
+    args.command_line = shlex.join(["python", "scripts/sources_lds.py", *sys.argv[1:]])
+    rows = load_squad(resolve_data(args.data))
+    if args.ids:
+        wanted = [line.strip() for line in Path(args.ids).read_text(encoding="utf-8").splitlines() if line.strip()]
+        by_id = {str(r["id"]): r for r in rows}
+        rows = [by_id[i] for i in wanted if i in by_id]
+    rows = rows[: args.limit]
+    bundle = load_model(args.model, dtype=parse_dtype(args.dtype))
+    summary = measure_and_summarise(rows, lambda row: measure(bundle, row, args), summarise, args.results,
+                                    bundle.model, lambda m: print(m, file=sys.stderr))  # fmt: skip
+    print(format_table(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
