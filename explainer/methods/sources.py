@@ -217,8 +217,8 @@ class Sources(AttributionMethod):
         first = [int(np.argmin(row)) for row in masks if not row.all()]  # first removed unit of each ablation
         used = (n + k - 1) * (1 + len(first)) - sum(groups[u].start for u in first)  # the base pass, each suffix
         self._meta = {
-            **_sources_meta(scored, len(groups), used, sentences, n + k), "fit": "surrogate", "ablations": len(fitted),
-            "checks": len(checks), "ridge": penalty, **quality,
+            **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
+            "ablations": len(fitted), "checks": len(checks), "ridge": penalty, **quality,
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},
         }  # fmt: skip
@@ -275,12 +275,15 @@ class Sources(AttributionMethod):
         return {**super().meta(), **self._meta}
 
 
-def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int) -> dict:
-    """The top units by mean score over the answer, and the work done against leave-one-sentence-out without a
-    cache (one full pass per sentence and the original) and ContextCite's 64 ablations (JSON-able)."""
+def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int,
+                  total: bool = False) -> dict:  # fmt: skip
+    """The top units by mean score over the answer (`total`: the sum, the surrogate's whole-answer weight), and the
+    work done against leave-one-sentence-out without a cache (one full pass per sentence and the original) and
+    ContextCite's 64 ablations (JSON-able)."""
     ranked = sorted(scored, key=lambda item: -float(item[1].mean()))[:TOP_SOURCES]
     top = [
-        {"text": g.text.strip(), "kind": g.kind, "start": g.start, "stop": g.stop, "score": float(s.mean())}
+        {"text": g.text.strip(), "kind": g.kind, "start": g.start, "stop": g.stop,
+         "score": float(s.sum() if total else s.mean())}
         for g, s in ranked
     ]
     return {"sources": top, "units_scored": passes, "forward_positions": used,
