@@ -8,8 +8,14 @@ from the same passes, `surrogate.refit`); the context's sentences are ablated by
 (the same seeds: [--seed, crc32(row id)]); each k's whole-answer and per-token LDS are written as
 "sources:ablations=k", with the fit's held-out Spearman on its own check masks.
 
+--paragraphs P: long contexts instead (`datasets.haystack_rows`: the row's paragraph among P - 1 paragraphs of other
+articles, as the haystack test builds them; P = 4 gives 20 or more sentences). --reference M adds ContextCite's
+surrogate as its paper defines it, without its package: M random masks over the context's sentences (each kept with
+probability 1/2), least squares on the logit of the whole answer's probability, as "least-squares:masks=M".
+
 Usage: python scripts/sources_lds.py --data squad_v2-dev --ids docs/results/squad-dev-350.ids --limit 100
        --dtype float32 --results docs/results/lds-sources-surrogate-f32-DATE.jsonl [--counts 8,16,32,64]
+       [--paragraphs 4 --reference 64]
 """
 
 from __future__ import annotations
@@ -25,7 +31,7 @@ import numpy as np
 import torch
 
 from explainer.eval.ablate import response_logprobs
-from explainer.eval.datasets import resolve_data
+from explainer.eval.datasets import haystack_rows, resolve_data
 from explainer.eval.evaluate import load_squad
 from explainer.eval.lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
 from explainer.eval.lds_eval import answer_row, format_table, summarise
@@ -46,9 +52,12 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
     answered = answer_row(bundle, row, ["sources"], args.max_new_tokens, options)
     attr, sentences, k = answered.attr, answered.sentences, answered.k
     meta = attr.methods["sources"].meta
-    masks = ablation_masks(len(sentences), MASKS, 0.5, [args.seed, zlib.crc32(str(row["id"]).encode("utf-8"))])
-    keep = np.ones((len(masks), attr.num_prompt_tokens), dtype=bool)  # (M, N)
-    for m, mask in enumerate(masks):
+    crc = zlib.crc32(str(row["id"]).encode("utf-8"))
+    masks = ablation_masks(len(sentences), MASKS, 0.5, [args.seed, crc])  # (M, S) the `lds` command's
+    reference = ablation_masks(len(sentences), args.reference, 0.5, [args.seed, crc, 1])  # (M', S)
+    every = np.concatenate([masks, reference])
+    keep = np.ones((len(every), attr.num_prompt_tokens), dtype=bool)  # (M + M', N)
+    for m, mask in enumerate(every):
         for s, positions in enumerate(sentences):
             if not mask[s]:
                 keep[m, positions] = False
@@ -56,7 +65,8 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
     logp = response_logprobs(
         bundle.model, torch.as_tensor(attr.prompt_token_ids, device=device),
         torch.as_tensor(attr.generated_token_ids[:k], device=device), torch.as_tensor(keep, device=device),
-    )[:, :k]  # fmt: skip  (M, K)
+    )[:, :k]  # fmt: skip  (M + M', K)
+    logp, measured = logp[: len(masks)], logp[len(masks) :]
     spans = [tuple(u) for u in meta["masks"]["units"]]
     methods = {}
     for count in args.counts:
@@ -66,6 +76,12 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
             "lds": lds(logp.sum(axis=1), predictions(masks, scores.sum(axis=0))),
             "lds_token": _mean(lds_per_token(logp, predictions(masks, scores))),
         }
+    if args.reference:
+        whole = measured.sum(axis=1)
+        target = whole - np.log(-np.expm1(np.minimum(whole, -1e-6)))  # logit p = log p - log(1 - p)
+        design = np.concatenate([np.ones((len(reference), 1)), reference.astype(float)], axis=1)
+        coef = np.linalg.lstsq(design, target, rcond=None)[0]
+        methods[f"least-squares:masks={args.reference}"] = {"lds": lds(logp.sum(axis=1), masks @ coef[1:])}
     return {
         "id": row["id"], "answer": attr.generated_text, "dtype": attr.meta.get("dtype"),
         "n_prompt_tokens": attr.num_prompt_tokens, "n_sentences": len(sentences), "n_response_tokens": k,
@@ -80,6 +96,8 @@ def main() -> int:
     p.add_argument("--ids", help="a file of row ids, one a line: only these rows, in this order")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--counts", default="8,16,32,64", help="ablation counts fitted (the largest is run)")
+    p.add_argument("--paragraphs", type=int, default=0, help="long contexts: this many paragraphs joined (0: none)")
+    p.add_argument("--reference", type=int, default=0, help="masks of a least-squares ContextCite fit (0: none)")
     p.add_argument("--check", type=int, default=4, help="masks measured for the fit's held-out Spearman")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-new-tokens", type=int, default=16)
@@ -95,6 +113,8 @@ def main() -> int:
         by_id = {str(r["id"]): r for r in rows}
         rows = [by_id[i] for i in wanted if i in by_id]
     rows = rows[: args.limit]
+    if args.paragraphs:
+        rows = haystack_rows(rows, args.paragraphs)
     bundle = load_model(args.model, dtype=parse_dtype(args.dtype))
     summary = measure_and_summarise(rows, lambda row: measure(bundle, row, args), summarise, args.results,
                                     bundle.model, lambda m: print(m, file=sys.stderr))  # fmt: skip
