@@ -1,5 +1,6 @@
-"""Pure view of one answer's LDS per method (`explainer.faithfulness.lds.LdsReport`): a small bar chart, Sources'
-own fit drawn apart (hatched) because it is cross-validated on the masks it was fitted on, and a one-line caption."""
+"""Pure view of one answer's LDS per method (`explainer.faithfulness.lds.LdsReport`): a small horizontal bar chart
+(narrow enough to sit beside the removal curves), Sources' own fit drawn apart (hatched) because it is
+cross-validated on the masks it was fitted on, and a caption."""
 
 from __future__ import annotations
 
@@ -20,26 +21,26 @@ NO_SURROGATE = (
 
 
 def lds_figure(report: LdsReport) -> go.Figure:
-    """One bar per method: its LDS on this answer (Spearman over the masks, -1 to 1), the mask count in the hover;
-    a method without a value (constant scores) is listed with an empty bar."""
+    """One bar per method, top to bottom: its LDS on this answer (Spearman over the masks, -1 to 1), the mask count
+    in the hover; a method without a value (constant scores) is listed with an empty bar marked n/a."""
     names = list(report.lds)
     colors = method_colors(names)
     fig = go.Figure()
     for name in names:
         value = report.lds[name]
         own = name == SOURCES
-        label = f"{name} (own fit, cross-validated)" if own else name
+        label = f"{name} (own fit)" if own else name
         fig.add_trace(
             go.Bar(
-                x=[label], y=[value if value is not None else 0.0], name=label, marker_color=colors[name],
-                marker_pattern_shape="/" if own else "", showlegend=False,
-                text=["n/a" if value is None else f"{value:+.2f}"], textposition="outside",
-                hovertemplate=f"{html.escape(label)}: %{{y:.3f}} over {report.masks.get(name, 0)} masks<extra></extra>",
+                y=[label], x=[value if value is not None else 0.0], name=label, orientation="h",
+                marker_color=colors[name], marker_pattern_shape="/" if own else "", showlegend=False,
+                text=["n/a" if value is None else f"{value:+.2f}"], textposition="outside", cliponaxis=False,
+                hovertemplate=f"{html.escape(label)}: %{{x:.3f}} over {report.masks.get(name, 0)} masks<extra></extra>",
             )
         )  # fmt: skip
-    fig.update_yaxes(range=[-1.05, 1.15], title_text="LDS (Spearman)", zeroline=True)
-    fig.update_layout(height=300, margin={"l": 60, "r": 20, "t": 30, "b": 60}, title_text="LDS on this answer ↑",
-                      title_font_size=13, bargap=0.4)  # fmt: skip
+    fig.update_xaxes(range=[-1, 1], title_text="LDS (Spearman) ↑", zeroline=True, zerolinecolor="#888")
+    fig.update_yaxes(autorange="reversed")  # the first method on top
+    fig.update_layout(height=90 + 36 * max(1, len(names)), margin={"l": 10, "r": 30, "t": 10, "b": 40}, bargap=0.3)
     return fig
 
 

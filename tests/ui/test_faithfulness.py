@@ -229,6 +229,6 @@ def test_the_panel_draws_each_method_s_lds_beside_the_removal_curves():
     fit = {"held_out_spearman": 0.8, "checks": 4, "cross_validated_spearman": 0.9, "ablations": 16}
     lds = LdsReport(lds={"macs": 0.5, "sources": 0.9}, masks={"macs": 21, "sources": 17}, units=6, fit=fit)
     view = faithfulness.render_faithfulness(FaithfulnessReport(lds=lds), "BLEU")
-    assert [t.x[0] for t in view.lds.data] == ["macs", "sources (own fit, cross-validated)"]
+    assert [t.y[0] for t in view.lds.data] == ["macs", "sources (own fit)"]
     assert "21 ablation masks over 6 units" in view.lds_note and "held out on 4 more masks +0.80" in view.lds_note
     assert view.removal is None and view.soft is None

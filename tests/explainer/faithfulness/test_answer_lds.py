@@ -73,8 +73,8 @@ def test_no_surrogate_no_report_and_only_the_ticked_methods():
 def test_the_view_draws_one_bar_per_method_and_says_how_it_was_measured():
     report = answer_lds(_attr(), ["macs", "random", "sources"])
     fig = lds_figure(report)
-    assert [t.x[0] for t in fig.data] == ["macs", "random", "sources (own fit, cross-validated)"]
-    assert [t.y[0] for t in fig.data] == [report.lds["macs"], report.lds["random"], 0.8]
+    assert [t.y[0] for t in fig.data] == ["macs", "random", "sources (own fit)"]
+    assert [t.x[0] for t in fig.data] == [report.lds["macs"], report.lds["random"], 0.8]
     assert fig.data[2].marker.pattern.shape == "/" and fig.data[0].marker.pattern.shape == ""
     caption = lds_caption(report)
     assert "10 ablation masks over 3 units" in caption and "held out on 3 more masks +0.40" in caption
