@@ -2,11 +2,11 @@
 so that `python -m explainer lds --report LDS.jsonl,SOURCES.jsonl` joins them by question id with the other methods
 and the peers (ContextCite's rows: docs/results/lds-peers-cc-f32-2026-11-28.jsonl).
 
-Per row: the answer is generated while Sources fits its surrogate on --ablations keep-masks of the prompt's sentences
-(one run; its pairs design of k masks is the start of the larger one, so the fits at every k in --counts are refitted
-from the same passes, `surrogate.refit`); the context's sentences are ablated by the `lds` command's 32 random masks
-(the same seeds: [--seed, crc32(row id)]); each k's whole-answer and per-token LDS are written as
-"sources:ablations=k", with the fit's held-out Spearman on its own check masks.
+Per row: the answer is generated greedily; for every k in --counts Sources fits its surrogate on its own k ablations
+(with --options, e.g. context=Context: the passages start at the context, as ContextCite is handed the context); the
+context's sentences are ablated by the `lds` command's 32 random masks (the same seeds: [--seed, crc32(row id)]);
+each k's whole-answer and per-token LDS are written as "sources:...:ablations=k", with the fit's held-out and
+cross-validated Spearman under "fits".
 
 --paragraphs P: long contexts instead (`datasets.haystack_rows`: the row's paragraph among P - 1 paragraphs of other
 articles, as the haystack test builds them; P = 4 gives 20 or more sentences). --reference M adds ContextCite's
@@ -14,8 +14,8 @@ surrogate as its paper defines it, without its package: M random masks over the 
 probability 1/2), least squares on the logit of the whole answer's probability, as "least-squares:masks=M".
 
 Usage: python scripts/sources_lds.py --data squad_v2-dev --ids docs/results/squad-dev-350.ids --limit 100
-       --dtype float32 --results docs/results/lds-sources-surrogate-f32-DATE.jsonl [--counts 8,16,32,64]
-       [--paragraphs 4 --reference 64]
+       --dtype float32 --options context=Context --results docs/results/lds-sources-f32-DATE.jsonl
+       [--counts 8,16,32] [--paragraphs 4 --reference 64]
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ import torch
 from explainer.eval.ablate import response_logprobs
 from explainer.eval.datasets import haystack_rows, resolve_data
 from explainer.eval.evaluate import load_squad
+from explainer.eval.haystack import method_label
 from explainer.eval.lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
 from explainer.eval.lds_eval import answer_row, format_table, summarise
 from explainer.eval.resumable import measure_and_summarise
-from explainer.methods.surrogate import refit, spread
+from explainer.methods import GenerationRun, get_method, parse_methods
 from explainer.models.loading import load_model
 from explainer.runtime.precision import parse_dtype
 
@@ -48,10 +49,10 @@ def _mean(values) -> float | None:
 
 def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
-    options = {"sources": {"ablations": max(args.counts), "check": args.check}}
-    answered = answer_row(bundle, row, ["sources"], args.max_new_tokens, options)
+    answered = answer_row(bundle, row, ["random"], args.max_new_tokens)  # the answer (Random costs nothing)
     attr, sentences, k = answered.attr, answered.sentences, answered.k
-    meta = attr.methods["sources"].meta
+    device = bundle.device
+    ids = torch.as_tensor([attr.prompt_token_ids + attr.generated_token_ids], device=device)  # (1, N + K)
     crc = zlib.crc32(str(row["id"]).encode("utf-8"))
     masks = ablation_masks(len(sentences), MASKS, 0.5, [args.seed, crc])  # (M, S) the `lds` command's
     reference = ablation_masks(len(sentences), args.reference, 0.5, [args.seed, crc, 1])  # (M', S)
@@ -61,21 +62,24 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
         for s, positions in enumerate(sentences):
             if not mask[s]:
                 keep[m, positions] = False
-    device = bundle.device
-    logp = response_logprobs(
-        bundle.model, torch.as_tensor(attr.prompt_token_ids, device=device),
-        torch.as_tensor(attr.generated_token_ids[:k], device=device), torch.as_tensor(keep, device=device),
-    )[:, :k]  # fmt: skip  (M + M', K)
+    logp = response_logprobs(bundle.model, ids[0, : attr.num_prompt_tokens], ids[0, attr.num_prompt_tokens :][:k],
+                             torch.as_tensor(keep, device=device))  # fmt: skip  (M + M', K)
     logp, measured = logp[: len(masks)], logp[len(masks) :]
-    spans = [tuple(u) for u in meta["masks"]["units"]]
-    methods = {}
-    for count in args.counts:
-        raw = spread(refit(meta["masks"], count), spans, attr.num_prompt_tokens)[:k]  # (K, N)
+    methods, fits = {}, {}
+    for count in args.counts:  # each k's own design, fitted on its own passes, as the app runs it
+        method = get_method("sources", **{**args.options, "ablations": count})
+        run = GenerationRun(bundle.model, ids, attr.num_prompt_tokens, prompt_tokens=attr.prompt_tokens,
+                            user_positions=attr.user_positions)  # fmt: skip
+        raw = method.explain(run)[:k]  # (K, N)
         scores = source_scores(raw, sentences)  # (K, S)
-        methods[f"sources:ablations={count}"] = {
+        label = method_label("sources", {**args.options, "ablations": count})
+        methods[label] = {
             "lds": lds(logp.sum(axis=1), predictions(masks, scores.sum(axis=0))),
             "lds_token": _mean(lds_per_token(logp, predictions(masks, scores))),
         }
+        meta = method.meta()
+        fits[label] = {key: meta[key] for key in ("held_out_spearman", "cross_validated_spearman", "ridge")}
+        fits[label]["units"] = len(meta["masks"]["units"])
     if args.reference:
         whole = measured.sum(axis=1)
         target = whole - np.log(-np.expm1(np.minimum(whole, -1e-6)))  # logit p = log p - log(1 - p)
@@ -85,8 +89,7 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
     return {
         "id": row["id"], "answer": attr.generated_text, "dtype": attr.meta.get("dtype"),
         "n_prompt_tokens": attr.num_prompt_tokens, "n_sentences": len(sentences), "n_response_tokens": k,
-        "n_units": len(spans), "held_out_spearman": meta["held_out_spearman"], "ridge": meta["ridge"],
-        "methods": methods, "seconds": time.perf_counter() - t0, "command": args.command_line,
+        "fits": fits, "methods": methods, "seconds": time.perf_counter() - t0, "command": args.command_line,
     }  # fmt: skip
 
 
@@ -106,6 +109,7 @@ def main() -> int:
     p.add_argument("--results", help="JSON-lines file; a rerun skips the rows already in it")
     args = p.parse_args()
     args.counts = sorted({int(c) for c in args.counts.split(",")})
+    args.options = parse_methods("sources" + (":" + args.options if args.options else ""))[1].get("sources", {})
     args.command_line = shlex.join(["python", "scripts/sources_lds.py", *sys.argv[1:]])
     rows = load_squad(resolve_data(args.data))
     if args.ids:

@@ -77,7 +77,9 @@ class SourcesConfig:
     fit: str = field(default="surrogate", metadata={"choices": FITS})  # ContextCite's surrogate, or leave-one-out
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
     check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
-    design: str = field(default="pairs", metadata={"choices": DESIGNS})  # surrogate: the masks (see surrogate.py)
+    design: str = field(default="loo_pairs", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
+    context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
+    # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks
     unit: str = field(default="sentence", metadata={"choices": LEVELS})  # the finest unit scored
     # leave-one-out only, from here on (but `batch_size`, rows per batched pass for both):
@@ -189,6 +191,12 @@ class Sources(AttributionMethod):
         cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
         positions = run.user_positions or list(range(n))
         groups = units(run.prompt_tokens, positions, cfg.unit)
+        if cfg.context:
+            first = next((i for i, g in enumerate(groups) if cfg.context in g.text), None)
+            if first is None:
+                raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
+                                 "should start; change the option `context` or leave it empty.")  # fmt: skip
+            groups = groups[first:]
         if len(groups) < 2:
             raise InputError(
                 f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "

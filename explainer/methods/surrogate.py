@@ -8,8 +8,9 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 
 - the fit is ridge regression with an unpenalised intercept (Eq. 1 of ContextCite with an L2 in place of its L1
   penalty), its strength chosen by leave-one-out error (exact, from the hat matrix), shared by every answer token;
-- the masks are a design, not independent draws (`design`): complementary pairs (x, 1 - x), so every unit is kept
-  in exactly half of them and a unit's effect is estimated free of the intercept;
+- the masks are a design, not independent draws (`design`): leave-one-out masks for up to half of them (each unit's
+  effect measured once near the full prompt), then complementary pairs (x, 1 - x), in which every unit is kept
+  exactly half of the time and a unit's effect is estimated free of the intercept;
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
@@ -21,7 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DESIGNS = ("pairs", "random")  # complementary balanced pairs; independent masks kept with probability 1/2
+DESIGNS = ("loo_pairs", "pairs", "random")  # leave-one-out then pairs; complementary pairs; independent masks
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
 
@@ -29,8 +30,13 @@ RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in
 def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
     """(k, U) keep-masks. "pairs": x_1, 1 - x_1, x_2, 1 - x_2, ... with each x_i kept with probability 1/2 per unit
     (an odd k ends on an unpaired x), so every unit is kept in half of the paired masks, and the design of k masks
-    is the first k rows of every larger one with the same seed; "random": each unit kept with probability 1/2,
-    independently. `seed`: anything `np.random.default_rng` takes."""
+    is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
+    remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
+    `seed`: anything `np.random.default_rng` takes."""
+    if kind == "loo_pairs":
+        n = min(units, k // 2)
+        loo = ~np.eye(units, dtype=bool)[np.random.default_rng([*np.atleast_1d(seed), 9]).permutation(units)[:n]]
+        return np.concatenate([loo, design(units, k - n, "pairs", seed)])  # (k, U)
     rng = np.random.default_rng(seed)
     if kind == "random":
         return rng.random((k, units)) < 0.5
@@ -91,14 +97,3 @@ def spread(weights: np.ndarray, spans: Sequence[tuple[int, int]], n: int) -> np.
         out[:, start:stop] = (weights[:, u] / (stop - start))[:, None]
     return out
 
-
-def refit(ablations: dict, count: int | None = None) -> np.ndarray:
-    """(K, U) weights fitted again from a Sources meta's `masks` record on its first `count` fitted masks (None: all
-    that were fitted): a pairs design of k masks is the start of every larger one, so one run of 64 ablations gives
-    the fits of 8, 16 and 32 as well."""
-    keep = np.asarray(ablations["keep"], dtype=bool)  # (R, U) row 0: all kept
-    logp = np.asarray(ablations["log_p"], dtype=np.float64)  # (R, K)
-    fitted = ablations["fitted"] if count is None else 1 + count
-    if not 1 < fitted <= ablations["fitted"]:
-        raise ValueError(f"count must lie between 1 and {ablations['fitted'] - 1}, got {count}")
-    return fit(keep[:fitted], logp[:fitted])[0]
