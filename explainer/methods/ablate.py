@@ -50,14 +50,8 @@ def has_sliding_window(model: torch.nn.Module) -> bool:
 
 
 @torch.inference_mode()
-def response_logprobs(
-    model: torch.nn.Module,
-    prompt: torch.Tensor,
-    response: torch.Tensor,
-    keep: torch.Tensor,
-    batch_size: int = 0,
-    progress: ProgressFn | None = None,
-) -> np.ndarray:
+def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
+                      batch_size: int = 0, progress: ProgressFn | None = None) -> np.ndarray:  # fmt: skip
     """The response's token log-probabilities after each removal.
 
     Args:

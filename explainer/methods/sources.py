@@ -51,7 +51,6 @@ import numpy as np
 import torch
 
 from ..errors import InputError
-from ..eval.metrics import spearman
 from ..result.segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..runtime.kv import TOKENS_PER_BATCH
 from ..runtime.memory import MemoryRequest
@@ -62,7 +61,7 @@ from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
-from .surrogate import DESIGNS, cross_validated, design, fit, spread
+from .surrogate import DESIGNS, cross_validated, design, fit, rank_correlation, spread
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
@@ -216,8 +215,8 @@ class Sources(AttributionMethod):
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
         whole = weights.sum(axis=0)  # (U,)
         quality = {
-            "held_out_spearman": spearman(logp[a:].sum(axis=1), masks[a:] @ whole) if len(checks) > 1 else None,
-            "cross_validated_spearman": spearman(logp[:a].sum(axis=1),
+            "held_out_spearman": rank_correlation(logp[a:].sum(axis=1), masks[a:] @ whole) if len(checks) > 1 else None,
+            "cross_validated_spearman": rank_correlation(logp[:a].sum(axis=1),
                                                  cross_validated(masks[:a], logp[:a], penalty).sum(axis=1)),
         }  # fmt: skip
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]

@@ -97,3 +97,19 @@ def spread(weights: np.ndarray, spans: Sequence[tuple[int, int]], n: int) -> np.
         out[:, start:stop] = (weights[:, u] / (stop - start))[:, None]
     return out
 
+
+
+def rank_correlation(a: np.ndarray, b: np.ndarray) -> float | None:
+    """Spearman's correlation of two (n,) rows (tied values share their mean rank): how the fit's quality is read in
+    the method's meta. None when n < 2 or a row is constant. (The evaluation layer's `eval.metrics.spearman` is the
+    same quantity; the method layer may not import it, and the tests check the two agree.)"""
+    a, b = np.asarray(a, dtype=np.float64).ravel(), np.asarray(b, dtype=np.float64).ravel()
+    if a.size < 2:
+        return None
+    ranks = []
+    for x in (a, b):
+        _, inverse, counts = np.unique(x, return_inverse=True, return_counts=True)
+        ends = np.cumsum(counts)  # the last rank of each distinct value
+        ranks.append(((ends - counts + 1 + ends) / 2)[inverse] - (x.size + 1) / 2)  # centred mean ranks
+    denominator = np.sqrt((ranks[0] ** 2).sum() * (ranks[1] ** 2).sum())
+    return None if denominator == 0 else float(np.clip((ranks[0] * ranks[1]).sum() / denominator, -1.0, 1.0))

@@ -12,9 +12,10 @@ from explainer import bundle_from_objects, explain, get_method
 from explainer.capture import registered_names
 from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
+from explainer.eval.metrics import spearman
 from explainer.methods import GenerationRun
 from explainer.methods.sources import units
-from explainer.methods.surrogate import RIDGE_GRID, design
+from explainer.methods.surrogate import RIDGE_GRID, design, rank_correlation
 from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
 from explainer.runtime.session import CancelToken, hold, model_lock
 
@@ -182,3 +183,12 @@ def test_the_passages_can_start_at_a_marker_and_the_units_before_it_score_zero(r
     assert keep.shape == (1 + 8 + 4, 4)
     with pytest.raises(InputError, match="holds 'Paris, Texas'"):
         get_method("sources", context="Paris, Texas").explain(r)
+
+
+def test_the_fit_s_rank_correlation_is_the_evaluation_s_spearman():
+    rng = np.random.default_rng(4)
+    for n in (2, 3, 5, 17):
+        a, b = rng.integers(0, 4, n).astype(float), rng.normal(size=n)  # ties in a
+        assert rank_correlation(a, b) == pytest.approx(spearman(a, b)) or spearman(a, b) is None
+    assert rank_correlation([1.0], [2.0]) is None and rank_correlation([1.0, 1.0], [2.0, 3.0]) is None
+    assert rank_correlation([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
