@@ -37,7 +37,9 @@ NOTE = (
     f"{QUICK_SOFT.samples} samples per π, π = {', '.join(str(p) for p in QUICK_SOFT.pis)}, for the step on the "
     "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
     "`python -m explainer faithfulness --soft paper`). The removal curves add a random baseline (random orderings, "
-    f"dashed); π-Soft {SOFT_RANDOM}. Removal curves appear first (seconds), π-Soft after; **Cancel** stops the work."
+    f"dashed); π-Soft {SOFT_RANDOM}. Removal curves appear first (seconds), π-Soft after; **Cancel** stops the work. "
+    "**LDS on this answer** (beside the curves): with *sources* ticked, each method's unit scores predict the answer's "
+    "log-probability under Sources' own removals (ContextCite's linear datamodeling score), at no extra pass."
 )
 
 IMAGE_NOTE = (
@@ -209,7 +211,7 @@ def create_ui(image: bool = False) -> Components:
         c["status"] = gr.Markdown()
         with gr.Row():
             c["removal"] = gr.Plot(label="Token removal: MIF / LIF", scale=3)
-            with gr.Column(scale=1, min_width=240):
+            with gr.Column(scale=1, min_width=240, visible=not image):  # Sources explains text prompts only
                 c["lds"] = gr.Plot(label="LDS on this answer")
                 c["lds_note"] = gr.Markdown()
         c["soft"] = gr.Plot(label="π-Soft-NS / π-Soft-NC", visible=not image)  # text prompts only
