@@ -82,3 +82,21 @@ def test_the_view_draws_one_bar_per_method_and_says_how_it_was_measured():
     report.lds["macs"] = None  # constant scores: listed, empty bar
     assert lds_figure(report).data[0].text[0] == "n/a"
     assert FaithfulnessReport().lds is None
+
+
+def test_a_real_result_is_scored_on_the_ablations_its_sources_ran(tokenizer):
+    from explainer import bundle_from_objects, explain
+
+    from ...conftest import build_model
+
+    bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    prompt = "Paris is in France. Rome is in Italy. Berlin is in Germany. Where is Paris?"
+    attr = explain(bundle, prompt, methods=["macs", "sources"], max_new_tokens=3,
+                   method_options={"sources": {"ablations": 8}})  # fmt: skip
+    report = answer_lds(attr, ["macs", "sources"])
+    record = attr.methods["sources"].meta["masks"]
+    actual = np.asarray(record["log_p"]).sum(axis=1)
+    unit = [float(attr.methods["macs"].raw[:, a:b].sum()) for a, b in record["units"]]
+    predicted = [sum(u for u, kept in zip(unit, mask) if kept) for mask in record["keep"]]
+    assert report.masks["macs"] == 1 + 8 + 4 and abs(report.lds["macs"] - _spearman(actual, predicted)) < 1e-9
+    assert report.lds["sources"] == attr.methods["sources"].meta["cross_validated_spearman"]
