@@ -7,7 +7,9 @@ units (paragraphs, sentences or words of the user's text, `explainer/segments.py
 from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
-a design of complementary pairs, its penalty by leave-one-out error, shared by every token). One set of passes gives
+a design of leave-one-out masks then complementary pairs, its penalty by leave-one-out error, shared by every token).
+With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
+question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
 sum. A unit's weight is spread evenly over its tokens: summing a step's token scores over a unit gives its weight
 back. Scores are signed: a negative unit hurts the answer. `check` more random masks are measured and left out of the
