@@ -91,6 +91,7 @@ def _measure(model, tok, device, n: int, method: str, k: int, repeats: int, prof
     one profiled run, appended to it (`profile_counts`)."""
     import torch
 
+    from explainer import bundle_from_objects
     from explainer.bench.config import BenchConfig
     from explainer.bench.prompts import prompt_ids
     from explainer.bench.report import BASELINE, PLAIN
@@ -106,7 +107,8 @@ def _measure(model, tok, device, n: int, method: str, k: int, repeats: int, prof
     ids, _ = prompt_ids(tok, n)
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
     work: dict[str, int] = {}
-    run = make_runner(model, method, None, work)
+    readable = bundle_from_objects(model, tok, name="bench").readable(ids)  # Sources cuts them into sentences
+    run = make_runner(model, method, readable, work)
     posthoc = method not in (BASELINE, PLAIN) and not method_from_spec(method).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(device.type, k))
     work.clear()

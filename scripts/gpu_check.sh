@@ -37,6 +37,9 @@
 #                                              # lengths in a session (AtMan: ~40 min a 1k prompt on one thread), and
 #                                              # the gradient methods, beside MACS and calibrated MACS, embedded
 #                                              # model, float32, 1k and 4k; AtMan at 4k first (no CPU has it)
+#   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals + 4 checks, one batched
+#                                              # pass set over the prefix cache) against plain generation, the
+#                                              # embedded model, 1k and 4k prompt tokens
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
 # (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
@@ -334,6 +337,14 @@ hitratio)  # resumable: a rerun skips the prompts already in the rows
         run "$(box 120)" "hitratio-$m" $PY -m explainer hitratio --methods "$m" --lengths $lengths --depths $depths \
             --samples 1 --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-$m.jsonl"
     done
+    ;;
+sources)  # resumable: gpu_bench skips the rows already in its JSON
+    gpu=$(gpu_name)
+    embedded_model
+    lengths=1024,4096
+    if [ -n "$DRY" ]; then lengths=48; fi
+    run "$(box 120)" sources $PY scripts/gpu_bench.py "${model[@]}" --new-tokens $K --repeats $REPEATS \
+        --json "$RESULTS/bench-gpu-$gpu-sources.json" --deadline "$(box 110)" --plan "$lengths:none,plain,sources"
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -1,6 +1,6 @@
 """scripts/calibration_forms.py, the front end of `explainer/eval/forms.py`: its row ranges count in the ids file's
-order (the library's `--ids`), an id the data lacks is refused, and the training and held-out rows it picks are disjoint for the committed
-command's ranges."""
+order (the library's `--ids`), an id the data lacks is refused, and the training and held-out rows it picks are
+disjoint for the committed command's ranges."""
 
 from __future__ import annotations
 

@@ -136,6 +136,21 @@ def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before
 
 
+def test_the_sources_stage_benches_the_surrogate_against_plain_generation(tmp_path):
+    """`gpu_check.sh OUT sources` (issue #52), dry-run: none, plain and Sources' surrogate at one tiny length, in one
+    JSON; a second call finds the rows there and measures nothing again."""
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
+           "PY": sys.executable}  # fmt: skip
+    call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "sources"]
+    first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
+    assert "exit 124" not in first and "exit 0" in first, first
+    path = tmp_path / "results" / "bench-gpu-cpu-dry-sources.json"
+    assert _rows(path) == {("none", 48), ("plain", 48), ("sources", 48)}, json.loads(path.read_text())
+    before = path.read_text()
+    subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
+    assert path.read_text() == before
+
+
 def test_a_library_that_does_not_import_stops_before_any_stage(tmp_path):
     """On the first H200 call of 2026-11-28 the image lacked pydantic: every stage failed at its import and the call's
     3 minutes went on nothing. The script now says so before any stage, and still packs what it has."""

@@ -1,10 +1,12 @@
 """Sources, drawn: the passages of the prompt that support the answer, ranked, each linking to its place in the text.
 
 Reads what the Sources method (`explainer/methods/sources.py`) keeps: its meta's `sources` (the top units with their
-token spans and mean score over the answer: the loss increase, in nats, when the unit is hidden) and its (K, N)
-scores, where every token of a unit carries the unit's score at that step. The list gives each unit's score over the
-whole answer and at the step on the slider; a click scrolls to the unit in the prompt text beneath, where every
-scored unit is tinted by its score at that step.
+token spans and score over the answer) and its (K, N) scores. With the surrogate (meta `fit` "surrogate") a unit's
+score is its fitted weight, the change of the answer's log-probability, in nats, that keeping it predicts (summed
+over the answer's tokens), and its tokens share each step's weight evenly, so a step's unit score is their sum;
+with leave-one-out, the loss increase when the unit is hidden, and every token of a unit carries the unit's score.
+The list gives each unit's score over the whole answer and at the step on the slider; a click scrolls to the unit
+in the prompt text beneath, where every scored unit is tinted by its score at that step.
 
 Pure: an `Attribution` in, HTML out; no model.
 """
@@ -19,8 +21,8 @@ from explainer.result.attribution import Attribution
 from explainer.result.steps import clamp_step
 
 NO_SOURCES = (
-    "<p>Tick <b>sources</b> among the methods and generate: it hides each passage of your text in turn and measures "
-    "how much harder the answer becomes.</p>"
+    "<p>Tick <b>sources</b> among the methods and generate: it removes passages of your text in a few combinations, "
+    "measures how likely the answer stays, and fits each passage's weight.</p>"
 )
 
 
@@ -51,10 +53,13 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
     k = clamp_step(step, scores.raw.shape[0])
     raw = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
     listed = scores.meta["sources"]
-    top = max([abs(s["score"]) for s in listed] + [float(np.abs(raw[k]).max())])
+    surrogate = scores.meta.get("fit") == "surrogate"
+    at_step = {s["start"]: float(raw[k, s["start"] : s["stop"]].sum() if surrogate else raw[k, s["start"]])
+               for s in listed}  # fmt: skip
+    top = max([abs(s["score"]) for s in listed] + [abs(v) for v in at_step.values()])
     token = html.escape(repr(attr.generated_tokens[k]) if k < len(attr.generated_tokens) else "")
     rows = [
-        f"<tr><td>{i + 1}</td><td>{s['score']:+.3f}</td><td>{raw[k, s['start']]:+.3f}</td>"
+        f"<tr><td>{i + 1}</td><td>{s['score']:+.3f}</td><td>{at_step[s['start']]:+.3f}</td>"
         f'<td><a href="#xai-src-{s["start"]}">{html.escape(s["text"][:160])}</a></td></tr>'
         for i, s in enumerate(listed)
     ]
@@ -63,12 +68,23 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
         f"<th>step {k + 1} {token}</th><th>passage (click: show it in the text)</th></tr></thead>"
         f"<tbody>{''.join(rows)}</tbody></table>"
     )
-    note = SCOPE_NOTES.get(scores.meta.get("scope", "all"), "")
-    return table + f'<p class="xai-sources-note">{html.escape(note)}</p>' + _text(attr, raw[k], listed, top)
+    note = _surrogate_note(scores.meta) if surrogate else SCOPE_NOTES.get(scores.meta.get("scope", "all"), "")
+    return table + f'<p class="xai-sources-note">{html.escape(note)}</p>' + _text(attr, at_step, listed, top)
 
 
-def _text(attr: Attribution, row: np.ndarray, listed: list[dict], top: float) -> str:
-    """The user's text with every listed unit marked (an anchor the list links to) and tinted by `row`."""
+def _surrogate_note(meta: dict) -> str:
+    held = meta.get("held_out_spearman")
+    fit = "n/a" if held is None else f"{held:+.2f}"
+    return (
+        f"Fitted as ContextCite does: {meta.get('ablations')} combinations of passages removed, the answer's "
+        f"log-probability under each, one linear fit per answer token (a weight > 0: keeping the passage makes the "
+        f"answer more likely). Fit checked on {meta.get('checks')} more combinations: Spearman {fit}."
+    )
+
+
+def _text(attr: Attribution, row: dict[int, float], listed: list[dict], top: float) -> str:
+    """The user's text with every listed unit marked (an anchor the list links to) and tinted by its score at the
+    step (`row`: unit start -> score)."""
     starts = {s["start"]: s["stop"] for s in listed}
     positions = attr.user_positions or list(range(attr.num_prompt_tokens))
     lo, hi = min(positions), max(positions) + 1
@@ -78,8 +94,8 @@ def _text(attr: Attribution, row: np.ndarray, listed: list[dict], top: float) ->
             stop = starts[p]
             text = html.escape("".join(attr.prompt_tokens[p:stop]))
             parts.append(
-                f'<mark id="xai-src-{p}" style="background:{_tint(float(row[p]), top)}" '
-                f'title="{float(row[p]):+.3f} nats at this step">{text}</mark>'
+                f'<mark id="xai-src-{p}" style="background:{_tint(row[p], top)}" '
+                f'title="{row[p]:+.3f} nats at this step">{text}</mark>'
             )
             p = stop
         else:

@@ -61,11 +61,17 @@ def _print_summary(attr, top: int) -> None:
 
 
 def _print_sources(meta: dict) -> None:
-    """Sources' top units over the whole answer (nats: the loss increase when the unit is hidden) and its work."""
+    """Sources' top units over the whole answer (nats: the surrogate's weight, or the loss increase when the unit is
+    hidden) and its work."""
     if not meta.get("sources"):
         return
-    hidden = {"answer": "hidden from the answer", "all": "removed from the context"}.get(meta.get("scope", "all"), "")
-    print(f"  sources over the answer (loss increase when {hidden}, nats):")
+    if meta.get("fit") == "surrogate":
+        held = meta.get("held_out_spearman")
+        print(f"  sources over the answer (surrogate weight, nats, from {meta['ablations']} ablations; held-out "
+              f"Spearman {'n/a' if held is None else f'{held:+.2f}'}):")  # fmt: skip
+    else:
+        hidden = {"answer": "hidden from the answer", "all": "removed from the context"}.get(meta.get("scope", "all"))
+        print(f"  sources over the answer (loss increase when {hidden}, nats):")
     for i, unit in enumerate(meta["sources"][:5]):
         where = f"{unit['kind']} @{unit['start']}-{unit['stop']}"
         print(f"  {i + 1:2d}. {unit['score']:+.3f}  {where}: {unit['text'][:90]!r}")

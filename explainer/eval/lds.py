@@ -38,7 +38,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .metrics import spearman
+from ..faithfulness.lds import lds, predictions, source_scores  # noqa: F401  (the LDS of one answer; re-exported)
 
 MASKS = 32  # ablation masks per example (ContextCite and AT2)
 KEEP_PROBABILITY = 0.5  # each source kept with this probability (ContextCite's ablation_keep_prob, AT2's alpha)
@@ -55,23 +55,6 @@ def ablation_masks(n_sources: int, n_masks: int = MASKS, keep: float = KEEP_PROB
     if not 0.0 <= keep <= 1.0:
         raise ValueError(f"keep must lie in [0, 1], got {keep}")
     return np.random.default_rng(seed).random((n_masks, n_sources)) < keep
-
-
-def source_scores(raw: np.ndarray, sources: Sequence[Sequence[int]]) -> np.ndarray:
-    """Each source's score at each step: the sum of its tokens' raw scores (NaN counts as 0).
-
-    Args:
-        raw: (K, N) raw token scores of K steps (or (N,) for one map).
-        sources: S lists of prompt positions.
-
-    Returns:
-        (K, S) float64 (or (S,) for an (N,) map).
-    """
-    r = np.nan_to_num(np.asarray(raw, dtype=np.float64), nan=0.0)
-    one = r.ndim == 1
-    r = np.atleast_2d(r)  # (K, N)
-    out = np.stack([r[:, list(p)].sum(axis=1) for p in sources], axis=1) if sources else np.zeros((len(r), 0))
-    return out[0] if one else out  # (K, S)
 
 
 def spread(scores: Sequence[float], sources: Sequence[Sequence[int]], n: int) -> np.ndarray:
@@ -99,24 +82,6 @@ def centred(raw: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     count = np.maximum(known.sum(axis=1, keepdims=True), 1)
     mean = np.where(known, sub, 0.0).sum(axis=1, keepdims=True) / count  # (K, 1)
     return r - mean
-
-
-def predictions(masks: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """The linear surrogate's prediction for each mask: the sum of the kept sources' scores.
-
-    Args:
-        masks: (M, S) booleans. scores: (S,) or (K, S).
-
-    Returns:
-        (M,) or (M, K) float64.
-    """
-    return np.asarray(masks, dtype=np.float64) @ np.asarray(scores, dtype=np.float64).T
-
-
-def lds(actual: np.ndarray, predicted: np.ndarray) -> float | None:
-    """The LDS of one example: Spearman's correlation of the measured and predicted values over the M masks (ties get
-    their mean rank); None when either is constant."""
-    return spearman(np.asarray(actual).ravel(), np.asarray(predicted).ravel())
 
 
 def lds_per_token(actual: np.ndarray, predicted: np.ndarray) -> list[float | None]:

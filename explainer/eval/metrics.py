@@ -1,8 +1,8 @@
 """Metric functions of the answer-span and ranking protocols, in plain numpy (no model, no torch).
 
 - MACS paper, Appendix A.1: average precision (AUC-PR) of a score row against a gold answer span.
-- Spearman's rank correlation (Spearman, 1904), tied values given their mean rank, used by the bf16 agreement and
-  the LDS (`lds.py`).
+- Spearman's rank correlation lives in `explainer/result/ranks.py` (the method, faithfulness and evaluation layers
+  all read it) and is re-exported here.
 - The mean with its 95% half-width, for the evaluation reports.
 
 The removal and pi-Soft metrics live with their protocols in `explainer/faithfulness/metrics.py`.
@@ -14,6 +14,8 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+
+from ..result.ranks import average_ranks, spearman  # noqa: F401  (re-exported: the evaluation's callers)
 
 
 def average_precision(y_true: Sequence[bool] | np.ndarray, y_score: Sequence[float] | np.ndarray) -> float:
@@ -73,37 +75,6 @@ def mean_ci(values: Sequence[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     half = 1.96 * v.std(ddof=1) / math.sqrt(v.size) if v.size > 1 else 0.0
     return float(v.mean()), float(half)
-
-
-def average_ranks(x: np.ndarray) -> np.ndarray:
-    """1-based ranks of the values of `x` (n,), tied values sharing the mean of their ranks: [5, 1, 5] -> [2.5, 1,
-    2.5]. Returns float64 (n,)."""
-    x = np.asarray(x, dtype=np.float64)
-    order = np.argsort(x, kind="stable")
-    ordered = x[order]
-    starts = np.concatenate([[0], np.flatnonzero(ordered[1:] != ordered[:-1]) + 1])  # first index of each tie group
-    ends = np.concatenate([starts[1:], [x.size]])
-    ranks = np.empty(x.size, dtype=np.float64)
-    ranks[order] = np.repeat((starts + 1 + ends) / 2, ends - starts)  # mean of the ranks starts+1 .. ends
-    return ranks
-
-
-def spearman(a: np.ndarray, b: np.ndarray) -> float | None:
-    """Spearman's rank correlation of two score rows (n,) over the positions where both are finite.
-
-    Returns:
-        A value in [-1, 1], or None when fewer than 2 positions remain or either row is constant there.
-    """
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    keep = np.isfinite(a) & np.isfinite(b)
-    if keep.sum() < 2:
-        return None
-    ra, rb = average_ranks(a[keep]), average_ranks(b[keep])
-    ra, rb = ra - ra.mean(), rb - rb.mean()
-    denominator = np.sqrt((ra * ra).sum() * (rb * rb).sum())
-    if denominator == 0:
-        return None
-    return float(np.clip((ra * rb).sum() / denominator, -1.0, 1.0))
 
 
 def t_quantile(df: int, level: float = 0.95) -> float:

@@ -3,11 +3,12 @@
 - `removal`: MACS paper, Appendix A.2 (attention-masking removal, regeneration, SRG);
 - `soft`: Grad-ELLM paper, section 3.1 (Bernoulli-masked input embeddings, Hellinger distances);
 - `common`: evaluated positions, rankings and batching that both use;
-- `request`: `FaithfulnessRequest`, what one measurement asks for, checked once when built.
+- `request`: `FaithfulnessRequest`, what one measurement asks for, checked once when built;
+- `lds`: each method's LDS on this answer, from the ablations Sources' surrogate already ran (no pass).
 
-`measure_faithfulness(bundle, attr, request)` runs both and returns one report; `stream_faithfulness` runs them in a
-worker that holds the model and yields the report as it grows (removal curves first, pi-Soft after), and stops when
-cancelled.
+`measure_faithfulness(bundle, attr, request)` runs both (the LDS first: it costs nothing) and returns one report;
+`stream_faithfulness` runs them in a worker that holds the model and yields the report as it grows (removal curves
+first, pi-Soft after), and stops when cancelled.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..models.loading import ModelBundle
 from ..result.attribution import Attribution
 from ..runtime.session import CancelToken, WorkerStream, hold, run_in_worker
 from .common import RANDOM, evaluated_positions, ranking_scores, removal_orderings
+from .lds import LdsReport, answer_lds
 from .metrics import REMOVAL_METRIC_KEYS, REMOVAL_METRICS
 from .removal import RemovalConfig, RemovalReport, removal_curves, removal_runs
 from .request import FaithfulnessRequest
@@ -33,6 +35,7 @@ class FaithfulnessReport:
 
     removal: RemovalReport | None = None
     soft: SoftReport | None = None
+    lds: LdsReport | None = None  # None: the result holds no Sources surrogate whose ablations it could reuse
     seconds: dict[str, float] = field(default_factory=dict)
     status: str = ""
 
@@ -48,7 +51,7 @@ def _faithfulness_parts(
 ) -> Iterator[FaithfulnessReport]:
     methods, positions, soft, steps = request.methods, request.positions, request.soft, request.steps
     split = 0.5 if request.include_removal and soft is not None else (1.0 if request.include_removal else 0.0)
-    report = FaithfulnessReport()
+    report = FaithfulnessReport(lds=answer_lds(attr, list(attr.methods) if methods is None else methods))
     if request.include_removal:
         report.status = "measuring removal curves"
         t0 = time.perf_counter()
@@ -109,6 +112,7 @@ def stream_faithfulness(
 __all__ = [
     "FaithfulnessReport",
     "FaithfulnessRequest",
+    "LdsReport",
     "PAPER_SOFT",
     "QUICK_SOFT",
     "RANDOM",
@@ -121,6 +125,7 @@ __all__ = [
     "evaluated_positions",
     "fixed_routing",
     "measure_faithfulness",
+    "answer_lds",
     "ranking_scores",
     "removal_curves",
     "removal_orderings",

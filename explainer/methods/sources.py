@@ -1,8 +1,25 @@
-"""Sources: which passages of the prompt support the answer, measured by hiding whole units (perturbation over units).
+"""Sources: which passages of the prompt support the answer, per answer token.
 
-Answers the retrieval-augmented-generation question "which sentences support this answer?" the way ContextCite
-(Cohen-Wang et al., 2024: sentence ablations) and AttriBoT (Liu et al., 2024: leave-one-out made fast by reusing the
-KV cache and refining hierarchically) do, per answer token:
+Answers the retrieval-augmented-generation question "which sentences support this answer?" two ways (`fit`):
+
+**"surrogate" (the default): ContextCite's surrogate** (Cohen-Wang et al., 2024, section 3, Eq. 1). The prompt's
+units (paragraphs, sentences or words of the user's text, `explainer/segments.py`; sentences by default) are removed
+from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
+the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
+log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
+a design of leave-one-out masks then complementary pairs, its penalty by leave-one-out error, shared by every token).
+With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
+question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
+every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
+sum. A unit's weight is spread evenly over its tokens: summing a step's token scores over a unit gives its weight
+back. Scores are signed: a negative unit hurts the answer. `check` more random masks are measured and left out of the
+fit; the Spearman correlation of their measured and predicted whole-answer log-probabilities (ContextCite's LDS on
+this one answer) is the fit's quality in the method's meta, beside the cross-validated one over the fitted masks.
+The meta also keeps every mask and its log-probabilities, which the faithfulness panel reuses to score the other
+methods on the same answer.
+
+**"leave_one_out"**: hide one unit at a time (as AttriBoT, Liu et al., 2024, makes fast by reusing the KV cache and
+refining hierarchically), per answer token:
 
 - a unit (paragraph, sentence or word of the user's text, `explainer/segments.py`) is hidden from later queries by
   attention masking (its keys get a large negative pre-softmax bias in every layer and head; with
@@ -36,25 +53,38 @@ import numpy as np
 import torch
 
 from ..errors import InputError
+from ..result.ranks import spearman
 from ..result.segments import Group, paragraph_groups, sentence_groups, word_groups
 from ..runtime.kv import TOKENS_PER_BATCH
 from ..runtime.memory import MemoryRequest
 from ..runtime.session import hold
+from .ablate import CPU_ROWS, response_logprobs
 from .answer_passes import PackedPasses
 from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
+from .surrogate import DESIGNS, cross_validated, design, fit, spread
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
 MASK_BIAS = -1e4  # pre-softmax bias of a hidden key: exp(-1e4) is 0 in every float format, and no row is all -inf
 TOP_SOURCES = 10  # units listed in the method's meta
+FITS = ("surrogate", "leave_one_out")
+MAX_ABLATIONS = 256  # ablations a surrogate may ask for (ContextCite uses 32 to 256)
 
 
 @dataclass
 class SourcesConfig:
+    fit: str = field(default="surrogate", metadata={"choices": FITS})  # ContextCite's surrogate, or leave-one-out
+    ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
+    check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
+    design: str = field(default="loo_pairs", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
+    context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
+    # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
+    seed: int = 0  # surrogate: seeds the masks
     unit: str = field(default="sentence", metadata={"choices": LEVELS})  # the finest unit scored
+    # leave-one-out only, from here on (but `batch_size`, rows per batched pass for both):
     depth: int = 1  # levels refined down to `unit` (sentence, depth 1: paragraphs, then sentences); 0: flat
     keep: int = 3  # units of a level whose children are scored at the next level
     scope: str = field(default="answer", metadata={"choices": SCOPES})  # hidden from the answer's queries only
@@ -65,6 +95,14 @@ class SourcesConfig:
     fast: bool = True  # reuse the prefix cache and batch; False: one full forward per unit (the reference)
 
     def __post_init__(self) -> None:
+        if self.fit not in FITS:
+            raise ValueError(f"fit must be one of {', '.join(FITS)}, got {self.fit!r}")
+        if not 1 <= self.ablations <= MAX_ABLATIONS:
+            raise ValueError(f"ablations must lie between 1 and {MAX_ABLATIONS}, got {self.ablations}")
+        if not 0 <= self.check <= MAX_ABLATIONS:
+            raise ValueError(f"check must lie between 0 and {MAX_ABLATIONS}, got {self.check}")
+        if self.design not in DESIGNS:
+            raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
         if self.scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.unit not in LEVELS:
@@ -112,6 +150,10 @@ class Sources(AttributionMethod):
         n, k, t = request.n, request.num_new_tokens, request.t
         if k <= 0 or n == 0:
             return Cost()
+        if config.fit == "surrogate":  # the unperturbed pass, then each mask's suffix from its first removed unit
+            runs = config.ablations + config.check
+            rows = config.batch_size or request.batch_rows or CPU_ROWS
+            return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * (t - 1) * 3 // 4)
         per_unit = {"paragraph": 250, "sentence": 25, "word": 4}[config.unit]
         count = max(1, n // per_unit)
         if config.depth:
@@ -127,7 +169,10 @@ class Sources(AttributionMethod):
     def memory(cls, request: MemoryRequest, config: SourcesConfig) -> int:
         """Scope "all": AtMan's need (the prefix cache and one batched pass). Scope "answer": the prompt's cache and
         one packed pass of P positions (`kv.packed_positions`; on an accelerator it is sized to fit, so the smallest
-        is counted): their activations and cache, float32 logits twice, and mask and score rows over every key."""
+        is counted): their activations and cache, float32 logits twice, and mask and score rows over every key.
+        The surrogate: the removal passes are AtMan's layout (the cache and a batch of rows each with its own copy)."""
+        if config.fit == "surrogate":
+            return AtMan.memory(request, AtManConfig(batch_size=config.batch_size or CPU_ROWS))
         if config.scope == "all":
             return AtMan.memory(request, AtManConfig(batch_size=config.batch_size))
         # `request.batch_tokens` sizes AtMan's passes (up to 65,536 positions on an accelerator); a packed pass is
@@ -141,7 +186,53 @@ class Sources(AttributionMethod):
         if run.prompt_tokens is None:
             raise InputError("Sources needs the prompt's tokens to find its sentences; run it through explain().")
         with hold(run.model), torch.inference_mode():  # no autograd graph of the passes (GBs at 1,000 tokens)
-            return self._explain(run)
+            return self._surrogate(run) if self.config.fit == "surrogate" else self._explain(run)
+
+    def _surrogate(self, run: GenerationRun) -> np.ndarray:
+        """(K, N): every answer token's surrogate weights, each unit's spread over its tokens (module docstring)."""
+        cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
+        positions = run.user_positions or list(range(n))
+        groups = units(run.prompt_tokens, positions, cfg.unit)
+        if cfg.context:
+            first = next((i for i, g in enumerate(groups) if cfg.context in g.text), None)
+            if first is None:
+                raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
+                                 "should start; change the option `context` or leave it empty.")  # fmt: skip
+            groups = groups[first:]
+        if len(groups) < 2:
+            raise InputError(
+                f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "
+                f"{len(groups)}. Add text, choose a finer unit (unit=word), or use fit=leave_one_out."
+            )
+        fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed)  # (A, U) True = kept
+        checks = design(len(groups), cfg.check, "random", [cfg.seed, 1])  # (C, U)
+        masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), fitted, checks])  # (R, U) row 0: all kept
+        keep = torch.ones(len(masks), n, dtype=torch.bool, device=run.input_ids.device)  # (R, N)
+        for u, g in enumerate(groups):
+            keep[:, g.start : g.stop] = torch.as_tensor(masks[:, u : u + 1], device=keep.device)
+        keep[:, n - 1] = True  # the last prompt token predicts the answer's first one: it stays (ablate.py)
+        ids = run.input_ids[0]  # (T,)
+        logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress)  # (R, K)
+        a = 1 + len(fitted)
+        weights, intercepts, penalty = fit(masks[:a], logp[:a])  # (K, U), (K,)
+        raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
+        whole = weights.sum(axis=0)  # (U,)
+        quality = {
+            "held_out_spearman": spearman(logp[a:].sum(axis=1), masks[a:] @ whole) if len(checks) > 1 else None,
+            "cross_validated_spearman": spearman(logp[:a].sum(axis=1),
+                                                 cross_validated(masks[:a], logp[:a], penalty).sum(axis=1)),
+        }  # fmt: skip
+        scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
+        sentences = len(units(run.prompt_tokens, positions, "sentence"))
+        first = [int(np.argmin(row)) for row in masks if not row.all()]  # first removed unit of each ablation
+        used = (n + k - 1) * (1 + len(first)) - sum(groups[u].start for u in first)  # the base pass, each suffix
+        self._meta = {
+            **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
+            "ablations": len(fitted), "checks": len(checks), "ridge": penalty, **quality,
+            "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
+                      "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},
+        }  # fmt: skip
+        return raw
 
     def _explain(self, run: GenerationRun) -> np.ndarray:
         cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
@@ -194,12 +285,15 @@ class Sources(AttributionMethod):
         return {**super().meta(), **self._meta}
 
 
-def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int) -> dict:
-    """The top units by mean score over the answer, and the work done against leave-one-sentence-out without a
-    cache (one full pass per sentence and the original) and ContextCite's 64 ablations (JSON-able)."""
+def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int,
+                  total: bool = False) -> dict:  # fmt: skip
+    """The top units by mean score over the answer (`total`: the sum, the surrogate's whole-answer weight), and the
+    work done against leave-one-sentence-out without a cache (one full pass per sentence and the original) and
+    ContextCite's 64 ablations (JSON-able)."""
     ranked = sorted(scored, key=lambda item: -float(item[1].mean()))[:TOP_SOURCES]
     top = [
-        {"text": g.text.strip(), "kind": g.kind, "start": g.start, "stop": g.stop, "score": float(s.mean())}
+        {"text": g.text.strip(), "kind": g.kind, "start": g.start, "stop": g.stop,
+         "score": float(s.sum() if total else s.mean())}
         for g, s in ranked
     ]
     return {"sources": top, "units_scored": passes, "forward_positions": used,

@@ -1,5 +1,6 @@
 """The Sources accordion in a real browser, with the embedded SmolLM2-135M-Instruct: a prompt of three short
-paragraphs and a question, Sources ticked; the ranked passages appear, and a click shows one in the text."""
+paragraphs and a question, Sources ticked; the ranked passages appear, and a click shows one in the text; the
+faithfulness panel then draws each ticked method's LDS on this answer from Sources' ablations."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ def test_sources_rank_the_passages_and_a_click_shows_one_in_the_text(app):
     assert rows.count() >= 3
     scores = [float(s) for s in rows.locator("td:nth-child(2)").all_inner_texts()]
     assert scores == sorted(scores, reverse=True)  # ranked over the whole answer
-    assert "hidden from the answer's own reading" in app.page.locator("#sources .xai-sources-note").inner_text()
+    assert "combinations of passages removed" in app.page.locator("#sources .xai-sources-note").inner_text()
     link = rows.first.locator("a")
     target = link.get_attribute("href")
     assert re.fullmatch(r"#xai-src-\d+", target)
@@ -35,3 +36,16 @@ def test_sources_rank_the_passages_and_a_click_shows_one_in_the_text(app):
     assert box["y"] - 1 <= where["y"] <= box["y"] + box["height"]  # scrolled into the text's view
     app.page.locator("#sources").scroll_into_view_if_needed()
     app.shot("sources")
+
+
+def test_the_faithfulness_panel_draws_each_method_s_lds_on_this_answer(app):
+    app.generate(PROMPT, max_new_tokens=6, methods=["macs", "sources"], wait=True)
+    app.measure_faithfulness(soft="skip π-Soft")
+    figure = app.page.locator(".js-plotly-plot", has_text="LDS (Spearman)").first
+    figure.wait_for()
+    bars = figure.locator(".ytick text").evaluate_all("els => els.map(e => e.textContent)")  # SVG: no innerText
+    assert sorted(bars) == ["macs", "sources (own fit)"], bars
+    note = app.page.get_by_text(re.compile(r"^LDS on this answer: each method")).first.inner_text()
+    assert re.search(r"Sources' \d+ ablation masks over \d+ units", note) and "held out on 4 more masks" in note
+    figure.scroll_into_view_if_needed()
+    app.shot("faithfulness-lds")

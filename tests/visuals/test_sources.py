@@ -49,3 +49,14 @@ def test_the_note_says_what_hiding_meant():
     removed.methods["sources"].meta["scope"] = "all"
     assert "removed from the context" in sources_html(removed)
     assert "removed from the context" in sources_html(result())  # results saved before the option: removal
+
+
+def test_a_surrogate_s_step_column_is_the_unit_s_weight_its_tokens_share():
+    fitted = result()
+    meta = fitted.methods["sources"].meta
+    meta.update({"fit": "surrogate", "ablations": 16, "checks": 4, "held_out_spearman": 0.75})
+    fitted.methods["sources"].raw[:, 3:7] = [[0.25], [0.5]]  # weights 1.0 and 2.0, shared by 4 tokens
+    page = sources_html(fitted, step=1)
+    assert "<td>+2.000</td>" in page and 'title="+2.000 nats at this step"' in page
+    assert "16 combinations of passages removed" in page and "Spearman +0.75" in page
+    assert "removed from the context" not in page

@@ -15,6 +15,7 @@ from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessRepo
 from explainer.faithfulness.common import RANKED
 from explainer.result.attribution import Attribution
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
+from visuals.lds import lds_caption, lds_figure
 
 from .. import gpu_time, models
 from ..events import KEEP, Components, settle
@@ -37,7 +38,9 @@ NOTE = (
     f"{QUICK_SOFT.samples} samples per π, π = {', '.join(str(p) for p in QUICK_SOFT.pis)}, for the step on the "
     "slider or every 5th answer token (the paper uses 15 samples, π step 0.05 and every 5th token: "
     "`python -m explainer faithfulness --soft paper`). The removal curves add a random baseline (random orderings, "
-    f"dashed); π-Soft {SOFT_RANDOM}. Removal curves appear first (seconds), π-Soft after; **Cancel** stops the work."
+    f"dashed); π-Soft {SOFT_RANDOM}. Removal curves appear first (seconds), π-Soft after; **Cancel** stops the work. "
+    "**LDS on this answer** (beside the curves): with *sources* ticked, each method's unit scores predict the answer's "
+    "log-probability under Sources' own removals (ContextCite's linear datamodeling score), at no extra pass."
 )
 
 IMAGE_NOTE = (
@@ -54,6 +57,8 @@ class FaithfulnessView:
     """What a faithfulness handler changes, one field per component of `create_ui`; `KEEP` leaves it as it is."""
 
     removal: Any = KEEP  # removal-curve figure
+    lds: Any = KEEP  # each method's LDS on this answer (bar chart), from Sources' ablations
+    lds_note: Any = KEEP  # how it was measured, and the surrogate's own fit (or why there is none)
     soft: Any = KEEP  # pi-Soft figure
     table: Any = KEEP  # summary rows
     status: Any = KEEP  # the panel's status line
@@ -62,7 +67,7 @@ class FaithfulnessView:
     cost: Any = KEEP  # what pi-Soft will cost, before it starts
 
 
-FIGURES = ("removal", "soft", "table")  # what `render_faithfulness` draws from a report
+FIGURES = ("removal", "lds", "lds_note", "soft", "table")  # what `render_faithfulness` draws from a report
 SHOWN = FIGURES + ("status", "report", "request")
 
 
@@ -70,11 +75,13 @@ SHOWN = FIGURES + ("status", "report", "request")
 def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> FaithfulnessView:
     """Removal curves of the chosen metric, pi-Soft curves and summary rows of a stored report; never runs the model."""
     if report is None:
-        return FaithfulnessView(removal=None, soft=None, table=[])
+        return FaithfulnessView(removal=None, lds=None, lds_note="", soft=None, table=[])
     key = REMOVAL_METRIC_KEYS.get(metric, "logit")
     removal = removal_figure(report.removal, key) if report.removal else None
     soft = soft_figure(report.soft) if report.soft else None
-    return FaithfulnessView(removal=removal, soft=soft, table=faithfulness_rows(report))
+    lds = lds_figure(report.lds) if report.lds is not None and report.lds.lds else None
+    return FaithfulnessView(removal=removal, lds=lds, lds_note=lds_caption(report.lds), soft=soft,
+                            table=faithfulness_rows(report))  # fmt: skip
 
 
 def _soft_seconds(result: Attribution, methods: list[str], steps: Any, report: FaithfulnessReport | None) -> Any:
@@ -203,7 +210,11 @@ def create_ui(image: bool = False) -> Components:
             c["rank"] = gr.Radio(list(RANKED), value=RANKED[0], label="Tokens ranked and removed", visible=image)
         c["cost"] = gr.Markdown()
         c["status"] = gr.Markdown()
-        c["removal"] = gr.Plot(label="Token removal: MIF / LIF")
+        with gr.Row():
+            c["removal"] = gr.Plot(label="Token removal: MIF / LIF", scale=3)
+            with gr.Column(scale=1, min_width=240, visible=not image):  # Sources explains text prompts only
+                c["lds"] = gr.Plot(label="LDS on this answer")
+                c["lds_note"] = gr.Markdown()
         c["soft"] = gr.Plot(label="π-Soft-NS / π-Soft-NC", visible=not image)  # text prompts only
         c["table"] = gr.Dataframe(
             headers=TABLE_HEADERS,

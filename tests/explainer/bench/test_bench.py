@@ -256,13 +256,16 @@ def test_bench_of_sources_counts_its_forward_positions(tiny_model_dir, tmp_path)
     the forward positions it computed against leave-one-sentence-out and ContextCite's 64 ablations."""
     out = tmp_path / "bench.json"
     argv = ["bench", "--model", str(tiny_model_dir), "--prompt-tokens", "64", "--new-tokens", "2", "--methods",
-            "none,sources:depth=0:batch_size=2", "--repeats", "1", "--device", "cpu", "--json", str(out)]  # fmt: skip
+            "none,sources:fit=leave_one_out:depth=0:batch_size=2,sources", "--repeats", "1", "--device", "cpu",
+            "--json", str(out)]  # fmt: skip
 
     assert main(argv) == 0
 
-    plain, sources = json.loads(out.read_text())["rows"]
+    plain, sources, surrogate = json.loads(out.read_text())["rows"]
     assert plain["positions"] == {"forward_positions": 64 + 2 - 1}
-    assert sources["method"] == "sources:depth=0:batch_size=2" and 0 < sources["tokens_per_s_ratio"]
+    assert sources["method"] == "sources:fit=leave_one_out:depth=0:batch_size=2" and 0 < sources["tokens_per_s_ratio"]
+    ablations = surrogate["positions"]["forward_positions"]  # 20 removal passes, each from its first removed unit on
+    assert 64 + 2 - 1 < ablations < surrogate["positions"]["contextcite_positions"]
     counts = sources["positions"]
     assert set(counts) == {"forward_positions", "leave_one_sentence_out_positions", "contextcite_positions"}
     assert counts["contextcite_positions"] == 64 * (64 + 2)  # 64 full passes over the prompt and answer

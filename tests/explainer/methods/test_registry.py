@@ -13,7 +13,7 @@ from explainer.methods import AttributionMethod
 
 from ...conftest import build_model
 
-PROMPT = "What is the capital of France?"
+PROMPT = "Paris is in France. What is the capital of France?"  # two sentences: Sources fits over two units or more
 
 
 @pytest.fixture(scope="module")

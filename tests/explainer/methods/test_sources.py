@@ -71,7 +71,8 @@ def test_flat_sentence_scores_equal_one_full_forward_per_hidden_sentence(run, ki
         "Paris is the capital of France.", "The quick brown fox jumps.", "Berlin is the capital of Germany.",
         "Numbers 0123456789.", "Question: What is the capital of France?",
     ]  # fmt: skip
-    method = get_method("sources", depth=0, suppression_factor=factor, fast=fast, batch_size=2, scope=scope)
+    method = get_method("sources", fit="leave_one_out", depth=0, suppression_factor=factor, fast=fast, batch_size=2,
+                        scope=scope)  # fmt: skip
     raw = method.explain(r)  # (K, N)
     expected = _reference(r.model, r.input_ids, r.num_prompt_tokens, groups, factor, scope)  # (K, U)
     for u, group in enumerate(groups):
@@ -90,7 +91,7 @@ def test_paragraphs_first_then_the_sentences_of_the_strongest(run, scope):
     sentences = units(r.prompt_tokens, positions, "sentence")
     per_paragraph = [len([s for s in sentences if p.start <= s.start < p.stop]) for p in paragraphs]
     assert per_paragraph == [2, 2, 1]
-    method = get_method("sources", depth=1, keep=1, suppression_factor=0.1, scope=scope)
+    method = get_method("sources", fit="leave_one_out", depth=1, keep=1, suppression_factor=0.1, scope=scope)
     raw = method.explain(r)
     para = _reference(r.model, r.input_ids, r.num_prompt_tokens, paragraphs, 0.1, scope)  # (K, 3)
     flat = _reference(r.model, r.input_ids, r.num_prompt_tokens, sentences, 0.1, scope)  # (K, 5)
@@ -115,14 +116,15 @@ def test_paragraphs_first_then_the_sentences_of_the_strongest(run, scope):
 def test_depth_0_paragraphs_are_the_flat_paragraph_scores_and_the_coarse_level_of_the_hierarchy(run, kind):
     r = run[kind]
     paragraphs = units(r.prompt_tokens, list(range(r.num_prompt_tokens)), "paragraph")
-    flat = get_method("sources", unit="paragraph", depth=0, batch_size=2, scope="all")
+    flat = get_method("sources", fit="leave_one_out", unit="paragraph", depth=0, batch_size=2, scope="all")
     raw = flat.explain(r)  # (K, N)
     expected = _reference(r.model, r.input_ids, r.num_prompt_tokens, paragraphs, 0.0)  # (K, 3)
     for u, group in enumerate(paragraphs):
         for p in range(group.start, group.stop):  # every token of the paragraph carries its score
             np.testing.assert_allclose(raw[:, p], expected[:, u], atol=1e-4, rtol=0)
     assert flat.meta()["units_scored"] == len(paragraphs)
-    deep = get_method("sources", unit="sentence", depth=1, keep=1, batch_size=2, scope="all").explain(r)
+    deep = get_method("sources", fit="leave_one_out", unit="sentence", depth=1, keep=1, batch_size=2, scope="all")
+    deep = deep.explain(r)
     strongest = int(np.argmax(expected.mean(axis=0)))
     for u, group in enumerate(paragraphs):  # the paragraphs not refined keep exactly their flat score
         if u != strongest:
@@ -149,12 +151,14 @@ def test_options_are_checked_and_the_tokens_are_needed(run):
             get_method("sources", **bad)
     r = run["llama"]
     with pytest.raises(InputError, match="prompt's tokens"):
-        get_method("sources").explain(GenerationRun(model=r.model, input_ids=r.input_ids, num_prompt_tokens=5))
+        get_method("sources", fit="leave_one_out").explain(
+            GenerationRun(model=r.model, input_ids=r.input_ids, num_prompt_tokens=5)
+        )
 
 
 def test_sources_through_explain_over_the_users_text_only(tokenizer):
     bundle = bundle_from_objects(build_model("qwen2"), tokenizer, name="tiny-qwen2")
-    options = {"sources": {"unit": "sentence", "depth": 1}}
+    options = {"sources": {"fit": "leave_one_out", "unit": "sentence", "depth": 1}}
     attr = explain(bundle, PROMPT, methods=["sources", "macs"], max_new_tokens=3, method_options=options)
     raw, meta = attr.methods["sources"].raw, attr.methods["sources"].meta
     template = sorted(set(range(attr.num_prompt_tokens)) - set(attr.user_positions))
@@ -168,7 +172,8 @@ def test_the_command_prints_the_top_sources(tiny_model_dir, capsys):
     from explainer.cli import main
 
     prompt = "Paris is the capital of France.\n\nBerlin is big.\n\nWhat is the capital of France?"
-    code = main(["explain", "--model", str(tiny_model_dir), "--prompt", prompt, "--methods", "sources:depth=0",
+    code = main(["explain", "--model", str(tiny_model_dir), "--prompt", prompt, "--methods",
+                 "sources:fit=leave_one_out:depth=0",
                  "--max-new-tokens", "2"])  # fmt: skip
     out = capsys.readouterr().out
     assert code == 0 and "sources over the answer" in out and "leave-one-sentence-out without a cache" in out
@@ -182,7 +187,7 @@ def test_the_passes_keep_no_autograd_graph(run):
     seen = []
     handle = r.model.register_forward_pre_hook(lambda module, args: seen.append(torch.is_inference_mode_enabled()))
     try:
-        get_method("sources", depth=0).explain(r)
+        get_method("sources", fit="leave_one_out", depth=0).explain(r)
     finally:
         handle.remove()
     assert seen and all(seen)
@@ -195,11 +200,11 @@ def test_answer_scope_recomputes_only_the_answer_positions_and_differs_from_remo
     r = run["llama"]
     n, t = r.num_prompt_tokens, r.input_ids.shape[1]
     groups = units(r.prompt_tokens, list(range(n)), "sentence")
-    answer = get_method("sources", depth=0, scope="answer", batch_size=2)
+    answer = get_method("sources", fit="leave_one_out", depth=0, scope="answer", batch_size=2)
     answer.explain(r)
     packs = -(-len(groups) // 2)  # passes of 2 units and the baseline segment each, after the prompt's N - 1
     assert answer.meta()["forward_positions"] == (n - 1) + (len(groups) + packs) * (t - n)
-    everywhere = get_method("sources", depth=0, scope="all")
+    everywhere = get_method("sources", fit="leave_one_out", depth=0, scope="all")
     everywhere.explain(r)
     assert everywhere.meta()["forward_positions"] == (t - 1) + sum(t - 1 - g.start for g in groups)
     direct = _reference(r.model, r.input_ids, n, groups, 0.0, "answer")
@@ -216,7 +221,7 @@ def test_answer_scope_counts_the_positions_its_forwards_computed(run):
         lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
     )
     try:
-        method = get_method("sources", depth=1, keep=1, scope="answer", batch_size=2)
+        method = get_method("sources", fit="leave_one_out", depth=1, keep=1, scope="answer", batch_size=2)
         method.explain(r)
     finally:
         handle.remove()

@@ -133,8 +133,10 @@ def test_gradient_methods_and_atman_state_a_need(bundle):
     request = MemoryRequest(ModelShape.of(bundle.model), 100, 10)
     for name in ("attnlrp", "grad_ellm", "input_x_gradient", "atman", "sources"):
         assert request_bytes(request, [get_method(name)])[name] > 0
-    removal = request_bytes(request, [get_method("sources", scope="all")])["sources"]
+    removal = request_bytes(request, [get_method("sources", fit="leave_one_out", scope="all")])["sources"]
     assert removal == request_bytes(request, [get_method("atman", batch_size=0)])["atman"]  # AtMan's passes
+    surrogate = request_bytes(request, [get_method("sources")])["sources"]  # removal passes of 16 rows on a CPU
+    assert surrogate == request_bytes(request, [get_method("atman", batch_size=16)])["atman"] > removal
     longer = MemoryRequest(ModelShape.of(bundle.model), 1000, 10)
     assert Rollout.kept_bytes(longer) > 20 * Rollout.kept_bytes(request)  # quadratic in N
 
@@ -222,7 +224,7 @@ def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     instances = [get_method(m) for m in available_methods()]
     gpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cuda", tokens), instances)
     cpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cpu", TOKENS_PER_BATCH), instances)
-    assert gpu["sources"] == cpu["sources"] < 2e9
+    assert gpu["sources"] <= cpu["sources"] < 2e9  # the surrogate's removal passes are sized to fit on a GPU
     assert sum(gpu.values()) < 5e9
     check_request(bundle.model, instances, 39, 24, tokens)  # no MemoryLimitError
 

@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from explainer.errors import InputError
-from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, RemovalReport, SoftReport
+from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, LdsReport, RemovalReport, SoftReport
 from ui.events import KEEP
 from ui.panels import faithfulness, measurement
 from ui.panels.faithfulness import SOFT_CHOICES, FaithfulnessView
@@ -62,7 +62,10 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
     assert [r[0] for r in last.table] == ["macs", "random"] and last.table[0][2] == pytest.approx(0.5)
     again = faithfulness.render_faithfulness(last.report, "BLEU")
     assert again.table == last.table and again.removal is not None and again.status is KEEP
-    assert faithfulness.render_faithfulness(None, "BLEU") == FaithfulnessView(removal=None, soft=None, table=[])
+    assert faithfulness.render_faithfulness(None, "BLEU") == FaithfulnessView(
+        removal=None, lds=None, lds_note="", soft=None, table=[]
+    )
+    assert last.lds is None and "tick *sources*" in last.lds_note  # no surrogate in this result: says how to get one
     collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[1], 2))
     assert calls[-1][3] is None  # every 5th step
     collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[2], 2))
@@ -223,3 +226,12 @@ def test_the_note_promises_a_dashed_random_curve_only_where_one_is_drawn():
     assert "The random baseline is dashed" not in faithfulness.NOTE  # it read as a promise for π-Soft too
     assert "π-Soft has no random curve unless the method *random* was ticked" in soft_part
     assert "removal curves add a random baseline (random orderings, dashed)" in faithfulness.NOTE
+
+
+def test_the_panel_draws_each_method_s_lds_beside_the_removal_curves():
+    fit = {"held_out_spearman": 0.8, "checks": 4, "cross_validated_spearman": 0.9, "ablations": 16}
+    lds = LdsReport(lds={"macs": 0.5, "sources": 0.9}, masks={"macs": 21, "sources": 17}, units=6, fit=fit)
+    view = faithfulness.render_faithfulness(FaithfulnessReport(lds=lds), "BLEU")
+    assert [t.y[0] for t in view.lds.data] == ["macs", "sources (own fit)"]
+    assert "21 ablation masks over 6 units" in view.lds_note and "held out on 4 more masks +0.80" in view.lds_note
+    assert view.removal is None and view.soft is None

@@ -1,0 +1,108 @@
+"""Log-probabilities of a fixed response after removing parts of the prompt: what Sources' surrogate is fitted on
+(`sources.py`) and what LDS and the top-k drop measure (`eval/lds.py`, `eval/lds_eval.py`).
+
+Removal, as ContextCite ablates a source (and AT2 with `ablation_method="remove"`): the removed tokens are taken
+out of the prompt, so the model sees a shorter prompt whose kept tokens sit next to each other. We take them out of
+the prompt's token ids rather than re-tokenising the rejoined text as ContextCite does: the kept tokens and the
+response keep their ids, and the two differ only where a tokeniser would merge characters across a removed sentence.
+
+How it is computed, equal to a solo forward of each shortened prompt up to float rounding (the tests check it):
+
+1. One pass over prompt + response gives the unperturbed log-probabilities and a KV cache of every position.
+2. A run recomputes only the positions from its first removed token on, reusing the cache before it (queries there
+   cannot see what comes later). In that batched forward the removed tokens are hidden from every query by the
+   attention mask and each kept token gets its position in the shortened prompt (`position_ids` = the kept tokens
+   before it): rotary embeddings see relative positions only and a hidden key weighs nothing, so every kept query
+   computes what it computes in the shortened sequence. Runs are sorted by their first removed token and batched.
+3. Sliding-window layers measure their window in cache positions, which the hidden tokens still occupy; a model with
+   such layers runs each shortened prompt on its own instead.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from transformers import DynamicCache
+
+from ..runtime.host import to_numpy
+from ..runtime.kv import batch_budget, batches_by_first, prefix_cache
+from ..runtime.memory import language_config
+from ..runtime.session import between_passes
+from .base import ProgressFn
+
+CPU_ROWS = 16  # removal runs per forward on a CPU
+
+
+def _token_logprobs(logits: torch.Tensor, response: torch.Tensor) -> np.ndarray:
+    """(B, K, V) logits predicting `response` (K,) -> (B, K) float32 log-probabilities of its tokens."""
+    logp = torch.log_softmax(logits.float(), dim=-1)  # float32 whatever the model's dtype
+    target = response.to(logits.device).expand(logits.shape[0], -1)[..., None]  # (B, K, 1)
+    return to_numpy(logp.gather(-1, target)[..., 0], np.float32)
+
+
+def has_sliding_window(model: torch.nn.Module) -> bool:
+    """Whether any attention layer of the language model sees a sliding window (from its config)."""
+    config = language_config(model)
+    types = getattr(config, "layer_types", None)
+    if types:
+        return any(t != "full_attention" for t in types)
+    return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
+
+
+@torch.inference_mode()
+def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
+                      batch_size: int = 0, progress: ProgressFn | None = None) -> np.ndarray:  # fmt: skip
+    """The response's token log-probabilities after each removal.
+
+    Args:
+        model: a causal LM (the caller holds it).
+        prompt: (N,) ids. response: (K,) ids, teacher-forced.
+        keep: (R, N) bool, False = the token is removed; a row removing nothing is the unperturbed run. The last
+            prompt token, whose logits predict the response's first token, is never removed (a chat template's
+            generation prompt is there).
+        batch_size: most runs per forward; 0: from the device (CPU: `CPU_ROWS`).
+        progress: called with (fraction done, message) after each batched pass (a cancel between passes stops it).
+
+    Returns:
+        (R, K) float32: log p(response[k] | prompt with row r's removed tokens taken out, response[:k]).
+
+    Raises:
+        ValueError: a row removes the prompt's last token.
+    """
+    n, k, r = prompt.shape[0], response.shape[0], keep.shape[0]
+    keep = keep.to(device=prompt.device, dtype=torch.bool)
+    if r and not bool(keep[:, -1].all()):
+        raise ValueError("the prompt's last token predicts the response's first one and cannot be removed")
+    seq = torch.cat([prompt, response[:-1]])  # (T,) T = N + K - 1: every position whose logits predict a token
+    out = np.zeros((r, k), dtype=np.float32)
+    if has_sliding_window(model):
+        for i in range(r):
+            between_passes()
+            ids = torch.cat([prompt[keep[i]], response[:-1]])[None]  # (1, T_i)
+            out[i] = _token_logprobs(model(input_ids=ids, logits_to_keep=k).logits, response)[0]
+        return out
+    base = DynamicCache()
+    full = _token_logprobs(model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k).logits,
+                           response)  # fmt: skip
+    removed = ~keep
+    first_all = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed
+    out[[i for i in range(r) if first_all[i] >= n]] = full[0]
+    perturbed = [i for i in range(r) if first_all[i] < n]
+    first = [first_all[i] for i in perturbed]
+    tokens, most = batch_budget(model, seq.shape[0], k, batch_size, CPU_ROWS)
+    ones = torch.ones(1, k - 1, dtype=torch.bool, device=prompt.device)
+    groups = batches_by_first(first, seq.shape[0], most, tokens)
+    for done, group in enumerate(groups, start=1):
+        between_passes()
+        rows = [perturbed[g] for g in group]
+        start, b = min(first[g] for g in group), len(rows)
+        kept = torch.cat([keep[rows], ones.expand(b, -1)], dim=1)  # (B, T)
+        positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T) place in the shortened sequence
+        logits = model(
+            input_ids=seq[start:].expand(b, -1), attention_mask=kept.long(), position_ids=positions[:, start:],
+            past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,
+        ).logits  # fmt: skip
+        out[rows] = _token_logprobs(logits, response)
+        if progress is not None:
+            progress(done / len(groups), f"Removal passes {done} of {len(groups)}")
+    return out

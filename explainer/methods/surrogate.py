@@ -1,0 +1,98 @@
+"""ContextCite's surrogate (Cohen-Wang et al., 2024, section 3): a linear model of the answer's log-probability over
+keep-masks of the prompt's units, fitted on a few ablations, one model per answer token.
+
+For R ablations with keep-masks X (R, U) (1 = the unit is kept) and the answer's teacher-forced token log-probabilities
+Y (R, K) under each, the surrogate of token k is y_k(x) = b_k + x · w_k. ContextCite fits the whole response's logit
+probability with a Lasso on 64 random masks (each unit kept with probability 1/2). Here every answer token gets its
+own fit from the same passes, so whole-answer weights are the sum of the tokens' (the fit is linear in Y), and:
+
+- the fit is ridge regression with an unpenalised intercept (Eq. 1 of ContextCite with an L2 in place of its L1
+  penalty), its strength chosen by leave-one-out error (exact, from the hat matrix), shared by every answer token;
+- the masks are a design, not independent draws (`design`): leave-one-out masks for up to half of them (each unit's
+  effect measured once near the full prompt), then complementary pairs (x, 1 - x), in which every unit is kept
+  exactly half of the time and a unit's effect is estimated free of the intercept;
+- the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
+
+`docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+DESIGNS = ("loo_pairs", "pairs", "random")  # leave-one-out then pairs; complementary pairs; independent masks
+MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
+RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
+
+
+def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
+    """(k, U) keep-masks. "pairs": x_1, 1 - x_1, x_2, 1 - x_2, ... with each x_i kept with probability 1/2 per unit
+    (an odd k ends on an unpaired x), so every unit is kept in half of the paired masks, and the design of k masks
+    is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
+    remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
+    `seed`: anything `np.random.default_rng` takes."""
+    if kind == "loo_pairs":
+        n = min(units, k // 2)
+        loo = ~np.eye(units, dtype=bool)[np.random.default_rng([*np.atleast_1d(seed), 9]).permutation(units)[:n]]
+        return np.concatenate([loo, design(units, k - n, "pairs", seed)])  # (k, U)
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        return rng.random((k, units)) < 0.5
+    if kind != "pairs":
+        raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {kind!r}")
+    first = rng.random((MAX_PAIRS, units)) < 0.5  # (P, U) drawn in full whatever k is: nested designs
+    return np.stack([first, ~first], axis=1).reshape(-1, units)[:k]  # (k, U) x_1, 1 - x_1, x_2, ...
+
+
+def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+    """Ridge with an unpenalised intercept: the (U + 1, K) coefficients (intercept first) and the (R, K) leave-one-out
+    residuals (each row predicted by the fit without it: e_i / (1 - h_ii))."""
+    a = np.concatenate([np.ones((len(x), 1)), x], axis=1)  # (R, U + 1)
+    d = np.eye(a.shape[1]) * penalty
+    d[0, 0] = 0.0
+    inverse = np.linalg.pinv(a.T @ a + d)  # (U + 1, U + 1)
+    coef = inverse @ a.T @ y  # (U + 1, K)
+    h = np.einsum("ij,jk,ik->i", a, inverse, a)  # (R,) leverages
+    residual = y - a @ coef
+    return coef, residual / np.maximum(1.0 - h, 1e-9)[:, None]
+
+
+def fit(masks: np.ndarray, targets: np.ndarray, grid: Sequence[float] = RIDGE_GRID) -> tuple[np.ndarray, np.ndarray,
+                                                                                                 float]:  # fmt: skip
+    """The surrogate of every answer token.
+
+    Args:
+        masks: (R, U) bool keep-masks. targets: (R, K) the answer's token log-probabilities under each.
+        grid: ridge penalties tried (times R / 4, so that a penalty means the same at any R); the one with the least
+            summed leave-one-out squared error over the rows and tokens wins.
+
+    Returns:
+        weights (K, U), intercepts (K,), the penalty chosen (float64 arithmetic; the caller keeps float32).
+    """
+    x, y = np.asarray(masks, dtype=np.float64), np.asarray(targets, dtype=np.float64)
+    best = None
+    for penalty in grid:
+        coef, loo = _ridge_path(x, y, penalty * len(x) / 4)
+        error = float((loo**2).sum())
+        if best is None or error < best[0] - 1e-12:
+            best = (error, coef, penalty)
+    _, coef, penalty = best
+    return coef[1:].T, coef[0], float(penalty)
+
+
+def cross_validated(masks: np.ndarray, targets: np.ndarray, penalty: float) -> np.ndarray:
+    """(R, K) each row's prediction by the fit on the other rows (same penalty): a check that costs no pass."""
+    x, y = np.asarray(masks, dtype=np.float64), np.asarray(targets, dtype=np.float64)
+    _, loo = _ridge_path(x, y, penalty * len(x) / 4)
+    return y - loo
+
+
+def spread(weights: np.ndarray, spans: Sequence[tuple[int, int]], n: int) -> np.ndarray:
+    """(K, N) float32 token map: each unit's weight (K, U) shared evenly by its tokens [start, stop), so summing a
+    step's map over a unit's tokens gives its weight back; tokens outside every unit get 0."""
+    out = np.zeros((weights.shape[0], n), dtype=np.float32)  # (K, N)
+    for u, (start, stop) in enumerate(spans):
+        out[:, start:stop] = (weights[:, u] / (stop - start))[:, None]
+    return out

@@ -1,0 +1,186 @@
+"""Sources' surrogate (`explainer/methods/sources.py`, `surrogate.py`) against a straightforward computation: every
+ablated prompt run on its own (its units' tokens taken out, one plain forward), and the ridge fit written out with
+explicit leave-one-out refits; the per-token maps summed over units; the design; bad input and cancellation."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from explainer import bundle_from_objects, explain, get_method
+from explainer.capture import registered_names
+from explainer.errors import Cancelled, InputError
+from explainer.eval.lds import source_scores
+from explainer.methods import GenerationRun
+from explainer.methods.sources import units
+from explainer.methods.surrogate import RIDGE_GRID, design
+from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
+from explainer.runtime.session import CancelToken, hold, model_lock
+
+from ...conftest import BUILDERS, build_model
+from .test_atman import greedy_sequences
+
+PROMPT = (
+    "Paris is the capital of France. The quick brown fox jumps. Berlin is the capital of Germany. "
+    "Numbers 0123456789 follow. Rome is in Italy. Question: What is the capital of France?"
+)
+K = 4
+
+
+@pytest.fixture(scope="module")
+def run(tokenizer):
+    out = {}
+    for kind, (model, ids, n) in greedy_sequences(tokenizer, PROMPT, K).items():
+        tokens = bundle_from_objects(model, tokenizer, name=kind).readable(ids[0, :n].tolist())
+        out[kind] = GenerationRun(model=model, input_ids=ids, num_prompt_tokens=n, prompt_tokens=tokens)
+    return out
+
+
+def _solo_logprobs(model, ids: list[int], answer: list[int]) -> np.ndarray:
+    """(K,) log p of each answer token after `ids`: one plain forward, no cache, no batch."""
+    with torch.no_grad():
+        logp = torch.log_softmax(model(input_ids=torch.tensor([ids + answer])).logits[0].double(), dim=-1)
+    return np.array([float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(answer)])
+
+
+def _explicit_ridge(x: np.ndarray, y: np.ndarray, penalty: float) -> np.ndarray:
+    """(U + 1, K) ridge coefficients, intercept unpenalised, as the least-squares solution of the augmented system."""
+    a = np.concatenate([np.ones((len(x), 1)), x], axis=1)
+    root = np.sqrt(penalty) * np.eye(a.shape[1])[1:]  # (U, U + 1) rows: sqrt(penalty) * w_u = 0
+    coef, *_ = np.linalg.lstsq(np.concatenate([a, root]), np.concatenate([y, np.zeros((len(root), y.shape[1]))]),
+                               rcond=None)  # fmt: skip
+    return coef
+
+
+def _reference(r: GenerationRun, masks: np.ndarray, fitted: int):
+    """Each mask's prompt run alone, and the ridge whose penalty has the least explicit leave-one-out error."""
+    n, ids = r.num_prompt_tokens, r.input_ids[0].tolist()
+    groups = units(r.prompt_tokens, list(range(n)), "sentence")
+    logp = []
+    for mask in masks:
+        drop = {p for u, g in enumerate(groups) if not mask[u] for p in range(g.start, g.stop) if p != n - 1}
+        logp.append(_solo_logprobs(r.model, [t for i, t in enumerate(ids[:n]) if i not in drop], ids[n:]))
+    logp = np.array(logp)  # (R, K)
+    x, y = masks[:fitted].astype(float), logp[:fitted]
+    errors = []
+    for penalty in RIDGE_GRID:
+        scaled = penalty * len(x) / 4
+        loo = [y[i] - np.concatenate([[1.0], x[i]]) @ _explicit_ridge(np.delete(x, i, 0), np.delete(y, i, 0), scaled)
+               for i in range(len(x))]  # fmt: skip
+        errors.append(float(np.sum(np.square(loo))))
+    best = RIDGE_GRID[int(np.argmin(errors))]
+    return groups, logp, _explicit_ridge(x, y, best * len(x) / 4), best
+
+
+@pytest.mark.parametrize("kind", list(BUILDERS))
+@pytest.mark.parametrize("ablations", [5, 16])
+def test_the_fit_equals_solo_runs_and_an_explicit_ridge(run, kind, ablations):
+    r = run[kind]
+    method = get_method("sources", ablations=ablations, check=3, batch_size=4)
+    raw = method.explain(r)
+    meta = method.meta()
+    masks = np.array(meta["masks"]["keep"], dtype=bool)
+    assert masks.shape[0] == 1 + ablations + 3 and masks[0].all() and meta["ablations"] == ablations
+    groups, logp, coef, penalty = _reference(r, masks, 1 + ablations)
+    assert [tuple(u) for u in meta["masks"]["units"]] == [(g.start, g.stop) for g in groups] and len(groups) == 6
+    np.testing.assert_allclose(meta["masks"]["log_p"], logp, atol=2e-4)  # batched over the cache == one by one
+    assert meta["ridge"] == penalty
+    spans = [list(range(g.start, g.stop)) for g in groups]
+    np.testing.assert_allclose(source_scores(raw, spans), coef[1:].T, atol=2e-3)  # (K, U): per token, per unit
+    np.testing.assert_allclose(meta["masks"]["intercepts"], coef[0], atol=2e-3)
+    assert raw.dtype == np.float32 and raw.shape == (K, r.num_prompt_tokens)
+    for g in groups:  # a unit's weight spread evenly over its tokens
+        assert np.allclose(raw[:, g.start : g.stop], raw[:, g.start : g.start + 1])
+    whole = coef[1:].sum(axis=1)  # the whole answer's weights: the sum of the tokens' fits
+    starts = [g.start for g in groups]
+    listed = {s["start"]: s["score"] for s in meta["sources"]}  # a unit's whole-answer weight
+    assert sorted(listed) == starts
+    np.testing.assert_allclose([listed[s] for s in starts], whole, atol=4e-3)
+    assert list(listed.values()) == sorted(listed.values(), reverse=True)
+    assert meta["held_out_spearman"] is None or -1 <= meta["held_out_spearman"] <= 1
+    assert registered_names() == []
+
+
+def test_signed_scores_and_the_fit_s_quality_are_recorded(run):
+    method = get_method("sources", ablations=24, check=6)
+    raw = method.explain(run["llama"])
+    meta = method.meta()
+    assert meta["fit"] == "surrogate" and meta["checks"] == 6
+    assert isinstance(meta["held_out_spearman"], float) and isinstance(meta["cross_validated_spearman"], float)
+    assert (raw < 0).any() or (raw > 0).all()  # signed: nothing clips them
+
+
+def test_the_pairs_design_is_complementary_balanced_and_nested():
+    m = design(7, 16, "pairs", seed=3)
+    assert m.shape == (16, 7) and m.dtype == bool
+    assert (m[0::2] == ~m[1::2]).all() and (m.sum(axis=0) == 8).all()
+    assert (design(7, 256, "pairs", seed=3)[:16] == m).all()  # a smaller design is the start of a larger one
+    odd = design(5, 9, "pairs", seed=1)
+    assert odd.shape == (9, 5) and (odd[0:8:2] == ~odd[1:8:2]).all() and (odd == design(5, 10, "pairs", 1)[:9]).all()
+    assert (design(4, 6, "pairs", seed=2) == design(4, 6, "pairs", seed=2)).all()
+    assert design(3, 1, "pairs").shape == (1, 3)
+    with pytest.raises(ValueError, match="design"):
+        design(3, 4, "hadamard")
+
+
+@pytest.mark.parametrize("bad", [{"ablations": 0}, {"ablations": 257}, {"check": -1}, {"fit": "lasso"},
+                                 {"design": "hadamard"}])  # fmt: skip
+def test_bad_options_are_refused_with_a_clear_message(bad):
+    with pytest.raises(InputError, match=next(iter(bad))):
+        get_method("sources", **bad)
+
+
+def test_a_prompt_with_one_unit_says_it_needs_two(tokenizer):
+    (model, ids, n) = greedy_sequences(tokenizer, "What is the capital of France?", 2)["llama"]
+    tokens = bundle_from_objects(model, tokenizer, name="llama").readable(ids[0, :n].tolist())
+    with pytest.raises(InputError, match="at least two"):
+        get_method("sources").explain(GenerationRun(model, ids, n, prompt_tokens=tokens))
+
+
+def test_a_request_too_large_for_memory_is_refused_before_it_runs(tokenizer, monkeypatch):
+    bundle = bundle_from_objects(build_model("llama"), tokenizer, name="tiny-llama")
+    monkeypatch.setenv(BUDGET_ENV, "2KB")
+    with pytest.raises(MemoryLimitError, match="sources"):
+        explain(bundle, PROMPT, methods=["sources"], max_new_tokens=3)
+
+
+def test_a_cancel_between_the_ablation_passes_stops_and_leaves_nothing_running(run):
+    r = run["qwen2"]
+    token, seen = CancelToken(), []
+
+    def progress(fraction, message):
+        seen.append(fraction)
+        token.cancel()
+
+    with pytest.raises(Cancelled), hold(r.model, token):
+        get_method("sources", ablations=16, batch_size=2).explain(
+            GenerationRun(r.model, r.input_ids, r.num_prompt_tokens, prompt_tokens=r.prompt_tokens, progress=progress)
+        )
+    assert len(seen) == 1 and seen[0] < 1
+    assert registered_names() == [] and r.model.config._attn_implementation == "sdpa"
+    assert not model_lock(r.model).locked()
+
+
+def test_the_default_design_leaves_units_out_one_at_a_time_then_pairs():
+    m = design(5, 16, "loo_pairs", seed=0)
+    assert m.shape == (16, 5) and (m[:5].sum(axis=1) == 4).all() and sorted(np.argmin(m[:5], axis=1)) == [0, 1, 2, 3, 4]
+    assert (m[5:] == design(5, 11, "pairs", seed=0)).all()
+    few = design(6, 6, "loo_pairs", seed=1)  # at most half of the masks leave one out
+    assert (few[:3].sum(axis=1) == 5).all() and (few[3:] == design(6, 3, "pairs", seed=1)).all()
+
+
+def test_the_passages_can_start_at_a_marker_and_the_units_before_it_score_zero(run):
+    r = run["llama"]
+    groups = units(r.prompt_tokens, list(range(r.num_prompt_tokens)), "sentence")
+    method = get_method("sources", context="Berlin", ablations=8)
+    raw = method.explain(r)
+    spans = [tuple(u) for u in method.meta()["masks"]["units"]]
+    assert spans == [(g.start, g.stop) for g in groups[2:]]  # "Berlin is the capital of Germany." on
+    assert (raw[:, : groups[2].start] == 0).all() and np.abs(raw[:, groups[2].start :]).sum() > 0
+    keep = np.array(method.meta()["masks"]["keep"])
+    assert keep.shape == (1 + 8 + 4, 4)
+    with pytest.raises(InputError, match="holds 'Paris, Texas'"):
+        get_method("sources", context="Paris, Texas").explain(r)
+
+
