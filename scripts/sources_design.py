@@ -25,8 +25,10 @@ from pathlib import Path
 
 import numpy as np
 
-from explainer.eval.metrics import spearman
-from explainer.methods.surrogate import design, fit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
+
+from explainer.eval.metrics import spearman  # noqa: E402
+from explainer.methods.surrogate import design, fit  # noqa: E402
 
 MOST_SENTENCES = 6  # 2^6 = 64 masks a question
 SEEDS = 5
@@ -36,7 +38,7 @@ def collect(args: argparse.Namespace) -> None:
     import torch
 
     from explainer.eval.ablate import response_logprobs
-    from explainer.eval.datasets import resolve_data
+    from explainer.eval.datasets import resolve_data, select_rows
     from explainer.eval.evaluate import load_squad
     from explainer.eval.lds import ablation_masks
     from explainer.eval.lds_eval import answer_row
@@ -46,8 +48,7 @@ def collect(args: argparse.Namespace) -> None:
 
     rows = load_squad(resolve_data(args.data))
     if args.ids:
-        by_id = {str(r["id"]): r for r in rows}
-        rows = [by_id[i] for i in Path(args.ids).read_text(encoding="utf-8").split() if i in by_id]
+        rows = select_rows(rows, args.ids)
     rows = rows[args.offset : args.offset + args.limit]
     done = {json.loads(line)["id"] for line in open(args.results)} if Path(args.results).exists() else set()
     bundle = load_model(None, dtype=parse_dtype(args.dtype))

@@ -30,16 +30,18 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from explainer.eval.ablate import response_logprobs
-from explainer.eval.datasets import haystack_rows, resolve_data
-from explainer.eval.evaluate import load_squad
-from explainer.eval.haystack import method_label
-from explainer.eval.lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
-from explainer.eval.lds_eval import answer_row, format_table, summarise
-from explainer.eval.resumable import measure_and_summarise
-from explainer.methods import GenerationRun, get_method, parse_methods
-from explainer.models.loading import load_model
-from explainer.runtime.precision import parse_dtype
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
+
+from explainer.eval.ablate import response_logprobs  # noqa: E402
+from explainer.eval.datasets import haystack_rows, resolve_data, select_rows  # noqa: E402
+from explainer.eval.evaluate import load_squad  # noqa: E402
+from explainer.eval.haystack import method_label  # noqa: E402
+from explainer.eval.lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores  # noqa: E402
+from explainer.eval.lds_eval import answer_row, format_table, summarise  # noqa: E402
+from explainer.eval.resumable import measure_and_summarise  # noqa: E402
+from explainer.methods import GenerationRun, get_method, parse_methods  # noqa: E402
+from explainer.models.loading import load_model  # noqa: E402
+from explainer.runtime.precision import parse_dtype  # noqa: E402
 
 
 def _mean(values) -> float | None:
@@ -96,7 +98,7 @@ def measure(bundle, row: dict, args: argparse.Namespace) -> dict:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", required=True, help="SQuAD JSON file or squad_v2-dev")
-    p.add_argument("--ids", help="a file of row ids, one a line: only these rows, in this order")
+    p.add_argument("--ids", help="ids file (`explainer lds --ids`): only these rows, in its order")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--counts", default="8,16,32", help="ablation counts, each run and fitted on its own")
     p.add_argument("--options", default="", help="Sources' options as on the command line, e.g. context=Context")
@@ -113,9 +115,7 @@ def main() -> int:
     args.command_line = shlex.join(["python", "scripts/sources_lds.py", *sys.argv[1:]])
     rows = load_squad(resolve_data(args.data))
     if args.ids:
-        wanted = [line.strip() for line in Path(args.ids).read_text(encoding="utf-8").splitlines() if line.strip()]
-        by_id = {str(r["id"]): r for r in rows}
-        rows = [by_id[i] for i in wanted if i in by_id]
+        rows = select_rows(rows, args.ids)
     rows = rows[: args.limit]
     if args.paragraphs:
         rows = haystack_rows(rows, args.paragraphs)
