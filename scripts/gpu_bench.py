@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default=None)
-    p.add_argument("--decode", default=None, help="$EXPLAINER_DECODE: auto, solo, static, static-eager")
+    p.add_argument("--decode", default=None, help="$EXPLAINER_DECODE: auto, solo, static, cuda-graph, batched")
     p.add_argument("--deadline", type=float, default=None, help="seconds after which no configuration starts")
     p.add_argument("--profile", action="store_true", help="also one profiled run a configuration (`profiles`)")
     a = p.parse_args(argv)
