@@ -31,6 +31,7 @@ from ..reference import reference_macs
 from ..vl_tiny import build_vl_model, make_vl_tokenizer, vl_bundle
 
 PROMPT = "What is the capital of France?"
+OPTIONS = {"sources": {"unit": "word"}}  # one sentence: Sources' surrogate fits over its words
 ANSWER = "Paris is the capital of France."  # not what the random tiny models generate
 ALL = available_methods()
 IMAGE_METHODS = [m for m, cls in METHODS.items() if cls.explains_images]
@@ -72,8 +73,8 @@ def _plain_step_scores(model, attr: Attribution, extra_inputs=None) -> tuple[lis
 def generated_and_forced(request, tokenizer):
     """Per tiny model: a generation with every method, and the same token ids forced back in."""
     bundle = _bundle(tokenizer, request.param)
-    generated = explain(bundle, PROMPT, methods=ALL, max_new_tokens=6)
-    forced = explain(bundle, PROMPT, methods=ALL, max_new_tokens=6, answer=generated.generated_token_ids)
+    generated = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=6)
+    forced = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=6, answer=generated.generated_token_ids)
     return generated, forced
 
 
@@ -99,9 +100,9 @@ def test_forced_text_of_a_generation_gives_its_maps(tokenizer, kind):
 
     length = max((j for j in range(1, len(probe) + 1) if round_trips(j)), default=0)
     assert length >= 1, "the seeded tiny model's first token should round-trip through its text"
-    generated = explain(bundle, PROMPT, methods=ALL, max_new_tokens=length)
+    generated = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=length)
     text = tokenizer.decode(generated.generated_token_ids)
-    forced = explain(bundle, PROMPT, methods=ALL, max_new_tokens=length, answer=text)
+    forced = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=length, answer=text)
     assert forced.meta["answer_tokenization"] == "in context"
     _assert_same_maps(generated, forced, ALL)
 
@@ -111,7 +112,7 @@ def test_an_answer_the_model_would_not_generate(tokenizer):
     enc = bundle.encode(PROMPT)
     n = enc.input_ids.shape[1]
     expected = _in_context_ids(tokenizer, enc.text, n, ANSWER)
-    attr = explain(bundle, PROMPT, methods=ALL, max_new_tokens=32, answer=ANSWER)
+    attr = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=32, answer=ANSWER)
     assert attr.generated_token_ids == expected and attr.num_steps == len(expected) > 5
     assert tokenizer.decode(attr.generated_token_ids) == ANSWER and attr.generated_text == ANSWER
     assert attr.meta["answer"] == "given" and attr.meta["answer_tokenization"] == "in context"
