@@ -74,7 +74,9 @@ def generated_and_forced(request, tokenizer):
     """Per tiny model: a generation with every method, and the same token ids forced back in."""
     bundle = _bundle(tokenizer, request.param)
     generated = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=6)
-    forced = explain(bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=6, answer=generated.generated_token_ids)
+    forced = explain(
+        bundle, PROMPT, methods=ALL, method_options=OPTIONS, max_new_tokens=6, answer=generated.generated_token_ids
+    )
     return generated, forced
 
 
