@@ -33,7 +33,8 @@ def offloaded(tmp_path_factory):
 @pytest.fixture(scope="module")
 def runs(offloaded):
     plain = load_model(None, device="cpu")
-    options = dict(methods=list(METHODS), max_new_tokens=NEW_TOKENS, chat_template=False)
+    options = dict(methods=list(METHODS), max_new_tokens=NEW_TOKENS, chat_template=False,
+                   method_options={"sources": {"unit": "word"}})  # one sentence: Sources fits over its words
     return plain, explain(plain, PROMPT, **options), explain(offloaded, PROMPT, **options)
 
 
