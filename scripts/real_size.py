@@ -54,6 +54,8 @@ def _rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # kB on Linux
 
 
+WORD_SOURCES = {"sources": {"unit": "word"}}  # the text prompt is words without sentence ends: Sources' units
+
 def _methods(spec: str, image: bool, model) -> list[str]:
     """`--methods`: names, or "all": every registered method (for an image prompt those that explain images) that
     can run on `model`; one that needs data this model lacks (`macs_calibrated` without fitted weights, which random
@@ -96,7 +98,8 @@ def measure(folder: Path, dtype: str, prompt_tokens: int, new_tokens: int, image
     answer = [int(i) for i in np.random.default_rng(0).integers(5, len(bundle.tokenizer) - 1, new_tokens)]
     if text:
         row.update(_timed(stream_explain(bundle, " ".join(words), methods=_methods(methods, False, bundle.model),
-                                         max_new_tokens=new_tokens, answer=answer), "text"))  # fmt: skip
+                                         method_options=WORD_SOURCES, max_new_tokens=new_tokens, answer=answer),
+                          "text"))  # fmt: skip
         row["text_prompt_tokens"] = n
     if bundle.image_processor is not None:
         rng = np.random.default_rng(0)
