@@ -16,6 +16,11 @@ How it is computed, equal to a solo forward of each shortened prompt up to float
    computes what it computes in the shortened sequence. Runs are sorted by their first removed token and batched.
 3. Sliding-window layers measure their window in cache positions, which the hidden tokens still occupy; a model with
    such layers runs each shortened prompt on its own instead.
+
+`reread_from=p` computes a cheaper, approximate ablation, a knockout: every run recomputes only the positions from p
+on (what reads the passages: a question after them, the template, the response), with the removed tokens hidden from
+those queries and every position where it was, while the positions before p keep the cache of the whole prompt (the
+kept passages were read beside the removed ones). It costs R x (N + K - p) positions instead of about R x N.
 """
 
 from __future__ import annotations
@@ -51,7 +56,8 @@ def has_sliding_window(model: torch.nn.Module) -> bool:
 
 @torch.inference_mode()
 def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
-                      batch_size: int = 0, progress: ProgressFn | None = None) -> np.ndarray:  # fmt: skip
+                      batch_size: int = 0, progress: ProgressFn | None = None,
+                      reread_from: int | None = None) -> np.ndarray:  # fmt: skip
     """The response's token log-probabilities after each removal.
 
     Args:
@@ -62,6 +68,7 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
             generation prompt is there).
         batch_size: most runs per forward; 0: from the device (CPU: `CPU_ROWS`).
         progress: called with (fraction done, message) after each batched pass (a cancel between passes stops it).
+        reread_from: None: removal (the default, exact); p: the knockout above, recomputing from position p on.
 
     Returns:
         (R, K) float32: log p(response[k] | prompt with row r's removed tokens taken out, response[:k]).
@@ -75,7 +82,9 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
         raise ValueError("the prompt's last token predicts the response's first one and cannot be removed")
     seq = torch.cat([prompt, response[:-1]])  # (T,) T = N + K - 1: every position whose logits predict a token
     out = np.zeros((r, k), dtype=np.float32)
-    if has_sliding_window(model):
+    if reread_from is not None and not 0 < reread_from < n:
+        raise ValueError(f"reread_from must lie in 1..{n - 1}, got {reread_from}")
+    if has_sliding_window(model) and reread_from is None:
         for i in range(r):
             between_passes()
             ids = torch.cat([prompt[keep[i]], response[:-1]])[None]  # (1, T_i)
@@ -86,6 +95,8 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
                            response)  # fmt: skip
     removed = ~keep
     first_all = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed
+    if reread_from is not None:
+        first_all = [f if f >= n else max(f, reread_from) for f in first_all]
     out[[i for i in range(r) if first_all[i] >= n]] = full[0]
     perturbed = [i for i in range(r) if first_all[i] < n]
     first = [first_all[i] for i in perturbed]
@@ -98,6 +109,8 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
         start, b = min(first[g] for g in group), len(rows)
         kept = torch.cat([keep[rows], ones.expand(b, -1)], dim=1)  # (B, T)
         positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T) place in the shortened sequence
+        if reread_from is not None:  # a knockout: every position stays where it was
+            positions = torch.arange(kept.shape[1], device=kept.device).expand(b, -1)
         logits = model(
             input_ids=seq[start:].expand(b, -1), attention_mask=kept.long(), position_ids=positions[:, start:],
             past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,

@@ -71,6 +71,7 @@ SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
 MASK_BIAS = -1e4  # pre-softmax bias of a hidden key: exp(-1e4) is 0 in every float format, and no row is all -inf
 TOP_SOURCES = 10  # units listed in the method's meta
 FITS = ("surrogate", "leave_one_out")
+PASSES = ("removal", "knockout")  # the surrogate's ablations: units taken out (exact), or hidden from what reads them
 MAX_ABLATIONS = 256  # ablations a surrogate may ask for (ContextCite uses 32 to 256)
 
 
@@ -83,6 +84,10 @@ class SourcesConfig:
     context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
     # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks
+    passes: str = field(default="removal", metadata={"choices": PASSES})  # surrogate: "removal" takes the units out
+    # and recomputes from the first one removed (ContextCite's ablation); "knockout" recomputes only what follows the
+    # last unit (a question after the passages, the template, the answer), blind to the removed units: far cheaper,
+    # approximate (the kept units were read beside the removed ones)
     unit: str = field(default="sentence", metadata={"choices": LEVELS})  # the finest unit scored
     # leave-one-out only, from here on (but `batch_size`, rows per batched pass for both):
     depth: int = 1  # levels refined down to `unit` (sentence, depth 1: paragraphs, then sentences); 0: flat
@@ -101,6 +106,8 @@ class SourcesConfig:
             raise ValueError(f"ablations must lie between 1 and {MAX_ABLATIONS}, got {self.ablations}")
         if not 0 <= self.check <= MAX_ABLATIONS:
             raise ValueError(f"check must lie between 0 and {MAX_ABLATIONS}, got {self.check}")
+        if self.passes not in PASSES:
+            raise ValueError(f"passes must be one of {', '.join(PASSES)}, got {self.passes!r}")
         if self.design not in DESIGNS:
             raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
         if self.scope not in SCOPES:
@@ -152,6 +159,10 @@ class Sources(AttributionMethod):
             return Cost()
         if config.fit == "surrogate":  # the unperturbed pass, then each mask's suffix from its first removed unit
             runs = config.ablations + config.check
+            if config.passes == "knockout":  # about the answer and a template's tail per mask, packed
+                tail = k + 8
+                rows = max(1, request.batch_tokens // tail)
+                return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * tail)
             rows = config.batch_size or request.batch_rows or CPU_ROWS
             return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * (t - 1) * 3 // 4)
         per_unit = {"paragraph": 250, "sentence": 25, "word": 4}[config.unit]
@@ -212,7 +223,8 @@ class Sources(AttributionMethod):
             keep[:, g.start : g.stop] = torch.as_tensor(masks[:, u : u + 1], device=keep.device)
         keep[:, n - 1] = True  # the last prompt token predicts the answer's first one: it stays (ablate.py)
         ids = run.input_ids[0]  # (T,)
-        logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress)  # (R, K)
+        reread = min(groups[-1].stop, n - 1) if cfg.passes == "knockout" else None  # what follows the passages
+        logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
         a = 1 + len(fitted)
         weights, intercepts, penalty = fit(masks[:a], logp[:a])  # (K, U), (K,)
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
@@ -225,10 +237,11 @@ class Sources(AttributionMethod):
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
         first = [int(np.argmin(row)) for row in masks if not row.all()]  # first removed unit of each ablation
-        used = (n + k - 1) * (1 + len(first)) - sum(groups[u].start for u in first)  # the base pass, each suffix
+        starts = [reread if reread is not None else groups[u].start for u in first]  # where each run recomputes
+        used = (n + k - 1) * (1 + len(first)) - sum(starts)  # the base pass, each suffix
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
-            "ablations": len(fitted), "checks": len(checks), "ridge": penalty, **quality,
+            "ablations": len(fitted), "checks": len(checks), "ridge": penalty, "passes": cfg.passes, **quality,
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},
         }  # fmt: skip

@@ -22,7 +22,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-DESIGNS = ("loo_pairs", "pairs", "random")  # leave-one-out then pairs; complementary pairs; independent masks
+DESIGNS = ("loo_pairs", "pairs", "random", "hadamard")  # leave-one-out then pairs; complementary pairs; independent
+# masks; an orthogonal two-level design (every mask, a folded Hadamard, or a Hadamard)
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
 
@@ -32,7 +33,16 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
     (an odd k ends on an unpaired x), so every unit is kept in half of the paired masks, and the design of k masks
     is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
+    "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
+    holds every mask once: fewer than k then run).
     `seed`: anything `np.random.default_rng` takes."""
+    if kind == "hadamard":
+        first = orthogonal(units, k, seed)
+        if first is None:
+            return design(units, k, "loo_pairs", seed)
+        if len(first) == k or len(first) == 2**units - 1:
+            return first
+        return np.concatenate([first, design(units, k - len(first), "pairs", seed)])
     if kind == "loo_pairs":
         n = min(units, k // 2)
         loo = ~np.eye(units, dtype=bool)[np.random.default_rng([*np.atleast_1d(seed), 9]).permutation(units)[:n]]
@@ -44,6 +54,45 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {kind!r}")
     first = rng.random((MAX_PAIRS, units)) < 0.5  # (P, U) drawn in full whatever k is: nested designs
     return np.stack([first, ~first], axis=1).reshape(-1, units)[:k]  # (k, U) x_1, 1 - x_1, x_2, ...
+
+
+def sylvester(n: int) -> np.ndarray:
+    """(n, n) Hadamard matrix of +-1 (n a power of two): its columns are orthogonal, and every column but the first
+    (all +1) holds n / 2 of each sign."""
+    h = np.ones((1, 1), dtype=np.int8)
+    while len(h) < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+def orthogonal(units: int, k: int, seed=0) -> np.ndarray | None:
+    """An orthogonal two-level design over `units` in at most k keep-masks, or None where k is too small (k <= U).
+
+    - every mask but the unperturbed one where 2^U - 1 <= k (a full factorial: the fit is then the exact
+      least-squares projection of the answer's log-probability on the units, what LDS scores over random masks);
+    - else a folded Hadamard design where U <= n, n the largest power of two with 2n <= k: n rows of a Sylvester
+      matrix over U of its columns, then each row's complement (2n masks). Every unit is kept in half of them, any
+      two units' columns are orthogonal, and the fold makes each unit's estimated effect free of every two-unit
+      interaction (a resolution IV design; Box, Hunter & Hunter, ch. 6): interactions are what a linear surrogate
+      fitted on few random masks mistakes for effects;
+    - else a plain Hadamard design where U < n, n the largest power of two <= k: n masks over U of its columns but
+      the first (effects orthogonal, each aliased with some two-unit interactions; resolution III).
+
+    The columns are drawn and each one's signs flipped at random from `seed`, so different seeds give different
+    designs of the same kind. Returns (R, U) bool, R <= k."""
+    rng = np.random.default_rng([*np.atleast_1d(seed), 7])
+    if 2**units - 1 <= k:
+        every = ((np.arange(1, 2**units)[:, None] >> np.arange(units)) & 1) == 0  # (2^U - 1, U) row 0 removed
+        return every[rng.permutation(len(every))]
+    n = 1 << max(0, (k // 2).bit_length() - 1)
+    if units <= n and 2 * n <= k:
+        h = sylvester(n)[:, rng.permutation(n)[:units]] * rng.choice([-1, 1], units)  # (n, U)
+        return np.concatenate([h > 0, h < 0])  # (2n, U): the rows, then their complements
+    n = 1 << max(0, k.bit_length() - 1)
+    if units < n:
+        h = sylvester(n)[:, 1 + rng.permutation(n - 1)[:units]] * rng.choice([-1, 1], units)  # (n, U)
+        return h > 0
+    return None
 
 
 def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:

@@ -121,11 +121,11 @@ def test_the_pairs_design_is_complementary_balanced_and_nested():
     assert (design(4, 6, "pairs", seed=2) == design(4, 6, "pairs", seed=2)).all()
     assert design(3, 1, "pairs").shape == (1, 3)
     with pytest.raises(ValueError, match="design"):
-        design(3, 4, "hadamard")
+        design(3, 4, "plackett")
 
 
 @pytest.mark.parametrize("bad", [{"ablations": 0}, {"ablations": 257}, {"check": -1}, {"fit": "lasso"},
-                                 {"design": "hadamard"}])  # fmt: skip
+                                 {"design": "plackett"}, {"passes": "attention"}])  # fmt: skip
 def test_bad_options_are_refused_with_a_clear_message(bad):
     with pytest.raises(InputError, match=next(iter(bad))):
         get_method("sources", **bad)
@@ -184,3 +184,61 @@ def test_the_passages_can_start_at_a_marker_and_the_units_before_it_score_zero(r
         get_method("sources", context="Paris, Texas").explain(r)
 
 
+
+
+def _interactions_aliased(m: np.ndarray) -> float:
+    """The largest correlation, over the masks, of a unit's +-1 column with any two units' product (0: every main
+    effect is free of every two-unit interaction)."""
+    x = m.astype(float) * 2 - 1
+    worst = 0.0
+    for a in range(x.shape[1]):
+        for b in range(x.shape[1]):
+            for c in range(b + 1, x.shape[1]):
+                worst = max(worst, abs(float(x[:, a] @ (x[:, b] * x[:, c]))) / len(x))
+    return worst
+
+
+@pytest.mark.parametrize("units_", [3, 4, 5, 8, 9, 15])
+def test_the_hadamard_design_is_orthogonal_balanced_and_folded_where_it_fits(units_):
+    m = design(units_, 16, "hadamard", seed=2)
+    x = m.astype(float) * 2 - 1
+    if units_ <= 4:  # every mask but the unperturbed one, each once: nothing left to fill
+        assert len(m) == 2**units_ - 1 and len({r.tobytes() for r in m}) == len(m) and not m.all(axis=1).any()
+        return
+    assert m.shape == (16, units_) and (m.sum(axis=0) == 8).all()  # balanced
+    np.testing.assert_array_equal(x.T @ x, 16 * np.eye(units_))  # orthogonal columns, an explicit check
+    if units_ <= 8:  # folded: the second half is the first's complement, and no effect carries an interaction
+        assert (m[8:] == ~m[:8]).all() and _interactions_aliased(m) == 0
+    else:
+        assert _interactions_aliased(m) > 0  # 16 masks cannot fold 9 units: resolution III
+    assert not (design(units_, 16, "hadamard", seed=3) == m).all()  # the seed draws another design
+
+
+def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
+    assert (design(16, 16, "hadamard", seed=1) == design(16, 16, "loo_pairs", seed=1)).all()
+    m = design(5, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
+    assert m.shape == (24, 5) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
+
+
+def test_knockout_passes_recompute_only_what_follows_the_passages(run):
+    r = run["llama"]
+    n, ids = r.num_prompt_tokens, r.input_ids[0]
+    method = get_method("sources", ablations=6, check=0, passes="knockout", context="Paris")
+    method.explain(r)
+    meta = method.meta()
+    spans = meta["masks"]["units"]
+    reread = min(spans[-1][1], n - 1)  # the last prompt position is always re-read: it predicts the first token
+    keep = np.array(meta["masks"]["keep"], dtype=bool)
+    for mask, got in zip(keep, meta["masks"]["log_p"]):
+        removed = {p for u, (a, b) in enumerate(spans) if not mask[u] for p in range(a, b) if p != n - 1}
+        t = n + K - 1
+        allowed = torch.ones(t, t, dtype=torch.bool).tril()
+        for q in range(reread, t):
+            allowed[q, sorted(removed)] = False
+        bias = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
+        with torch.no_grad():
+            logits = r.model(input_ids=ids[None, :t], attention_mask=bias).logits[0].double()  # (T, V)
+        want = [float(torch.log_softmax(logits[n - 1 + j], -1)[ids[n + j]]) for j in range(K)]
+        np.testing.assert_allclose(got, want, atol=2e-4)
+    assert meta["passes"] == "knockout"
+    assert meta["forward_positions"] == (n + K - 1) * len(keep) - reread * (len(keep) - 1)

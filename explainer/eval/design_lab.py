@@ -1,0 +1,133 @@
+"""How Sources' surrogate should choose its masks, target and passes: measured once per development question, then any
+design fitted offline (`scripts/sources_design.py` is its front end).
+
+`collect_row`: the answer's per-token log-probabilities under a pool of keep-masks of the context's sentences, by
+removal (ContextCite's ablation, exact) and by knockout (`ablate.response_logprobs(reread_from=...)`: only what
+follows the context is recomputed, blind to the removed sentences; much cheaper). The pool is every mask where the
+context has at most `EXHAUSTIVE` sentences, else the union of the candidate designs' masks (`DESIGNS` at `COUNTS`,
+`SEEDS_LONG` seeds) and 64 random ones; the `lds` command's 32 evaluation masks (same seeds) are always in it.
+
+`report`: each design, k and pass kind is a choice of pool rows; it is fitted as the method fits (`surrogate.fit`,
+the unperturbed row first) and scored by the LDS of its weights on the evaluation masks' removal log-probabilities,
+whole answer and per answer token, mean over questions (and seeds). ContextCite's surrogate as its paper defines it
+(least squares on the logit of the whole answer's probability, 64 random masks) is the reference row.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..methods.surrogate import design, fit
+from ..result.ranks import spearman
+from .lds import MASKS, ablation_masks
+
+EXHAUSTIVE = 8  # sentences up to which the pool holds all 2^S masks (256)
+DESIGNS = ("random", "pairs", "loo_pairs", "hadamard")
+COUNTS = (8, 16, 32)
+SEEDS_SHORT, SEEDS_LONG = 5, 2  # seeds per design in the report (pool exhaustive) and in a long context's pool
+REFERENCE = 64  # ContextCite's random masks
+
+
+def _bits(mask) -> str:
+    return "".join("1" if b else "0" for b in mask)
+
+
+def pool_masks(s: int, row_id: str) -> tuple[list[str], list[str]]:
+    """The pool's distinct masks (row 0 keeps every sentence) and the evaluation masks, as '0'/'1' strings."""
+    evaluation = [_bits(m) for m in ablation_masks(s, MASKS, 0.5, [0, zlib.crc32(str(row_id).encode("utf-8"))])]
+    if s <= EXHAUSTIVE:
+        masks = [_bits(((i >> np.arange(s)) & 1) == 0) for i in range(2**s)]  # i = 0 keeps all
+    else:
+        masks = [_bits(np.ones(s, dtype=bool))]
+        candidates = [design(s, k, kind, seed) for kind in DESIGNS for k in COUNTS for seed in range(SEEDS_LONG)]
+        for m in [*np.concatenate(candidates), *design(s, REFERENCE, "random", 0)]:
+            masks.append(_bits(m))
+    masks.extend(evaluation)
+    return list(dict.fromkeys(masks)), evaluation
+
+
+def collect_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[str, Any]:
+    """One development question's pool (JSON-able; log-probabilities rounded to 1e-4)."""
+    import torch
+
+    from .ablate import response_logprobs
+    from .lds_eval import answer_row
+
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, ["random"], max_new_tokens)
+    attr, n, ctx = answered.attr, answered.attr.num_prompt_tokens, answered.sentences
+    masks, evaluation = pool_masks(len(ctx), row["id"])
+    keep = np.ones((len(masks), n), dtype=bool)
+    for r, bits in enumerate(masks):
+        for u, positions in enumerate(ctx):
+            if bits[u] == "0":
+                keep[r, positions] = False
+    keep[:, n - 1] = True
+    ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[: answered.k], device=bundle.device)
+    keep_t = torch.as_tensor(keep, device=bundle.device)
+    reread = max(max(s) for s in ctx) + 1  # the first position after the context
+    exact = response_logprobs(bundle.model, ids[:n], ids[n:], keep_t)  # (R, K)
+    t1 = time.perf_counter()
+    knockout = response_logprobs(bundle.model, ids[:n], ids[n:], keep_t, reread_from=min(reread, n - 1))
+    t2 = time.perf_counter()
+    return {
+        "id": row["id"], "k": answered.k, "sentences": len(ctx), "n_prompt_tokens": n, "reread_from": reread,
+        "masks": masks, "evaluation": [masks.index(m) for m in evaluation],
+        "removal": np.round(exact, 4).tolist(), "knockout": np.round(knockout, 4).tolist(),
+        "dtype": attr.meta.get("dtype"), "seconds": {"removal": t1 - t0, "knockout": t2 - t1},
+    }  # fmt: skip
+
+
+def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[float | None, float | None]:
+    """Whole-answer and mean per-token LDS of (K, S) weights on masks (M, S) against measured logp (M, K)."""
+    whole = spearman(logp.sum(axis=1), masks @ weights.sum(axis=0))
+    tokens = [v for v in (spearman(logp[:, j], masks @ weights[j]) for j in range(len(weights))) if v is not None]
+    return whole, (float(np.mean(tokens)) if tokens else None)
+
+
+def _logit(whole: np.ndarray) -> np.ndarray:
+    return whole - np.log(-np.expm1(np.minimum(whole, -1e-7)))
+
+
+def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
+    """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout"; kind "reference" is
+    ContextCite's least squares on the logit, on `k` random masks)."""
+    s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
+    evaluation = np.array([[c == "1" for c in r["masks"][i]] for i in r["evaluation"]], dtype=float)
+    measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
+    y_all = np.asarray(r[passes])
+    if kind == "reference":
+        masks = design(s, k, "random", seed)
+        y = y_all[[index[_bits(m)] for m in masks]].sum(axis=1)
+        a = np.concatenate([np.ones((len(masks), 1)), masks.astype(float)], axis=1)
+        coef = np.linalg.lstsq(a, _logit(y), rcond=None)[0]
+        return _lds(coef[None, 1:], evaluation, measured)
+    masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
+    y = y_all[[index[_bits(m)] for m in masks]]
+    return _lds(fit(masks, y)[0], evaluation, measured)
+
+
+def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per design, k and pass kind: mean whole-answer and per-token LDS, and the per-question whole LDS
+    (seed-averaged) for paired comparisons."""
+    out = []
+    cases = [(kind, k, passes) for k in COUNTS for kind in DESIGNS for passes in ("removal", "knockout")]
+    cases.append(("reference", REFERENCE, "removal"))
+    for kind, k, passes in cases:
+        per_question, tokens = [], []
+        for r in rows:
+            seeds = range(SEEDS_SHORT if r["sentences"] <= EXHAUSTIVE else SEEDS_LONG)
+            if kind == "reference" and r["sentences"] > EXHAUSTIVE:
+                seeds = range(1)
+            scores = [score_row(r, kind, k, passes, seed) for seed in seeds]
+            whole = [w for w, _ in scores if w is not None]
+            per_question.append(float(np.mean(whole)) if whole else None)
+            tokens.extend(t for _, t in scores if t is not None)
+        known = [v for v in per_question if v is not None]
+        out.append({"design": kind, "k": k, "passes": passes, "n": len(known), "lds": float(np.mean(known)),
+                    "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question})  # fmt: skip
+    return out
