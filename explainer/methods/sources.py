@@ -133,6 +133,42 @@ def units(tokens: list[str], positions: list[int], level: str) -> list[Group]:
     return [g for g in _GROUPS[level](tokens, positions) if g.kind in _KINDS[level]]
 
 
+def passages(tokens: list[str], positions: list[int], cfg: SourcesConfig) -> list[Group]:
+    """The surrogate's units: those of `cfg.unit` over `positions`, from the first holding `cfg.context` on.
+
+    Raises:
+        InputError: no unit holds `cfg.context`, or fewer than two units.
+    """
+    groups = units(tokens, positions, cfg.unit)
+    if cfg.context:
+        first = next((i for i, g in enumerate(groups) if cfg.context in g.text), None)
+        if first is None:
+            raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
+                             "should start; change the option `context` or leave it empty.")  # fmt: skip
+        groups = groups[first:]
+    if len(groups) < 2:
+        raise InputError(
+            f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "
+            f"{len(groups)}. Add text, choose a finer unit (unit=word), or use fit=leave_one_out."
+        )
+    return groups
+
+
+def keep_rows(masks: np.ndarray, groups: list[Group], n: int) -> np.ndarray:
+    """(R, N) bool token keep-rows of (R, U) unit masks; the last prompt token, which predicts the answer's first
+    one, always stays (`ablate.py`)."""
+    keep = np.ones((len(masks), n), dtype=bool)
+    for u, g in enumerate(groups):
+        keep[:, g.start : g.stop] = masks[:, u : u + 1]
+    keep[:, n - 1] = True
+    return keep
+
+
+def reread_from(groups: list[Group], n: int) -> int:
+    """Where knockout passes start: the first position after the last unit (at most the last prompt position)."""
+    return min(groups[-1].stop, n - 1)
+
+
 def _inside(children: list[Group], parents: list[Group]) -> list[Group]:
     """The children that lie within one of `parents`."""
     return [c for c in children if any(p.start <= c.start and c.stop <= p.stop for p in parents)]
@@ -203,27 +239,13 @@ class Sources(AttributionMethod):
         """(K, N): every answer token's surrogate weights, each unit's spread over its tokens (module docstring)."""
         cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
         positions = run.user_positions or list(range(n))
-        groups = units(run.prompt_tokens, positions, cfg.unit)
-        if cfg.context:
-            first = next((i for i, g in enumerate(groups) if cfg.context in g.text), None)
-            if first is None:
-                raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
-                                 "should start; change the option `context` or leave it empty.")  # fmt: skip
-            groups = groups[first:]
-        if len(groups) < 2:
-            raise InputError(
-                f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "
-                f"{len(groups)}. Add text, choose a finer unit (unit=word), or use fit=leave_one_out."
-            )
+        groups = passages(run.prompt_tokens, positions, cfg)
         fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed)  # (A, U) True = kept
         checks = design(len(groups), cfg.check, "random", [cfg.seed, 1])  # (C, U)
         masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), fitted, checks])  # (R, U) row 0: all kept
-        keep = torch.ones(len(masks), n, dtype=torch.bool, device=run.input_ids.device)  # (R, N)
-        for u, g in enumerate(groups):
-            keep[:, g.start : g.stop] = torch.as_tensor(masks[:, u : u + 1], device=keep.device)
-        keep[:, n - 1] = True  # the last prompt token predicts the answer's first one: it stays (ablate.py)
+        keep = torch.as_tensor(keep_rows(masks, groups, n), device=run.input_ids.device)  # (R, N)
         ids = run.input_ids[0]  # (T,)
-        reread = min(groups[-1].stop, n - 1) if cfg.passes == "knockout" else None  # what follows the passages
+        reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
         a = 1 + len(fitted)
         weights, intercepts, penalty = fit(masks[:a], logp[:a])  # (K, U), (K,)

@@ -1,0 +1,139 @@
+"""Sources' surrogate on the rows the `lds` command measures, at several ablation counts, as rows of its results file,
+so that `python -m explainer lds --report LDS.jsonl,SOURCES.jsonl` joins them by question id with the other methods
+and the peers (ContextCite's package at 64 ablations: docs/results/lds-peers-cc-f32-2026-11-28.jsonl).
+
+Per row: the answer is generated greedily and the context is cut into sentences as `lds` cuts it; the `lds`
+command's 32 random masks (its seeds: [seed, crc32(row id)]) are measured by removal. For each variant (`options`,
+each k of `counts`, each pass kind of `passes`) the surrogate's own masks (`methods/sources.py`: the unperturbed
+prompt, then `design` over its units) are measured, and it is fitted as the method fits them (`surrogate.fit`): the
+same masks, passes and fit as `get_method("sources", ablations=k, passes=..., **options)` on the same answer (a test
+checks it). Masks that several variants share are run once, so a row costs the distinct masks, not their sum. The
+entry "sources:...:ablations=k[:passes=knockout]" holds the whole-answer and per-token LDS of the fitted weights over
+the context's sentences, and "fits" the fit's cross-validated Spearman.
+
+`paragraphs` > 1: long contexts instead (`datasets.haystack_rows`: the row's paragraph among others, as the
+haystack test builds them). `reference` M adds ContextCite's surrogate as its paper defines it, without its package:
+M random masks over the context's sentences (each kept with probability 1/2), least squares on the logit of the whole
+answer's probability, as "least-squares:masks=M".
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..methods.sources import SourcesConfig, keep_rows, passages, reread_from
+from ..methods.surrogate import cross_validated, design, fit, spread
+from ..result.ranks import spearman
+from .ablate import response_logprobs
+from .haystack import method_label
+from .lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
+from .lds_eval import answer_row
+
+
+@dataclass
+class SurrogateLdsConfig:
+    counts: tuple[int, ...] = (8, 16, 32, 64)
+    options: dict[str, Any] = field(default_factory=dict)  # Sources' options besides `ablations` and `passes`
+    passes: tuple[str, ...] = ("removal",)
+    reference: int = 0  # random masks of a least-squares ContextCite fit (0: none)
+    seed: int = 0  # the `lds` command's seed of its masks
+    max_new_tokens: int = 16
+    command: str = ""
+
+
+def _mean(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return float(np.mean(known)) if known else None
+
+
+def _sentence_keep(masks: np.ndarray, sentences: list[list[int]], n: int) -> np.ndarray:
+    """(M, N) token keep-rows of (M, S) sentence masks (the last prompt token always stays)."""
+    keep = np.ones((len(masks), n), dtype=bool)
+    for s, positions in enumerate(sentences):
+        keep[np.ix_(~masks[:, s], positions)] = False
+    keep[:, n - 1] = True
+    return keep
+
+
+class _Pool:
+    """Distinct token keep-rows of one pass kind, each measured once."""
+
+    def __init__(self, n: int) -> None:
+        self.n, self.rows, self.index = n, [], {}
+
+    def add(self, keep: np.ndarray) -> list[int]:
+        out = []
+        for row in keep:
+            key = row.tobytes()
+            if key not in self.index:
+                self.index[key] = len(self.rows)
+                self.rows.append(row)
+            out.append(self.index[key])
+        return out
+
+
+def _whole_logit(logp: np.ndarray) -> np.ndarray:
+    whole = logp.sum(axis=1)
+    return whole - np.log(-np.expm1(np.minimum(whole, -1e-7)))  # logit p = log p - log(1 - p)
+
+
+def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, Any]:
+    """One row's entries (JSON-able, the `lds` command's row layout)."""
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, ["random"], cfg.max_new_tokens)  # the answer (Random costs nothing)
+    attr, sentences, k = answered.attr, answered.sentences, answered.k
+    n = attr.num_prompt_tokens
+    crc = zlib.crc32(str(row["id"]).encode("utf-8"))
+    evaluation = ablation_masks(len(sentences), MASKS, 0.5, [cfg.seed, crc])  # (M, S) the `lds` command's
+    removal, knockout = _Pool(n), _Pool(n)
+    eval_rows = removal.add(_sentence_keep(evaluation, sentences, n))
+    reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
+    reference_rows = removal.add(_sentence_keep(reference, sentences, n))
+    options = SourcesConfig(**cfg.options)
+    groups = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
+    plans = []
+    for passes in cfg.passes:
+        pool = knockout if passes == "knockout" else removal
+        for count in cfg.counts:
+            masks = np.concatenate([np.ones((1, len(groups)), dtype=bool),
+                                    design(len(groups), count, options.design, options.seed)])  # fmt: skip
+            label = method_label("sources", {**cfg.options, "ablations": count,
+                                             **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
+            plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n))))
+    ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
+    logp = {}
+    for name, pool in (("removal", removal), ("knockout", knockout)):
+        if pool.rows:
+            reread = reread_from(groups, n) if name == "knockout" else None
+            keep = torch.as_tensor(np.stack(pool.rows), device=bundle.device)
+            logp[id(pool)] = response_logprobs(bundle.model, ids[:n], ids[n:], keep, reread_from=reread)  # (R, K)
+    measured = logp[id(removal)][eval_rows]  # (M, K)
+    methods, fits = {}, {}
+    for label, masks, pool, rows in plans:
+        y = logp[id(pool)][rows]  # (R, K)
+        weights, _, penalty = fit(masks, y)  # (K, U)
+        raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N) the method's map
+        scores = source_scores(raw, sentences)  # (K, S)
+        methods[label] = {
+            "lds": lds(measured.sum(axis=1), predictions(evaluation, scores.sum(axis=0))),
+            "lds_token": _mean(lds_per_token(measured, predictions(evaluation, scores))),
+        }
+        checked = cross_validated(masks, y, penalty).sum(axis=1)  # each mask predicted by the fit on the others
+        fits[label] = {"ridge": penalty, "units": len(groups), "masks": len(masks),
+                       "cross_validated_spearman": spearman(y.sum(axis=1), checked)}  # fmt: skip
+    if cfg.reference:
+        a = np.concatenate([np.ones((len(reference), 1)), reference.astype(float)], axis=1)
+        coef = np.linalg.lstsq(a, _whole_logit(logp[id(removal)][reference_rows]), rcond=None)[0]
+        methods[f"least-squares:masks={cfg.reference}"] = {"lds": lds(measured.sum(axis=1), evaluation @ coef[1:])}
+    return {
+        "id": row["id"], "answer": attr.generated_text, "dtype": attr.meta.get("dtype"), "n_prompt_tokens": n,
+        "n_sentences": len(sentences), "n_response_tokens": k, "fits": fits, "methods": methods,
+        "passes_run": {"removal": len(removal.rows), "knockout": len(knockout.rows)},
+        "seconds": time.perf_counter() - t0, "command": cfg.command,
+    }  # fmt: skip

@@ -1,0 +1,72 @@
+"""The `surrogate` command's rows (`explainer/eval/surrogate_lds.py`): each variant's fit, made from masks pooled
+across variants and run once, equals the Sources method run on its own on the same answer, scored by the same LDS."""
+
+from __future__ import annotations
+
+import zlib
+
+import numpy as np
+import pytest
+
+from explainer.cli import main
+from explainer.eval.lds import ablation_masks, lds, predictions, source_scores
+from explainer.eval.lds_eval import answer_row
+from explainer.eval.surrogate_lds import SurrogateLdsConfig, measure
+from explainer.methods import GenerationRun, get_method
+from explainer.models.loading import ModelBundle
+
+from .test_lds_eval import ROW
+
+
+@pytest.mark.parametrize("passes", ["removal", "knockout"])
+def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
+    bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
+    cfg = SurrogateLdsConfig(counts=(3, 5), passes=("removal", "knockout"), options={"design": "hadamard"},
+                             max_new_tokens=4, reference=6)  # fmt: skip
+    got = measure(bundle, ROW, cfg)
+    answered = answer_row(bundle, ROW, ["random"], 4)
+    attr, sentences, k = answered.attr, answered.sentences, answered.k
+    masks = ablation_masks(len(sentences), 32, 0.5, [0, zlib.crc32(b"q1")])
+    measured = None
+    for count in (3, 5):
+        method = get_method("sources", ablations=count, check=0, design="hadamard", passes=passes)
+        run = GenerationRun(llama, answered_ids(attr), attr.num_prompt_tokens, prompt_tokens=attr.prompt_tokens,
+                            user_positions=attr.user_positions)  # fmt: skip
+        raw = method.explain(run)[:k]
+        if measured is None:  # the evaluation masks' removal log-probabilities, from the `lds` command's own rows
+            measured = evaluation_logprobs(bundle, attr, sentences, masks, k)
+        label = f"sources:design=hadamard:ablations={count}" + (":passes=knockout" if passes == "knockout" else "")
+        want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))
+        assert got["methods"][label]["lds"] == pytest.approx(want, abs=1e-9)
+    assert set(got["methods"]) >= {"least-squares:masks=6"} and got["n_sentences"] == len(sentences) == 4
+    assert got["passes_run"]["removal"] < 1 + 32 + 6 + 3 + 5  # shared masks ran once
+
+
+def answered_ids(attr):
+    import torch
+
+    return torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+
+
+def evaluation_logprobs(bundle, attr, sentences, masks, k):
+    import torch
+
+    from explainer.eval.ablate import response_logprobs
+
+    n = attr.num_prompt_tokens
+    keep = np.ones((len(masks), n), dtype=bool)
+    for m, mask in enumerate(masks):
+        for s, positions in enumerate(sentences):
+            if not mask[s]:
+                keep[m, positions] = False
+    ids = torch.tensor(attr.prompt_token_ids + attr.generated_token_ids[:k])
+    return response_logprobs(bundle.model, ids[:n], ids[n:], torch.as_tensor(keep))
+
+
+def test_bad_counts_and_passes_are_refused_in_one_line(capsys):
+    assert main(["surrogate", "--data", "x.json", "--counts", "0,8"]) == 2
+    assert "--counts" in capsys.readouterr().err
+    assert main(["surrogate", "--data", "x.json", "--passes", "attention"]) == 2
+    assert "--passes" in capsys.readouterr().err
+    assert main(["surrogate", "--data", "x.json", "--options", "ablations=8"]) == 2
+    assert "--counts" in capsys.readouterr().err
