@@ -7,7 +7,7 @@ units (paragraphs, sentences or words of the user's text, `explainer/segments.py
 from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
-a design of leave-one-out masks then complementary pairs, its penalty by leave-one-out error, shared by every token).
+an orthogonal design of masks, its penalty by leave-one-out error, shared by every token).
 With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
 question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
@@ -16,7 +16,10 @@ back. Scores are signed: a negative unit hurts the answer. `check` more random m
 fit; the Spearman correlation of their measured and predicted whole-answer log-probabilities (ContextCite's LDS on
 this one answer) is the fit's quality in the method's meta, beside the cross-validated one over the fitted masks.
 The meta also keeps every mask and its log-probabilities, which the faithfulness panel reuses to score the other
-methods on the same answer.
+methods on the same answer. `passes=knockout` is the cheap approximation: each mask recomputes only what follows the
+last unit (a question after the passages, the template's tail, the answer), blind to the removed units, while the kept
+units keep the cache they were read with beside the removed ones (`ablate.py`); docs/results.md says what it costs in
+LDS.
 
 **"leave_one_out"**: hide one unit at a time (as AttriBoT, Liu et al., 2024, makes fast by reusing the KV cache and
 refining hierarchically), per answer token:
@@ -80,7 +83,7 @@ class SourcesConfig:
     fit: str = field(default="surrogate", metadata={"choices": FITS})  # ContextCite's surrogate, or leave-one-out
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
     check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
-    design: str = field(default="loo_pairs", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
+    design: str = field(default="hadamard", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
     context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
     # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks

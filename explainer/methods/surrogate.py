@@ -8,9 +8,12 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 
 - the fit is ridge regression with an unpenalised intercept (Eq. 1 of ContextCite with an L2 in place of its L1
   penalty), its strength chosen by leave-one-out error (exact, from the hat matrix), shared by every answer token;
-- the masks are a design, not independent draws (`design`): leave-one-out masks for up to half of them (each unit's
-  effect measured once near the full prompt), then complementary pairs (x, 1 - x), in which every unit is kept
-  exactly half of the time and a unit's effect is estimated free of the intercept;
+- the masks are a design, not independent draws (`design`). The default, "hadamard", is an orthogonal two-level
+  design (`orthogonal`): every mask once where the units are few (2^U - 1 <= k; the fit is then the exact
+  least-squares projection that LDS rewards), else a folded Hadamard design (each unit kept in half of the masks, the
+  units' columns orthogonal, and each unit's effect free of every two-unit interaction, which a linear surrogate
+  fitted on few random masks mistakes for effects), else a plain Hadamard design; where k is too small for any
+  (k <= U), leave-one-out masks for up to half of them, then complementary pairs (x, 1 - x) ("loo_pairs");
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
