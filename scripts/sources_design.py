@@ -40,10 +40,16 @@ def collect(args: argparse.Namespace) -> None:
 def report(path: str) -> None:
     rows = [r for r in read_results(path) if "removal" in r]
     print(f"{len(rows)} questions; LDS whole answer / per token (mean over questions, and over seeds)")
-    for entry in design_lab.report(rows):
-        token = f"{entry['lds_token']:.3f}" if entry["lds_token"] is not None else "-"
+    entries = design_lab.report(rows)
+    for entry in entries:
+        known = entry["lds_token"] is not None and entry["design"] != "reference"  # the reference fits the whole answer
+        token = f"{entry['lds_token']:.3f}" if known else "-"
         print(f"k={entry['k']:2d} {entry['design']:9s} {entry['passes']:8s} N={entry['n']:3d}: "
               f"{entry['lds']:.3f} / {token}")  # fmt: skip
+    print("paired over questions (mean ± 95% t half-width, N):")
+    for a, b in design_lab.PAIRS:
+        mean, half, n = design_lab.paired(entries, a, b)
+        print(f"  {' '.join(map(str, a))} - {' '.join(map(str, b))}: {mean:+.3f} ± {half:.3f} (N = {n})")
 
 
 def main() -> int:

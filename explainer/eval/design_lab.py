@@ -23,6 +23,7 @@ import numpy as np
 
 from ..methods.surrogate import design, fit
 from ..result.ranks import spearman
+from .intervals import paired_t
 from .lds import MASKS, ablation_masks
 
 EXHAUSTIVE = 8  # sentences up to which the pool holds all 2^S masks (256)
@@ -30,6 +31,13 @@ DESIGNS = ("random", "pairs", "loo_pairs", "hadamard")
 COUNTS = (8, 16, 32)
 SEEDS_SHORT, SEEDS_LONG = 5, 2  # seeds per design in the report (pool exhaustive) and in a long context's pool
 REFERENCE = 64  # ContextCite's random masks
+PAIRS = (  # (design, k, passes) compared per question
+    (("hadamard", 16, "removal"), ("loo_pairs", 16, "removal")),
+    (("hadamard", 16, "removal"), ("random", 16, "removal")),
+    (("hadamard", 16, "removal"), ("reference", REFERENCE, "removal")),
+    (("hadamard", 8, "removal"), ("loo_pairs", 8, "removal")),
+    (("hadamard", 16, "knockout"), ("hadamard", 16, "removal")),
+)
 
 
 def _bits(mask) -> str:
@@ -131,3 +139,9 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"design": kind, "k": k, "passes": passes, "n": len(known), "lds": float(np.mean(known)),
                     "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question})  # fmt: skip
     return out
+
+
+def paired(entries: list[dict[str, Any]], a: tuple, b: tuple) -> tuple[float, float, int]:
+    """Mean per-question difference of two report entries (design, k, passes), its 95% t half-width and N."""
+    pick = {(e["design"], e["k"], e["passes"]): e["per_question"] for e in entries}
+    return paired_t(pick[a], pick[b])
