@@ -54,8 +54,10 @@ class ThreadOwnerConfig:
         for name in ("prompt_tokens", "new_tokens", "repeats", "rounds"):
             if getattr(self, name) < 1:
                 raise InputError(f"--{name.replace('_', '-')} must be 1 or more, got {getattr(self, name)}.")
-        if self.library is not None and not (Path(self.library) / "explainer" / "__init__.py").is_file():
-            raise InputError(f"--library must be a checkout holding explainer/, got {self.library!r}.")
+        if self.library is not None:
+            if not (Path(self.library) / "explainer" / "__init__.py").is_file():
+                raise InputError(f"--library must be a checkout holding explainer/, got {self.library!r}.")
+            object.__setattr__(self, "library", str(Path(self.library).resolve()))  # the processes run there
 
 
 def measure(kind: str, config: ThreadOwnerConfig) -> dict[str, Any]:
@@ -104,7 +106,7 @@ def compare(config: ThreadOwnerConfig, log: Callable[[str], None] | None = None)
 
 def spawn(kind: str, config: ThreadOwnerConfig) -> dict[str, Any]:
     """`measure(kind, config)` in a fresh process, with `config.library` (else this checkout) first on its path."""
-    root = Path(config.library).resolve() if config.library else _THIS_CHECKOUT
+    root = Path(config.library) if config.library else _THIS_CHECKOUT
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(root), os.environ.get("PYTHONPATH")) if p)}
     spec = json.dumps(dataclasses.asdict(config))
     proc = subprocess.run(

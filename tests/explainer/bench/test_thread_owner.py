@@ -106,7 +106,9 @@ def test_library_runs_the_processes_on_another_checkouts_explainer(tmp_path, mon
         (checkout / rel).write_text(text)
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setenv("FAKE_CALLS", str(calls))
-    config = ThreadOwnerConfig(prompt_tokens=70, new_tokens=5, repeats=2, rounds=1, library=str(checkout))
+    monkeypatch.chdir(tmp_path)  # a relative --library: the processes run in it, so it is made absolute
+    config = ThreadOwnerConfig(prompt_tokens=70, new_tokens=5, repeats=2, rounds=1, library="checkout")
+    assert config.library == str(checkout.resolve())
     for kind in (FRESH, AFTER_GENERATE):
         got = thread_owner.spawn(kind, config)
         assert len(got["seconds"]) == 2 and got["device"] == "cpu"
