@@ -2,7 +2,7 @@
 
 from .decoding.dispatch import generate_steps
 from .errors import ExplainerError, InputError, ModelLoadError, UnknownMethodError, UnsupportedModelError
-from .explain import explain, explain_request, stream_explain, stream_request
+from .explain import decode_choice, explain, explain_request, stream_explain, stream_request
 from .methods import METHODS, available_methods, get_method
 from .models.loading import EMBEDDED_MODEL, ModelBundle, bundle_from_objects, load_model
 from .request import ExplainRequest
@@ -32,6 +32,7 @@ __all__ = [
     "UnsupportedModelError",
     "available_methods",
     "bundle_from_objects",
+    "decode_choice",
     "explain",
     "explain_request",
     "generate_steps",

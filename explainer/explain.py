@@ -101,7 +101,7 @@ def stream_request(
 
     The work runs in its own thread that holds the model's lock (`session.hold`) from the first forward pass to the
     last, so concurrent calls on one bundle never see each other's attention (on the batched path, text requests
-    share decode steps: `decoding.choose_path` decides, `meta["decode"]` records it). Each update is a snapshot that
+    share decode steps: `decode_choice` decides, `meta["decode"]` records it). Each update is a snapshot that
     the work does not change afterwards. Closing the stream (or dropping it) cancels the work. Called while the
     caller holds the model (eval), it runs inline.
 
@@ -141,7 +141,7 @@ def _updates(
     """The request's snapshots: on the caller's thread when it holds the model (eval) or when `on_caller` (a call that
     reads them to the end), else in a worker thread (a stream the caller may drop)."""
     request = fit_answer(bundle, request)  # a given answer is explained in full (the one rule of its length)
-    choice = choose_path(bundle, request)  # the one decision of the decode path
+    choice = decode_choice(bundle, request)
     run = partial(_run, bundle, request, progress, choice)
     if holds(bundle.model):
         return _inline(bundle.model, run, cancel)
@@ -150,6 +150,21 @@ def _updates(
     # On the batched path (the app) a text request joins the model's batched decode (decoding/batched/) and holds
     # the model only for its post-hoc methods; otherwise the worker holds it from the first forward pass to the last.
     return run_in_worker(run, bundle.model, cancel, hold_model=choice.path != BATCHED)
+
+
+def decode_choice(bundle: ModelBundle | torch.nn.Module, request: ExplainRequest | DecodeJob) -> DecodeChoice:
+    """The decode path a request takes (`decoding.choose_path`), decided here, once, for every caller: the requests
+    of `explain` and the streams, and the bare `DecodeJob`s of the bench, the scripts and the tests, which they hand
+    to `decoding.generate_steps` with it. A bare job never joins the batch: its caller holds no place in it.
+
+    Args:
+        bundle: the `ModelBundle`, or the model itself.
+        request: an `ExplainRequest` (after `request.fit_answer`) or a `DecodeJob`.
+
+    Raises:
+        InputError: `EXPLAINER_DECODE` names no path.
+    """
+    return choose_path(bundle, request, can_batch=False if isinstance(request, DecodeJob) else None)
 
 
 def _inline(
@@ -264,7 +279,7 @@ def _generate(bundle: ModelBundle, attr: Attribution, job: DecodeJob, choice: De
     forward_seconds = 0.0
     sinks = SinkTracker(attr.num_prompt_tokens, bundle.model)
     seen = {"batch_size": 1, "prefill_rows": 1}
-    steps = generate_steps(bundle.model, job, method_seconds, sinks, choice, seen)
+    steps = generate_steps(bundle.model, job, choice, method_seconds, sinks, seen)
     attr.meta["decode"] = choice.meta()
     for step in steps:
         forward_seconds += step.seconds

@@ -252,21 +252,24 @@ def finished(attr: Any) -> bool:
     return isinstance(attr, Attribution) and attr.meta.get("status") == "done"
 
 
-# Events that follow the step slider (its change, or the result's) take their inputs unprocessed: a new request shrinks
-# the slider while such events, sent by the page before that update arrived, still carry the old step, and Gradio's
-# bounds check refused them with "Value 12 is greater than maximum value 2" error toasts after every Cancel or long
-# answer. The views clamp every step (`explainer.result.steps.clamp_step`); such events read only States, sliders,
-# checkboxes, radios and dropdowns, whose raw values are their values.
+# Events that follow the step slider (its change, or the result's) or another event (the views and downloads chained
+# after a request) take their inputs unprocessed: a new request shrinks the slider while such events, sent by the page
+# before that update arrived, still carry the old step, and Gradio's bounds check refused them with "Value 12 is
+# greater than maximum value 2" error toasts after every Cancel or long answer. The views clamp every step
+# (`explainer.result.steps.clamp_step`); such events read only States, sliders, checkboxes, radios and dropdowns, whose
+# raw values are their values.
 FOLLOWS_STEP = {"preprocess": False}
 
 
 def step_slider(attr: Attribution, live: bool, value: int | None = None) -> dict:
     """A step slider's update for a result: locked to the newest step while live; a finished answer opens on its
-    last content token (`steps.last_content_step`), or on `value` (1-based) when given. With one step it stays
-    locked (Gradio needs maximum > minimum; the views clamp step 2 to 1 anyway)."""
+    last content token (`steps.last_content_step`), or on `value` (1-based, clamped to the steps) when given. With
+    one step it stays locked (Gradio needs maximum > minimum; the views clamp step 2 to 1 anyway). Every update sets
+    the value with the bounds it fits, so no update, however late it arrives, leaves a value past its maximum."""
     steps = max(attr.num_steps, 1)
     if value is None:
         value = steps if live else (last_content_step(attr) or 0) + 1
+    value = min(max(int(value), 1), steps)
     return gr.update(minimum=1, maximum=max(steps, 2), value=value, interactive=not live and steps > 1)
 
 

@@ -17,6 +17,7 @@ from ..decoding.choice import DECODE_ENV
 from ..decoding.dispatch import generate_steps
 from ..decoding.job import DecodeJob
 from ..errors import ExplainerError, InputError
+from ..explain import decode_choice
 from ..methods import GenerationRun
 from ..methods import method_from_spec as from_spec
 from ..models.loading import load_model
@@ -204,9 +205,9 @@ def decode_path(model: Any, method_name: str, input_ids: Any = None) -> str:
 
 
 def _steps(model: Any, job: DecodeJob):
-    """`generate_steps` on the path the dispatcher chooses for the job, each step's path remembered for
-    `decode_path`."""
-    for step in generate_steps(model, job):
+    """`generate_steps` on the path the request path chooses for the job (`explain.decode_choice`), each step's path
+    remembered for `decode_path`."""
+    for step in generate_steps(model, job, decode_choice(model, job)):
         _last_paths[model] = step.decode_path
         yield step
 

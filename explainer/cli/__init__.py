@@ -1,11 +1,13 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|crowd|eval|agreement|haystack|lds|surrogate|...`.
+"""Command line: `python -m explainer explain|faithfulness|bench|crowd|thread-owner|eval|agreement|haystack|lds|
+surrogate|hitratio|calibrate`.
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
 
 Each command lives in its own module (`explain.py`: explain and faithfulness, `eval.py`, `bench.py`, `crowd.py`,
-`agreement.py`, `haystack.py`, `lds.py`, `surrogate.py`, `hitratio.py`, `calibrate.py`), the options they share in
-`options.py`; this one holds the parser and `main`. Only this package imports `visuals`: the library returns data.
+`thread_owner.py`, `agreement.py`, `haystack.py`, `lds.py`, `surrogate.py`, `hitratio.py`, `calibrate.py`), the
+options they share in `options.py`; this one holds the parser and `main`. Only this package imports `visuals`: the
+library returns data.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .hitratio import add_hitratio_parser
 from .lds import add_lds_parser
 from .options import answer_options, contrast_options, methods_help, prompt_and_model_options
 from .surrogate import add_surrogate_parser
+from .thread_owner import add_thread_owner_parser
 
 EXIT_USER_ERROR = 2
 
@@ -102,6 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     add_crowd_parser(sub)
+    add_thread_owner_parser(sub)
     add_eval_parser(sub)
     add_agreement_parser(sub)
     add_haystack_parser(sub)

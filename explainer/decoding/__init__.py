@@ -1,8 +1,9 @@
-"""The decode layer, in a serving engine's roles: `choose_path` (`choice.py`) decides a request's path once, a
-`DecodeChoice` (path, reason, the step's form); `generate_steps` (`dispatch.py`) hands the request's `DecodeJob`
-(`job.py`) to the scheduler the choice names: the solo loop (`solo.py`), the static step (`static.py`) or a row of
-the batch (`batched/`); every scheduler calls the same per-token work (`step.py`), and the one graph wrapper
-(`graphs.py`) records and replays both CUDA graphs (the static step's and the batch's).
+"""The decode layer, in a serving engine's roles: `choose_path` (`choice.py`) decides a request's path once (asked by
+the request path alone, `explain.decode_choice`), a `DecodeChoice` (path, reason, the step's form); `generate_steps`
+(`dispatch.py`) hands the request's `DecodeJob` (`job.py`) to the scheduler the choice names: the solo loop (`solo.py`),
+the static step (`static.py`) or a row of the batch (`batched/`); every scheduler calls the same per-token work
+(`step.py`), and the one graph wrapper (`graphs.py`) records and replays both CUDA graphs (the static step's and the
+batch's).
 
 The paths are two axes, alone or in the batch, and a dynamic, fixed-shape eager or CUDA-graph step (see
 `choice.py` and docs/architecture.md). `EXPLAINER_DECODE` = `solo`, `static`, `cuda-graph` or `batched` (the path

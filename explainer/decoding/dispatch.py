@@ -1,5 +1,6 @@
-"""The one dispatcher of the decode layer: a request's `DecodeChoice` (made once, `choice.choose_path`) picks the
-scheduler that runs its steps, the way a serving engine's runner picks the graph mode per batch shape:
+"""The one dispatcher of the decode layer: a request's `DecodeChoice` (made once, in the request path:
+`explain.decode_choice`, which asks `choice.choose_path`) picks the scheduler that runs its steps, the way a serving
+engine's runner picks the graph mode per batch shape:
 
 - `solo`: the plain loop on a dynamic cache (`solo.solo_steps`);
 - `static` / `cuda-graph`: the static-cache step, eagerly or replayed as a CUDA graph (`static.static_steps`);
@@ -18,7 +19,7 @@ import torch
 
 from ..result.sinks import SinkTracker
 from .batched import batched_steps
-from .choice import BATCHED, SOLO, DecodeChoice, choose_path
+from .choice import BATCHED, SOLO, DecodeChoice
 from .job import DecodeJob
 from .solo import solo_steps
 from .static import static_steps
@@ -30,9 +31,9 @@ __all__ = ["generate_steps"]
 def generate_steps(
     model: torch.nn.Module,
     job: DecodeJob,
+    choice: DecodeChoice,
     method_seconds: dict[str, float] | None = None,
     sinks: SinkTracker | None = None,
-    choice: DecodeChoice | None = None,
     seen: dict[str, Any] | None = None,
 ) -> Iterator[Step]:
     """Greedy decoding (or the job's given answer, teacher-forced) that yields each token with the streaming
@@ -41,15 +42,14 @@ def generate_steps(
     Args:
         model: causal LM.
         job: the prompt, methods and answer (`DecodeJob`).
+        choice: the request's path, decided once in the request path (`explain.decode_choice`; a caller with a bare
+            job gets its choice there too, never `batched`: it holds no place in the batch).
         method_seconds: if given, accumulates per-method time spent in `step`.
         sinks: gathers, on the device, what attention-sink detection needs when a streaming method captures rows.
-        choice: the request's path (`choose_path`'s, made once per request); None: chosen for this job here, never
-            `batched` (a caller without a request holds no place in the batch).
         seen: on the batched path, gets "batch_size" and "prefill_rows" (`batched.batched_steps`).
 
     Each `Step` carries the probability its logits gave its token and their entropy (nats); no extra forward pass.
     """
-    choice = choice or choose_path(model, job, can_batch=False)
     if choice.path == BATCHED:
         return batched_steps(model, job, method_seconds, sinks, seen, choice.form)
     return _alone(model, job, method_seconds, sinks, choice)

@@ -16,7 +16,7 @@ from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from explainer import InputError, bundle_from_objects, explain, generate_steps, stream_explain
+from explainer import InputError, bundle_from_objects, decode_choice, explain, generate_steps, stream_explain
 from explainer.capture import registered_names
 from explainer.decoding import DecodeJob
 from explainer.faithfulness import QUICK_SOFT, FaithfulnessRequest, measure_faithfulness
@@ -225,7 +225,8 @@ def test_generate_steps_yields_forced_tokens(tokenizer):
     model = build_model("qwen2")
     ids = torch.tensor([tokenizer("Paris is")["input_ids"]])  # (1, N)
     forced = [40, 41, 42, 43]
-    steps = list(generate_steps(model, DecodeJob(ids, [get_method("macs")], 10, forced_ids=forced)))
+    job = DecodeJob(ids, [get_method("macs")], 10, forced_ids=forced)
+    steps = list(generate_steps(model, job, decode_choice(model, job)))
     assert [s.token_id for s in steps] == forced and [s.index for s in steps] == [0, 1, 2, 3]
     assert all(s.scores["macs"].shape == (ids.shape[1],) for s in steps)
     with pytest.raises(InputError, match="shape"):

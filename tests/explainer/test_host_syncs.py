@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from explainer.decoding import DecodeJob, generate_steps
+from explainer.explain import decode_choice
 from explainer.methods import get_method
 from explainer.methods.macs import MACS
 
@@ -43,7 +44,8 @@ def reads_per_step(model, n: int, methods: list, steps: int = 6, sinks=None) -> 
     instances, `sinks` a `SinkTracker` for `generate_steps`."""
     ids = torch.arange(3, 3 + n)[None] % model.config.vocab_size  # (1, n)
     instances = [get_method(m) if isinstance(m, str) else m for m in methods]
-    return reads_of_each_step(generate_steps(model, DecodeJob(ids, instances, steps), sinks=sinks))
+    job = DecodeJob(ids, instances, steps)
+    return reads_of_each_step(generate_steps(model, job, decode_choice(model, job), sinks=sinks))
 
 
 def reads_of_each_step(gen) -> list[int]:
@@ -107,7 +109,8 @@ class CountKernels(TorchDispatchMode):
 
 def _decode_kernels(layers: int, methods: list, dtype: torch.dtype) -> int:
     model = build_model("llama", num_hidden_layers=layers).to(dtype)
-    gen = generate_steps(model, DecodeJob(torch.arange(3, 30)[None], [get_method(m) for m in methods], 4))
+    job = DecodeJob(torch.arange(3, 30)[None], [get_method(m) for m in methods], 4)
+    gen = generate_steps(model, job, decode_choice(model, job))
     for _ in range(3):  # the prefill and two decode steps
         next(gen)
     with CountKernels() as mode:

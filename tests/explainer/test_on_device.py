@@ -27,6 +27,7 @@ from explainer import explain
 from explainer.bench.worker import BASELINE, make_runner
 from explainer.decoding import DECODE_ENV, DecodeJob, generate_steps
 from explainer.eval.evaluate import EvalConfig, evaluate_sample
+from explainer.explain import decode_choice
 from explainer.faithfulness import RemovalConfig, removal_curves, soft_curves
 from explainer.faithfulness.soft import SoftConfig
 from explainer.methods import METHODS, available_methods, get_method
@@ -212,7 +213,8 @@ def test_no_op_perturbations_give_exactly_zero_in_bfloat16(tokenizer, device):
 def _syncs_per_step(model, n: int, methods: list[str], steps: int = 5) -> list[int]:
     """Synchronisations CUDA reports in each step of greedy generation from an n-token prompt."""
     ids = (torch.arange(3, 3 + n, device=model.device)[None] % model.config.vocab_size).long()  # (1, n)
-    gen = generate_steps(model, DecodeJob(ids, [get_method(m) for m in methods], steps))
+    job = DecodeJob(ids, [get_method(m) for m in methods], steps)
+    gen = generate_steps(model, job, decode_choice(model, job))
     counts = []
     previous = torch.cuda.get_sync_debug_mode()
     torch.cuda.set_sync_debug_mode("warn")

@@ -101,3 +101,24 @@ def test_every_handler_that_says_how_a_request_ended_runs_after_an_error_too():
     assert len(enders) >= 7  # text, contrast, image, both faithfulness panels, Generate, Ask
     failures = {(f.trigger_after, f.name) for f in fns if f.trigger_only_on_failure}
     assert [f.api_name for f in enders if (f.trigger_after, f.name) not in failures] == []
+
+
+def test_every_event_that_follows_a_request_reads_the_step_sliders_unprocessed():
+    """A request's updates shrink the step sliders, Gradio's copy of them first. An event that follows another one
+    (a `then`) or a widget's change may still carry the step the page showed before: Gradio's bounds check refused
+    it ("Value 3 is greater than maximum value 2", after a Cancel, when the next request's first update came between
+    `after_explain` and the views and PNG chained to it). Such events take the step unprocessed (`FOLLOWS_STEP`;
+    the views clamp it); only a visitor's click on a button or on the image grid takes it processed."""
+    import app
+
+    def is_step_slider(block) -> bool:
+        return isinstance(block, gr.Slider) and (block.label or "").startswith(("Generation step", "Span end"))
+
+    fns = list(app.demo.fns.values())
+    readers = [f for f in fns if any(is_step_slider(b) for b in f.inputs)]
+    following = [f for f in readers if {kind for _, kind in f.targets} - {"click", "select"}]
+    assert len(following) >= 20  # the panels', the views', the downloads'
+    assert [f.api_name for f in following if f.preprocess] == []
+    assert {"render_after_explain", "export_view_after_explain", "render", "export_image_view"} <= {
+        f.api_name for f in following
+    }

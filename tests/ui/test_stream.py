@@ -171,6 +171,19 @@ def test_the_step_slider_opens_on_the_last_content_token_once_finished():
     assert one["value"] == 1 and one["maximum"] == 2 and not one["interactive"]  # gradio needs max > min
 
 
+@pytest.mark.parametrize("live", [True, False])
+@pytest.mark.parametrize("steps", [0, 1, 2, 3, 7])
+@pytest.mark.parametrize("value", [None, -2, 0, 1, 2, 3, 9, 2.6])
+def test_every_step_slider_update_sets_its_value_within_the_bounds_it_sets(steps, value, live):
+    """Each update carries the value and the bounds together, the value inside them (a step past the answer is its
+    last step), so an update that arrives late never leaves the slider past its maximum."""
+    update = stream.step_slider(_attr([" a"] * steps), live, value)
+    assert {"minimum", "maximum", "value"} <= set(update) and update["minimum"] == 1
+    assert 1 <= update["value"] <= max(steps, 1) < update["maximum"] + 1 and isinstance(update["value"], int)
+    if value is not None and 1 <= value <= steps:
+        assert update["value"] == int(value)
+
+
 def test_stopped_requests_say_where_and_why():
     partial = _attr([" It", " is"], status="running")
     assert stream.stopped(RequestState(Phase.DONE), partial) is None and stream.stopped(None, partial) is None

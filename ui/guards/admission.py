@@ -21,6 +21,7 @@ ended (finished, failed, cancelled, the visitor left). Gradio's own queue does n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import inspect
@@ -28,7 +29,7 @@ import os
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Hashable
+from collections.abc import AsyncIterator, Callable, Hashable, Iterator
 from typing import Any
 
 import anyio
@@ -219,80 +220,86 @@ def gated(
     return with_request(functools.wraps(fn)(kind(fn, group, waiting, gate)), fn)
 
 
-def _note(place: tuple[int, float], shown: str | None, waiting: Callable[[str], Any] | None) -> str | None:
-    """The note to show for a place in line, when it differs from the one shown."""
-    note = waiting_note(place)
-    return note if waiting is not None and note != shown else None
+_DONE = object()  # the handler's generator has ended
+
+
+class _Turn:
+    """One request's way through the gate, the logic the wrappers share: `_turn` enters and leaves, `polls` waits,
+    `next` / `anext` step the handler as its visitor. The wrappers add only how they sleep and await."""
+
+    def __init__(self, gate: Gate, ticket: Ticket) -> None:
+        self.gate, self.ticket = gate, ticket
+        self.shown: str | None = None  # the waiting note last shown
+
+    def polls(self, waiting: Callable[[str], Any] | None) -> Iterator[Any]:
+        """One item a poll (the caller sleeps `POLL_SECONDS` after each) until the request's turn comes:
+        `waiting(note)` where its place in line changed, else None."""
+        while (place := self.gate.place(self.ticket)) is not None:
+            note = waiting_note(place)
+            if waiting is None or note == self.shown:
+                yield None
+                continue
+            self.shown = note
+            yield waiting(note)
+
+    def next(self, gen: Iterator[Any]) -> Any:
+        """The handler's next item (`_DONE` at its end), run as its visitor: the library work it starts knows whose
+        it is (`fair.py`)."""
+        with as_visitor(self.ticket.visitor):
+            return next(gen, _DONE)
+
+    async def anext(self, gen: AsyncIterator[Any]) -> Any:
+        """`next` for an async generator."""
+        with as_visitor(self.ticket.visitor):
+            return await anext(gen, _DONE)
+
+
+@contextlib.contextmanager
+def _turn(request: gr.Request, group: str, gate: Gate | None) -> Iterator[_Turn]:
+    """A request's turn: it enters the gate (`Busy` when refused) and leaves it however the block ends."""
+    at = gate or GATE  # looked up per call: a test may give the app a fresh gate
+    ticket = at.enter(visitor_key(request), group)
+    try:
+        yield _Turn(at, ticket)
+    finally:
+        at.leave(ticket)
 
 
 def _async_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
     async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
-        at = gate or GATE  # looked up per call: a test may give the app a fresh gate
-        ticket = at.enter(visitor_key(request), group)
-        try:
-            shown = None
-            while (place := at.place(ticket)) is not None:
-                if (note := _note(place, shown, waiting)) is not None:
-                    shown = note
-                    yield waiting(note)
+        with _turn(request, group, gate) as turn:
+            for view in turn.polls(waiting):
+                if view is not None:
+                    yield view
                 await anyio.sleep(POLL_SECONDS)
-            gen = fn(*args, **kwargs)
-            try:
-                while True:
-                    with as_visitor(ticket.visitor):  # the library work it starts knows whose it is (`fair.py`)
-                        try:
-                            item = await gen.__anext__()
-                        except StopAsyncIteration:
-                            break
+            async with contextlib.aclosing(fn(*args, **kwargs)) as gen:
+                while (item := await turn.anext(gen)) is not _DONE:
                     yield item
-            finally:
-                await gen.aclose()
-        finally:
-            at.leave(ticket)
 
     return wrapper
 
 
 def _sync_gen(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
     def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:  # on ZeroGPU (`hardware.on_gpu`): a thread
-        at = gate or GATE
-        ticket = at.enter(visitor_key(request), group)
-        try:
-            shown = None
-            while (place := at.place(ticket)) is not None:
-                if (note := _note(place, shown, waiting)) is not None:
-                    shown = note
-                    yield waiting(note)
+        with _turn(request, group, gate) as turn:
+            for view in turn.polls(waiting):
+                if view is not None:
+                    yield view
                 time.sleep(POLL_SECONDS)
-            gen = fn(*args, **kwargs)
-            try:
-                while True:
-                    with as_visitor(ticket.visitor):
-                        try:
-                            item = next(gen)
-                        except StopIteration:
-                            break
-                    yield item
-            finally:
-                gen.close()
-        finally:
-            at.leave(ticket)
+            with contextlib.closing(fn(*args, **kwargs)) as gen:
+                yield from iter(functools.partial(turn.next, gen), _DONE)  # its items until `_DONE`
 
     return wrapper
 
 
 def _call(fn: Callable[..., Any], group: str, waiting: Any, gate: Gate | None) -> Callable[..., Any]:
     async def wrapper(request: gr.Request, *args: Any, **kwargs: Any) -> Any:
-        at = gate or GATE
-        ticket = at.enter(visitor_key(request), group)
-        try:
-            while at.place(ticket) is not None:
+        with _turn(request, group, gate) as turn:
+            for _ in turn.polls(None):
                 await anyio.sleep(POLL_SECONDS)
-            with as_visitor(ticket.visitor):
+            with as_visitor(turn.ticket.visitor):
                 result = fn(*args, **kwargs)
                 return await result if inspect.isawaitable(result) else result
-        finally:
-            at.leave(ticket)
 
     return wrapper
 

@@ -186,7 +186,7 @@ def create_event_handlers(c: Components, tab: Components, api: str) -> None:
         )  # fmt: skip
         c["which"].input(
             **c.bind(choose_image, shown), inputs=[tab["result"], c["which"], tab["methods"], tab["step"]],
-            api_name=f"{api}_image", show_progress="hidden",
+            api_name=f"{api}_image", show_progress="hidden", **FOLLOWS_STEP,
         )  # fmt: skip
         return
     shown = ("words", "plot", "note")

@@ -33,7 +33,7 @@ from ..options import method_choices, offer_image_methods
 from ..page import VIEWS_CLASS, busy_on_click, ready_after
 from ..panels import reliance
 from ..requests import image_request
-from ..stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from ..stream import FOLLOWS_STEP, Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 from . import examples
 
 IMAGES_DIR = Path(__file__).resolve().parents[2] / "assets" / "images"
@@ -348,13 +348,14 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     )
     ready_after(event, c["ask"], "ask")
     hidden = {"show_progress": "hidden"}
+    follows = {**hidden, **FOLLOWS_STEP}  # events that read the step slider, which a new request may have shrunk
     view_png = c("result", "methods", "step", "opacity")
     view = c("result", "methods", "step", "opacity", "contour", "hide_sinks")  # hide_sinks: shared (app.py)
     rendered = gr.on(
         triggers=[c[name].input for name in ("step", "opacity", "contour", "methods", "hide_sinks")],
-        **c.bind(render_image, VIEWS), inputs=view, api_name="render_image", trigger_mode="always_last", **hidden,
+        **c.bind(render_image, VIEWS), inputs=view, api_name="render_image", trigger_mode="always_last", **follows,
     )  # fmt: skip
-    rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **hidden)
+    rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **follows)
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
     event.then(  # loaded now
@@ -366,10 +367,10 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
         api_name="after_image", **hidden,
     )  # fmt: skip
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
-    settled.then(**c.bind(render_image_sinks, VIEWS), inputs=view, api_name="render_image_after_explain", **hidden)
+    settled.then(**c.bind(render_image_sinks, VIEWS), inputs=view, api_name="render_image_after_explain", **follows)
     settled.then(
         **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
         api_name="export_image_files", **hidden,
     ).then(
-        **c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view_after_explain", **hidden
+        **c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view_after_explain", **follows
     )  # fmt: skip

@@ -33,7 +33,7 @@ from ..options import method_choices, offered_choices
 from ..page import VIEWS_CLASS, VIEWS_ID, busy_on_click, ready_after
 from ..panels import estimates
 from ..requests import text_request
-from ..stream import Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
+from ..stream import FOLLOWS_STEP, Phase, RequestState, explain_updates, finished, status_line, step_slider, stopped
 from . import examples
 
 TOP_K = 5  # rows per method in the top-tokens table
@@ -386,7 +386,7 @@ def then_export(c: Components, event: Any, files_api: str | None, view_api: str)
         files = c("result", "methods", "show_all")
         event = event.then(**c.bind(export_files, FILES), inputs=files, api_name=files_api, **hidden)
     png = c("result", "methods", "step", "show_all", "span", "granularity")
-    event.then(**c.bind(export_view, FILES), inputs=png, api_name=view_api, **hidden)
+    event.then(**c.bind(export_view, FILES), inputs=png, api_name=view_api, **hidden, **FOLLOWS_STEP)
 
 
 def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
@@ -403,15 +403,16 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     ready_after(explain_event, c["generate"], "generate")
     hidden = {"show_progress": "hidden"}
     c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
+    follows = {**hidden, **FOLLOWS_STEP}  # events that read the step sliders, which a new request may have shrunk
     view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity", "hide_sinks")
     triggers = ["step", "show_all", "methods", "span_end", "granularity", "hide_sinks"]
     rendered = gr.on(
         triggers=[c[name].input for name in triggers], **c.bind(render, VIEWS), inputs=view, api_name="render",
-        trigger_mode="always_last", **hidden,
+        trigger_mode="always_last", **follows,
     )  # fmt: skip
     then_export(c, rendered, None, "export_view")
     spanned = c["span"].input(**c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden)
-    spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **hidden)
+    spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **follows)
     then_export(c, spanned, None, "export_span_view")
     gr.on(
         triggers=[c["show_all"].input, c["methods"].input], **c.bind(export_report, FILES),
@@ -429,7 +430,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     )
     then_export(c, settled, "export_files", "export_view_after_explain")
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
-    settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **hidden)
+    settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **follows)
     # the model loads with the first request: its line then names the precision and the prompt limit
     explain_event.then(
         models.model_info, outputs=c["model"], api_name="model_info_after_explain", api_visibility="private", **hidden
@@ -439,9 +440,9 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         api_name="open_saved",
     )  # fmt: skip
     then_export(c, opened, "export_files_after_open", "export_view_after_open")
-    opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **hidden)
+    opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **follows)
     asked = c("examples", "methods", "show_all", "span", "granularity")
     picked = c["examples"].click(**c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example")
     then_export(c, picked, "export_files_after_example", "export_view_after_example")
-    picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **hidden)
+    picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **follows)
     estimates.create_event_handlers(c, option_widgets, explain_event)

@@ -25,6 +25,7 @@ from explainer.capture import registered_names
 from explainer.decoding import DECODE_ENV, DecodeJob, choice, enable_batching, generate_steps
 from explainer.decoding.batched import batched_steps, counts, engine
 from explainer.errors import Cancelled, InputError
+from explainer.explain import decode_choice
 from explainer.methods import MACS, get_method
 from explainer.result.sinks import SinkTracker
 from explainer.runtime import memory
@@ -77,9 +78,8 @@ def _collect(steps, sinks, stop_after=None) -> dict:
 def _solo(model, req) -> dict:
     sinks = SinkTracker(req["ids"].shape[1], model)
     methods = [get_method(m) for m in METHODS]
-    return _collect(
-        generate_steps(model, DecodeJob(req["ids"], methods, req["k"], req["forced"], req["eos"]), None, sinks), sinks
-    )
+    job = DecodeJob(req["ids"], methods, req["k"], req["forced"], req["eos"])
+    return _collect(generate_steps(model, job, decode_choice(model, job), None, sinks), sinks)
 
 
 def _batched(model, req, out: dict, key) -> None:
@@ -449,7 +449,7 @@ def test_rows_keep_macs_layer_factors_and_options_as_the_solo_loop(model):
         assert not isinstance(got, BaseException), got
         solo = [MACS(**options[i]), get_method("rollout")]
         job = DecodeJob(req["ids"], solo, req["k"])
-        ref = list(generate_steps(model, job, None, SinkTracker(req["ids"].shape[1], model)))
+        ref = list(generate_steps(model, job, decode_choice(model, job), None, SinkTracker(req["ids"].shape[1], model)))
         assert [s.token_id for s in got["steps"]] == [s.token_id for s in ref]
         for a, b in zip(got["steps"], ref):
             np.testing.assert_allclose(a.scores["macs"], b.scores["macs"], rtol=RTOL, atol=ATOL)

@@ -26,6 +26,7 @@ from explainer.decoding import (
 )
 from explainer.decoding.batched import batched_steps
 from explainer.errors import InputError
+from explainer.explain import decode_choice
 from explainer.methods import get_method
 from explainer.request import ExplainRequest
 
@@ -148,9 +149,13 @@ def test_every_step_carries_the_path_that_computed_it(monkeypatch):
     def paths(steps) -> set[str]:
         return {s.decode_path for s in steps}
 
-    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {SOLO}
+    def steps(choice=None):
+        job = DecodeJob(ids, [get_method("macs")], 3)
+        return generate_steps(model, job, choice or decode_choice(model, job))
+
+    assert paths(steps()) == {SOLO}
     assert paths(batched_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {BATCHED}
     monkeypatch.setenv(DECODE_ENV, "static")
-    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3))) == {STATIC}
+    assert paths(steps()) == {STATIC}
     batched = DecodeChoice(BATCHED, "the request's", DYNAMIC)  # the dispatcher hands it to the batch
-    assert paths(generate_steps(model, DecodeJob(ids, [get_method("macs")], 3), choice=batched)) == {BATCHED}
+    assert paths(steps(batched)) == {BATCHED}

@@ -16,6 +16,7 @@ from explainer.decoding import DECODE_ENV, DYNAMIC, FIXED_SHAPE, GRAPH, DecodeJo
 from explainer.decoding.batched import attention, batched_steps, engine, fixed
 from explainer.decoding.batched.fixed import BatchStep
 from explainer.decoding.batched.slots import Layout, Slots, slot_count
+from explainer.explain import decode_choice
 from explainer.methods import get_method
 from explainer.runtime.host import to_numpy
 
@@ -103,7 +104,8 @@ def test_the_fixed_shape_step_equals_the_row_by_row_step_and_the_solo_loop(kind,
             np.testing.assert_allclose(a[slot][0], b[slot][0], rtol=2e-5, atol=1e-7)
             np.testing.assert_allclose(a[slot][1], b[slot][1], rtol=2e-5, atol=1e-7)
     for slot, _, tokens in rows_of:  # the solo loop's greedy tokens
-        solo = [s.token_id for s in generate_steps(model, DecodeJob(prompts[slot], [], 7))]
+        job = DecodeJob(prompts[slot], [], 7)
+        solo = [s.token_id for s in generate_steps(model, job, decode_choice(model, job))]
         assert tokens == solo
 
 
@@ -152,5 +154,6 @@ def test_cuda_a_row_among_eight_equals_its_lone_run_bit_for_bit_and_the_solo_tok
         for a, b in zip(crowd, lone):
             np.testing.assert_array_equal(a[i][0], b[0][0])
             np.testing.assert_array_equal(a[i][1], b[0][1])
-        solo = [s.token_id for s in generate_steps(model, DecodeJob(ids, [], 7))]
+        job = DecodeJob(ids, [], 7)
+        solo = [s.token_id for s in generate_steps(model, job, decode_choice(model, job))]
         assert rows_of[i][2] == solo

@@ -20,6 +20,7 @@ from explainer import explain
 from explainer.capture import registered_names
 from explainer.decoding import CUDA_GRAPH, DECODE_ENV, SOLO, STATIC, DecodeJob, choose_path, generate_steps
 from explainer.decoding.static import StaticDecoder
+from explainer.explain import decode_choice
 from explainer.methods import MACS, MACSCalibrated, Rollout
 from explainer.models.loading import bundle_from_objects
 from explainer.models.vision import encode_image_prompt
@@ -46,7 +47,7 @@ def _run(model, ids, path: str, monkeypatch, macs_options=None, rollout_options=
     methods += [] if rollout_options is None else [Rollout(**rollout_options)]
     sinks = SinkTracker(ids.shape[1], model) if methods else None
     job = DecodeJob(ids, methods, kwargs.pop("k", K), **kwargs)
-    steps = list(generate_steps(model, job, sinks=sinks))
+    steps = list(generate_steps(model, job, decode_choice(model, job), sinks=sinks))
     return steps, (methods[0].layer_scores() if macs_options is not None else None), sinks
 
 
@@ -224,7 +225,8 @@ def test_host_reads_happen_only_between_chunks(monkeypatch):
     monkeypatch.setenv(DECODE_ENV, "static")
     model = build_model("llama")
     for methods, most in (([MACS()], 2), ([MACS(), Rollout()], 3)):  # a read for the tokens, one per method
-        counts = reads_of_each_step(generate_steps(model, DecodeJob(_ids(model), methods, K)))
+        job = DecodeJob(_ids(model), methods, K)
+        counts = reads_of_each_step(generate_steps(model, job, decode_choice(model, job)))
         assert len(counts) == K
         reads = [i for i, c in enumerate(counts) if c]
         assert reads == [0, 1, 2, 4, 8], counts  # the chunks' first steps
@@ -235,7 +237,8 @@ def test_host_reads_happen_only_between_chunks(monkeypatch):
 def test_a_stopped_consumer_leaves_nothing_registered(monkeypatch):
     monkeypatch.setenv(DECODE_ENV, "static")
     model = build_model("llama")
-    gen = generate_steps(model, DecodeJob(_ids(model), [MACS()], K))
+    job = DecodeJob(_ids(model), [MACS()], K)
+    gen = generate_steps(model, job, decode_choice(model, job))
     for _ in range(3):
         next(gen)
     assert registered_names() == []  # capture is entered around each chunk's passes, never across a yield
@@ -273,7 +276,8 @@ def test_calibrated_macs_takes_the_static_path_and_equals_its_solo_loop(device, 
         monkeypatch.setenv(DECODE_ENV, path)
         methods = [MACSCalibrated(keep_layers=True), MACS(), Rollout()]
         methods[0].prepare(model)
-        steps = list(generate_steps(model, DecodeJob(ids, methods, K), sinks=SinkTracker(ids.shape[1], model)))
+        job = DecodeJob(ids, methods, K)
+        steps = list(generate_steps(model, job, decode_choice(model, job), sinks=SinkTracker(ids.shape[1], model)))
         return steps, methods[0].layer_scores()
 
     (static, layers), (dynamic, dyn_layers) = run("cuda-graph"), run("solo")
@@ -327,7 +331,7 @@ def test_an_image_prompt_on_the_static_path_equals_the_solo_loop(device, kind, m
     for path in ("cuda-graph", "solo"):
         monkeypatch.setenv(DECODE_ENV, path)
         job = DecodeJob(enc.input_ids, [MACS(), Rollout()], 7, forced_ids=forced, extra_inputs=enc.prefill_inputs)
-        steps[path] = list(generate_steps(model, job))
+        steps[path] = list(generate_steps(model, job, decode_choice(model, job)))
     assert [s.token_id for s in steps["cuda-graph"]] == forced
     _assert_same_steps(steps["cuda-graph"], steps["solo"], graph)
     methods = [MACS(), Rollout()]

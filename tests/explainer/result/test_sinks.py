@@ -14,6 +14,7 @@ from PIL import Image
 
 from explainer import explain
 from explainer.decoding import DecodeJob, generate_steps
+from explainer.explain import decode_choice
 from explainer.methods import get_method
 from explainer.models.loading import bundle_from_objects
 from explainer.result.attribution import Attribution, load_result, result_json, zscore
@@ -117,7 +118,7 @@ def test_a_sink_planted_on_an_image_token_is_found_in_its_grid_cell():
 
 def _tokens(model, ids, methods, sinks=None):
     job = DecodeJob(ids, [get_method(m) for m in methods], 8)
-    return [s.token_id for s in generate_steps(model, job, sinks=sinks)]
+    return [s.token_id for s in generate_steps(model, job, decode_choice(model, job), sinks=sinks)]
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2_sliding"])

@@ -9,6 +9,7 @@ one session joined, then its one event stream read (`Visitor`).
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -274,3 +275,82 @@ def test_the_limits_come_from_their_variables(monkeypatch):
     monkeypatch.setenv(visitors.SPACE_ENV, "user/space")
     monkeypatch.delenv(visitors.TRUSTED_PROXIES_ENV, raising=False)
     assert visitors.trusted_proxies() == 1  # a Space sits behind one proxy
+
+
+# --- the three wrappers, without a server ---------------------------------------------------------------------------
+class _Request:
+    def __init__(self, session: str):
+        self.headers = httpx.Headers({})
+        self.session_hash = session
+
+
+def _counting(n: int, seen: list, closed: list, kind: str):
+    """A handler of `kind` (a plain or async generator function, or a coroutine function) that records the visitor it
+    runs as and whether it was closed."""
+
+    def gen():
+        try:
+            for i in range(n):
+                seen.append(current_visitor())
+                yield i
+        finally:
+            closed.append(True)
+
+    async def agen():
+        for item in gen():
+            yield item
+
+    async def call():
+        return list(gen())
+
+    return {"sync": gen, "async": agen, "call": call}[kind]
+
+
+async def _drive(wrapped, held: admission.Ticket, gate: admission.Gate, kind: str, take: int) -> list:
+    """Items of a gated handler (the waiting notes first) while another visitor holds the one slot, which is freed
+    once the handler has waited one poll; `take` items, then the wrapper is closed."""
+    out = []
+    if kind == "call":
+        task = asyncio.ensure_future(wrapped(_Request("b")))
+        await asyncio.sleep(0.05)
+        assert gate.counts() == (1, 1) and not task.done()  # it waits its turn
+        gate.leave(held)
+        return await task
+    gen = wrapped(_Request("b"))
+    step = (lambda: next(gen)) if kind == "sync" else gen.__anext__
+    first = step()
+    out.append(first if kind == "sync" else await first)
+    gate.leave(held)
+    while len(out) < take:
+        item = step()
+        out.append(item if kind == "sync" else await item)
+    await gen.aclose() if kind == "async" else gen.close()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "call"])
+def test_each_wrapper_waits_its_turn_runs_as_its_visitor_and_always_leaves(kind, monkeypatch):
+    monkeypatch.setattr(admission, "POLL_SECONDS", 0.001)
+    gate = admission.Gate({admission.MODEL: 1})
+    held = gate.enter("session:a", admission.MODEL)  # another visitor holds the one slot
+    seen, closed = [], []
+    wrapped = admission.gated(_counting(5, seen, closed, kind), admission.MODEL, lambda note: note, gate)
+    out = asyncio.run(_drive(wrapped, held, gate, kind, take=3))
+    if kind == "call":
+        assert out == [0, 1, 2, 3, 4]
+    else:  # the note of its place in line, shown once, then the handler's items; closed after two of them
+        assert out[0] == admission.waiting_note((1, admission.FIRST_GUESS_SECONDS)) and out[1:] == [0, 1]
+    assert set(seen) == {"session:b"} and closed == [True]
+    assert gate.counts() == (0, 0)  # the request left the gate when its wrapper ended early
+
+
+def test_a_refused_request_never_runs_and_leaves_nothing(monkeypatch):
+    monkeypatch.setenv(admission.QUEUE_ENV, "1")
+    gate = admission.Gate({admission.MODEL: 1})
+    gate.enter("session:a", admission.MODEL)
+    gate.enter("session:c", admission.MODEL)  # waits: the line is full
+    seen, closed = [], []
+    wrapped = admission.gated(_counting(2, seen, closed, "sync"), admission.MODEL, None, gate)
+    with pytest.raises(admission.Busy, match="busy"):
+        next(wrapped(_Request("b")))
+    assert seen == closed == [] and gate.counts() == (1, 1)
