@@ -54,6 +54,24 @@ def has_sliding_window(model: torch.nn.Module) -> bool:
     return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
 
 
+def _one_by_one(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
+    """(R, K) each shortened prompt run on its own (a model with sliding-window layers)."""
+    out = np.zeros((keep.shape[0], response.shape[0]), dtype=np.float32)
+    for i in range(keep.shape[0]):
+        between_passes()
+        ids = torch.cat([prompt[keep[i]], response[:-1]])[None]  # (1, T_i)
+        out[i] = _token_logprobs(model(input_ids=ids, logits_to_keep=response.shape[0]).logits, response)[0]
+    return out
+
+
+def _recompute_from(keep: torch.Tensor, n: int, reread_from: int | None) -> list[int]:
+    """(R,) where each run starts recomputing: its first removed token (removal) or `reread_from` (a knockout); N for
+    a run that removes nothing (the unperturbed one)."""
+    removed = ~keep
+    first = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()
+    return first if reread_from is None else [f if f >= n else max(f, reread_from) for f in first]
+
+
 @torch.inference_mode()
 def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
                       batch_size: int = 0, progress: ProgressFn | None = None,
@@ -85,18 +103,11 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
     if reread_from is not None and not 0 < reread_from < n:
         raise ValueError(f"reread_from must lie in 1..{n - 1}, got {reread_from}")
     if has_sliding_window(model) and reread_from is None:
-        for i in range(r):
-            between_passes()
-            ids = torch.cat([prompt[keep[i]], response[:-1]])[None]  # (1, T_i)
-            out[i] = _token_logprobs(model(input_ids=ids, logits_to_keep=k).logits, response)[0]
-        return out
+        return _one_by_one(model, prompt, response, keep)
     base = DynamicCache()
     full = _token_logprobs(model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k).logits,
                            response)  # fmt: skip
-    removed = ~keep
-    first_all = torch.where(removed.any(dim=1), removed.float().argmax(dim=1), n).tolist()  # (R,) first removed
-    if reread_from is not None:
-        first_all = [f if f >= n else max(f, reread_from) for f in first_all]
+    first_all = _recompute_from(keep, n, reread_from)
     out[[i for i in range(r) if first_all[i] >= n]] = full[0]
     perturbed = [i for i in range(r) if first_all[i] < n]
     first = [first_all[i] for i in perturbed]
