@@ -29,7 +29,7 @@ from ..methods import parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .lds import DEFAULT_METHODS
-from .options import methods_help, model_options, placement, rank_share
+from .options import comparisons, methods_help, model_options, placement, rank_share
 from .peers import add_peer_options, run_peer_rows, training_rows
 
 
@@ -59,18 +59,6 @@ def needle_plan(lengths: str, depths: str, samples: int, limit: int | None,
     if not chosen or set(chosen) - set(VARIANTS):
         raise InputError(f"--variants: choose from {', '.join(VARIANTS)}, got {variants!r}.")
     return needle_specs(_whole_numbers(lengths, "--lengths"), depth_values, samples, chosen)[:limit]
-
-
-def comparisons(text: str | None) -> list[tuple[str, str]]:
-    """The (a, b) method pairs of --compare "a/b,c/d" (paired differences a - b).
-
-    Raises:
-        InputError: a pair is not two names joined by "/".
-    """
-    pairs = [tuple(p.strip() for p in item.split("/")) for item in (text or "").split(",") if item.strip()]
-    if any(len(p) != 2 or not all(p) for p in pairs):
-        raise InputError(f"--compare takes pairs A/B separated by commas (A - B, paired), got {text!r}.")
-    return pairs  # type: ignore[return-value]
 
 
 def cmd_hitratio(args: argparse.Namespace) -> int:

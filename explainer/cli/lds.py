@@ -12,13 +12,13 @@ from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, resolve_data, select_rows
 from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
-from ..eval.lds_eval import LdsConfig, format_table, run_lds, summarise
+from ..eval.lds_eval import LdsConfig, format_table, paired_lines, run_lds, summarise
 from ..eval.parallel import rank_from_env
 from ..eval.peers import agreement_lines, parse_peers
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
-from .options import held_out, methods_help, model_options, placement, rank_share
+from .options import comparisons, held_out, methods_help, model_options, placement, rank_share
 from .peers import add_peer_options, run_peer_rows, training_rows
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
@@ -46,6 +46,8 @@ def cmd_lds(args: argparse.Namespace) -> int:
             return 0  # launched data-parallel: one report is enough
         samples = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
         print(format_table(summarise(samples)))
+        for line in paired_lines(samples, comparisons(args.compare)):
+            print(line)
         return 0
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
@@ -115,5 +117,7 @@ def add_lds_parser(sub) -> None:
         help="comma-separated --results files (e.g. methods run separately on the same rows): join them by row id "
         "and print the tables without measuring; a path also joins the rank files of a data-parallel run",
     )
+    p.add_argument("--compare", default=None,
+                   help="with --report: paired differences to print, e.g. sources/context-cite (A - B, same rows)")
     add_peer_options(p)
     p.set_defaults(func=cmd_lds)

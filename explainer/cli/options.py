@@ -156,3 +156,15 @@ def held_out(rows: list[dict]) -> list[dict]:
         print(f"left out {len(rows) - len(kept)} rows that the shipped macs_calibrated weights were fitted on",
               file=sys.stderr)  # fmt: skip
     return kept
+
+
+def comparisons(text: str | None) -> list[tuple[str, str]]:
+    """The (a, b) method pairs of --compare "a/b,c/d" (paired differences a - b).
+
+    Raises:
+        InputError: a pair is not two names joined by "/".
+    """
+    pairs = [tuple(p.strip() for p in item.split("/")) for item in (text or "").split(",") if item.strip()]
+    if any(len(p) != 2 or not all(p) for p in pairs):
+        raise InputError(f"--compare takes pairs A/B separated by commas (A - B, paired), got {text!r}.")
+    return pairs  # type: ignore[return-value]

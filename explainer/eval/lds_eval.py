@@ -42,7 +42,7 @@ from ..result.steps import last_content_step
 from .ablate import response_logprobs
 from .evaluate import context_positions, qa_prompt
 from .haystack import method_label
-from .intervals import mean_t
+from .intervals import mean_t, paired_t
 from .lds import (
     KEEP_PROBABILITY,
     MASKS,
@@ -256,6 +256,22 @@ def format_table(summary: dict[str, Any]) -> str:
             lines.append(f"{name:<{w}}{cells}")
     lines += ["", *(f"command: {c}" for c in summary.get("commands", []))]
     return "\n".join(lines)
+
+
+def paired_lines(samples: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
+    """One line per (A, B): the mean of A - B over the rows holding both, for the whole-answer and the per-token LDS,
+    with its 95% t half-width and N (`intervals.paired_t`)."""
+    ok = [s for s in samples if "methods" in s]
+    lines = []
+    for a, b in pairs:
+        cells = []
+        for key in ("lds", "lds_token", "lds_centred"):
+            values = [(s["methods"].get(a, {}).get(key), s["methods"].get(b, {}).get(key)) for s in ok]
+            mean, half, n = paired_t([x for x, _ in values], [y for _, y in values])
+            if n:
+                cells.append(f"{key} {mean:+.3f} ± {half:.3f} (N = {n})")
+        lines.append(f"paired {a} - {b}: " + ("; ".join(cells) if cells else "no row holds both"))
+    return lines
 
 
 def run_lds(

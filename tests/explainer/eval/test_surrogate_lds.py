@@ -70,3 +70,16 @@ def test_bad_counts_and_passes_are_refused_in_one_line(capsys):
     assert "--passes" in capsys.readouterr().err
     assert main(["surrogate", "--data", "x.json", "--options", "ablations=8"]) == 2
     assert "--counts" in capsys.readouterr().err
+
+
+def test_paired_differences_use_the_rows_holding_both_methods():
+    from explainer.eval.intervals import t975
+    from explainer.eval.lds_eval import paired_lines
+
+    samples = [{"id": str(i), "methods": {"a": {"lds": 0.5 + d}, "b": {"lds": 0.5}}} for i, d in
+               enumerate([0.1, 0.2, 0.3])]  # fmt: skip
+    samples.append({"id": "x", "methods": {"a": {"lds": 0.9}}})  # no b: left out
+    (line,) = paired_lines(samples, [("a", "b")])
+    half = t975(2) * 0.1 / np.sqrt(3)  # sd of (0.1, 0.2, 0.3) is 0.1
+    assert line == f"paired a - b: lds +0.200 ± {half:.3f} (N = 3)"
+    assert paired_lines(samples, [("a", "c")]) == ["paired a - c: no row holds both"]
