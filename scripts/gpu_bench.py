@@ -39,12 +39,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
 
 def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
-    """`LENGTHS:METHODS[:REPEATS];...` -> [(prompt tokens, method, repeats)] in running order."""
+    """`LENGTHS:METHODS[:REPEATS];...` -> [(prompt tokens, method, repeats)] in running order (a method may carry
+    options after colons, `sources:passes=knockout`; a last part that is a whole number is REPEATS)."""
     out = []
     for group in filter(None, (g.strip() for g in text.split(";"))):
         parts = group.split(":")
-        lengths, methods = [int(v) for v in parts[0].split(",")], parts[1].split(",")
-        out += [(n, m.strip(), int(parts[2]) if len(parts) > 2 else repeats) for n in lengths for m in methods]
+        count = int(parts.pop()) if len(parts) > 2 and parts[-1].strip().isdigit() else repeats
+        lengths, methods = [int(v) for v in parts[0].split(",")], ":".join(parts[1:]).split(",")  # options keep ':'
+        out += [(n, m.strip(), count) for n in lengths for m in methods]
     return out
 
 

@@ -38,8 +38,8 @@
 #                                              # the gradient methods, beside MACS and calibrated MACS, embedded
 #                                              # model, float32, 1k and 4k; AtMan at 4k first (no CPU has it)
 #   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals + 4 checks, one batched
-#                                              # pass set over the prefix cache) against plain generation, the
-#                                              # embedded model, 1k and 4k prompt tokens
+#                                              # pass set over the prefix cache; and its knockout passes) against
+#                                              # plain generation, the embedded model, 1k and 4k prompt tokens
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise
 # (tests/test_gpu_check.py); the results then go to $RESULTS with the GPU named cpu-dry. docs/gpu.md ("Next GPU
@@ -344,7 +344,7 @@ sources)  # resumable: gpu_bench skips the rows already in its JSON
     lengths=1024,4096
     if [ -n "$DRY" ]; then lengths=48; fi
     run "$(box 120)" sources $PY scripts/gpu_bench.py "${model[@]}" --new-tokens $K --repeats $REPEATS \
-        --json "$RESULTS/bench-gpu-$gpu-sources.json" --deadline "$(box 110)" --plan "$lengths:none,plain,sources"
+        --json "$RESULTS/bench-gpu-$gpu-sources.json" --deadline "$(box 110)" --plan "$lengths:none,plain,sources,sources:passes=knockout"
     ;;
 *)
     echo "unknown stage $STAGE" >&2

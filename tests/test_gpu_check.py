@@ -37,6 +37,9 @@ def test_plans_run_in_the_order_given():
     assert gpu_bench.parse_plan("1,2:none,macs;3:atman:1", 2) == [
         (1, "none", 2), (1, "macs", 2), (2, "none", 2), (2, "macs", 2), (3, "atman", 1)
     ]  # fmt: skip
+    knockout = "sources:passes=knockout"
+    assert gpu_bench.parse_plan(f"4:none,{knockout}", 2) == [(4, "none", 2), (4, knockout, 2)]
+    assert gpu_bench.parse_plan("4:sources:passes=knockout:3", 2) == [(4, "sources:passes=knockout", 3)]
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +148,8 @@ def test_the_sources_stage_benches_the_surrogate_against_plain_generation(tmp_pa
     first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
     assert "exit 124" not in first and "exit 0" in first, first
     path = tmp_path / "results" / "bench-gpu-cpu-dry-sources.json"
-    assert _rows(path) == {("none", 48), ("plain", 48), ("sources", 48)}, json.loads(path.read_text())
+    assert _rows(path) == {("none", 48), ("plain", 48), ("sources", 48), ("sources:passes=knockout", 48)}, \
+        json.loads(path.read_text())
     before = path.read_text()
     subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
     assert path.read_text() == before
