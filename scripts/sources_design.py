@@ -44,7 +44,7 @@ def report(path: str) -> None:
     for entry in entries:
         known = entry["lds_token"] is not None and entry["design"] != "reference"  # the reference fits the whole answer
         token = f"{entry['lds_token']:.3f}" if known else "-"
-        print(f"k={entry['k']:2d} {entry['design']:9s} {entry['passes']:8s} N={entry['n']:3d}: "
+        print(f"k={entry['k']:2d} {entry['design']:9s} {entry['passes']:13s} N={entry['n']:3d}: "
               f"{entry['lds']:.3f} / {token}")  # fmt: skip
     print("paired over questions (mean ± 95% t half-width, N):")
     for a, b in design_lab.PAIRS:

@@ -37,6 +37,7 @@ PAIRS = (  # (design, k, passes) compared per question
     (("hadamard", 16, "removal"), ("reference", REFERENCE, "removal")),
     (("hadamard", 8, "removal"), ("loo_pairs", 8, "removal")),
     (("hadamard", 16, "knockout"), ("hadamard", 16, "removal")),
+    (("hadamard", 16, "removal-logit"), ("hadamard", 16, "removal")),
 )
 
 
@@ -102,12 +103,13 @@ def _logit(whole: np.ndarray) -> np.ndarray:
 
 
 def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
-    """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout"; kind "reference" is
-    ContextCite's least squares on the logit, on `k` random masks)."""
+    """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout", or "removal-logit": the
+    fit's target is each token's logit probability, as ContextCite's; kind "reference" is ContextCite's least squares
+    on the logit of the whole answer's probability, on `k` random masks)."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
     evaluation = np.array([[c == "1" for c in r["masks"][i]] for i in r["evaluation"]], dtype=float)
     measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
-    y_all = np.asarray(r[passes])
+    y_all = np.asarray(r[passes.removesuffix("-logit")])
     if kind == "reference":
         masks = design(s, k, "random", seed)
         y = y_all[[index[_bits(m)] for m in masks]].sum(axis=1)
@@ -116,6 +118,8 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
         return _lds(coef[None, 1:], evaluation, measured)
     masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
     y = y_all[[index[_bits(m)] for m in masks]]
+    if passes.endswith("-logit"):
+        y = y - np.log(-np.expm1(np.minimum(y, -1e-7)))  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)
 
 
@@ -124,6 +128,7 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     (seed-averaged) for paired comparisons."""
     out = []
     cases = [(kind, k, passes) for k in COUNTS for kind in DESIGNS for passes in ("removal", "knockout")]
+    cases += [("hadamard", k, "removal-logit") for k in COUNTS]
     cases.append(("reference", REFERENCE, "removal"))
     for kind, k, passes in cases:
         per_question, tokens = [], []
