@@ -24,7 +24,7 @@ import numpy as np
 from ..methods.surrogate import design, fit
 from ..result.ranks import spearman
 from .intervals import paired_t
-from .lds import MASKS, ablation_masks
+from .lds import MASKS, ablation_masks, logit, sentence_keep
 
 EXHAUSTIVE = 8  # sentences up to which the pool holds all 2^S masks (256)
 DESIGNS = ("random", "pairs", "loo_pairs", "hadamard")
@@ -70,12 +70,7 @@ def collect_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[s
     answered = answer_row(bundle, row, ["random"], max_new_tokens)
     attr, n, ctx = answered.attr, answered.attr.num_prompt_tokens, answered.sentences
     masks, evaluation = pool_masks(len(ctx), row["id"])
-    keep = np.ones((len(masks), n), dtype=bool)
-    for r, bits in enumerate(masks):
-        for u, positions in enumerate(ctx):
-            if bits[u] == "0":
-                keep[r, positions] = False
-    keep[:, n - 1] = True
+    keep = sentence_keep(np.array([[c == "1" for c in m] for m in masks], dtype=bool), ctx, n)
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[: answered.k], device=bundle.device)
     keep_t = torch.as_tensor(keep, device=bundle.device)
     reread = max(max(s) for s in ctx) + 1  # the first position after the context
@@ -98,10 +93,6 @@ def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[floa
     return whole, (float(np.mean(tokens)) if tokens else None)
 
 
-def _logit(whole: np.ndarray) -> np.ndarray:
-    return whole - np.log(-np.expm1(np.minimum(whole, -1e-7)))
-
-
 def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
     """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout", or "removal-logit": the
     fit's target is each token's logit probability, as ContextCite's; kind "reference" is ContextCite's least squares
@@ -114,12 +105,12 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
         masks = design(s, k, "random", seed)
         y = y_all[[index[_bits(m)] for m in masks]].sum(axis=1)
         a = np.concatenate([np.ones((len(masks), 1)), masks.astype(float)], axis=1)
-        coef = np.linalg.lstsq(a, _logit(y), rcond=None)[0]
+        coef = np.linalg.lstsq(a, logit(y), rcond=None)[0]
         return _lds(coef[None, 1:], evaluation, measured)
     masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
     y = y_all[[index[_bits(m)] for m in masks]]
     if passes.endswith("-logit"):
-        y = y - np.log(-np.expm1(np.minimum(y, -1e-7)))  # each token's logit p
+        y = logit(y)  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)
 
 

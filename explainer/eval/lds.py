@@ -73,6 +73,22 @@ def spread(scores: Sequence[float], sources: Sequence[Sequence[int]], n: int) ->
     return out
 
 
+def logit(logp: np.ndarray) -> np.ndarray:
+    """logit p = log p - log(1 - p) of log-probabilities (ContextCite's target), elementwise; float64."""
+    lp = np.asarray(logp, dtype=np.float64)
+    return lp - np.log(-np.expm1(np.minimum(lp, -1e-7)))
+
+
+def sentence_keep(masks: np.ndarray, sentences: Sequence[Sequence[int]], n: int) -> np.ndarray:
+    """(M, N) token keep-rows of (M, S) sentence keep-masks over an N-token prompt (the last prompt token always stays:
+    it predicts the answer's first one)."""
+    keep = np.ones((len(masks), n), dtype=bool)
+    for s, positions in enumerate(sentences):
+        keep[np.ix_(~np.asarray(masks, dtype=bool)[:, s], list(positions))] = False
+    keep[:, n - 1] = True
+    return keep
+
+
 def centred(raw: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     """Zero-mean scores: each step's row minus its mean over `positions` (finite scores only); (K, N) float64."""
     r = np.atleast_2d(np.asarray(raw, dtype=np.float64))  # (K, N)

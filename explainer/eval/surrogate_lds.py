@@ -32,7 +32,7 @@ from ..methods.surrogate import cross_validated, design, fit, spread
 from ..result.ranks import spearman
 from .ablate import response_logprobs
 from .haystack import method_label
-from .lds import MASKS, ablation_masks, lds, lds_per_token, predictions, source_scores
+from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep, source_scores
 from .lds_eval import answer_row
 
 
@@ -52,15 +52,6 @@ def _mean(values) -> float | None:
     return float(np.mean(known)) if known else None
 
 
-def _sentence_keep(masks: np.ndarray, sentences: list[list[int]], n: int) -> np.ndarray:
-    """(M, N) token keep-rows of (M, S) sentence masks (the last prompt token always stays)."""
-    keep = np.ones((len(masks), n), dtype=bool)
-    for s, positions in enumerate(sentences):
-        keep[np.ix_(~masks[:, s], positions)] = False
-    keep[:, n - 1] = True
-    return keep
-
-
 class _Pool:
     """Distinct token keep-rows of one pass kind, each measured once."""
 
@@ -78,11 +69,6 @@ class _Pool:
         return out
 
 
-def _whole_logit(logp: np.ndarray) -> np.ndarray:
-    whole = logp.sum(axis=1)
-    return whole - np.log(-np.expm1(np.minimum(whole, -1e-7)))  # logit p = log p - log(1 - p)
-
-
 def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, Any]:
     """One row's entries (JSON-able, the `lds` command's row layout)."""
     t0 = time.perf_counter()
@@ -92,9 +78,9 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
     crc = zlib.crc32(str(row["id"]).encode("utf-8"))
     evaluation = ablation_masks(len(sentences), MASKS, 0.5, [cfg.seed, crc])  # (M, S) the `lds` command's
     removal, knockout = _Pool(n), _Pool(n)
-    eval_rows = removal.add(_sentence_keep(evaluation, sentences, n))
+    eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
     reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
-    reference_rows = removal.add(_sentence_keep(reference, sentences, n))
+    reference_rows = removal.add(sentence_keep(reference, sentences, n))
     options = SourcesConfig(**cfg.options)
     groups = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
     plans = []
@@ -129,7 +115,7 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
                        "cross_validated_spearman": spearman(y.sum(axis=1), checked)}  # fmt: skip
     if cfg.reference:
         a = np.concatenate([np.ones((len(reference), 1)), reference.astype(float)], axis=1)
-        coef = np.linalg.lstsq(a, _whole_logit(logp[id(removal)][reference_rows]), rcond=None)[0]
+        coef = np.linalg.lstsq(a, logit(logp[id(removal)][reference_rows].sum(axis=1)), rcond=None)[0]
         methods[f"least-squares:masks={cfg.reference}"] = {"lds": lds(measured.sum(axis=1), evaluation @ coef[1:])}
     return {
         "id": row["id"], "answer": attr.generated_text, "dtype": attr.meta.get("dtype"), "n_prompt_tokens": n,
