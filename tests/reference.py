@@ -153,3 +153,20 @@ def removal_reference(model, prompt, gen, keep, max_new_tokens, eos):
         if tokens[-1] in eos:
             break
     return float(target.mean()), float(torch.exp(ce.mean())), tokens
+
+
+def reference_knockout_logprobs(
+    model, ids: list[int], response: list[int], removed: set[int], start: int
+) -> list[float]:
+    """(K,) log p of each response token from one forward with a full 4-D mask: causal, and every query from `start`
+    on blind to the `removed` positions (the queries before `start` see every earlier token)."""
+    seq = torch.tensor([ids + response[:-1]])
+    t = seq.shape[1]
+    allowed = torch.ones(t, t, dtype=torch.bool).tril()
+    for q in range(start, t):
+        allowed[q, sorted(removed)] = False
+    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
+    with torch.no_grad():
+        logits = model(input_ids=seq, attention_mask=mask).logits[0].float()  # (T, V)
+    logp = torch.log_softmax(logits, dim=-1)
+    return [float(logp[len(ids) - 1 + k, tok]) for k, tok in enumerate(response)]

@@ -22,9 +22,8 @@ from typing import Any
 import numpy as np
 
 from ..methods.surrogate import design, fit
-from ..result.ranks import spearman
 from .intervals import paired_t
-from .lds import MASKS, ablation_masks, logit, sentence_keep
+from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
 
 EXHAUSTIVE = 8  # sentences up to which the pool holds all 2^S masks (256)
 DESIGNS = ("random", "pairs", "loo_pairs", "hadamard")
@@ -87,9 +86,12 @@ def collect_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[s
 
 
 def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[float | None, float | None]:
-    """Whole-answer and mean per-token LDS of (K, S) weights on masks (M, S) against measured logp (M, K)."""
-    whole = spearman(logp.sum(axis=1), masks @ weights.sum(axis=0))
-    tokens = [v for v in (spearman(logp[:, j], masks @ weights[j]) for j in range(len(weights))) if v is not None]
+    """Whole-answer and mean per-token LDS of (K, S) weights on masks (M, S) against measured logp (M, K), as the
+    `surrogate` command scores the method; no per-token LDS for a whole-answer fit (one row of weights)."""
+    whole = lds(logp.sum(axis=1), predictions(masks, weights.sum(axis=0)))
+    if len(weights) != logp.shape[1]:
+        return whole, None
+    tokens = [v for v in lds_per_token(logp, predictions(masks, weights)) if v is not None]
     return whole, (float(np.mean(tokens)) if tokens else None)
 
 

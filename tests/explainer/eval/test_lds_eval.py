@@ -27,6 +27,7 @@ from explainer.result.segments import sentence_groups
 from explainer.result.steps import last_content_step
 
 from ...conftest import build_model
+from ...reference import reference_knockout_logprobs
 
 SHARED_DEV = Path(__file__).resolve().parents[4] / "shared" / "data" / "squad2-dev-350.json"
 CONTEXT = (
@@ -61,21 +62,6 @@ def test_removal_runs_equal_a_solo_forward_of_the_shortened_prompt(kind):
         response_logprobs(model, prompt, response, ~keep[:1])
 
 
-def knockout_logprobs(model, ids: list[int], response: list[int], removed: set[int], start: int) -> np.ndarray:
-    """(K,) log p of each response token from one forward with a full 4-D mask: causal, and every query from `start`
-    on blind to the `removed` positions (the queries before `start` see every earlier token)."""
-    seq = torch.tensor([ids + response[:-1]])
-    t = seq.shape[1]
-    allowed = torch.ones(t, t, dtype=torch.bool).tril()
-    for q in range(start, t):
-        allowed[q, sorted(removed)] = False
-    mask = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-    with torch.no_grad():
-        logits = model(input_ids=seq, attention_mask=mask).logits[0].float()  # (T, V)
-    logp = torch.log_softmax(logits, dim=-1)
-    return np.array([float(logp[len(ids) - 1 + k, tok]) for k, tok in enumerate(response)])
-
-
 def test_knockout_runs_equal_one_forward_with_the_blinding_mask():
     model = build_model("llama")
     g = torch.Generator().manual_seed(1)
@@ -87,7 +73,7 @@ def test_knockout_runs_equal_one_forward_with_the_blinding_mask():
     got = response_logprobs(model, prompt, response, keep, batch_size=4, reread_from=32)
     for i in range(9):
         removed = set(torch.where(~keep[i])[0].tolist())
-        want = knockout_logprobs(model, prompt.tolist(), response.tolist(), removed, 32)
+        want = reference_knockout_logprobs(model, prompt.tolist(), response.tolist(), removed, 32)
         np.testing.assert_allclose(got[i], want, atol=2e-4)
     assert not np.allclose(got[1], got[0])  # the knockout changes what the re-read positions see
     with pytest.raises(ValueError, match="reread_from"):

@@ -19,6 +19,7 @@ from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
 from explainer.runtime.session import CancelToken, hold, model_lock
 
 from ...conftest import BUILDERS, build_model
+from ...reference import reference_knockout_logprobs
 from .test_atman import greedy_sequences
 
 PROMPT = (
@@ -231,14 +232,7 @@ def test_knockout_passes_recompute_only_what_follows_the_passages(run):
     keep = np.array(meta["masks"]["keep"], dtype=bool)
     for mask, got in zip(keep, meta["masks"]["log_p"]):
         removed = {p for u, (a, b) in enumerate(spans) if not mask[u] for p in range(a, b) if p != n - 1}
-        t = n + K - 1
-        allowed = torch.ones(t, t, dtype=torch.bool).tril()
-        for q in range(reread, t):
-            allowed[q, sorted(removed)] = False
-        bias = torch.zeros(1, 1, t, t).masked_fill(~allowed, torch.finfo(torch.float32).min)
-        with torch.no_grad():
-            logits = r.model(input_ids=ids[None, :t], attention_mask=bias).logits[0].double()  # (T, V)
-        want = [float(torch.log_softmax(logits[n - 1 + j], -1)[ids[n + j]]) for j in range(K)]
+        want = reference_knockout_logprobs(r.model, ids[:n].tolist(), ids[n : n + K].tolist(), removed, reread)
         np.testing.assert_allclose(got, want, atol=2e-4)
     assert meta["passes"] == "knockout"
     assert meta["forward_positions"] == (n + K - 1) * len(keep) - reread * (len(keep) - 1)
