@@ -9,7 +9,8 @@ prompt, then `design` over its units) are measured, and it is fitted as the meth
 same masks, passes and fit as `get_method("sources", ablations=k, passes=..., **options)` on the same answer (a test
 checks it). Masks that several variants share are run once, so a row costs the distinct masks, not their sum. The
 entry "sources:...:ablations=k[:passes=knockout]" holds the whole-answer and per-token LDS of the fitted weights over
-the context's sentences, and "fits" the fit's cross-validated Spearman.
+the context's sentences, raw and centred as `lds` centres a map (each step's token scores minus their mean over the
+context tokens), and "fits" the fit's cross-validated Spearman.
 
 `paragraphs` > 1: long contexts instead (`datasets.haystack_rows`: the row's paragraph among others, as the
 haystack test builds them). `reference` M adds ContextCite's surrogate as its paper defines it, without its package:
@@ -32,7 +33,17 @@ from ..methods.surrogate import cross_validated, design, fit, spread
 from ..result.ranks import spearman
 from .ablate import response_logprobs
 from .haystack import method_label
-from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep, source_scores
+from .lds import (
+    MASKS,
+    ablation_masks,
+    centred,
+    lds,
+    lds_per_token,
+    logit,
+    predictions,
+    sentence_keep,
+    source_scores,
+)
 from .lds_eval import answer_row
 
 
@@ -106,9 +117,12 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
         weights, _, penalty = fit(masks, y)  # (K, U)
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N) the method's map
         scores = source_scores(raw, sentences)  # (K, S)
+        zero_mean = source_scores(centred(raw, answered.positions), sentences)  # (K, S) as `lds` centres a map
         methods[label] = {
             "lds": lds(measured.sum(axis=1), predictions(evaluation, scores.sum(axis=0))),
             "lds_token": _mean(lds_per_token(measured, predictions(evaluation, scores))),
+            "lds_centred": lds(measured.sum(axis=1), predictions(evaluation, zero_mean.sum(axis=0))),
+            "lds_token_centred": _mean(lds_per_token(measured, predictions(evaluation, zero_mean))),
         }
         checked = cross_validated(masks, y, penalty).sum(axis=1)  # each mask predicted by the fit on the others
         fits[label] = {"ridge": penalty, "units": len(groups), "masks": len(masks),

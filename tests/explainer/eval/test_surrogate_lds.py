@@ -38,6 +38,11 @@ def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
         label = f"sources:design=hadamard:ablations={count}" + (":passes=knockout" if passes == "knockout" else "")
         want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))
         assert got["methods"][label]["lds"] == pytest.approx(want, abs=1e-9)
+        zero_mean = np.array(raw, dtype=np.float64)  # each step minus its mean over the context's tokens, by hand
+        for step in range(len(zero_mean)):
+            zero_mean[step] -= sum(float(raw[step][p]) for p in answered.positions) / len(answered.positions)
+        want = lds(measured.sum(axis=1), predictions(masks, source_scores(zero_mean, sentences).sum(axis=0)))
+        assert got["methods"][label]["lds_centred"] == pytest.approx(want, abs=1e-9)
     assert set(got["methods"]) >= {"least-squares:masks=6"} and got["n_sentences"] == len(sentences) == 4
     assert got["passes_run"]["removal"] < 1 + 32 + 6 + 3 + 5  # shared masks ran once
 
