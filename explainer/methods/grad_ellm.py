@@ -17,9 +17,9 @@ and the map is the sum of H over the L layers (section 3.3, "aggregate over the 
 decomposes the logit into per-layer terms). The paper's final normalisation is left to consumers: the result type
 z-scores each row and pi-Soft min-max normalises it, both invariant to it. Raw scores are in logit units.
 
-`layers` (L) is searched per dataset in the paper's Appendix I over {1, 4, 8, 16, 32}; the default 1 is the map of
-Appendix B ("using the last layer value v as the feature map", as in Grad-ECLIP). L larger than the model's depth
-means every layer.
+`layers` (L) is searched per dataset in the paper's Appendix I over {1, 4, 8, 16, 32}; the default 8 is that search's
+pick on our SQuAD rows for the embedded model, and L = 1 is the map of Appendix B ("using the last layer value v as
+the feature map", as in Grad-ECLIP). L larger than the model's depth means every layer.
 
 The gradients need the graph from the first selected layer's attention output up to the logits only: that output
 is made a leaf that requires grad (parameters are frozen), so the layers below it run without autograd. One forward
