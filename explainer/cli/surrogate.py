@@ -37,15 +37,20 @@ def _passes(text: str) -> tuple[str, ...]:
     return passes
 
 
-def cmd_surrogate(args: argparse.Namespace) -> int:
-    options = parse_methods("sources" + (":" + args.options if args.options else ""))[1].get("sources", {})
+def _options(text: str) -> dict:
+    options = parse_methods("sources" + (":" + text if text else ""))[1].get("sources", {})
     for key in ("ablations", "passes", "fit"):
         if key in options:
             raise InputError(f"--options sets {key!r}: give --counts and --passes instead (the fit is the surrogate).")
     SourcesConfig(**options)  # a bad option fails here, before the model loads
-    cfg = SurrogateLdsConfig(counts=_counts(args.counts), options=options, passes=_passes(args.passes),
-                             reference=args.reference, seed=args.seed, max_new_tokens=args.max_new_tokens,
-                             command=args.command_line)  # fmt: skip
+    return options
+
+
+def cmd_surrogate(args: argparse.Namespace) -> int:
+    sets = [_options(text) for text in (args.options or [""])]
+    cfg = SurrogateLdsConfig(counts=_counts(args.counts), options=sets[0], more_options=tuple(sets[1:]),
+                             passes=_passes(args.passes), reference=args.reference, seed=args.seed,
+                             max_new_tokens=args.max_new_tokens, command=args.command_line)  # fmt: skip
     if args.results and not Path(args.results).resolve().parent.is_dir():
         raise InputError(f"Cannot write {args.results!r}: its folder does not exist.")
     rows = chosen_rows(args)
@@ -71,7 +76,8 @@ def add_surrogate_parser(sub) -> None:
     p.add_argument("--offset", type=int, default=0)
     p.add_argument("--counts", default="8,16,32,64", help="ablation counts k, each fitted on its own design")
     p.add_argument("--passes", default="removal", help=f"pass kinds, comma-separated: {', '.join(PASSES)}")
-    p.add_argument("--options", default="", help="Sources' other options as on the command line: context=Context")
+    p.add_argument("--options", action="append", help="Sources' other options as on the command line: context=Context; "
+                   "repeat it for more variants on the same passes (e.g. regulariser=lasso)")
     p.add_argument("--paragraphs", type=int, default=0, help="long contexts: this many paragraphs joined (0: none)")
     p.add_argument("--reference", type=int, default=0, help="masks of a least-squares ContextCite fit (0: none)")
     p.add_argument("--seed", type=int, default=0, help="seed of the `lds` masks (with each row's id)")

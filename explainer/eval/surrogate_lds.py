@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..methods.sources import SourcesConfig, keep_rows, passages, reread_from
-from ..methods.surrogate import cross_validated, design, fit, spread
+from ..methods.surrogate import design, spread, surrogate_fit
 from ..result.ranks import spearman
 from .ablate import response_logprobs
 from .haystack import method_label
@@ -51,6 +51,7 @@ from .lds_eval import answer_row
 class SurrogateLdsConfig:
     counts: tuple[int, ...] = (8, 16, 32, 64)
     options: dict[str, Any] = field(default_factory=dict)  # Sources' options besides `ablations` and `passes`
+    more_options: tuple[dict[str, Any], ...] = ()  # further sets of them, each a variant on the same passages
     passes: tuple[str, ...] = ("removal",)
     reference: int = 0  # random masks of a least-squares ContextCite fit (0: none)
     seed: int = 0  # the `lds` command's seed of its masks
@@ -92,17 +93,21 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
     eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
     reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
     reference_rows = removal.add(sentence_keep(reference, sentences, n))
-    options = SourcesConfig(**cfg.options)
-    groups = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
-    plans = []
-    for passes in cfg.passes:
-        pool = knockout if passes == "knockout" else removal
-        for count in cfg.counts:
-            masks = np.concatenate([np.ones((1, len(groups)), dtype=bool),
-                                    design(len(groups), count, options.design, options.seed)])  # fmt: skip
-            label = method_label("sources", {**cfg.options, "ablations": count,
-                                             **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
-            plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n))))
+    groups, plans = None, []
+    for given in (cfg.options, *cfg.more_options):
+        options = SourcesConfig(**given)
+        mine = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
+        if groups is not None and [(g.start, g.stop) for g in mine] != [(g.start, g.stop) for g in groups]:
+            raise ValueError("every set of options must cut the same passages (the same `context` and `unit`)")
+        groups = mine
+        for passes in cfg.passes:
+            pool = knockout if passes == "knockout" else removal
+            for count in cfg.counts:
+                masks = np.concatenate([np.ones((1, len(groups)), dtype=bool),
+                                        design(len(groups), count, options.design, options.seed)])  # fmt: skip
+                label = method_label("sources", {**given, "ablations": count,
+                                                 **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
+                plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n)), options.regulariser))
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
     logp = {}
     for name, pool in (("removal", removal), ("knockout", knockout)):
@@ -112,10 +117,10 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
             logp[id(pool)] = response_logprobs(bundle.model, ids[:n], ids[n:], keep, reread_from=reread)  # (R, K)
     measured = logp[id(removal)][eval_rows]  # (M, K)
     methods, fits = {}, {}
-    for label, masks, pool, rows in plans:
+    for label, masks, pool, rows, regulariser in plans:
         y = logp[id(pool)][rows]  # (R, K)
-        weights, _, penalty = fit(masks, y)  # (K, U)
-        raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N) the method's map
+        surrogate = surrogate_fit(masks, y, regulariser)
+        raw = spread(surrogate.weights, [(g.start, g.stop) for g in groups], n)  # (K, N) the method's map
         scores = source_scores(raw, sentences)  # (K, S)
         zero_mean = source_scores(centred(raw, answered.positions), sentences)  # (K, S) as `lds` centres a map
         methods[label] = {
@@ -124,9 +129,9 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
             "lds_centred": lds(measured.sum(axis=1), predictions(evaluation, zero_mean.sum(axis=0))),
             "lds_token_centred": _mean(lds_per_token(measured, predictions(evaluation, zero_mean))),
         }
-        checked = cross_validated(masks, y, penalty).sum(axis=1)  # each mask predicted by the fit on the others
-        fits[label] = {"ridge": penalty, "units": len(groups), "masks": len(masks),
-                       "cross_validated_spearman": spearman(y.sum(axis=1), checked)}  # fmt: skip
+        fits[label] = {"regulariser": regulariser, "penalty": surrogate.penalty, "units": len(groups),
+                       "masks": len(masks),
+                       "cross_validated_spearman": spearman(y.sum(axis=1), surrogate.checked.sum(axis=1))}  # fmt: skip
     if cfg.reference:
         a = np.concatenate([np.ones((len(reference), 1)), reference.astype(float)], axis=1)
         coef = np.linalg.lstsq(a, logit(logp[id(removal)][reference_rows].sum(axis=1)), rcond=None)[0]

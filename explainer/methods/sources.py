@@ -7,7 +7,8 @@ units (paragraphs, sentences or words of the user's text, `explainer/segments.py
 from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
-an orthogonal design of masks, its penalty by leave-one-out error, shared by every token).
+an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; or, `regulariser=lasso`,
+ContextCite's Lasso, each token's penalty by cross-validation, for units that outnumber the masks).
 With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
 question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
@@ -67,7 +68,7 @@ from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
-from .surrogate import DESIGNS, cross_validated, design, fit, spread
+from .surrogate import DESIGNS, REGULARISERS, design, spread, surrogate_fit
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
@@ -84,6 +85,8 @@ class SourcesConfig:
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
     check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
     design: str = field(default="hadamard", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
+    regulariser: str = field(default="ridge", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense), or
+    # "lasso" (ContextCite's: sparse weights, for units that outnumber the masks)
     context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
     # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks
@@ -113,6 +116,8 @@ class SourcesConfig:
             raise ValueError(f"passes must be one of {', '.join(PASSES)}, got {self.passes!r}")
         if self.design not in DESIGNS:
             raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {self.design!r}")
+        if self.regulariser not in REGULARISERS:
+            raise ValueError(f"regulariser must be one of {', '.join(REGULARISERS)}, got {self.regulariser!r}")
         if self.scope not in SCOPES:
             raise ValueError(f"scope must be one of {', '.join(SCOPES)}, got {self.scope!r}")
         if self.unit not in LEVELS:
@@ -251,14 +256,14 @@ class Sources(AttributionMethod):
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
         a = 1 + len(fitted)
-        weights, intercepts, penalty = fit(masks[:a], logp[:a])  # (K, U), (K,)
+        surrogate = surrogate_fit(masks[:a], logp[:a], cfg.regulariser)
+        weights, intercepts = surrogate.weights, surrogate.intercepts  # (K, U), (K,)
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
         whole = weights.sum(axis=0)  # (U,)
         quality = {
             "held_out_spearman": spearman(logp[a:].sum(axis=1), masks[a:] @ whole) if len(checks) > 1 else None,
-            "cross_validated_spearman": spearman(logp[:a].sum(axis=1),
-                                                 cross_validated(masks[:a], logp[:a], penalty).sum(axis=1)),
-        }  # fmt: skip
+            "cross_validated_spearman": spearman(logp[:a].sum(axis=1), surrogate.checked.sum(axis=1)),
+        }
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
         first = [int(np.argmin(row)) for row in masks if not row.all()]  # first removed unit of each ablation
@@ -266,7 +271,8 @@ class Sources(AttributionMethod):
         used = (n + k - 1) * (1 + len(first)) - sum(starts)  # the base pass, each suffix
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
-            "ablations": len(fitted), "checks": len(checks), "ridge": penalty, "passes": cfg.passes, **quality,
+            "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
+            "penalty": surrogate.penalty, "passes": cfg.passes, **quality,
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},
         }  # fmt: skip

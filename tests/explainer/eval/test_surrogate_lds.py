@@ -22,20 +22,24 @@ from .test_lds_eval import ROW
 def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
     bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
     cfg = SurrogateLdsConfig(counts=(3, 5), passes=("removal", "knockout"), options={"design": "hadamard"},
+                             more_options=({"design": "hadamard", "regulariser": "lasso"},),
                              max_new_tokens=4, reference=6)  # fmt: skip
     got = measure(bundle, ROW, cfg)
     answered = answer_row(bundle, ROW, ["random"], 4)
     attr, sentences, k = answered.attr, answered.sentences, answered.k
     masks = ablation_masks(len(sentences), 32, 0.5, [0, zlib.crc32(b"q1")])
     measured = None
-    for count in (3, 5):
-        method = get_method("sources", ablations=count, check=0, design="hadamard", passes=passes)
+    for count, regulariser in ((3, "ridge"), (5, "ridge"), (5, "lasso")):
+        method = get_method("sources", ablations=count, check=0, design="hadamard", passes=passes,
+                            regulariser=regulariser)  # fmt: skip
         run = GenerationRun(llama, answered_ids(attr), attr.num_prompt_tokens, prompt_tokens=attr.prompt_tokens,
                             user_positions=attr.user_positions)  # fmt: skip
         raw = method.explain(run)[:k]
         if measured is None:  # the evaluation masks' removal log-probabilities, from the `lds` command's own rows
             measured = evaluation_logprobs(bundle, attr, sentences, masks, k)
-        label = f"sources:design=hadamard:ablations={count}" + (":passes=knockout" if passes == "knockout" else "")
+        lasso = ":regulariser=lasso" if regulariser == "lasso" else ""
+        knockout = ":passes=knockout" if passes == "knockout" else ""
+        label = f"sources:design=hadamard{lasso}:ablations={count}{knockout}"
         want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))
         assert got["methods"][label]["lds"] == pytest.approx(want, abs=1e-9)
         zero_mean = np.array(raw, dtype=np.float64)  # each step minus its mean over the context's tokens, by hand

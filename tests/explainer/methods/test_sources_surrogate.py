@@ -14,7 +14,7 @@ from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
 from explainer.methods import GenerationRun
 from explainer.methods.sources import units
-from explainer.methods.surrogate import RIDGE_GRID, design
+from explainer.methods.surrogate import LASSO_GRID, RIDGE_GRID, design, lasso, lasso_fit, surrogate_fit
 from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
 from explainer.runtime.session import CancelToken, hold, model_lock
 
@@ -86,7 +86,7 @@ def test_the_fit_equals_solo_runs_and_an_explicit_ridge(run, kind, ablations):
     groups, logp, coef, penalty = _reference(r, masks, 1 + ablations)
     assert [tuple(u) for u in meta["masks"]["units"]] == [(g.start, g.stop) for g in groups] and len(groups) == 6
     np.testing.assert_allclose(meta["masks"]["log_p"], logp, atol=2e-4)  # batched over the cache == one by one
-    assert meta["ridge"] == penalty
+    assert meta["penalty"] == penalty and meta["regulariser"] == "ridge"
     spans = [list(range(g.start, g.stop)) for g in groups]
     np.testing.assert_allclose(source_scores(raw, spans), coef[1:].T, atol=2e-3)  # (K, U): per token, per unit
     np.testing.assert_allclose(meta["masks"]["intercepts"], coef[0], atol=2e-3)
@@ -236,3 +236,57 @@ def test_knockout_passes_recompute_only_what_follows_the_passages(run):
         np.testing.assert_allclose(got, want, atol=2e-4)
     assert meta["passes"] == "knockout"
     assert meta["forward_positions"] == (n + K - 1) * len(keep) - reread * (len(keep) - 1)
+
+
+def test_the_lasso_meets_its_optimality_conditions_and_soft_thresholds_an_orthogonal_design():
+    rng = np.random.default_rng(4)
+    x = design(24, 16, "random", 0).astype(float)  # more units than masks: a sparse fit's case
+    truth = np.zeros((24, 3))
+    truth[[3, 7, 11]] = [[2.0, 1.0, 0.4], [-1.5, -0.7, 0.0], [1.0, 0.5, 0.2]]
+    y = x @ truth + rng.normal(scale=0.05, size=(16, 3)) - 4.0
+    penalty = np.array([0.05, 0.02, 0.01])
+    w, b = lasso(x, y, penalty)
+    xc, r = x - x.mean(axis=0), y - b - x @ w  # (R, U), (R, K)
+    grad = xc.T @ r / len(x)  # (U, K): the subgradient conditions, checked unit by unit
+    for j in range(24):
+        for k in range(3):
+            if w[j, k] == 0:
+                assert abs(grad[j, k]) <= penalty[k] + 1e-6
+            else:
+                assert grad[j, k] == pytest.approx(penalty[k] * np.sign(w[j, k]), abs=1e-6)
+    np.testing.assert_allclose(r.mean(axis=0), 0.0, atol=1e-9)  # the intercept is unpenalised
+    h = design(6, 16, "hadamard", 0).astype(float)  # folded Hadamard: balanced, orthogonal columns (norm 16 / 4)
+    z = h @ np.array([[2.0], [-1.0], [0.05], [0.5], [-0.02], [0.0]]) + 3.0
+    ols = np.linalg.lstsq(np.c_[np.ones(16), h], z, rcond=None)[0][1:]
+    want = np.sign(ols) * np.maximum(np.abs(ols) - 0.1 * 16 / 4, 0.0)
+    np.testing.assert_allclose(lasso(h, z, np.array([0.1]))[0], want, atol=1e-9)
+
+
+def test_the_lasso_fit_recovers_a_sparse_answer_that_the_ridge_smears():
+    rng = np.random.default_rng(5)
+    x = np.concatenate([np.ones((1, 24), dtype=bool), design(24, 16, "random", 3)])
+    truth = np.zeros(24)
+    truth[[3, 7, 11]] = [2.0, -1.5, 1.0]
+    y = (x @ truth)[:, None] * np.array([[1.0, 0.5, 0.2]]) + rng.normal(scale=0.02, size=(17, 3))
+    lasso_error = np.abs(lasso_fit(x, y).weights.sum(axis=0) - 1.7 * truth).sum()
+    ridge_error = np.abs(surrogate_fit(x, y, "ridge").weights.sum(axis=0) - 1.7 * truth).sum()
+    assert lasso_error < 0.3 * ridge_error
+    got = surrogate_fit(x, y, "lasso")
+    assert got.checked.shape == y.shape and 0 <= got.penalty <= max(LASSO_GRID)
+    with pytest.raises(ValueError, match="regulariser"):
+        surrogate_fit(x, y, "elastic")
+    with pytest.raises(InputError, match="regulariser must be one of ridge, lasso"):
+        get_method("sources", regulariser="l0")
+
+
+def test_a_lasso_surrogate_is_the_lasso_of_solo_runs(run):
+    r = run["llama"]
+    method = get_method("sources", ablations=5, check=0, regulariser="lasso")
+    raw = method.explain(r)
+    meta = method.meta()
+    masks = np.array(meta["masks"]["keep"], dtype=bool)
+    groups, logp, _, _ = _reference(r, masks, len(masks))
+    want = lasso_fit(masks, logp)  # the same rows, measured one by one
+    spans = [list(range(g.start, g.stop)) for g in groups]
+    np.testing.assert_allclose(source_scores(raw, spans), want.weights, atol=2e-3)
+    assert meta["regulariser"] == "lasso" and meta["penalty"] == want.penalty
