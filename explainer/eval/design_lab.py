@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import design, fit
+from ..methods.surrogate import design, fit, lasso_fit
 from .intervals import paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
 
@@ -40,7 +40,6 @@ PAIRS = (  # (design, k, passes) compared per question
     (("hadamard", 8, "removal-lasso"), ("hadamard", 8, "removal")),
     (("hadamard", 16, "removal-lasso"), ("hadamard", 16, "removal")),
 )
-LASSO_GRID = (0.0, 3e-3, 1e-2, 3e-2, 0.1, 0.3)  # L1 penalties tried (per row, on the log-probability's scale)
 
 
 def _bits(mask) -> str:
@@ -98,40 +97,11 @@ def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[floa
     return whole, (float(np.mean(tokens)) if tokens else None)
 
 
-def lasso(x: np.ndarray, y: np.ndarray, penalty: float, sweeps: int = 200) -> tuple[np.ndarray, float]:
-    """Lasso with an unpenalised intercept by cyclic coordinate descent: min (1/2R)|y - b - x w|^2 + penalty |w|_1.
-    x (R, U) float, y (R,). Returns w (U,) and b."""
-    xc, yc = x - x.mean(axis=0), y - y.mean()
-    w, norms, residual = np.zeros(x.shape[1]), np.maximum((xc**2).sum(axis=0), 1e-12), yc.copy()
-    for _ in range(sweeps):
-        for j in range(x.shape[1]):
-            residual += xc[:, j] * w[j]
-            rho = xc[:, j] @ residual
-            w[j] = np.sign(rho) * max(abs(rho) - penalty * len(y), 0.0) / norms[j]
-            residual -= xc[:, j] * w[j]
-    return w, float(y.mean() - x.mean(axis=0) @ w)
-
-
-def lasso_fit(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """ContextCite's regulariser on the whole answer: the Lasso whose penalty (`LASSO_GRID`) has the least
-    leave-one-out squared error. masks (R, U) bool, y (R,). Returns w (U,)."""
-    x, best = masks.astype(float), None
-    for penalty in LASSO_GRID:
-        error = 0.0
-        for i in range(len(x)):
-            rest = np.arange(len(x)) != i
-            w, b = lasso(x[rest], y[rest], penalty, sweeps=60)
-            error += float((y[i] - b - x[i] @ w) ** 2)
-        if best is None or error < best[0] - 1e-12:
-            best = (error, penalty)
-    return lasso(x, y, best[1])[0]
-
-
 def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
     """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout", or "removal-logit": the
-    fit's target is each token's logit probability, as ContextCite's, or "removal-lasso": a Lasso on the whole
-    answer's log-probability, ContextCite's regulariser (no per-token maps); kind "reference" is ContextCite's least
-    squares on the logit of the whole answer's probability, on `k` random masks)."""
+    fit's target is each token's logit probability, as ContextCite's, or "removal-lasso": the method's Lasso
+    (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no per-token maps); kind
+    "reference" is ContextCite's least squares on the logit of the whole answer's probability, on `k` random masks."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
     evaluation = np.array([[c == "1" for c in r["masks"][i]] for i in r["evaluation"]], dtype=float)
     measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
@@ -145,7 +115,7 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
     y = y_all[[index[_bits(m)] for m in masks]]
     if passes.endswith("-lasso"):
-        return _lds(lasso_fit(masks, y.sum(axis=1))[None, :], evaluation, measured)
+        return _lds(lasso_fit(masks, y.sum(axis=1, keepdims=True)).weights, evaluation, measured)
     if passes.endswith("-logit"):
         y = logit(y)  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)

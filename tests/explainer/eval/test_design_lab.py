@@ -41,18 +41,6 @@ def test_a_linear_answer_is_ranked_exactly_and_an_interaction_separates_the_desi
     assert n == 1 and mean == folded - mean_lds["random"]
 
 
-def test_the_lasso_is_least_squares_unpenalised_and_soft_thresholds_an_orthogonal_design():
-    x = design_lab.design(6, 16, "hadamard", 0).astype(float)  # folded Hadamard: balanced, orthogonal columns
-    y = x @ np.array([2.0, -1.0, 0.05, 0.5, -0.02, 0.0]) + np.random.default_rng(1).normal(scale=0.01, size=16) + 3.0
-    ols = np.linalg.lstsq(np.c_[np.ones(16), x], y, rcond=None)[0]
-    w, b = design_lab.lasso(x, y, 0.0)
-    np.testing.assert_allclose(np.r_[b, w], ols, atol=1e-9)
-    penalty = 0.1  # each column's centred squared norm is 16/4: the Lasso shrinks each OLS effect by penalty * 16 / 4
-    want = np.sign(ols[1:]) * np.maximum(np.abs(ols[1:]) - penalty * 16 / (16 / 4), 0.0)
-    np.testing.assert_allclose(design_lab.lasso(x, y, penalty)[0], want, atol=1e-9)
-    assert (design_lab.lasso_fit(x > 0.5, y) != 0).sum() >= 3  # the large effects survive the chosen penalty
-
-
 def test_the_lasso_case_fits_the_whole_answer_only():
     whole, token = design_lab.score_row(_row(6, 0.0), "hadamard", 16, "removal-lasso", 0)
     assert whole > 0.99 and token is None

@@ -251,9 +251,9 @@ def test_the_lasso_meets_its_optimality_conditions_and_soft_thresholds_an_orthog
     for j in range(24):
         for k in range(3):
             if w[j, k] == 0:
-                assert abs(grad[j, k]) <= penalty[k] + 1e-6
+                assert abs(grad[j, k]) <= penalty[k] + 2e-5  # the solver stops at 1e-4 of the targets' range
             else:
-                assert grad[j, k] == pytest.approx(penalty[k] * np.sign(w[j, k]), abs=1e-6)
+                assert grad[j, k] == pytest.approx(penalty[k] * np.sign(w[j, k]), abs=2e-5)
     np.testing.assert_allclose(r.mean(axis=0), 0.0, atol=1e-9)  # the intercept is unpenalised
     h = design(6, 16, "hadamard", 0).astype(float)  # folded Hadamard: balanced, orthogonal columns (norm 16 / 4)
     z = h @ np.array([[2.0], [-1.0], [0.05], [0.5], [-0.02], [0.0]]) + 3.0
