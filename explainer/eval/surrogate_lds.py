@@ -81,19 +81,10 @@ class _Pool:
         return out
 
 
-def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, Any]:
-    """One row's entries (JSON-able, the `lds` command's row layout)."""
-    t0 = time.perf_counter()
-    answered = answer_row(bundle, row, ["random"], cfg.max_new_tokens)  # the answer (Random costs nothing)
-    attr, sentences, k = answered.attr, answered.sentences, answered.k
-    n = attr.num_prompt_tokens
-    crc = zlib.crc32(str(row["id"]).encode("utf-8"))
-    evaluation = ablation_masks(len(sentences), MASKS, 0.5, [cfg.seed, crc])  # (M, S) the `lds` command's
-    removal, knockout = _Pool(n), _Pool(n)
-    eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
-    reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
-    reference_rows = removal.add(sentence_keep(reference, sentences, n))
-    groups, plans = None, []
+def _plans(attr, cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool) -> tuple[list, list[tuple]]:
+    """The passages, and each variant's (label, masks, pool, its rows in the pool, regulariser); every set of options
+    must cut the same passages."""
+    n, groups, plans = attr.num_prompt_tokens, None, []
     for given in (cfg.options, *cfg.more_options):
         options = SourcesConfig(**given)
         mine = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
@@ -108,6 +99,22 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
                 label = method_label("sources", {**given, "ablations": count,
                                                  **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
                 plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n)), options.regulariser))
+    return groups, plans
+
+
+def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, Any]:
+    """One row's entries (JSON-able, the `lds` command's row layout)."""
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, ["random"], cfg.max_new_tokens)  # the answer (Random costs nothing)
+    attr, sentences, k = answered.attr, answered.sentences, answered.k
+    n = attr.num_prompt_tokens
+    crc = zlib.crc32(str(row["id"]).encode("utf-8"))
+    evaluation = ablation_masks(len(sentences), MASKS, 0.5, [cfg.seed, crc])  # (M, S) the `lds` command's
+    removal, knockout = _Pool(n), _Pool(n)
+    eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
+    reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
+    reference_rows = removal.add(sentence_keep(reference, sentences, n))
+    groups, plans = _plans(attr, cfg, removal, knockout)
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
     logp = {}
     for name, pool in (("removal", removal), ("knockout", knockout)):
