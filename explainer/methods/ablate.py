@@ -9,11 +9,14 @@ response keep their ids, and the two differ only where a tokeniser would merge c
 How it is computed, equal to a solo forward of each shortened prompt up to float rounding (the tests check it):
 
 1. One pass over prompt + response gives the unperturbed log-probabilities and a KV cache of every position.
-2. A run recomputes only the positions from its first removed token on, reusing the cache before it (queries there
-   cannot see what comes later). In that batched forward the removed tokens are hidden from every query by the
-   attention mask and each kept token gets its position in the shortened prompt (`position_ids` = the kept tokens
-   before it): rotary embeddings see relative positions only and a hidden key weighs nothing, so every kept query
-   computes what it computes in the shortened sequence. Runs are sorted by their first removed token and batched.
+2. A run recomputes only the kept positions from its first removed token on, reusing the cache before it (queries
+   there cannot see what comes later): the removed tokens are dropped from its inputs, so a run that keeps half of
+   the prompt computes half of it, and each kept token gets its position in the shortened prompt (`position_ids` =
+   the kept tokens before it), so every kept query computes what it computes in the shortened sequence. Runs are
+   sorted by their first removed token and batched; rows of a batch are left-padded to its longest, the padding
+   hidden by the attention mask. A batch whose first removed token is the prompt's first and whose rows differ in
+   length (a padding query would see no key: there is no cache to reuse) keeps every position instead and hides the
+   removed tokens by the mask: the same values, more positions.
 3. Sliding-window layers measure their window in cache positions, which the hidden tokens still occupy; a model with
    such layers runs each shortened prompt on its own instead.
 
@@ -112,21 +115,45 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
     perturbed = [i for i in range(r) if first_all[i] < n]
     first = [first_all[i] for i in perturbed]
     tokens, most = batch_budget(model, seq.shape[0], k, batch_size, CPU_ROWS)
-    ones = torch.ones(1, k - 1, dtype=torch.bool, device=prompt.device)
+    kept_all = torch.cat([keep, torch.ones(r, k - 1, dtype=torch.bool, device=prompt.device)], dim=1)  # (R, T)
     groups = batches_by_first(first, seq.shape[0], most, tokens)
     for done, group in enumerate(groups, start=1):
         between_passes()
         rows = [perturbed[g] for g in group]
-        start, b = min(first[g] for g in group), len(rows)
-        kept = torch.cat([keep[rows], ones.expand(b, -1)], dim=1)  # (B, T)
-        positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T) place in the shortened sequence
-        if reread_from is not None:  # a knockout: every position stays where it was
-            positions = torch.arange(kept.shape[1], device=kept.device).expand(b, -1)
-        logits = model(
-            input_ids=seq[start:].expand(b, -1), attention_mask=kept.long(), position_ids=positions[:, start:],
-            past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,
-        ).logits  # fmt: skip
+        start = min(first[g] for g in group)
+        logits = _removal_pass(model, seq, kept_all[rows], start, base, k, reread_from is not None)
         out[rows] = _token_logprobs(logits, response)
         if progress is not None:
             progress(done / len(groups), f"Removal passes {done} of {len(groups)}")
     return out
+
+
+def _removal_pass(model: torch.nn.Module, seq: torch.Tensor, kept: torch.Tensor, start: int, base: DynamicCache,
+                  k: int, knockout: bool) -> torch.Tensor:  # fmt: skip
+    """(B, K, V) logits of one batched pass over positions `start` on of `seq` (T,) for rows `kept` (B, T), reusing
+    `base`'s cache before `start` (every row keeps those positions). A removal leaves the removed tokens out of its
+    inputs, the rows left-padded to the longest; a knockout, or a removal from position 0 whose rows would need
+    padding, keeps every position where it is and hides the removed ones by the attention mask (module docstring)."""
+    b, lengths = kept.shape[0], kept[:, start:].sum(dim=1)  # (B,) kept positions each row computes
+    if knockout or start == 0 and bool((lengths != lengths[0]).any()):  # padding would need a prefix to attend to
+        positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T) place in the shortened sequence
+        if knockout:  # every position stays where it was
+            positions = torch.arange(kept.shape[1], device=kept.device).expand(b, -1)
+        return model(
+            input_ids=seq[start:].expand(b, -1), attention_mask=kept.long(), position_ids=positions[:, start:],
+            past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,
+        ).logits  # fmt: skip
+    suffix = kept[:, start:]  # (B, L)
+    width = int(lengths.max())
+    rank = suffix.long().cumsum(dim=1) - 1  # (B, L) a kept token's index among the row's kept ones
+    slot = width - lengths[:, None] + rank  # (B, L) its place, right-aligned so the response ends every row
+    row = torch.arange(b, device=seq.device)[:, None].expand_as(suffix)
+    ids = torch.zeros(b, width, dtype=seq.dtype, device=seq.device)  # (B, W) padding: token 0, hidden
+    pos = torch.zeros(b, width, dtype=torch.long, device=seq.device)  # (B, W)
+    ids[row[suffix], slot[suffix]] = seq[start:].expand(b, -1)[suffix]
+    pos[row[suffix], slot[suffix]] = start + rank[suffix]  # its position in the shortened prompt
+    real = torch.arange(width, device=seq.device) >= width - lengths[:, None]  # (B, W)
+    return model(
+        input_ids=ids, attention_mask=torch.cat([kept.new_ones(b, start), real], dim=1).long(), position_ids=pos,
+        past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,
+    ).logits  # fmt: skip

@@ -201,14 +201,15 @@ class Sources(AttributionMethod):
         n, k, t = request.n, request.num_new_tokens, request.t
         if k <= 0 or n == 0:
             return Cost()
-        if config.fit == "surrogate":  # the unperturbed pass, then each mask's suffix from its first removed unit
+        if config.fit == "surrogate":  # the unperturbed pass, then each mask's kept tokens from its first removed unit
+            # (about half of the sequence: the first removed unit is near the start, and half of the rest is kept)
             runs = config.ablations + config.check
             if config.passes == "knockout":  # about the answer and a template's tail per mask, packed
                 tail = k + 8
                 rows = max(1, request.batch_tokens // tail)
                 return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * tail)
             rows = config.batch_size or request.batch_rows or CPU_ROWS
-            return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * (t - 1) * 3 // 4)
+            return Cost(forward_passes=1 + -(-runs // rows), forward_tokens=t - 1 + runs * (t - 1) // 2)
         per_unit = {"paragraph": 250, "sentence": 25, "word": 4}[config.unit]
         count = max(1, n // per_unit)
         if config.depth:
@@ -266,9 +267,7 @@ class Sources(AttributionMethod):
         }
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
-        first = [int(np.argmin(row)) for row in masks if not row.all()]  # first removed unit of each ablation
-        starts = [reread if reread is not None else groups[u].start for u in first]  # where each run recomputes
-        used = (n + k - 1) * (1 + len(first)) - sum(starts)  # the base pass, each suffix
+        used = _positions(keep.cpu().numpy(), n + k - 1, reread)
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
@@ -327,6 +326,19 @@ class Sources(AttributionMethod):
 
     def meta(self) -> dict:
         return {**super().meta(), **self._meta}
+
+
+def _positions(keep: np.ndarray, t: int, reread: int | None) -> int:
+    """Forward positions of the surrogate's passes over T = N + K - 1 positions, for token keep-rows (R, N): the base
+    pass, then each ablation's suffix: a knockout's from `reread`, a removal's kept tokens from its first removed one
+    (`ablate.py` leaves the others out; a batch that starts earlier or pads its rows computes a few more)."""
+    used = t
+    for row in keep:
+        if row.all():
+            continue
+        first = int(np.argmin(row))
+        used += t - reread if reread is not None else int(row[first:].sum()) + t - len(row)
+    return used
 
 
 def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int,

@@ -62,6 +62,26 @@ def test_removal_runs_equal_a_solo_forward_of_the_shortened_prompt(kind):
         response_logprobs(model, prompt, response, ~keep[:1])
 
 
+@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+def test_removal_runs_that_drop_their_removed_tokens_equal_a_solo_forward(attention):
+    """Rows removed from after a shared prefix leave their removed tokens out and are left-padded to the longest in
+    their batch: rows of very different lengths share a pass, and one row removes nothing but the last unit."""
+    model = build_model("llama")
+    model.set_attn_implementation(attention)
+    g = torch.Generator().manual_seed(2)
+    prompt, response = torch.randint(3, 300, (48,), generator=g), torch.randint(3, 300, (6,), generator=g)
+    keep = torch.rand(10, 48, generator=g) > 0.5
+    keep[:, :12], keep[:, -1] = True, True  # every removal starts at 12 or later: the dropped layout
+    keep[1, 12:] = True
+    keep[1, 40:44] = False  # a short removal late in the prompt beside long ones
+    keep[2, 12:40] = False  # most of the prompt removed
+    got = response_logprobs(model, prompt, response, keep, batch_size=5)
+    for i in range(10):
+        want = solo_logprobs(model, prompt[keep[i]].tolist(), response.tolist())
+        np.testing.assert_allclose(got[i], want, atol=2e-4)
+    assert not np.allclose(got[2], got[1], atol=1e-2)  # the removals change the answer's log-probabilities
+
+
 def test_knockout_runs_equal_one_forward_with_the_blinding_mask():
     model = build_model("llama")
     g = torch.Generator().manual_seed(1)

@@ -18,6 +18,10 @@ from explainer.models.loading import ModelBundle
 from .test_lds_eval import ROW
 
 
+RANKS = 2e-3  # the shared passes batch and pad the masks otherwise than a run alone: their log-probabilities agree to
+# float rounding (~1e-6), which can swap two nearly tied masks among the 32, moving a Spearman by ~4e-4 each
+
+
 @pytest.mark.parametrize("passes", ["removal", "knockout"])
 def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
     bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
@@ -41,12 +45,12 @@ def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
         knockout = ":passes=knockout" if passes == "knockout" else ""
         label = f"sources:design=hadamard{lasso}:ablations={count}{knockout}"
         want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))
-        assert got["methods"][label]["lds"] == pytest.approx(want, abs=1e-9)
+        assert got["methods"][label]["lds"] == pytest.approx(want, abs=RANKS)
         zero_mean = np.array(raw, dtype=np.float64)  # each step minus its mean over the context's tokens, by hand
         for step in range(len(zero_mean)):
             zero_mean[step] -= sum(float(raw[step][p]) for p in answered.positions) / len(answered.positions)
         want = lds(measured.sum(axis=1), predictions(masks, source_scores(zero_mean, sentences).sum(axis=0)))
-        assert got["methods"][label]["lds_centred"] == pytest.approx(want, abs=1e-9)
+        assert got["methods"][label]["lds_centred"] == pytest.approx(want, abs=RANKS)
     assert set(got["methods"]) >= {"least-squares:masks=6"} and got["n_sentences"] == len(sentences) == 4
     assert got["passes_run"]["removal"] < 1 + 32 + 6 + 3 + 5  # shared masks ran once
 

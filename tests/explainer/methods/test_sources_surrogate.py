@@ -238,6 +238,32 @@ def test_knockout_passes_recompute_only_what_follows_the_passages(run):
     assert meta["forward_positions"] == (n + K - 1) * len(keep) - reread * (len(keep) - 1)
 
 
+def test_removal_passes_compute_only_their_kept_tokens_and_count_them(run):
+    """Run alone (one row a pass), each removal computes the kept tokens from its first removed one, no more: what the
+    model's forwards ran (counted by a hook) is meta.forward_positions."""
+    r = run["llama"]
+    seen = []
+    handle = r.model.register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["input_ids"].numel()), with_kwargs=True
+    )
+    try:
+        method = get_method("sources", ablations=6, check=2, batch_size=1, context="Paris")
+        method.explain(r)
+    finally:
+        handle.remove()
+    meta = method.meta()
+    keep = np.array(meta["masks"]["keep"], dtype=bool)
+    n, t = r.num_prompt_tokens, r.num_prompt_tokens + K - 1
+    spans = meta["masks"]["units"]
+    runs = [m for m in keep if not m.all()]
+    assert seen[0] == t and len(seen) == 1 + len(runs)
+    want = t
+    for mask in runs:  # by hand: the prompt's kept positions from the first removed unit's start, then the answer's
+        removed = {p for u, (a, b) in enumerate(spans) if not mask[u] for p in range(a, b) if p != n - 1}
+        want += sum(1 for p in range(min(removed), n) if p not in removed) + K - 1
+    assert sum(seen) == meta["forward_positions"] == want < t * len(keep)
+
+
 def test_the_lasso_meets_its_optimality_conditions_and_soft_thresholds_an_orthogonal_design():
     rng = np.random.default_rng(4)
     x = design(24, 16, "random", 0).astype(float)  # more units than masks: a sparse fit's case
