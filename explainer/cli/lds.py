@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from ..errors import InputError
-from ..eval.datasets import SQUAD_V2_DEV, resolve_data, select_rows
+from ..eval.datasets import SQUAD_V2_DEV, haystack_rows, resolve_data, select_rows
 from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, paired_lines, run_lds, summarise
@@ -60,7 +60,8 @@ def cmd_lds(args: argparse.Namespace) -> int:
             f"This is rank {rank.rank} of {rank.world} processes: give --results PATH, to which each rank writes "
             "its own file (PATH with .rankR-of-W before the suffix); join them with --report PATH."
         )
-    rows = held_out(chosen_rows(args))
+    rows = chosen_rows(args)  # long contexts are built as `surrogate --paragraphs` builds them (the same rows, ids)
+    rows = haystack_rows(rows, args.paragraphs) if args.paragraphs > 1 else held_out(rows)
     if rank.world > 1:
         rows, args = rank_share(rows, argparse.Namespace(**{**vars(args), "json": None}), rank)
     if peers:
@@ -110,6 +111,8 @@ def add_lds_parser(sub) -> None:
     p.add_argument("--masks", type=int, default=MASKS, help="random ablation masks per row")
     p.add_argument("--seed", type=int, default=0, help="seed of the masks (with each row's id)")
     p.add_argument("--batch-size", type=int, default=0, help="most ablation runs per forward (0: from the device)")
+    p.add_argument("--paragraphs", type=int, default=0,
+                   help="long contexts: this many paragraphs joined, as `surrogate --paragraphs` (0: none)")
     model_options(p)
     p.add_argument("--results", help="JSON-lines file, one row per sample; a rerun skips the rows already in it")
     p.add_argument(

@@ -16,7 +16,7 @@ import torch
 from explainer.cli import main
 from explainer.errors import InputError
 from explainer.eval.ablate import response_logprobs
-from explainer.eval.datasets import question_key, select_rows
+from explainer.eval.datasets import haystack_rows, question_key, select_rows
 from explainer.eval.evaluate import context_positions, load_squad, qa_prompt
 from explainer.eval.lds import ablation_masks
 from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample
@@ -183,6 +183,21 @@ def test_lds_command_resumes_shards_and_reports(tiny_model_dir, tmp_path, capsys
     assert [[row["id"] for row in rows] for rows in ranks] == [["q0"], ["q1"]]  # one contiguous block per rank
     for row in ranks[0] + ranks[1]:
         assert row["methods"]["macs"] == pytest.approx(single[row["id"]]["methods"]["macs"])
+
+
+def test_lds_command_builds_the_long_contexts_that_the_surrogate_command_builds(tiny_model_dir, tmp_path):
+    rows = [{**ROW, "id": f"q{i}", "title": f"T{i}", "context": f"{ROW['context']} Row {i}."} for i in range(2)]
+    data = tmp_path / "squad.json"
+    data.write_text(json.dumps(rows))
+    args = ["lds", "--data", str(data), "--model", str(tiny_model_dir), "--methods", "random", "--masks", "4",
+            "--max-new-tokens", "2", "--device", "cpu"]  # fmt: skip
+    short, long = tmp_path / "short.jsonl", tmp_path / "long.jsonl"
+    assert main([*args, "--results", str(short)]) == 0
+    assert main([*args, "--paragraphs", "2", "--results", str(long)]) == 0
+    short_rows, long_rows = ([json.loads(x) for x in f.read_text().splitlines()] for f in (short, long))
+    assert [r["id"] for r in long_rows] == [r["id"] for r in haystack_rows(rows, 2)] == ["haystack:q0", "haystack:q1"]
+    assert [r["n_sentences"] for r in long_rows] == [2 * r["n_sentences"] for r in short_rows]  # both paragraphs
+    assert "--paragraphs 2" in long_rows[0]["command"]
 
 
 @pytest.mark.skipif(not SHARED_DEV.is_file(), reason=f"{SHARED_DEV} is absent (the shared SQuAD 2.0 dev sample)")
