@@ -252,7 +252,8 @@ class Sources(AttributionMethod):
         fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed)  # (A, U) True = kept
         checks = design(len(groups), cfg.check, "random", [cfg.seed, 1])  # (C, U)
         masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), fitted, checks])  # (R, U) row 0: all kept
-        keep = torch.as_tensor(keep_rows(masks, groups, n), device=run.input_ids.device)  # (R, N)
+        rows = keep_rows(masks, groups, n)  # (R, N)
+        keep = torch.as_tensor(rows, device=run.input_ids.device)
         ids = run.input_ids[0]  # (T,)
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
@@ -267,7 +268,7 @@ class Sources(AttributionMethod):
         }
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
-        used = _positions(keep.cpu().numpy(), n + k - 1, reread)
+        used = _positions(rows, n + k - 1, reread)
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
