@@ -17,7 +17,6 @@ from explainer.models.loading import ModelBundle
 
 from .test_lds_eval import ROW
 
-
 RANKS = 2e-3  # the shared passes batch and pad the masks otherwise than a run alone: their log-probabilities agree to
 # float rounding (~1e-6), which can swap two nearly tied masks among the 32, moving a Spearman by ~4e-4 each
 
