@@ -67,6 +67,20 @@ def _one_by_one(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Te
     return out
 
 
+def forward_positions(keep: np.ndarray, t: int, reread_from: int | None = None) -> int:
+    """The positions `response_logprobs` computes for prompt keep-rows (R, N) over T = N + K - 1 positions: the
+    unperturbed pass, then each perturbed row's kept tokens from its first removed one (a knockout: every position
+    from `reread_from`); a batch that starts before a row's first removed token, or pads its rows, computes a few
+    more."""
+    used = t
+    for row in keep:
+        if row.all():
+            continue
+        first = int(np.argmin(row))
+        used += t - reread_from if reread_from is not None else int(row[first:].sum()) + t - len(row)
+    return used
+
+
 def _recompute_from(keep: torch.Tensor, n: int, reread_from: int | None) -> list[int]:
     """(R,) where each run starts recomputing: its first removed token (removal) or `reread_from` (a knockout); N for
     a run that removes nothing (the unperturbed one)."""
@@ -136,9 +150,10 @@ def _removal_pass(model: torch.nn.Module, seq: torch.Tensor, kept: torch.Tensor,
     padding, keeps every position where it is and hides the removed ones by the attention mask (module docstring)."""
     b, lengths = kept.shape[0], kept[:, start:].sum(dim=1)  # (B,) kept positions each row computes
     if knockout or start == 0 and bool((lengths != lengths[0]).any()):  # padding would need a prefix to attend to
-        positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)  # (B, T) place in the shortened sequence
         if knockout:  # every position stays where it was
             positions = torch.arange(kept.shape[1], device=kept.device).expand(b, -1)
+        else:  # (B, T) place in the shortened sequence
+            positions = (kept.long().cumsum(dim=1) - 1).clamp(min=0)
         return model(
             input_ids=seq[start:].expand(b, -1), attention_mask=kept.long(), position_ids=positions[:, start:],
             past_key_values=prefix_cache(base, start, b), use_cache=True, logits_to_keep=k,

@@ -62,7 +62,7 @@ from ..result.segments import Group, paragraph_groups, sentence_groups, word_gro
 from ..runtime.kv import TOKENS_PER_BATCH
 from ..runtime.memory import MemoryRequest
 from ..runtime.session import hold
-from .ablate import CPU_ROWS, response_logprobs
+from .ablate import CPU_ROWS, forward_positions, response_logprobs
 from .answer_passes import PackedPasses
 from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
@@ -268,7 +268,7 @@ class Sources(AttributionMethod):
         }
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
-        used = _positions(rows, n + k - 1, reread)
+        used = forward_positions(rows, n + k - 1, reread)
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
@@ -327,19 +327,6 @@ class Sources(AttributionMethod):
 
     def meta(self) -> dict:
         return {**super().meta(), **self._meta}
-
-
-def _positions(keep: np.ndarray, t: int, reread: int | None) -> int:
-    """Forward positions of the surrogate's passes over T = N + K - 1 positions, for token keep-rows (R, N): the base
-    pass, then each ablation's suffix: a knockout's from `reread`, a removal's kept tokens from its first removed one
-    (`ablate.py` leaves the others out; a batch that starts earlier or pads its rows computes a few more)."""
-    used = t
-    for row in keep:
-        if row.all():
-            continue
-        first = int(np.argmin(row))
-        used += t - reread if reread is not None else int(row[first:].sum()) + t - len(row)
-    return used
 
 
 def _sources_meta(scored: list[tuple[Group, np.ndarray]], passes: int, used: int, sentences: int, t: int,

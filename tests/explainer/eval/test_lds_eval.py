@@ -65,7 +65,7 @@ def test_removal_runs_equal_a_solo_forward_of_the_shortened_prompt(kind):
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_removal_runs_that_drop_their_removed_tokens_equal_a_solo_forward(attention):
     """Rows removed from after a shared prefix leave their removed tokens out and are left-padded to the longest in
-    their batch: rows of very different lengths share a pass, and one row removes nothing but the last unit."""
+    their batch: rows of very different lengths share a pass (one removes 4 tokens late, one most of the prompt)."""
     model = build_model("llama")
     model.set_attn_implementation(attention)
     g = torch.Generator().manual_seed(2)
