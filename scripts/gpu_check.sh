@@ -33,10 +33,9 @@
 #   scripts/gpu_check.sh OUTDIR embedded       # the embedded-model tests (bf16 vs plain generate, every method)
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
-#   scripts/gpu_check.sh OUTDIR hitratio       # issue #43: ABO's hit ratio of the methods a CPU cannot run at these
-#                                              # lengths in a session (AtMan: ~40 min a 1k prompt on one thread), and
-#                                              # the gradient methods, beside MACS and calibrated MACS, embedded
-#                                              # model, float32, 1k and 4k; AtMan at 4k first (no CPU has it)
+#   scripts/gpu_check.sh OUTDIR hitratio       # issue #52's needle test of what a CPU cannot run in a session:
+#                                              # AtMan at ~4k first, then Input x Gradient and Grad-ELLM at ~4k,
+#                                              # then AtMan at ~1k; embedded model, float32, N = 20 a variant
 #   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals + 4 checks, one batched
 #                                              # pass set over the prefix cache; and its knockout passes) against
 #                                              # plain generation, the embedded model, 1k and 4k prompt tokens
@@ -324,19 +323,26 @@ agreement)
     $PY -m explainer agreement --report "$OUT/agreement-bf16-gpu.jsonl" 2>&1
     ;;
 hitratio)  # resumable: a rerun skips the prompts already in the rows
-    lengths=1024,4096 depths=10,30,50,70,90 tokens=16 methods=macs,macs_calibrated,attnlrp,grad_ellm,input_x_gradient
-    if [ -n "$DRY" ]; then lengths=64 depths=50 tokens=2 methods=macs,attnlrp; fi
+    # Issue #52's needle test (only the needle and the haystack scored, the steps writing the password, N = 20 a
+    # variant: 4 samples x 5 depths) for what this project's CPUs cannot run in a session: AtMan first, at ~4k (about
+    # 8.6 million positions a prompt: an estimated 2-3 minutes in float32 on an H200, so one box holds a few prompts
+    # and later windows resume), then at ~1k; then the gradient methods the CPU has not run at ~4k. MACS, calibrated
+    # MACS, Rollout, Random, Sources and AttnLRP have their CPU rows at both lengths (docs/results.md).
+    samples=4 depths=10,30,50,70,90 tokens=16 long=4096 short=1024 grads=input_x_gradient,grad_ellm
+    variants=plain,contradictory all_variants=plain,paraphrased,contradictory
+    if [ -n "$DRY" ]; then samples=1 depths=50 tokens=2 long=64 short=64 grads=input_x_gradient; fi
     gpu=$(gpu_name)
-    # First what no CPU has measured: AtMan at the longest length (~8 million positions a 4k prompt, est. 2-3 min a
-    # prompt on an H200 in float32), with the rest of the call; then every method at every length (resumable: AtMan's
-    # long prompts done are skipped), AtMan last: its passes grow with the prompt's length squared.
-    run "$(box 480)" "hitratio-atman-longest" $PY -m explainer hitratio --methods atman --lengths "${lengths##*,}" \
-        --depths $depths --samples 1 --max-new-tokens $tokens --dtype float32 \
-        --results "$RESULTS/hitratio-gpu-$gpu-atman.jsonl"
-    for m in ${methods//,/ } atman; do
-        run "$(box 120)" "hitratio-$m" $PY -m explainer hitratio --methods "$m" --lengths $lengths --depths $depths \
-            --samples 1 --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-$m.jsonl"
+    run "$(box 480)" "hitratio-atman-long" $PY -m explainer hitratio --methods atman --lengths $long --depths $depths \
+        --samples $samples --variants $variants --max-new-tokens $tokens --dtype float32 \
+        --results "$RESULTS/hitratio-gpu-$gpu-atman-long.jsonl"
+    for m in ${grads//,/ }; do
+        run "$(box 120)" "hitratio-$m-long" $PY -m explainer hitratio --methods "$m" --lengths $long --depths $depths \
+            --samples $samples --variants $variants --max-new-tokens $tokens --dtype float32 \
+            --results "$RESULTS/hitratio-gpu-$gpu-$m-long.jsonl"
     done
+    run "$(box 240)" "hitratio-atman-short" $PY -m explainer hitratio --methods atman --lengths $short \
+        --depths $depths --samples $samples --variants $all_variants --max-new-tokens $tokens --dtype float32 \
+        --results "$RESULTS/hitratio-gpu-$gpu-atman-short.jsonl"
     ;;
 sources)  # resumable: gpu_bench skips the rows already in its JSON
     gpu=$(gpu_name)

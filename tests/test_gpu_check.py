@@ -121,19 +121,26 @@ def test_a_second_call_resumes_with_nothing_left(dry_run):
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
-    """`gpu_check.sh OUT hitratio` (issue #43's hit ratio of the methods a CPU cannot run at 1k-4k), dry-run: one
-    64-token needle prompt, AtMan's longest first, each method's row in its own file (AtMan's once, its second run
-    skipping it); a second call measures nothing again."""
+    """`gpu_check.sh OUT hitratio` (issue #52's needle test of what a CPU cannot run in a session), dry-run: AtMan at
+    the longer length first, then a gradient method, then AtMan at the shorter length with every variant; each in its
+    own file, one row per variant (N = 1 a variant in the dry run); a second call measures nothing again."""
     env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
            "PY": sys.executable}  # fmt: skip
     call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "hitratio"]
     first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
-    assert "exit 124" not in first and first.count("exit 0") == 4, first
-    assert first.index("=== hitratio-atman-longest") < first.index("=== hitratio-macs")  # what no CPU has measured
-    for method in ("macs", "attnlrp", "atman"):
-        rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{method}.jsonl").open()]
-        entry = rows[0]["methods"][method]  # mass and AP: None where the dry run's answer misses the password
-        assert len(rows) == 1 and {"mass", "ap"} <= set(entry) and (entry["mass"] is None) == (not rows[0]["found"])
+    assert "exit 124" not in first and first.count("exit 0") == 3, first
+    order = ["=== hitratio-atman-long", "=== hitratio-input_x_gradient-long", "=== hitratio-atman-short"]
+    assert [first.index(name) for name in order] == sorted(first.index(name) for name in order)
+    expected = {"atman-long": ("atman", {"plain", "contradictory"}),
+                "input_x_gradient-long": ("input_x_gradient", {"plain", "contradictory"}),
+                "atman-short": ("atman", {"plain", "paraphrased", "contradictory"})}  # fmt: skip
+    for name, (method, variants) in expected.items():
+        rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{name}.jsonl").open()]
+        assert {row["variant"] for row in rows} == variants and len(rows) == len(variants), name
+        for row in rows:  # mass and AP: None where the dry run's answer misses the password
+            entry = row["methods"][method]
+            assert {"mass", "ap"} <= set(entry) and (entry["mass"] is None) == (not row["found"])
+            assert "--samples 1 --variants" in row["command"] and "--dtype float32" in row["command"]
     before = {p.name: p.read_text() for p in (tmp_path / "results").iterdir()}
     subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
     assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before
