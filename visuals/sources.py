@@ -73,13 +73,20 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
 
 
 def _surrogate_note(meta: dict) -> str:
-    held = meta.get("held_out_spearman")
+    held, units, ablations = meta.get("held_out_spearman"), meta.get("units_scored"), meta.get("ablations")
     fit = "n/a" if held is None else f"{held:+.2f}"
-    return (
-        f"Fitted as ContextCite does: {meta.get('ablations')} combinations of passages removed, the answer's "
+    design = f" ({meta['design']} design)" if meta.get("design") else ""
+    note = (
+        f"Fitted as ContextCite does: {ablations} combinations of passages removed{design}, the answer's "
         f"log-probability under each, one linear fit per answer token (a weight > 0: keeping the passage makes the "
         f"answer more likely). Fit checked on {meta.get('checks')} more combinations: Spearman {fit}."
     )
+    if isinstance(units, int) and isinstance(ablations, int) and units > ablations:
+        note += (
+            f" The text has {units} passages, more than the combinations: most passages' weights are barely "
+            f"estimated. Raise ablations to twice the passages (at most 256), or choose fit=leave_one_out."
+        )
+    return note
 
 
 def _text(attr: Attribution, row: dict[int, float], listed: list[dict], top: float) -> str:

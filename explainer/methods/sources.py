@@ -68,7 +68,7 @@ from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
-from .surrogate import DESIGNS, REGULARISERS, design, spread, surrogate_fit
+from .surrogate import DESIGNS, REGULARISERS, design, design_kind, spread, surrogate_fit
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
@@ -272,6 +272,7 @@ class Sources(AttributionMethod):
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
+            "design": design_kind(len(groups), cfg.ablations, cfg.design),
             "penalty": surrogate.penalty, "passes": cfg.passes, **quality,
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},

@@ -90,18 +90,37 @@ def orthogonal(units: int, k: int, seed=0) -> np.ndarray | None:
     The columns are drawn and each one's signs flipped at random from `seed`, so different seeds give different
     designs of the same kind. Returns (R, U) bool, R <= k."""
     rng = np.random.default_rng([*np.atleast_1d(seed), 7])
-    if 2**units - 1 <= k:
+    kind, n = _orthogonal_kind(units, k)
+    if kind == "every mask":
         every = ((np.arange(1, 2**units)[:, None] >> np.arange(units)) & 1) == 0  # (2^U - 1, U) row 0 removed
         return every[rng.permutation(len(every))]
-    n = 1 << max(0, (k // 2).bit_length() - 1)
-    if units <= n and 2 * n <= k:
+    if kind == "folded Hadamard":
         h = sylvester(n)[:, rng.permutation(n)[:units]] * rng.choice([-1, 1], units)  # (n, U)
         return np.concatenate([h > 0, h < 0])  # (2n, U): the rows, then their complements
-    n = 1 << max(0, k.bit_length() - 1)
-    if units < n:
+    if kind == "Hadamard":
         h = sylvester(n)[:, 1 + rng.permutation(n - 1)[:units]] * rng.choice([-1, 1], units)  # (n, U)
         return h > 0
     return None
+
+
+def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
+    """Which orthogonal design `orthogonal` builds over `units` in at most k masks, and its Sylvester order n."""
+    if 2**units - 1 <= k:
+        return "every mask", 0
+    n = 1 << max(0, (k // 2).bit_length() - 1)
+    if units <= n and 2 * n <= k:
+        return "folded Hadamard", n
+    n = 1 << max(0, k.bit_length() - 1)
+    return ("Hadamard", n) if units < n else (None, 0)
+
+
+def design_kind(units: int, k: int, kind: str) -> str:
+    """What `design(units, k, kind)` holds, in words for a reader: "every mask", "folded Hadamard" (each unit's
+    effect free of two-unit interactions), "Hadamard" (effects aliased with interactions), "leave-one-out then
+    pairs", "pairs" or "random"."""
+    if kind == "hadamard":
+        return _orthogonal_kind(units, k)[0] or "leave-one-out then pairs"
+    return {"loo_pairs": "leave-one-out then pairs", "pairs": "pairs", "random": "random"}[kind]
 
 
 def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:

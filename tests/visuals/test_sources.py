@@ -60,3 +60,19 @@ def test_a_surrogate_s_step_column_is_the_unit_s_weight_its_tokens_share():
     assert "<td>+2.000</td>" in page and 'title="+2.000 nats at this step"' in page
     assert "16 combinations of passages removed" in page and "Spearman +0.75" in page
     assert "removed from the context" not in page
+
+
+def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_its_masks():
+    few = result()
+    few.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4, "units_scored": 6,
+                                         "design": "folded Hadamard"})  # fmt: skip
+    page = sources_html(few, step=0)
+    assert "(folded Hadamard design)" in page and "barely estimated" not in page
+    many = result()
+    many.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4, "units_scored": 43,
+                                          "design": "leave-one-out then pairs"})  # fmt: skip
+    page = sources_html(many, step=0)
+    assert "The text has 43 passages, more than the combinations" in page and "fit=leave_one_out" in page
+    saved = result()  # a result saved before the design was recorded
+    saved.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4})
+    assert "combinations of passages removed, the answer" in sources_html(saved, step=0)

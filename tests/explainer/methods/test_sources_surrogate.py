@@ -14,7 +14,15 @@ from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
 from explainer.methods import GenerationRun
 from explainer.methods.sources import units
-from explainer.methods.surrogate import LASSO_GRID, RIDGE_GRID, design, lasso, lasso_fit, surrogate_fit
+from explainer.methods.surrogate import (
+    LASSO_GRID,
+    RIDGE_GRID,
+    design,
+    design_kind,
+    lasso,
+    lasso_fit,
+    surrogate_fit,
+)
 from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
 from explainer.runtime.session import CancelToken, hold, model_lock
 
@@ -108,6 +116,7 @@ def test_signed_scores_and_the_fit_s_quality_are_recorded(run):
     raw = method.explain(run["llama"])
     meta = method.meta()
     assert meta["fit"] == "surrogate" and meta["checks"] == 6
+    assert meta["design"] == design_kind(meta["units_scored"], 24, "hadamard")
     assert isinstance(meta["held_out_spearman"], float) and isinstance(meta["cross_validated_spearman"], float)
     assert (raw < 0).any() or (raw > 0).all()  # signed: nothing clips them
 
@@ -213,6 +222,24 @@ def test_the_hadamard_design_is_orthogonal_balanced_and_folded_where_it_fits(uni
     else:
         assert _interactions_aliased(m) > 0  # 16 masks cannot fold 9 units: resolution III
     assert not (design(units_, 16, "hadamard", seed=3) == m).all()  # the seed draws another design
+
+
+@pytest.mark.parametrize("units_", [2, 3, 4, 5, 8, 9, 15, 16, 40])
+def test_the_design_s_name_says_what_its_masks_are(units_):
+    """`design_kind`, which the Sources view shows, against the masks themselves: every mask once, a fold (the second
+    half the first's complement, columns orthogonal), a plain orthogonal design, or single removals then pairs."""
+    m = design(units_, 16, "hadamard", seed=4)
+    x = m.astype(float) * 2 - 1
+    orthogonal = len(m) == 16 and (x.T @ x == 16 * np.eye(units_)).all()
+    expected = (
+        "every mask" if len({r.tobytes() for r in m}) == 2**units_ - 1 == len(m)
+        else "folded Hadamard" if orthogonal and (m[8:] == ~m[:8]).all()
+        else "Hadamard" if orthogonal
+        else "leave-one-out then pairs" if (m[:8].sum(axis=1) == units_ - 1).all()
+        else None
+    )  # fmt: skip
+    assert design_kind(units_, 16, "hadamard") == expected
+    assert design_kind(units_, 16, "loo_pairs") == "leave-one-out then pairs"
 
 
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
