@@ -17,6 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
 
 from explainer.eval import design_lab  # noqa: E402
+from explainer.eval.intervals import paired_t  # noqa: E402
 from explainer.eval.resumable import measure_rows, read_results  # noqa: E402
 
 
@@ -50,6 +51,11 @@ def report(path: str) -> None:
     for a, b in design_lab.PAIRS:
         mean, half, n = design_lab.paired(entries, a, b)
         print(f"  {' '.join(map(str, a))} - {' '.join(map(str, b))}: {mean:+.3f} ± {half:.3f} (N = {n})")
+    ceiling = design_lab.projections(rows)
+    print("the projection on every mask (questions of up to 8 sentences), by the target's scale, paired against log p:")
+    for name, values in ceiling.items():
+        mean, half, n = paired_t(values, ceiling["log p"])
+        print(f"  {name:15s} N={n:3d}: {sum(values) / max(len(values), 1):.3f} ({mean:+.3f} ± {half:.3f})")
 
 
 def main() -> int:

@@ -144,6 +144,41 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+TARGETS = ("log p", "logit p", "p", "ranks of log p")  # monotone scales of the whole answer a projection may fit
+
+
+def _target(name: str, logp: np.ndarray) -> np.ndarray:
+    """(M,) the whole answer's target on scale `name` from its (M,) log-probabilities."""
+    if name == "logit p":
+        return logit(logp)
+    if name == "p":
+        return np.exp(logp)
+    if name == "ranks of log p":
+        return np.argsort(np.argsort(logp, kind="stable"), kind="stable").astype(float)
+    return logp
+
+
+def projections(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """The ceiling of a linear surrogate, per target scale: on each question whose pool holds every mask (up to
+    `EXHAUSTIVE` sentences), the least-squares projection of the whole answer's target on the sentences over all
+    2^S masks (what any k >= 2^S - 1 fits), scored by its LDS on the evaluation masks against the log-probability.
+    The weights are rounded to 1e-9 of the largest, so that masks a scale ties (ranks give effects in halves) stay
+    tied whatever the solver's rounding. Returns {scale: per-question LDS}, the questions in `rows`' order."""
+    out: dict[str, list[float]] = {name: [] for name in TARGETS}
+    for r in rows:
+        if r["sentences"] > EXHAUSTIVE:
+            continue
+        masks = np.array([[c == "1" for c in m] for m in r["masks"]], dtype=float)  # (2^S, S)
+        logp = np.asarray(r["removal"]).sum(axis=1)  # (2^S,)
+        a = np.concatenate([np.ones((len(masks), 1)), masks], axis=1)
+        for name in TARGETS:
+            weights = np.linalg.lstsq(a, _target(name, logp), rcond=None)[0][1:]
+            scale = float(np.abs(weights).max()) or 1.0
+            weights = np.round(weights / scale, 9) * scale  # ties stay ties
+            out[name].append(lds(logp[r["evaluation"]], predictions(masks[r["evaluation"]], weights)))
+    return out
+
+
 def paired(entries: list[dict[str, Any]], a: tuple, b: tuple) -> tuple[float, float, int]:
     """Mean per-question difference of two report entries (design, k, passes), its 95% t half-width and N."""
     pick = {(e["design"], e["k"], e["passes"]): e["per_question"] for e in entries}

@@ -44,3 +44,23 @@ def test_a_linear_answer_is_ranked_exactly_and_an_interaction_separates_the_desi
 def test_the_lasso_case_fits_the_whole_answer_only():
     whole, token = design_lab.score_row(_row(6, 0.0), "hadamard", 16, "removal-lasso", 0)
     assert whole > 0.99 and token is None
+
+
+def test_the_projection_ceiling_is_each_sentence_s_mean_effect_over_every_mask_scored_on_the_evaluation_masks():
+    """`projections` against an explicit computation: over a full factorial the least-squares effect of sentence i is
+    mean(target | i kept) - mean(target | i removed); its LDS on the evaluation masks, per target scale. An answer
+    linear in log p is ranked exactly; questions beyond the exhaustive pool are left out."""
+    from explainer.eval.lds import lds, predictions
+
+    assert design_lab.projections([_row(6, 0.0)])["log p"][0] > 0.999
+    row = _row(5, 3.0)
+    row["removal"] = np.random.default_rng(8).normal(-6.0, 2.0, size=(len(row["masks"]), 2)).tolist()  # no structure
+    scores = design_lab.projections([row, _row(11, 0.0)])
+    assert {name: len(v) for name, v in scores.items()} == {name: 1 for name in design_lab.TARGETS}
+    x = np.array([[c == "1" for c in m] for m in row["masks"]], dtype=bool)
+    logp = np.asarray(row["removal"]).sum(axis=1)
+    targets = {"log p": logp, "p": np.exp(logp), "ranks of log p": np.argsort(np.argsort(logp)).astype(float)}
+    for name, y in targets.items():
+        effects = np.array([y[x[:, i]].mean() - y[~x[:, i]].mean() for i in range(5)])
+        by_hand = lds(logp[row["evaluation"]], predictions(x[row["evaluation"]].astype(float), effects))
+        assert abs(scores[name][0] - by_hand) < 1e-9, name
