@@ -22,7 +22,8 @@ def test_sources_rank_the_passages_and_a_click_shows_one_in_the_text(app):
     assert rows.count() >= 3
     scores = [float(s) for s in rows.locator("td:nth-child(2)").all_inner_texts()]
     assert scores == sorted(scores, reverse=True)  # ranked over the whole answer
-    assert "combinations of passages removed" in app.page.locator("#sources .xai-sources-note").inner_text()
+    note = app.page.locator("#sources .xai-sources-note").inner_text()
+    assert "combinations of passages removed (" in note and " design)" in note and "barely estimated" not in note
     link = rows.first.locator("a")
     target = link.get_attribute("href")
     assert re.fullmatch(r"#xai-src-\d+", target)
@@ -49,3 +50,18 @@ def test_the_faithfulness_panel_draws_each_method_s_lds_on_this_answer(app):
     assert re.search(r"Sources' \d+ ablation masks over \d+ units", note) and "held out on 4 more masks" in note
     figure.scroll_into_view_if_needed()
     app.shot("faithfulness-lds")
+
+
+def test_a_text_with_more_passages_than_ablations_is_told_so(app):
+    """20 one-line facts and a question: more sentences than Sources' 16 ablations, so the note says the weights are
+    barely estimated and how to do better."""
+    facts = " ".join(f"Box {i} holds {i * 3} marbles." for i in range(1, 21))
+    app.generate(facts + "\n\nHow many marbles does box 7 hold?", max_new_tokens=4, methods=["sources"], wait=True)
+    app.open_accordion("Sources: which passages support the answer")
+    note = app.page.locator("#sources .xai-sources-note")
+    note.wait_for()
+    text = note.inner_text()
+    assert "(leave-one-out then pairs design)" in text and "more than the combinations" in text, text
+    assert "fit=leave_one_out" in text
+    note.scroll_into_view_if_needed()
+    app.shot("sources-many-passages")
