@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..explain import explain
+from ..methods import method_options
 from ..result.segments import sentence_starts
 from .evaluate import context_positions
 from .haystack import method_label
@@ -231,21 +232,37 @@ def score_maps(out: dict[str, Any], layout: NeedleLayout, maps: dict[str, np.nda
 def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: str | None = None) -> dict[str, Any]:
     """One needle prompt: the answer, which password it holds, and every method's and blind map's scores.
 
+    The methods with a `steps` option (the gradient methods: a backward pass per step) run after the answer is known,
+    on the same answer ids teacher-forced and only for the steps that write the password, the only steps scored: the
+    same rows at a third to a half of the passes; on a row whose answer holds no password they do not run.
+
     Args:
         answer: None to answer greedily; else the answer teacher-forced (the tests plant one with the password).
     """
     t0 = time.perf_counter()
     given = {} if answer is None else {"answer": answer}
-    attr = explain(bundle, row["prompt"], methods=list(cfg.methods), max_new_tokens=cfg.max_new_tokens,
+    stepped = [m for m in cfg.methods if any(o.name == "steps" for o in method_options(m))]
+    first = [m for m in cfg.methods if m not in stepped] or ["random"]  # a request names a method: the cheapest
+    attr = explain(bundle, row["prompt"], methods=first, max_new_tokens=cfg.max_new_tokens,
                    method_options=cfg.method_options, **given)  # fmt: skip
+    if "random" not in cfg.methods:
+        attr.methods.pop("random", None)
     layout = needle_layout(bundle, bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens), row)
     out = needle_result(row, attr, layout)
+    if stepped and out["found"]:
+        steps = " ".join(str(k + 1) for k in out["steps"])  # 1-based
+        options = {m: {**cfg.method_options.get(m, {}), "steps": steps} for m in stepped}
+        second = explain(bundle, row["prompt"], methods=stepped, answer=list(attr.generated_token_ids),
+                         max_new_tokens=cfg.max_new_tokens, method_options=options)  # fmt: skip
+        attr.methods.update(second.methods)
     maps = {}
     for name, scores in attr.methods.items():
         label = method_label(name, cfg.method_options.get(name))
         maps[label] = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
         out["methods"][label] = {"seconds": scores.seconds}
     score_maps(out, layout, {**maps, **blind_maps(layout.n, layout.question)})
+    for name in stepped if not out["found"] else ():
+        out["methods"][method_label(name, cfg.method_options.get(name))] = {"mass": None, "ap": None}
     out["seconds"], out["command"] = time.perf_counter() - t0, cfg.command
     return out
 

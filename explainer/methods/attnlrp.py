@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import gradients_enabled
+from .gradients import STEPS_HELP, gradients_enabled, parse_steps
 from .input_x_gradient import gradient_x_input
 
 _NAME_PREFIX = "explainer_attnlrp_"
@@ -246,11 +246,12 @@ def lrp_rules(model: torch.nn.Module) -> Iterator[_Calls]:
         _active_rules.reset(active)
 
 
-def attnlrp_relevance(run: GenerationRun) -> tuple[torch.Tensor, torch.Tensor]:
+def attnlrp_relevance(run: GenerationRun, steps: str = "") -> tuple[torch.Tensor, torch.Tensor]:
     """AttnLRP relevance of every input position for every generated token.
 
     Args:
         run: the finished generation (an image prompt: the merged patch features are the input layer).
+        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N + K - 1) float32 relevance at every position of the teacher-forced sequence (zero after the position
@@ -261,7 +262,7 @@ def attnlrp_relevance(run: GenerationRun) -> tuple[torch.Tensor, torch.Tensor]:
     """
     model = run.model
     with hold(model), gradients_enabled(model), lrp_rules(model) as calls:
-        relevance, logits = gradient_x_input(run, "AttnLRP")
+        relevance, logits = gradient_x_input(run, "AttnLRP", steps=steps)
         if calls.attention == 0:
             raise UnsupportedModelError(
                 f"{type(model).__name__}'s attention layers do not use transformers' AttentionInterface, so AttnLRP "
@@ -272,7 +273,12 @@ def attnlrp_relevance(run: GenerationRun) -> tuple[torch.Tensor, torch.Tensor]:
 
 @dataclass
 class AttnLRPConfig:
-    """No options: the rules for Llama and Qwen2 are fixed by the paper (epsilon -> 0)."""
+    """The rules for Llama and Qwen2 are fixed by the paper (epsilon -> 0); the one option is which steps to explain."""
+
+    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
+
+    def __post_init__(self) -> None:
+        parse_steps(self.steps)
 
 
 class AttnLRP(AttributionMethod):
@@ -285,7 +291,7 @@ class AttnLRP(AttributionMethod):
 
     @classmethod
     def cost(cls, request: CostRequest, config: AttnLRPConfig) -> Cost:
-        return gradient_cost(request)
+        return gradient_cost(request, steps=config.steps)
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: AttnLRPConfig) -> int:
@@ -295,5 +301,5 @@ class AttnLRP(AttributionMethod):
         architecture_of(run.model)  # refuse before any work
         if run.num_steps <= 0:
             return np.zeros((0, run.num_prompt_tokens), dtype=np.float32)
-        relevance, _ = attnlrp_relevance(run)  # (K, T - 1)
+        relevance, _ = attnlrp_relevance(run, self.config.steps)  # (K, T - 1)
         return to_numpy(relevance[:, : run.num_prompt_tokens])  # (K, N)

@@ -70,10 +70,14 @@ class CostRequest:
         return self.n + self.num_new_tokens
 
 
-def gradient_cost(request: CostRequest, backward_layers: int | None = None) -> Cost:
+def gradient_cost(request: CostRequest, backward_layers: int | None = None, steps: str = "") -> Cost:
     """The gradient methods' work (`methods/gradients.py`): one forward over T - 1 positions that keeps its graph,
-    then K backward passes over those positions through the last `backward_layers` decoder layers (None: all)."""
-    k, t = request.num_new_tokens, request.t
+    then K backward passes over those positions through the last `backward_layers` decoder layers (None: all); with
+    a `steps` option, one backward pass per chosen step within K."""
+    from .gradients import chosen_steps
+
+    t, chosen = request.t, chosen_steps(steps, request.num_new_tokens)
+    k = request.num_new_tokens if chosen is None else len(chosen)
     if k <= 0:
         return Cost()
     return Cost(

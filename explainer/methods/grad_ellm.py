@@ -41,7 +41,16 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
+from .gradients import (
+    STEPS_HELP,
+    chosen_steps,
+    forward_inputs,
+    gradients_enabled,
+    input_embeddings,
+    parse_steps,
+    per_target_gradients,
+    target_logits,
+)
 
 _NAME_PREFIX = "explainer_grad_ellm_"
 
@@ -50,10 +59,12 @@ _NAME_PREFIX = "explainer_grad_ellm_"
 class GradELLMConfig:
     layers: int = 8  # L, the last decoder layers aggregated; Appendix I's search over {1, 4, 8, 16, 32} on our SQuAD
     # data picked 8 for the embedded model (docs/results.md, "Method notes"); 1 is Appendix B's single-layer definition
+    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
 
     def __post_init__(self) -> None:
         if self.layers < 1:
             raise ValueError(f"layers must be at least 1, got {self.layers}")
+        parse_steps(self.steps)
 
 
 @dataclass
@@ -149,12 +160,13 @@ def layer_attribution(layer: _Layer, weights: torch.Tensor) -> torch.Tensor:
     return torch.relu((lam * channel).sum(1))  # (K, T)
 
 
-def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, int]:
+def grad_ellm_scores(run: GenerationRun, layers: int = 1, steps: str = "") -> tuple[np.ndarray, int]:
     """Grad-ELLM map of a finished generation (text or image prompts).
 
     Args:
         run: the finished generation.
         layers: L, the number of last decoder layers aggregated (capped at the model's depth).
+        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N) float32 scores, and the number of layers actually aggregated.
@@ -185,7 +197,8 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1) -> tuple[np.ndarray, i
         weights = []  # each (K, H, D) float32, on its layer's device
         for s in selected:
             weights.append(s.query.new_zeros(k_total, s.query.shape[0], s.query.shape[2], dtype=torch.float32))
-        for k, grads in per_target_gradients(logits, [s.output for s in selected], run.progress, "Grad-ELLM"):
+        chosen = chosen_steps(steps, k_total)
+        for k, grads in per_target_gradients(logits, [s.output for s in selected], run.progress, "Grad-ELLM", chosen):
             p = n - 1 + k
             for w, g in zip(weights, grads):
                 w[k] = g[0, p].to(w)  # (H, D)
@@ -204,14 +217,14 @@ class GradELLM(AttributionMethod):
     @classmethod
     def cost(cls, request: CostRequest, config: GradELLMConfig) -> Cost:
         layers = config.layers if request.num_layers is None else min(config.layers, request.num_layers)
-        return gradient_cost(request, backward_layers=layers)  # the last `layers` decoder layers only
+        return gradient_cost(request, backward_layers=layers, steps=config.steps)  # the last `layers` layers only
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: GradELLMConfig) -> int:
         return graph_bytes(request, config.layers)  # a forward graph over T - 1 positions from the last layers
 
     def explain(self, run: GenerationRun) -> np.ndarray:
-        scores, self.layers_used = grad_ellm_scores(run, self.config.layers)
+        scores, self.layers_used = grad_ellm_scores(run, self.config.layers, self.config.steps)
         return scores
 
     def meta(self) -> dict:

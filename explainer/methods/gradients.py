@@ -4,7 +4,8 @@ backward pass per explained token, with progress and cancellation between passes
 
 The forward runs once over all but the last token (whose logit explains nothing) and keeps its graph; the K target
 logits are differentiated one at a time with `retain_graph`, so a request costs one forward and K backward passes and
-holds one forward's activations, never K.
+holds one forward's activations, never K. A method's `steps` option (`parse_steps`) explains only some answer steps:
+one backward pass each, the other steps' rows left 0.
 """
 
 from __future__ import annotations
@@ -87,21 +88,50 @@ def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:
     return values if foil is None else values - foil
 
 
+STEPS_HELP = "answer steps explained, 1-based, e.g. '5-11' or '3 7-9'; empty: every step"
+
+
+def parse_steps(spec: str) -> tuple[int, ...]:
+    """The 1-based answer steps of a gradient method's `steps` option, in order without repeats: "" (every step,
+    returned as ()) or steps and ranges separated by spaces, e.g. "5-11" or "3 7-9".
+
+    Raises:
+        ValueError: anything else (the message says the form).
+    """
+    steps: list[int] = []
+    for part in spec.split():
+        low, _, high = part.partition("-")
+        if not (low.isdigit() and (high.isdigit() or not _)) or int(low) < 1 or int(high or low) < int(low):
+            raise ValueError(f"steps must be 1-based steps and ranges separated by spaces (e.g. '5-11' or '3 7-9'), "
+                             f"got {spec!r}")  # fmt: skip
+        steps.extend(range(int(low), int(high or low) + 1))
+    return tuple(dict.fromkeys(steps))
+
+
+def chosen_steps(spec: str, k_total: int) -> list[int] | None:
+    """The 0-based steps of K that a `steps` option explains; None: every step. Steps beyond K are left out (an
+    answer may end sooner than the option foresaw)."""
+    steps = parse_steps(spec)
+    return None if not steps else sorted(k - 1 for k in steps if k <= k_total)
+
+
 def per_target_gradients(
     targets: torch.Tensor,
     inputs: Sequence[torch.Tensor],
     progress: ProgressFn | None,
     label: str,
+    steps: Sequence[int] | None = None,
 ) -> Iterator[tuple[int, tuple[torch.Tensor, ...]]]:
-    """One backward pass per target logit: yields (k, gradients of targets[k] w.r.t. `inputs`).
+    """One backward pass per target logit: yields (k, gradients of targets[k] w.r.t. `inputs`) for each k of `steps`
+    (0-based; None: every target, in order).
 
-    Between passes the request's cancel token is checked and progress is reported as `label: k/K backward passes`.
+    Between passes the request's cancel token is checked and progress is reported as `label: i/n backward passes`.
     The graph is released after the last pass.
     """
-    k_total = targets.shape[0]
-    for k in range(k_total):
+    order = list(range(targets.shape[0])) if steps is None else list(steps)
+    for i, k in enumerate(order):
         between_passes()
-        grads = torch.autograd.grad(targets[k], list(inputs), retain_graph=k < k_total - 1)
+        grads = torch.autograd.grad(targets[k], list(inputs), retain_graph=i < len(order) - 1)
         yield k, grads
         if progress is not None:
-            progress((k + 1) / k_total, f"{label}: {k + 1}/{k_total} backward passes")
+            progress((i + 1) / len(order), f"{label}: {i + 1}/{len(order)} backward passes")

@@ -25,7 +25,16 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
+from .gradients import (
+    STEPS_HELP,
+    chosen_steps,
+    forward_inputs,
+    gradients_enabled,
+    input_embeddings,
+    parse_steps,
+    per_target_gradients,
+    target_logits,
+)
 
 _REDUCTIONS = ("sum", "l2")
 
@@ -34,13 +43,17 @@ _REDUCTIONS = ("sum", "l2")
 class InputXGradientConfig:
     reduction: str = field(default="sum", metadata={"choices": _REDUCTIONS})  # over the hidden dimension: "sum"
     # (signed, the textbook definition) or "l2" (the norm of e_i * grad, unsigned)
+    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
 
     def __post_init__(self) -> None:
         if self.reduction not in _REDUCTIONS:
             raise ValueError(f"reduction must be one of {', '.join(_REDUCTIONS)}, got {self.reduction!r}")
+        parse_steps(self.steps)
 
 
-def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> tuple[torch.Tensor, torch.Tensor]:
+def gradient_x_input(
+    run: GenerationRun, label: str, reduction: str = "sum", steps: str = ""
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradient x input at the input embeddings for every generated token, under whatever backward is in place.
 
     Must run inside `gradients_enabled(run.model)`.
@@ -50,6 +63,7 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
             vision tower's merged patch features at the image positions, `gradients.input_embeddings`).
         label: progress message prefix.
         reduction: "sum" or "l2" over the hidden dimension.
+        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N + K - 1) float32 reduced products e * dl_k/de at every position of the teacher-forced sequence (zero
@@ -61,7 +75,7 @@ def gradient_x_input(run: GenerationRun, label: str, reduction: str = "sum") -> 
     logits = target_logits(out.logits, run)  # (K,)
     del out
     scores = torch.zeros(k_total, embeds.shape[1], dtype=torch.float32, device=embeds.device)  # (K, T - 1)
-    for k, (grad,) in per_target_gradients(logits, [embeds], run.progress, label):
+    for k, (grad,) in per_target_gradients(logits, [embeds], run.progress, label, chosen_steps(steps, k_total)):
         product = embeds[0].detach().float() * grad[0].float()  # (T - 1, d), in float32 whatever the model's dtype
         scores[k] = product.sum(-1) if reduction == "sum" else product.norm(dim=-1)
     return scores, logits.detach().float()
@@ -77,7 +91,7 @@ class InputXGradient(AttributionMethod):
 
     @classmethod
     def cost(cls, request: CostRequest, config: InputXGradientConfig) -> Cost:
-        return gradient_cost(request)
+        return gradient_cost(request, steps=config.steps)
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: InputXGradientConfig) -> int:
@@ -88,5 +102,5 @@ class InputXGradient(AttributionMethod):
         if run.num_steps <= 0:
             return np.zeros((0, n), dtype=np.float32)
         with hold(run.model), gradients_enabled(run.model):
-            scores, _ = gradient_x_input(run, "Input x Gradient", self.config.reduction)  # (K, T - 1)
+            scores, _ = gradient_x_input(run, "Input x Gradient", self.config.reduction, self.config.steps)  # (K, T-1)
         return to_numpy(scores[:, :n])  # (K, N)

@@ -21,9 +21,11 @@ from explainer.eval.hitratio import (
     VARIANTS,
     HitRatioConfig,
     evaluate_needle,
+    needle_layout,
     needle_rows,
     needle_specs,
     other_depth,
+    score_maps,
     summarise,
     written,
 )
@@ -141,6 +143,31 @@ def test_a_row_whose_answer_lacks_the_password_is_not_scored(llama, tokenizer, p
     assert not got["found"] and got["steps"] == [] and got["methods"]["random"]["mass"] is None
     summary = summarise([got])["groups"][(250, "plain")]
     assert summary["n"] == 1 and summary["found"] == 0 and summary["methods"]["random"]["mass"][2] == 0
+
+
+def test_the_gradient_methods_run_on_the_password_s_steps_only_and_score_as_over_every_step(llama, tokenizer,
+                                                                                             paragraphs):  # fmt: skip
+    """The gradient methods run after the answer, for the steps that write the password only: their scores equal
+    those of the maps computed over every step in the same call as the other methods; without the password in the
+    answer they do not run and are not scored."""
+    bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
+    row = needle_rows(tokenizer, paragraphs, [(300, 30, 0)])[0]
+    answer = f"It is {row['password']}."
+    methods = ("macs", "attnlrp", "input_x_gradient")
+    got = evaluate_needle(bundle, row, HitRatioConfig(methods=methods, max_new_tokens=24), answer=answer)
+    every = explain(bundle, row["prompt"], methods=list(methods), max_new_tokens=24, answer=answer)
+    out = {"found": True, "written": got["written"], "steps": got["steps"], "methods": {}}
+    score_maps(out, needle_layout(bundle, bundle.encode(row["prompt"], max_new_tokens=24), row),
+               {name: np.asarray(s.raw, dtype=np.float64) for name, s in every.methods.items()})  # fmt: skip
+    assert got["found"] and 2 <= len(got["steps"]) < len(every.generated_tokens)
+    for name in methods:
+        assert got["methods"][name]["mass"] == pytest.approx(out["methods"][name]["mass"], rel=1e-4), name
+        assert got["methods"][name]["ap"] == pytest.approx(out["methods"][name]["ap"], rel=1e-4), name
+    missed = evaluate_needle(bundle, row, HitRatioConfig(methods=methods, max_new_tokens=24), answer="No idea.")
+    assert missed["methods"]["attnlrp"] == {"mass": None, "ap": None} and missed["methods"]["macs"]["mass"] is None
+    alone = evaluate_needle(bundle, row, HitRatioConfig(methods=("attnlrp",), max_new_tokens=24), answer=answer)
+    assert alone["methods"]["attnlrp"]["ap"] == got["methods"]["attnlrp"]["ap"]
+    assert set(alone["methods"]) == {"attnlrp"} | {m for m in got["methods"] if m.startswith("blind")}
 
 
 def test_hitratio_command_resumes_shards_and_reports(tiny_model_dir, tmp_path, capsys, monkeypatch):

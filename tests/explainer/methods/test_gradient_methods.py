@@ -329,3 +329,35 @@ def test_inside_inference_mode(runs, cls):
         ids = run.input_ids.clone()
         scores = cls().explain(GenerationRun(run.model, ids, N))
     np.testing.assert_allclose(scores, cls().explain(run), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cls", METHODS)
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_a_steps_option_explains_those_steps_as_the_full_run_does_and_leaves_the_others_zero(runs, cls, kind):
+    """`steps` (1-based, ranges): the chosen rows equal the same rows of the run over every step (one backward pass
+    each, no other), every other row is 0, steps beyond the answer are left out, and progress counts the chosen."""
+    run = runs[kind]
+    full = cls().explain(run)  # (K, N)
+    seen = []
+    part = cls(cls.Config(steps="2-3 9")).explain(
+        GenerationRun(run.model, run.input_ids, N, progress=lambda f, m: seen.append(m))
+    )
+    np.testing.assert_allclose(part[1:3], full[1:3], rtol=1e-5, atol=1e-6)
+    assert not part[[0, 3]].any() and full[[0, 3]].any()
+    assert seen[-1].endswith("2/2 backward passes") and len(seen) == 2
+
+
+@pytest.mark.parametrize("bad", ["0", "5-", "3-2", "a", "1,2"])
+def test_a_malformed_steps_option_is_refused_with_its_form(bad):
+    for cls in METHODS:
+        with pytest.raises(ValueError, match="1-based steps and ranges separated by spaces"):
+            cls.Config(steps=bad)
+
+
+def test_the_cost_of_a_steps_option_counts_its_backward_passes():
+    from explainer.methods.cost import CostRequest
+
+    request = CostRequest(prompt_ids=list(range(10)), num_new_tokens=6)
+    assert AttnLRP.cost(request, AttnLRP.Config()).backward_passes == 6
+    assert AttnLRP.cost(request, AttnLRP.Config(steps="2-3 9")).backward_passes == 2
+    assert GradELLM.cost(request, GradELLM.Config(steps="6")).backward_passes == 1
