@@ -91,19 +91,24 @@ def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:
 STEPS_HELP = "answer steps explained, 1-based, e.g. '5-11' or '3 7-9'; empty: every step"
 
 
+MAX_STEP = 1024  # no answer has more steps (`models.answer.MAX_NEW_TOKENS_LIMIT`)
+
+
 def parse_steps(spec: str) -> tuple[int, ...]:
     """The 1-based answer steps of a gradient method's `steps` option, in order without repeats: "" (every step,
-    returned as ()) or steps and ranges separated by spaces, e.g. "5-11" or "3 7-9".
+    returned as ()) or steps and ranges separated by spaces, e.g. "5-11" or "3 7-9", each within 1 to `MAX_STEP`.
 
     Raises:
-        ValueError: anything else (the message says the form).
+        ValueError: anything else (the message says the form; a visitor's text is only quoted, never expanded).
     """
     steps: list[int] = []
     for part in spec.split():
-        low, _, high = part.partition("-")
-        if not (low.isdigit() and (high.isdigit() or not _)) or int(low) < 1 or int(high or low) < int(low):
-            raise ValueError(f"steps must be 1-based steps and ranges separated by spaces (e.g. '5-11' or '3 7-9'), "
-                             f"got {spec!r}")  # fmt: skip
+        low, dash, high = part.partition("-")
+        well_formed = low.isdigit() and (high.isdigit() or not dash) and len(low) <= 4 and len(high) <= 4
+        if not well_formed or not 1 <= int(low) <= int(high or low) <= MAX_STEP:
+            shown = spec if len(spec) <= 40 else spec[:40] + "..."
+            raise ValueError(f"steps must be 1-based steps and ranges separated by spaces, each within 1-{MAX_STEP} "
+                             f"(e.g. '5-11' or '3 7-9'), got {shown!r}")  # fmt: skip
         steps.extend(range(int(low), int(high or low) + 1))
     return tuple(dict.fromkeys(steps))
 

@@ -347,11 +347,14 @@ def test_a_steps_option_explains_those_steps_as_the_full_run_does_and_leaves_the
     assert seen[-1].endswith("2/2 backward passes") and len(seen) == 2
 
 
-@pytest.mark.parametrize("bad", ["0", "5-", "3-2", "a", "1,2"])
+@pytest.mark.parametrize("bad", ["0", "5-", "3-2", "a", "1,2", "1-1025", "1-99999999999", "9" * 5000])
 def test_a_malformed_steps_option_is_refused_with_its_form(bad):
+    """Refused at once with the form, a visitor's text quoted short, never expanded (a huge range is no list)."""
     for cls in METHODS:
-        with pytest.raises(ValueError, match="1-based steps and ranges separated by spaces"):
+        with pytest.raises(ValueError, match="1-based steps and ranges separated by spaces") as refused:
             cls.Config(steps=bad)
+        assert len(str(refused.value)) < 200
+    assert AttnLRP.Config(steps="1-1024 3").steps == "1-1024 3"  # the longest answer's steps
 
 
 def test_the_cost_of_a_steps_option_counts_its_backward_passes():
@@ -361,3 +364,10 @@ def test_the_cost_of_a_steps_option_counts_its_backward_passes():
     assert AttnLRP.cost(request, AttnLRP.Config()).backward_passes == 6
     assert AttnLRP.cost(request, AttnLRP.Config(steps="2-3 9")).backward_passes == 2
     assert GradELLM.cost(request, GradELLM.Config(steps="6")).backward_passes == 1
+
+
+def test_the_steps_bound_is_the_longest_answer():
+    from explainer.methods.gradients import MAX_STEP
+    from explainer.models.answer import MAX_NEW_TOKENS_LIMIT
+
+    assert MAX_STEP == MAX_NEW_TOKENS_LIMIT
