@@ -34,7 +34,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -52,8 +52,9 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import STEPS_HELP, gradients_enabled, parse_steps
+from .gradients import gradients_enabled
 from .input_x_gradient import gradient_x_input
+from .steps import parse_steps, steps_option
 
 _NAME_PREFIX = "explainer_attnlrp_"
 
@@ -251,7 +252,7 @@ def attnlrp_relevance(run: GenerationRun, steps: str = "") -> tuple[torch.Tensor
 
     Args:
         run: the finished generation (an image prompt: the merged patch features are the input layer).
-        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
+        steps: the answer steps explained (`steps.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N + K - 1) float32 relevance at every position of the teacher-forced sequence (zero after the position
@@ -275,7 +276,7 @@ def attnlrp_relevance(run: GenerationRun, steps: str = "") -> tuple[torch.Tensor
 class AttnLRPConfig:
     """The rules for Llama and Qwen2 are fixed by the paper (epsilon -> 0); the one option is which steps to explain."""
 
-    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
+    steps: str = steps_option()  # the answer steps explained (`steps.py`); the other steps' rows stay 0
 
     def __post_init__(self) -> None:
         parse_steps(self.steps)

@@ -74,7 +74,7 @@ def gradient_cost(request: CostRequest, backward_layers: int | None = None, step
     """The gradient methods' work (`methods/gradients.py`): one forward over T - 1 positions that keeps its graph,
     then K backward passes over those positions through the last `backward_layers` decoder layers (None: all); with
     a `steps` option, one backward pass per chosen step within K."""
-    from .gradients import chosen_steps
+    from .steps import chosen_steps
 
     t, chosen = request.t, chosen_steps(steps, request.num_new_tokens)
     k = request.num_new_tokens if chosen is None else len(chosen)

@@ -41,16 +41,8 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import (
-    STEPS_HELP,
-    chosen_steps,
-    forward_inputs,
-    gradients_enabled,
-    input_embeddings,
-    parse_steps,
-    per_target_gradients,
-    target_logits,
-)
+from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
+from .steps import chosen_steps, parse_steps, steps_option
 
 _NAME_PREFIX = "explainer_grad_ellm_"
 
@@ -59,7 +51,7 @@ _NAME_PREFIX = "explainer_grad_ellm_"
 class GradELLMConfig:
     layers: int = 8  # L, the last decoder layers aggregated; Appendix I's search over {1, 4, 8, 16, 32} on our SQuAD
     # data picked 8 for the embedded model (docs/results.md, "Method notes"); 1 is Appendix B's single-layer definition
-    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
+    steps: str = steps_option()  # the answer steps explained (`steps.py`); the other steps' rows stay 0
 
     def __post_init__(self) -> None:
         if self.layers < 1:
@@ -166,7 +158,7 @@ def grad_ellm_scores(run: GenerationRun, layers: int = 1, steps: str = "") -> tu
     Args:
         run: the finished generation.
         layers: L, the number of last decoder layers aggregated (capped at the model's depth).
-        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
+        steps: the answer steps explained (`steps.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N) float32 scores, and the number of layers actually aggregated.

@@ -4,8 +4,8 @@ backward pass per explained token, with progress and cancellation between passes
 
 The forward runs once over all but the last token (whose logit explains nothing) and keeps its graph; the K target
 logits are differentiated one at a time with `retain_graph`, so a request costs one forward and K backward passes and
-holds one forward's activations, never K. A method's `steps` option (`parse_steps`) explains only some answer steps:
-one backward pass each, the other steps' rows left 0.
+holds one forward's activations, never K. A method's `steps` option (`steps.py`) explains only some answer steps: one
+backward pass each, the other steps' rows left 0.
 """
 
 from __future__ import annotations
@@ -86,38 +86,6 @@ def target_logits(logits: torch.Tensor, run: GenerationRun) -> torch.Tensor:
     values = logits[0].gather(-1, targets[:, None].to(logits.device))[:, 0]  # (K,)
     foil = foil_values(logits[0], run.foils)  # (K,) or None
     return values if foil is None else values - foil
-
-
-STEPS_HELP = "answer steps explained, 1-based, e.g. '5-11' or '3 7-9'; empty: every step"
-
-
-MAX_STEP = 1024  # no answer has more steps (`models.answer.MAX_NEW_TOKENS_LIMIT`)
-
-
-def parse_steps(spec: str) -> tuple[int, ...]:
-    """The 1-based answer steps of a gradient method's `steps` option, in order without repeats: "" (every step,
-    returned as ()) or steps and ranges separated by spaces, e.g. "5-11" or "3 7-9", each within 1 to `MAX_STEP`.
-
-    Raises:
-        ValueError: anything else (the message says the form; a visitor's text is only quoted, never expanded).
-    """
-    steps: list[int] = []
-    for part in spec.split():
-        low, dash, high = part.partition("-")
-        well_formed = low.isdigit() and (high.isdigit() or not dash) and len(low) <= 4 and len(high) <= 4
-        if not well_formed or not 1 <= int(low) <= int(high or low) <= MAX_STEP:
-            shown = spec if len(spec) <= 40 else spec[:40] + "..."
-            raise ValueError(f"steps must be 1-based steps and ranges separated by spaces, each within 1-{MAX_STEP} "
-                             f"(e.g. '5-11' or '3 7-9'), got {shown!r}")  # fmt: skip
-        steps.extend(range(int(low), int(high or low) + 1))
-    return tuple(dict.fromkeys(steps))
-
-
-def chosen_steps(spec: str, k_total: int) -> list[int] | None:
-    """The 0-based steps of K that a `steps` option explains; None: every step. Steps beyond K are left out (an
-    answer may end sooner than the option foresaw)."""
-    steps = parse_steps(spec)
-    return None if not steps else sorted(k - 1 for k in steps if k <= k_total)
 
 
 def per_target_gradients(

@@ -25,16 +25,8 @@ from ..runtime.memory import MemoryRequest, graph_bytes
 from ..runtime.session import hold
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest, gradient_cost
-from .gradients import (
-    STEPS_HELP,
-    chosen_steps,
-    forward_inputs,
-    gradients_enabled,
-    input_embeddings,
-    parse_steps,
-    per_target_gradients,
-    target_logits,
-)
+from .gradients import forward_inputs, gradients_enabled, input_embeddings, per_target_gradients, target_logits
+from .steps import chosen_steps, parse_steps, steps_option
 
 _REDUCTIONS = ("sum", "l2")
 
@@ -43,7 +35,7 @@ _REDUCTIONS = ("sum", "l2")
 class InputXGradientConfig:
     reduction: str = field(default="sum", metadata={"choices": _REDUCTIONS})  # over the hidden dimension: "sum"
     # (signed, the textbook definition) or "l2" (the norm of e_i * grad, unsigned)
-    steps: str = field(default="", metadata={"help": STEPS_HELP})  # the other steps' rows stay 0
+    steps: str = steps_option()  # the answer steps explained (`steps.py`); the other steps' rows stay 0
 
     def __post_init__(self) -> None:
         if self.reduction not in _REDUCTIONS:
@@ -63,7 +55,7 @@ def gradient_x_input(
             vision tower's merged patch features at the image positions, `gradients.input_embeddings`).
         label: progress message prefix.
         reduction: "sum" or "l2" over the hidden dimension.
-        steps: the answer steps explained (`gradients.parse_steps`); the other rows stay 0. "": every step.
+        steps: the answer steps explained (`steps.parse_steps`); the other rows stay 0. "": every step.
 
     Returns:
         (K, N + K - 1) float32 reduced products e * dl_k/de at every position of the teacher-forced sequence (zero

@@ -367,7 +367,7 @@ def test_the_cost_of_a_steps_option_counts_its_backward_passes():
 
 
 def test_the_steps_bound_is_the_longest_answer():
-    from explainer.methods.gradients import MAX_STEP
+    from explainer.methods.steps import MAX_STEP
     from explainer.models.answer import MAX_NEW_TOKENS_LIMIT
 
     assert MAX_STEP == MAX_NEW_TOKENS_LIMIT
