@@ -234,7 +234,8 @@ def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: st
 
     The methods with a `steps` option (the gradient methods: a backward pass per step) run after the answer is known,
     on the same answer ids teacher-forced and only for the steps that write the password, the only steps scored: the
-    same rows at a third to a half of the passes; on a row whose answer holds no password they do not run.
+    same rows at about half the backward passes (7 of 12 on a typical answer); on a row whose answer holds no
+    password they do not run.
 
     Args:
         answer: None to answer greedily; else the answer teacher-forced (the tests plant one with the password).
