@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..methods.surrogate import design, fit, lasso_fit
+from ..result.ranks import average_ranks
 from .intervals import paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
 
@@ -44,6 +45,11 @@ PAIRS = (  # (design, k, passes) compared per question
 
 def _bits(mask) -> str:
     return "".join("1" if b else "0" for b in mask)
+
+
+def _masks(strings) -> np.ndarray:
+    """(M, S) bool keep-masks from their '0'/'1' strings (`_bits`' inverse)."""
+    return np.array([[c == "1" for c in m] for m in strings], dtype=bool)
 
 
 def pool_masks(s: int, row_id: str) -> tuple[list[str], list[str]]:
@@ -71,7 +77,7 @@ def collect_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[s
     answered = answer_row(bundle, row, ["random"], max_new_tokens)
     attr, n, ctx = answered.attr, answered.attr.num_prompt_tokens, answered.sentences
     masks, evaluation = pool_masks(len(ctx), row["id"])
-    keep = sentence_keep(np.array([[c == "1" for c in m] for m in masks], dtype=bool), ctx, n)
+    keep = sentence_keep(_masks(masks), ctx, n)
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[: answered.k], device=bundle.device)
     keep_t = torch.as_tensor(keep, device=bundle.device)
     reread = max(max(s) for s in ctx) + 1  # the first position after the context
@@ -103,7 +109,7 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no per-token maps); kind
     "reference" is ContextCite's least squares on the logit of the whole answer's probability, on `k` random masks."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
-    evaluation = np.array([[c == "1" for c in r["masks"][i]] for i in r["evaluation"]], dtype=float)
+    evaluation = _masks(r["masks"][i] for i in r["evaluation"]).astype(float)
     measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
     y_all = np.asarray(r[passes.split("-")[0]])
     if kind == "reference":
@@ -154,7 +160,7 @@ def _target(name: str, logp: np.ndarray) -> np.ndarray:
     if name == "p":
         return np.exp(logp)
     if name == "ranks of log p":
-        return np.argsort(np.argsort(logp, kind="stable"), kind="stable").astype(float)
+        return average_ranks(logp)
     return logp
 
 
@@ -168,7 +174,7 @@ def projections(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
     for r in rows:
         if r["sentences"] > EXHAUSTIVE:
             continue
-        masks = np.array([[c == "1" for c in m] for m in r["masks"]], dtype=float)  # (2^S, S)
+        masks = _masks(r["masks"]).astype(float)  # (2^S, S)
         logp = np.asarray(r["removal"]).sum(axis=1)  # (2^S,)
         a = np.concatenate([np.ones((len(masks), 1)), masks], axis=1)
         for name in TARGETS:

@@ -262,8 +262,9 @@ def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: st
         maps[label] = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
         out["methods"][label] = {"seconds": scores.seconds}
     score_maps(out, layout, {**maps, **blind_maps(layout.n, layout.question)})
-    for name in stepped if not out["found"] else ():
-        out["methods"][method_label(name, cfg.method_options.get(name))] = {"mass": None, "ap": None}
+    if not out["found"]:  # the stepped methods did not run: unscored, as every map of such a row
+        for name in stepped:
+            out["methods"][method_label(name, cfg.method_options.get(name))] = {"mass": None, "ap": None}
     out["seconds"], out["command"] = time.perf_counter() - t0, cfg.command
     return out
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .steps import chosen_steps
+
 
 @dataclass(frozen=True)
 class Cost:
@@ -74,8 +76,6 @@ def gradient_cost(request: CostRequest, backward_layers: int | None = None, step
     """The gradient methods' work (`methods/gradients.py`): one forward over T - 1 positions that keeps its graph,
     then K backward passes over those positions through the last `backward_layers` decoder layers (None: all); with
     a `steps` option, one backward pass per chosen step within K."""
-    from .steps import chosen_steps
-
     t, chosen = request.t, chosen_steps(steps, request.num_new_tokens)
     k = request.num_new_tokens if chosen is None else len(chosen)
     if k <= 0:
