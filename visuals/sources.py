@@ -72,6 +72,12 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
     return table + f'<p class="xai-sources-note">{html.escape(note)}</p>' + _text(attr, at_step, listed, top)
 
 
+SPARSE_NOTE = (
+    "the fit is sparse (ContextCite's Lasso): it finds the few passages the answer rests on and leaves the others at "
+    "0, though they may matter a little."
+)
+
+
 def _surrogate_note(meta: dict) -> str:
     held, units, ablations = meta.get("held_out_spearman"), meta.get("units_scored"), meta.get("ablations")
     fit = "n/a" if held is None else f"{held:+.2f}"
@@ -82,9 +88,12 @@ def _surrogate_note(meta: dict) -> str:
         f"answer more likely). Fit checked on {meta.get('checks')} more combinations: Spearman {fit}."
     )
     if isinstance(units, int) and isinstance(ablations, int) and units > ablations:
+        sparse = meta.get("regulariser") == "lasso"
         note += (
-            f" The text has {units} passages, more than the combinations: most passages' weights are barely "
-            f"estimated. Raise ablations to twice the passages (at most 256), or choose fit=leave_one_out."
+            f" The text has {units} passages, more than the combinations: "
+            + (SPARSE_NOTE if sparse else "most passages' weights are barely estimated.")
+            + " For every passage's weight, raise ablations to twice the passages (at most 256), or choose "
+            "fit=leave_one_out."
         )
     return note
 

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import design, fit, lasso_fit
+from ..methods.surrogate import chosen_regulariser, design, fit, lasso_fit
 from ..result.ranks import average_ranks
 from .intervals import paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
@@ -104,10 +104,13 @@ def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[floa
 
 
 def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
-    """The LDS of one design fitted on one question's pool (passes: "removal" or "knockout", or "removal-logit": the
-    fit's target is each token's logit probability, as ContextCite's, or "removal-lasso": the method's Lasso
-    (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no per-token maps); kind
-    "reference" is ContextCite's least squares on the logit of the whole answer's probability, on `k` random masks."""
+    """The LDS of one design fitted on one question's pool. passes: "removal" or "knockout", fitted as the method
+    fits by default (`regulariser=auto`: the ridge, or each token's Lasso where k <= S); "removal-ridge": the ridge
+    always; "removal-logit": the
+    fit's target is each token's logit probability, as ContextCite's; "removal-lasso": the method's Lasso
+    (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no per-token maps;
+    "removal-lasso-tokens": each token's Lasso, as the method fits it. Kind "reference" is ContextCite's least
+    squares on the logit of the whole answer's probability, on `k` random masks."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
     evaluation = _masks(r["masks"][i] for i in r["evaluation"]).astype(float)
     measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
@@ -122,6 +125,9 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     y = y_all[[index[_bits(m)] for m in masks]]
     if passes.endswith("-lasso"):
         return _lds(lasso_fit(masks, y.sum(axis=1, keepdims=True)).weights, evaluation, measured)
+    default = passes in ("removal", "knockout")  # fitted as the method fits: each token's Lasso where k <= S
+    if passes.endswith("-lasso-tokens") or (default and chosen_regulariser(s, k, "auto") == "lasso"):
+        return _lds(lasso_fit(masks, y).weights, evaluation, measured)
     if passes.endswith("-logit"):
         y = logit(y)  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)
@@ -130,24 +136,39 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
 def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One entry per design, k and pass kind: mean whole-answer and per-token LDS, and the per-question whole LDS
     (seed-averaged) for paired comparisons."""
-    out = []
     cases = [(kind, k, passes) for k in COUNTS for kind in DESIGNS for passes in ("removal", "knockout")]
     cases += [("hadamard", k, passes) for k in COUNTS for passes in ("removal-logit", "removal-lasso")]
     cases.append(("reference", REFERENCE, "removal"))
-    for kind, k, passes in cases:
-        per_question, tokens = [], []
-        for r in rows:
-            seeds = range(SEEDS_SHORT if r["sentences"] <= EXHAUSTIVE else SEEDS_LONG)
-            if kind == "reference" and r["sentences"] > EXHAUSTIVE:
-                seeds = range(1)
-            scores = [score_row(r, kind, k, passes, seed) for seed in seeds]
-            whole = [w for w, _ in scores if w is not None]
-            per_question.append(float(np.mean(whole)) if whole else None)
-            tokens.extend(t for _, t in scores if t is not None)
-        known = [v for v in per_question if v is not None]
-        out.append({"design": kind, "k": k, "passes": passes, "n": len(known), "lds": float(np.mean(known)),
-                    "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question})  # fmt: skip
-    return out
+    return [_entry(rows, *case) for case in cases]
+
+
+FALLBACK_COUNTS = (4, 8)  # k at or below the sentences of enough development questions (16 or more have <= 11)
+FALLBACKS = (("loo_pairs", "removal-ridge"), ("pairs", "removal-ridge"), ("loo_pairs", "removal-lasso-tokens"),
+             ("pairs", "removal-lasso-tokens"))  # fmt: skip
+
+
+def fallback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where no orthogonal design fits (the sentences as many as the masks or more): `report`'s entries for the
+    candidate fallbacks, leave-one-out then pairs or complementary pairs, each fitted by the ridge or by each token's
+    Lasso, over the questions with at least k sentences."""
+    return [_entry([r for r in rows if r["sentences"] >= k], kind, k, passes)
+            for k in FALLBACK_COUNTS for kind, passes in FALLBACKS]  # fmt: skip
+
+
+def _entry(rows: list[dict[str, Any]], kind: str, k: int, passes: str) -> dict[str, Any]:
+    """One case's entry over `rows` (the seeds of `report`)."""
+    per_question, tokens = [], []
+    for r in rows:
+        seeds = range(SEEDS_SHORT if r["sentences"] <= EXHAUSTIVE else SEEDS_LONG)
+        if kind == "reference" and r["sentences"] > EXHAUSTIVE:
+            seeds = range(1)
+        scores = [score_row(r, kind, k, passes, seed) for seed in seeds]
+        whole = [w for w, _ in scores if w is not None]
+        per_question.append(float(np.mean(whole)) if whole else None)
+        tokens.extend(t for _, t in scores if t is not None)
+    known = [v for v in per_question if v is not None]
+    return {"design": kind, "k": k, "passes": passes, "n": len(known), "lds": float(np.mean(known)) if known else None,
+            "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question}  # fmt: skip
 
 
 TARGETS = ("log p", "logit p", "p", "ranks of log p")  # monotone scales of the whole answer a projection may fit

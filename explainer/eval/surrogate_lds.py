@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from ..methods.sources import SourcesConfig, keep_rows, passages, reread_from
-from ..methods.surrogate import design, spread, surrogate_fit
+from ..methods.surrogate import chosen_regulariser, design, spread, surrogate_fit
 from ..result.ranks import spearman
 from .ablate import response_logprobs
 from .haystack import method_label
@@ -98,7 +98,8 @@ def _plans(attr, cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool) -> tu
                                         design(len(groups), count, options.design, options.seed)])  # fmt: skip
                 label = method_label("sources", {**given, "ablations": count,
                                                  **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
-                plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n)), options.regulariser))
+                plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n)),
+                              chosen_regulariser(len(groups), count, options.regulariser)))
     return groups, plans
 
 

@@ -7,8 +7,8 @@ units (paragraphs, sentences or words of the user's text, `explainer/segments.py
 from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
-an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; or, `regulariser=lasso`,
-ContextCite's Lasso, each token's penalty by cross-validation, for units that outnumber the masks).
+an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; where the units are as many
+as the masks or more, ContextCite's Lasso, each token's penalty by cross-validation: `regulariser`, "auto" by default).
 With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
 question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
@@ -68,7 +68,7 @@ from .atman import AtMan, AtManConfig, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
-from .surrogate import DESIGNS, REGULARISERS, design, design_kind, spread, surrogate_fit
+from .surrogate import DESIGNS, REGULARISERS, chosen_regulariser, design, design_kind, spread, surrogate_fit
 
 LEVELS = ("paragraph", "sentence", "word")  # coarse to fine
 SCOPES = ("answer", "all")  # which queries a hidden unit is hidden from
@@ -85,8 +85,8 @@ class SourcesConfig:
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
     check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
     design: str = field(default="hadamard", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
-    regulariser: str = field(default="ridge", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense), or
-    # "lasso" (ContextCite's: sparse weights, for units that outnumber the masks)
+    regulariser: str = field(default="auto", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense),
+    # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else lasso
     context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
     # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks
@@ -258,7 +258,8 @@ class Sources(AttributionMethod):
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
         a = 1 + len(fitted)
-        surrogate = surrogate_fit(masks[:a], logp[:a], cfg.regulariser)
+        regulariser = chosen_regulariser(len(groups), cfg.ablations, cfg.regulariser)
+        surrogate = surrogate_fit(masks[:a], logp[:a], regulariser)
         weights, intercepts = surrogate.weights, surrogate.intercepts  # (K, U), (K,)
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
         whole = weights.sum(axis=0)  # (U,)
@@ -271,7 +272,7 @@ class Sources(AttributionMethod):
         used = forward_positions(rows, n + k - 1, reread)
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
-            "ablations": len(fitted), "checks": len(checks), "regulariser": cfg.regulariser,
+            "ablations": len(fitted), "checks": len(checks), "regulariser": regulariser,
             "design": design_kind(len(groups), cfg.ablations, cfg.design),
             "penalty": surrogate.penalty, "passes": cfg.passes, **quality,
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),

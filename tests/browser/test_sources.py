@@ -53,15 +53,15 @@ def test_the_faithfulness_panel_draws_each_method_s_lds_on_this_answer(app):
 
 
 def test_a_text_with_more_passages_than_ablations_is_told_so(app):
-    """20 one-line facts and a question: more sentences than Sources' 16 ablations, so the note says the weights are
-    barely estimated and how to do better."""
+    """20 one-line facts and a question: more sentences than Sources' 16 ablations, so the note says the fit is
+    sparse and how to weigh every passage."""
     facts = " ".join(f"Box {i} holds {i * 3} marbles." for i in range(1, 21))
     app.generate(facts + "\n\nHow many marbles does box 7 hold?", max_new_tokens=4, methods=["sources"], wait=True)
     app.open_accordion("Sources: which passages support the answer")
     note = app.page.locator("#sources .xai-sources-note")
     note.wait_for()
     text = note.inner_text()
-    assert "(leave-one-out then pairs design)" in text and "more than the combinations" in text, text
+    assert "(complementary pairs design)" in text and "more than the combinations: the fit is sparse" in text, text
     assert "fit=leave_one_out" in text
     note.scroll_into_view_if_needed()
     app.shot("sources-many-passages")

@@ -70,9 +70,14 @@ def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_i
     assert "(folded Hadamard design)" in page and "barely estimated" not in page
     many = result()
     many.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4, "units_scored": 43,
-                                          "design": "leave-one-out then pairs"})  # fmt: skip
+                                          "design": "complementary pairs", "regulariser": "lasso"})  # fmt: skip
     page = sources_html(many, step=0)
-    assert "The text has 43 passages, more than the combinations" in page and "fit=leave_one_out" in page
+    assert "The text has 43 passages, more than the combinations: the fit is sparse (ContextCite&#x27;s Lasso)" in page
+    assert "barely estimated" not in page and "fit=leave_one_out" in page
+    many.methods["sources"].meta["regulariser"] = "ridge"  # chosen by the visitor: most weights barely estimated
+    page = sources_html(many, step=0)
+    assert "more than the combinations: most passages&#x27; weights are barely estimated" in page
+    assert "fit=leave_one_out" in page
     saved = result()  # a result saved before the design was recorded
     saved.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4})
     assert "combinations of passages removed, the answer" in sources_html(saved, step=0)

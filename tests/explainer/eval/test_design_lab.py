@@ -64,3 +64,23 @@ def test_the_projection_ceiling_is_each_sentence_s_mean_effect_over_every_mask_s
         effects = np.array([y[x[:, i]].mean() - y[~x[:, i]].mean() for i in range(5)])
         by_hand = lds(logp[row["evaluation"]], predictions(x[row["evaluation"]].astype(float), effects))
         assert abs(scores[name][0] - by_hand) < 1e-9, name
+
+
+def test_where_the_sentences_outnumber_the_masks_the_default_fit_is_each_token_s_lasso():
+    """`score_row`'s default passes fit as the method does (`regulariser=auto`): each token's Lasso where k <= S, the
+    ridge elsewhere; `fallback` compares the candidates over the questions with at least k sentences only."""
+    sparse = _row(11, 0.0)
+    x = np.array([[c == "1" for c in m] for m in sparse["masks"]], dtype=float)
+    sparse["removal"] = ((3.0 * x[:, 4] - 5.0)[:, None] * np.array([[0.25, 0.75]])).tolist()  # one sentence matters
+    short = _row(6, 0.0)
+    for kind in ("pairs", "loo_pairs"):
+        assert design_lab.score_row(sparse, kind, 8, "removal", 0) == design_lab.score_row(
+            sparse, kind, 8, "removal-lasso-tokens", 0)
+        assert design_lab.score_row(short, kind, 16, "removal", 0) == design_lab.score_row(
+            short, kind, 16, "removal-ridge", 0)
+    assert design_lab.score_row(sparse, "pairs", 8, "removal", 0) != design_lab.score_row(
+        sparse, "pairs", 8, "removal-ridge", 0)
+    entries = design_lab.fallback([sparse, short])
+    assert {(e["k"], e["design"], e["passes"]) for e in entries} == {
+        (k, kind, passes) for k in design_lab.FALLBACK_COUNTS for kind, passes in design_lab.FALLBACKS}
+    assert {e["k"]: e["n"] for e in entries} == {4: 2, 8: 1}  # the 6-sentence question has fewer than 8

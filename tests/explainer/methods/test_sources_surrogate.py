@@ -17,6 +17,7 @@ from explainer.methods.sources import units
 from explainer.methods.surrogate import (
     LASSO_GRID,
     RIDGE_GRID,
+    chosen_regulariser,
     design,
     design_kind,
     lasso,
@@ -86,7 +87,7 @@ def _reference(r: GenerationRun, masks: np.ndarray, fitted: int):
 @pytest.mark.parametrize("ablations", [5, 16])
 def test_the_fit_equals_solo_runs_and_an_explicit_ridge(run, kind, ablations):
     r = run[kind]
-    method = get_method("sources", ablations=ablations, check=3, batch_size=4)
+    method = get_method("sources", ablations=ablations, check=3, batch_size=4, regulariser="ridge")
     raw = method.explain(r)
     meta = method.meta()
     masks = np.array(meta["masks"]["keep"], dtype=bool)
@@ -227,7 +228,7 @@ def test_the_hadamard_design_is_orthogonal_balanced_and_folded_where_it_fits(uni
 @pytest.mark.parametrize("units_", [2, 3, 4, 5, 8, 9, 15, 16, 40])
 def test_the_design_s_name_says_what_its_masks_are(units_):
     """`design_kind`, which the Sources view shows, against the masks themselves: every mask once, a fold (the second
-    half the first's complement, columns orthogonal), a plain orthogonal design, or single removals then pairs."""
+    half the first's complement, columns orthogonal), a plain orthogonal design, or complementary pairs."""
     m = design(units_, 16, "hadamard", seed=4)
     x = m.astype(float) * 2 - 1
     orthogonal = len(m) == 16 and (x.T @ x == 16 * np.eye(units_)).all()
@@ -235,7 +236,7 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
         "every mask" if len({r.tobytes() for r in m}) == 2**units_ - 1 == len(m)
         else "folded Hadamard" if orthogonal and (m[8:] == ~m[:8]).all()
         else "Hadamard" if orthogonal
-        else "leave-one-out then pairs" if (m[:8].sum(axis=1) == units_ - 1).all()
+        else "complementary pairs" if (m[::2] == ~m[1::2]).all()
         else None
     )  # fmt: skip
     assert design_kind(units_, 16, "hadamard") == expected
@@ -243,7 +244,7 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
 
 
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
-    assert (design(16, 16, "hadamard", seed=1) == design(16, 16, "loo_pairs", seed=1)).all()
+    assert (design(16, 16, "hadamard", seed=1) == design(16, 16, "pairs", seed=1)).all()
     m = design(5, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
     assert m.shape == (24, 5) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
 
@@ -328,13 +329,25 @@ def test_the_lasso_fit_recovers_a_sparse_answer_that_the_ridge_smears():
     assert got.checked.shape == y.shape and 0 <= got.penalty <= max(LASSO_GRID)
     with pytest.raises(ValueError, match="regulariser"):
         surrogate_fit(x, y, "elastic")
-    with pytest.raises(InputError, match="regulariser must be one of ridge, lasso"):
+    with pytest.raises(ValueError, match="ridge or lasso here"):
+        surrogate_fit(x, y, "auto")
+    with pytest.raises(InputError, match="regulariser must be one of auto, ridge, lasso"):
         get_method("sources", regulariser="l0")
 
 
-def test_a_lasso_surrogate_is_the_lasso_of_solo_runs(run):
+def test_auto_fits_the_ridge_where_units_are_fewer_than_masks_and_the_lasso_elsewhere():
+    assert chosen_regulariser(5, 6, "auto") == "ridge" and chosen_regulariser(15, 16, "auto") == "ridge"
+    assert chosen_regulariser(6, 6, "auto") == "lasso" and chosen_regulariser(43, 16, "auto") == "lasso"
+    assert chosen_regulariser(43, 16, "ridge") == "ridge" and chosen_regulariser(3, 16, "lasso") == "lasso"
+    with pytest.raises(ValueError, match="regulariser must be one of auto, ridge, lasso"):
+        chosen_regulariser(3, 16, "l1")
+
+
+@pytest.mark.parametrize("options", [{"regulariser": "lasso"}, {}], ids=["lasso", "auto"])
+def test_a_lasso_surrogate_is_the_lasso_of_solo_runs(run, options):
+    """Explicitly, and by default where the 6 sentences outnumber the 5 masks."""
     r = run["llama"]
-    method = get_method("sources", ablations=5, check=0, regulariser="lasso")
+    method = get_method("sources", ablations=5, check=0, **options)
     raw = method.explain(r)
     meta = method.meta()
     masks = np.array(meta["masks"]["keep"], dtype=bool)
