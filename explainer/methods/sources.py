@@ -8,7 +8,8 @@ from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens ar
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
 an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; where the units are as many
-as the masks or more, ContextCite's Lasso, each token's penalty by cross-validation: `regulariser`, "auto" by default).
+as the masks or more, ContextCite's Lasso on complementary pairs, each token's penalty by cross-validation:
+`regulariser`, "auto" by default).
 With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
 question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
