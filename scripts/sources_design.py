@@ -54,10 +54,9 @@ def report(path: str) -> None:
     print("where no orthogonal design fits (questions with at least k sentences), paired against the ridge on")
     print("leave-one-out then pairs (the fallback until 2026-11-29):")
     fallbacks = design_lab.fallback(rows)
+    pick = {(e["k"], e["design"], e["passes"]): e["per_question"] for e in fallbacks}
     for entry in fallbacks:
-        old = (entry["k"], "loo_pairs", "removal-ridge")
-        pick = {(e["k"], e["design"], e["passes"]): e["per_question"] for e in fallbacks}
-        mean, half, n = paired_t(entry["per_question"], pick[old])
+        mean, half, n = paired_t(entry["per_question"], pick[(entry["k"], "loo_pairs", "removal-ridge")])
         token = f"{entry['lds_token']:.3f}" if entry["lds_token"] is not None else "-"
         print(f"  k={entry['k']} {entry['design']:9s} {entry['passes']:20s} N={entry['n']:3d}: {entry['lds']:.3f} / "
               f"{token} ({mean:+.3f} ± {half:.3f})")

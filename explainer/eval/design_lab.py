@@ -106,11 +106,10 @@ def _lds(weights: np.ndarray, masks: np.ndarray, logp: np.ndarray) -> tuple[floa
 def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> tuple[float | None, float | None]:
     """The LDS of one design fitted on one question's pool. passes: "removal" or "knockout", fitted as the method
     fits by default (`regulariser=auto`: the ridge, or each token's Lasso where k <= S); "removal-ridge": the ridge
-    always; "removal-logit": the
-    fit's target is each token's logit probability, as ContextCite's; "removal-lasso": the method's Lasso
-    (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no per-token maps;
-    "removal-lasso-tokens": each token's Lasso, as the method fits it. Kind "reference" is ContextCite's least
-    squares on the logit of the whole answer's probability, on `k` random masks."""
+    always; "removal-logit": the fit's target is each token's logit probability, as ContextCite's; "removal-lasso":
+    the method's Lasso (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no
+    per-token maps; "removal-lasso-tokens": each token's Lasso, as the method fits it. Kind "reference" is
+    ContextCite's least squares on the logit of the whole answer's probability, on `k` random masks."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
     evaluation = _masks(r["masks"][i] for i in r["evaluation"]).astype(float)
     measured = np.asarray(r["removal"])[r["evaluation"]]  # (32, K)
