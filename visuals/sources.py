@@ -5,8 +5,9 @@ token spans and score over the answer) and its (K, N) scores. With the surrogate
 score is its fitted weight, the change of the answer's log-probability, in nats, that keeping it predicts (summed
 over the answer's tokens), and its tokens share each step's weight evenly, so a step's unit score is their sum;
 with leave-one-out, the loss increase when the unit is hidden, and every token of a unit carries the unit's score.
-The list gives each unit's score over the whole answer and at the step on the slider; a click scrolls to the unit
-in the prompt text beneath, where every scored unit is tinted by its score at that step.
+The list gives each unit's score over the whole answer and at the step on the slider (a sparse fit's units at 0 left
+out); a click scrolls to the unit in the prompt text beneath, where every listed unit is tinted by its score at that
+step.
 
 Pure: an `Attribution` in, HTML out; no model.
 """
@@ -54,6 +55,8 @@ def sources_html(attr: Attribution | None, step: int | None = None, method: str 
     raw = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
     listed = scores.meta["sources"]
     surrogate = scores.meta.get("fit") == "surrogate"
+    if surrogate and scores.meta.get("regulariser") == "lasso":  # a sparse fit: the passages it left at 0 say nothing
+        listed = [s for s in listed if s["score"] != 0.0] or listed[:1]
     at_step = {s["start"]: float(raw[k, s["start"] : s["stop"]].sum() if surrogate else raw[k, s["start"]])
                for s in listed}  # fmt: skip
     top = max([abs(s["score"]) for s in listed] + [abs(v) for v in at_step.values()])

@@ -269,6 +269,8 @@ class Sources(AttributionMethod):
             "cross_validated_spearman": spearman(logp[:a].sum(axis=1), surrogate.checked.sum(axis=1)),
         }
         scored = [(g, weights[:, u]) for u, g in enumerate(groups)]
+        if regulariser == "lasso":  # the units a sparse fit left at 0 are not listed, so negative ones are
+            scored = [(g, w) for g, w in scored if np.any(w != 0)] or scored[:1]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
         used = forward_positions(rows, n + k - 1, reread)
         self._meta = {

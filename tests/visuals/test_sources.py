@@ -74,9 +74,14 @@ def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_i
     page = sources_html(many, step=0)
     assert "The text has 43 passages, more than the combinations: the fit is sparse (ContextCite&#x27;s Lasso)" in page
     assert "barely estimated" not in page and "fit=leave_one_out" in page
+    assert "Paris is big." in page and "Rome &lt;old&gt;." in page
+    many.methods["sources"].meta["sources"][1]["score"] = 0.0  # the Lasso left it at 0: not listed, not marked
+    page = sources_html(many, step=0)
+    assert page.count("<tr><td>") == 1 and 'href="#xai-src-7"' not in page and 'id="xai-src-7"' not in page
     many.methods["sources"].meta["regulariser"] = "ridge"  # chosen by the visitor: most weights barely estimated
     page = sources_html(many, step=0)
     assert "more than the combinations: most passages&#x27; weights are barely estimated" in page
+    assert page.count("<tr><td>") == 2  # a dense fit's 0 is an estimate like any other: listed
     assert "fit=leave_one_out" in page
     saved = result()  # a result saved before the design was recorded
     saved.methods["sources"].meta.update({"fit": "surrogate", "ablations": 16, "checks": 4})

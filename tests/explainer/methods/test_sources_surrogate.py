@@ -356,3 +356,6 @@ def test_a_lasso_surrogate_is_the_lasso_of_solo_runs(run, options):
     spans = [list(range(g.start, g.stop)) for g in groups]
     np.testing.assert_allclose(source_scores(raw, spans), want.weights, atol=2e-3)
     assert meta["regulariser"] == "lasso" and meta["penalty"] == want.penalty
+    nonzero = {(g.start, g.stop) for u, g in enumerate(groups) if np.any(want.weights[:, u] != 0)}
+    listed = {(s["start"], s["stop"]) for s in meta["sources"]}
+    assert listed == nonzero or (not nonzero and len(listed) == 1)  # the units left at 0 are not listed
