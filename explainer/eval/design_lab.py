@@ -121,6 +121,8 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
         coef = np.linalg.lstsq(a, logit(y), rcond=None)[0]
         return _lds(coef[None, 1:], evaluation, measured)
     masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
+    if any(_bits(m) not in index for m in masks):  # a design drawn after the pool was (`distinct_pairs` beyond
+        return None, None  # `EXHAUSTIVE` sentences): this pool cannot score it
     y = y_all[[index[_bits(m)] for m in masks]]
     if passes.endswith("-lasso"):
         return _lds(lasso_fit(masks, y.sum(axis=1, keepdims=True)).weights, evaluation, measured)
@@ -143,13 +145,14 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 FALLBACK_COUNTS = (4, 8)  # k at or below the sentences of enough development questions (16 or more have <= 11)
 FALLBACKS = (("loo_pairs", "removal-ridge"), ("pairs", "removal-ridge"), ("loo_pairs", "removal-lasso-tokens"),
-             ("pairs", "removal-lasso-tokens"))  # fmt: skip
+             ("pairs", "removal-lasso-tokens"), ("hadamard", "removal"))  # the last: the default, distinct pairs
+# and each token's Lasso where k <= S  # fmt: skip
 
 
 def fallback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where no orthogonal design fits (the sentences as many as the masks or more): `report`'s entries for the
     candidate fallbacks, leave-one-out then pairs or complementary pairs, each fitted by the ridge or by each token's
-    Lasso, over the questions with at least k sentences."""
+    Lasso, and the default (`distinct_pairs`, the Lasso), over the questions with at least k sentences."""
     return [_entry([r for r in rows if r["sentences"] >= k], kind, k, passes)
             for k in FALLBACK_COUNTS for kind, passes in FALLBACKS]  # fmt: skip
 

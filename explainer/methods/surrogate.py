@@ -14,8 +14,9 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
   least-squares projection that LDS rewards), else a folded Hadamard design (each unit kept in half of the masks, the
   units' columns orthogonal, and each unit's effect free of every two-unit interaction, which a linear surrogate
   fitted on few random masks mistakes for effects), else a plain Hadamard design; where k is too small for any
-  (k <= U), complementary pairs (x, 1 - x) ("pairs"), which the Lasso fits ("loo_pairs", leave-one-out masks for up
-  to half of them then pairs, the earlier fallback, ranked a needle sentence worse: docs/results.md);
+  (k <= U), complementary pairs (x, 1 - x) in which no two units share a column (`distinct_pairs`), which the Lasso
+  fits ("loo_pairs", leave-one-out masks for up to half of them then pairs, the earlier fallback, ranked a needle
+  sentence worse: docs/results.md);
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
@@ -45,12 +46,12 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
     is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
     "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
-    holds every mask once: fewer than k then run), or pairs alone where none fits (k <= U).
+    holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U).
     `seed`: anything `np.random.default_rng` takes."""
     if kind == "hadamard":
         first = orthogonal(units, k, seed)
         if first is None:
-            return design(units, k, "pairs", seed)
+            return distinct_pairs(units, k, seed)
         if len(first) == k or len(first) == 2**units - 1:
             return first
         return np.concatenate([first, design(units, k - len(first), "pairs", seed)])
@@ -65,6 +66,27 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {kind!r}")
     first = rng.random((MAX_PAIRS, units)) < 0.5  # (P, U) drawn in full whatever k is: nested designs
     return np.stack([first, ~first], axis=1).reshape(-1, units)[:k]  # (k, U) x_1, 1 - x_1, x_2, ...
+
+
+def distinct_pairs(units: int, k: int, seed=0) -> np.ndarray:
+    """(k, U) complementary pairs in which no two units are removed by the same masks, where that can be: the k // 2
+    first masks of the pairs give each unit a code of k // 2 bits, and a code that repeats another is drawn again
+    while the units are at most 2^(k // 2) (an odd k ends on an unpaired random mask). Two units with the same column
+    can never be told apart by any fit: with plain pairs, 16 masks tell at most 256 codes apart, and among 175
+    sentences the needle shared its code with another about half of the time, the Lasso then weighting whichever it
+    visited first (docs/results.md). Every unit is still kept in half of the paired masks."""
+    rng = np.random.default_rng([*np.atleast_1d(seed), 11])
+    half = k // 2
+    codes = rng.random((half, units)) < 0.5  # (k // 2, U)
+    if half and units <= 2 ** min(half, 62):
+        while True:
+            _, kept = np.unique(codes.T, axis=0, return_index=True)
+            repeats = np.setdiff1d(np.arange(units), kept)
+            if not len(repeats):
+                break
+            codes[:, repeats] = rng.random((half, len(repeats))) < 0.5
+    masks = np.stack([codes, ~codes], axis=1).reshape(-1, units)  # (2 * (k // 2), U) x_1, 1 - x_1, ...
+    return np.concatenate([masks, rng.random((k - len(masks), units)) < 0.5])  # (k, U)
 
 
 def sylvester(n: int) -> np.ndarray:

@@ -80,6 +80,10 @@ def test_where_the_sentences_outnumber_the_masks_the_default_fit_is_each_token_s
             short, kind, 16, "removal-ridge", 0)
     assert design_lab.score_row(sparse, "pairs", 8, "removal", 0) != design_lab.score_row(
         sparse, "pairs", 8, "removal-ridge", 0)
+    lean = {**sparse, "masks": [sparse["masks"][i] for i in sparse["evaluation"]],
+            "removal": [sparse["removal"][i] for i in sparse["evaluation"]],
+            "evaluation": list(range(len(sparse["evaluation"])))}  # fmt: skip
+    assert design_lab.score_row(lean, "pairs", 8, "removal", 0) == (None, None)  # masks the pool lacks: unscored
     entries = design_lab.fallback([sparse, short])
     assert {(e["k"], e["design"], e["passes"]) for e in entries} == {
         (k, kind, passes) for k in design_lab.FALLBACK_COUNTS for kind, passes in design_lab.FALLBACKS}

@@ -20,6 +20,7 @@ from explainer.methods.surrogate import (
     chosen_regulariser,
     design,
     design_kind,
+    distinct_pairs,
     lasso,
     lasso_fit,
     surrogate_fit,
@@ -244,9 +245,24 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
 
 
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
-    assert (design(16, 16, "hadamard", seed=1) == design(16, 16, "pairs", seed=1)).all()
+    assert (design(16, 16, "hadamard", seed=1) == distinct_pairs(16, 16, seed=1)).all()
     m = design(5, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
     assert m.shape == (24, 5) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
+
+
+def test_the_fallback_pairs_give_every_unit_its_own_column():
+    """Two units removed by the same masks can never be told apart: plain pairs of 16 masks have 2^8 codes, so among
+    175 units some share one; the fallback draws a repeated code again while the units are at most 256."""
+    for count in (16, 46, 175, 256):
+        m = design(count, 16, "hadamard", seed=0)
+        assert m.shape == (16, count) and (m[::2] == ~m[1::2]).all() and (m.sum(axis=0) == 8).all()
+        assert len({m[:, u].tobytes() for u in range(count)}) == count
+    plain = design(175, 16, "pairs", seed=0)
+    assert len({plain[:, u].tobytes() for u in range(175)}) < 175
+    assert design(300, 16, "hadamard", seed=0).shape == (16, 300)  # beyond 256 codes repeats remain: still a design
+    odd = distinct_pairs(43, 15, seed=2)  # 7 pairs and one unpaired mask
+    assert odd.shape == (15, 43) and (odd[0:14:2] == ~odd[1:14:2]).all()
+    assert len({odd[:14, u].tobytes() for u in range(43)}) == 43
 
 
 def test_knockout_passes_recompute_only_what_follows_the_passages(run):
