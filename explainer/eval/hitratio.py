@@ -6,7 +6,8 @@ A prompt (`needle_rows`) is one user message, since the library sends one user t
 haystack of whole sentences of real prose (the shipped essays, or the contexts of a SQuAD file) cut so that the
 prompt has about `length` tokens, the needle placed at the sentence boundary nearest `depth` of the haystack's
 characters, then the question. The password is made up from seeded syllables and digits, so no model knows it
-beforehand. The model answers greedily while the methods explain it. Three variants (`VARIANTS`):
+beforehand. The model answers greedily while the streaming methods explain it; the post-hoc ones then explain the
+same answer, only where it holds the password (`evaluate_needle`). Three variants (`VARIANTS`):
 
 - `plain`: "The secret password is X." and "What is the secret password?" (ABO's needle);
 - `paraphrased`: "The code word for the vault is X." and "What is the password?": the answer cannot copy the needle's
@@ -35,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from ..explain import explain
-from ..methods import method_options
+from ..methods import METHODS, method_options
 from ..result.segments import sentence_starts
 from .evaluate import context_positions
 from .haystack import method_label
@@ -232,28 +233,31 @@ def score_maps(out: dict[str, Any], layout: NeedleLayout, maps: dict[str, np.nda
 def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: str | None = None) -> dict[str, Any]:
     """One needle prompt: the answer, which password it holds, and every method's and blind map's scores.
 
-    The methods with a `steps` option (the gradient methods: a backward pass per step) run after the answer is known,
-    on the same answer ids teacher-forced and only for the steps that write the password, the only steps scored: the
-    same rows at about half the backward passes (7 of 12 on a typical answer); on a row whose answer holds no
-    password they do not run.
+    The streaming methods (and `random`) score while the answer is written. The other post-hoc methods (Sources,
+    AtMan, the gradient methods) run after the answer is known, on the same answer ids teacher-forced, and only on a
+    row whose answer holds the password: a row that holds none is never scored, so its ablations and backward passes
+    would be wasted (3-5 of 20 prompts here). The methods with a `steps` option (the gradient methods: a backward pass
+    per step) run only for the steps that write the password, the only steps scored: the same rows at about half the
+    backward passes (7 of 12 on a typical answer).
 
     Args:
         answer: None to answer greedily; else the answer teacher-forced (the tests plant one with the password).
     """
     t0 = time.perf_counter()
     given = {} if answer is None else {"answer": answer}
-    stepped = [m for m in cfg.methods if any(o.name == "steps" for o in method_options(m))]
-    first = [m for m in cfg.methods if m not in stepped] or ["random"]  # a request names a method: the cheapest
+    later = [m for m in cfg.methods if m != "random" and not METHODS[m].streaming]
+    first = [m for m in cfg.methods if m not in later] or ["random"]  # a request names a method: the cheapest
     attr = explain(bundle, row["prompt"], methods=first, max_new_tokens=cfg.max_new_tokens,
                    method_options=cfg.method_options, **given)  # fmt: skip
     if "random" not in cfg.methods:
         attr.methods.pop("random", None)
     layout = needle_layout(bundle, bundle.encode(row["prompt"], max_new_tokens=cfg.max_new_tokens), row)
     out = needle_result(row, attr, layout)
-    if stepped and out["found"]:
+    if later and out["found"]:
         steps = " ".join(str(k + 1) for k in out["steps"])  # 1-based
-        options = {m: {**cfg.method_options.get(m, {}), "steps": steps} for m in stepped}
-        second = explain(bundle, row["prompt"], methods=stepped, answer=list(attr.generated_token_ids),
+        stepped = {m for m in later if any(o.name == "steps" for o in method_options(m))}
+        options = {m: {**cfg.method_options.get(m, {}), **({"steps": steps} if m in stepped else {})} for m in later}
+        second = explain(bundle, row["prompt"], methods=later, answer=list(attr.generated_token_ids),
                          max_new_tokens=cfg.max_new_tokens, method_options=options)  # fmt: skip
         attr.methods.update(second.methods)
     maps = {}
@@ -262,8 +266,8 @@ def evaluate_needle(bundle, row: dict[str, Any], cfg: HitRatioConfig, answer: st
         maps[label] = np.asarray(scores.raw, dtype=np.float64)  # (K, N)
         out["methods"][label] = {"seconds": scores.seconds}
     score_maps(out, layout, {**maps, **blind_maps(layout.n, layout.question)})
-    if not out["found"]:  # the stepped methods did not run: unscored, as every map of such a row
-        for name in stepped:
+    if not out["found"]:  # the later methods did not run: unscored, as every map of such a row
+        for name in later:
             out["methods"][method_label(name, cfg.method_options.get(name))] = {"mass": None, "ap": None}
     out["seconds"], out["command"] = time.perf_counter() - t0, cfg.command
     return out

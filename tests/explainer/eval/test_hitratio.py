@@ -145,15 +145,16 @@ def test_a_row_whose_answer_lacks_the_password_is_not_scored(llama, tokenizer, p
     assert summary["n"] == 1 and summary["found"] == 0 and summary["methods"]["random"]["mass"][2] == 0
 
 
-def test_the_gradient_methods_run_on_the_password_s_steps_only_and_score_as_over_every_step(llama, tokenizer,
-                                                                                             paragraphs):  # fmt: skip
-    """The gradient methods run after the answer, for the steps that write the password only: their scores equal
-    those of the maps computed over every step in the same call as the other methods; without the password in the
-    answer they do not run and are not scored."""
+def test_the_post_hoc_methods_run_after_the_answer_and_score_as_in_one_call(llama, tokenizer, paragraphs,
+                                                                            monkeypatch):  # fmt: skip
+    """The post-hoc methods (Sources, AtMan, the gradient methods) run after the answer, teacher-forced, the gradient
+    methods for the steps that write the password only: their scores equal those of the maps computed over every step
+    in one call with the streaming methods; without the password in the answer they do not run at all (one call, the
+    streaming methods') and are not scored."""
     bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
     row = needle_rows(tokenizer, paragraphs, [(300, 30, 0)])[0]
     answer = f"It is {row['password']}."
-    methods = ("macs", "attnlrp", "input_x_gradient")
+    methods = ("macs", "sources", "atman", "attnlrp", "input_x_gradient")
     got = evaluate_needle(bundle, row, HitRatioConfig(methods=methods, max_new_tokens=24), answer=answer)
     every = explain(bundle, row["prompt"], methods=list(methods), max_new_tokens=24, answer=answer)
     out = {"found": True, "written": got["written"], "steps": got["steps"], "methods": {}}
@@ -163,9 +164,21 @@ def test_the_gradient_methods_run_on_the_password_s_steps_only_and_score_as_over
     for name in methods:
         assert got["methods"][name]["mass"] == pytest.approx(out["methods"][name]["mass"], rel=1e-4), name
         assert got["methods"][name]["ap"] == pytest.approx(out["methods"][name]["ap"], rel=1e-4), name
+    calls = []
+    import explainer.eval.hitratio as hitratio
+
+    def counted(*args, methods, **kwargs):
+        calls.append(list(methods))
+        return explain(*args, methods=methods, **kwargs)
+
+    monkeypatch.setattr(hitratio, "explain", counted)
     missed = evaluate_needle(bundle, row, HitRatioConfig(methods=methods, max_new_tokens=24), answer="No idea.")
-    assert missed["methods"]["attnlrp"] == {"mass": None, "ap": None} and missed["methods"]["macs"]["mass"] is None
+    assert calls == [["macs"]]  # the post-hoc methods never ran
+    assert all(missed["methods"][m] == {"mass": None, "ap": None} for m in methods[1:])
+    assert missed["methods"]["macs"]["mass"] is None
+    calls.clear()
     alone = evaluate_needle(bundle, row, HitRatioConfig(methods=("attnlrp",), max_new_tokens=24), answer=answer)
+    assert calls == [["random"], ["attnlrp"]]  # the cheapest first, for the answer; then the method
     assert alone["methods"]["attnlrp"]["ap"] == got["methods"]["attnlrp"]["ap"]
     assert set(alone["methods"]) == {"attnlrp"} | {m for m in got["methods"] if m.startswith("blind")}
 
