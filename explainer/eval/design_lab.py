@@ -144,9 +144,9 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 FALLBACK_COUNTS = (4, 8)  # k at or below the sentences of enough development questions (16 or more have <= 11)
+# the candidate fallbacks; the last is the default (distinct pairs and each token's Lasso where k <= S)
 FALLBACKS = (("loo_pairs", "removal-ridge"), ("pairs", "removal-ridge"), ("loo_pairs", "removal-lasso-tokens"),
-             ("pairs", "removal-lasso-tokens"), ("hadamard", "removal"))  # the last: the default, distinct pairs
-# and each token's Lasso where k <= S  # fmt: skip
+             ("pairs", "removal-lasso-tokens"), ("hadamard", "removal"))  # fmt: skip
 
 
 def fallback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

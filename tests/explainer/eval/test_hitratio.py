@@ -165,13 +165,12 @@ def test_the_post_hoc_methods_run_after_the_answer_and_score_as_in_one_call(llam
         assert got["methods"][name]["mass"] == pytest.approx(out["methods"][name]["mass"], rel=1e-4), name
         assert got["methods"][name]["ap"] == pytest.approx(out["methods"][name]["ap"], rel=1e-4), name
     calls = []
-    import explainer.eval.hitratio as hitratio
 
     def counted(*args, methods, **kwargs):
         calls.append(list(methods))
         return explain(*args, methods=methods, **kwargs)
 
-    monkeypatch.setattr(hitratio, "explain", counted)
+    monkeypatch.setattr("explainer.eval.hitratio.explain", counted)
     missed = evaluate_needle(bundle, row, HitRatioConfig(methods=methods, max_new_tokens=24), answer="No idea.")
     assert calls == [["macs"]]  # the post-hoc methods never ran
     assert all(missed["methods"][m] == {"mass": None, "ap": None} for m in methods[1:])
