@@ -65,7 +65,12 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
     if kind != "pairs":
         raise ValueError(f"design must be one of {', '.join(DESIGNS)}, got {kind!r}")
     first = rng.random((MAX_PAIRS, units)) < 0.5  # (P, U) drawn in full whatever k is: nested designs
-    return np.stack([first, ~first], axis=1).reshape(-1, units)[:k]  # (k, U) x_1, 1 - x_1, x_2, ...
+    return complementary(first)[:k]  # (k, U)
+
+
+def complementary(codes: np.ndarray) -> np.ndarray:
+    """(2P, U) keep-masks x_1, 1 - x_1, x_2, 1 - x_2, ... of (P, U) bool masks x."""
+    return np.stack([codes, ~codes], axis=1).reshape(-1, codes.shape[1])
 
 
 def distinct_pairs(units: int, k: int, seed=0) -> np.ndarray:
@@ -85,7 +90,7 @@ def distinct_pairs(units: int, k: int, seed=0) -> np.ndarray:
             if not len(repeats):
                 break
             codes[:, repeats] = rng.random((half, len(repeats))) < 0.5
-    masks = np.stack([codes, ~codes], axis=1).reshape(-1, units)  # (2 * (k // 2), U) x_1, 1 - x_1, ...
+    masks = complementary(codes)  # (2 * (k // 2), U)
     return np.concatenate([masks, rng.random((k - len(masks), units)) < 0.5])  # (k, U)
 
 
