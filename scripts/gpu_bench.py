@@ -38,6 +38,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
 
+
 def parse_plan(text: str, repeats: int) -> list[tuple[int, str, int]]:
     """`LENGTHS:METHODS[:REPEATS];...` -> [(prompt tokens, method, repeats)] in running order (a method may carry
     options after colons, `sources:passes=knockout`; a last part that is a whole number is REPEATS)."""
@@ -55,12 +56,9 @@ HOST_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuda
 TOP_KERNELS = 15
 
 
-def profile_counts(run, input_ids, k: int, device) -> dict:
-    """One run of `run` (K new tokens) under `torch.profiler`: per generated token, the host's launch, copy and
-    synchronisation calls (`HOST_CALLS`), its ATen operators, and the GPU's kernels and their time; the kernels
-    with the most device time, with their counts and milliseconds over the run."""
+def _profiled(run, input_ids, k: int, device) -> tuple[list, int]:
+    """One run of `run` (K new tokens) under `torch.profiler`: its averaged events and the tokens it generated."""
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
@@ -68,23 +66,51 @@ def profile_counts(run, input_ids, k: int, device) -> dict:
         steps = run(input_ids, k)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-    events = prof.key_averages()
+    return prof.key_averages(), max(int(steps or k), 1)
 
-    def device_us(e) -> float:
-        return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+def _device_us(e) -> float:
+    return float(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0) or 0)
+
+
+def _totals(events) -> dict:
+    """A profiled run's totals: GPU kernels and their device milliseconds, ATen operators, and each host call."""
+    from torch.autograd import DeviceType
 
     kernels = [e for e in events if e.device_type == DeviceType.CUDA]
-    per = max(int(steps or k), 1)
+    return {
+        "kernels": sum(e.count for e in kernels), "kernel_ms": sum(_device_us(e) for e in kernels) / 1000,
+        "aten_ops": sum(e.count for e in events if e.key.startswith("aten::")),
+        **{e.key: e.count for e in events if e.key in HOST_CALLS},
+    }  # fmt: skip
+
+
+def profile_counts(run, input_ids, k: int, device) -> dict:
+    """`run` (K new tokens) under `torch.profiler`: per generated token, the host's launch, copy and
+    synchronisation calls (`HOST_CALLS`), its ATen operators, and the GPU's kernels and their time; the kernels
+    with the most device time, with their counts and milliseconds over the run. Then one run of 1 token (the
+    prefill and its token): `per_decode_step` is the difference of the two runs over the steps between them, the
+    decode steps' own counts with the prefill's taken out."""
+    from torch.autograd import DeviceType
+
+    events, per = _profiled(run, input_ids, k, device)
+    full = _totals(events)
+    first, one = _profiled(run, input_ids, 1, device)
+    prefill = _totals(first)
+    gap = max(per - one, 1)
+    costliest = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=_device_us, reverse=True)
     return {
         "new_tokens": per,
-        "host_calls_per_token": {e.key: round(e.count / per, 2) for e in events if e.key in HOST_CALLS},
-        "aten_ops_per_token": round(sum(e.count for e in events if e.key.startswith("aten::")) / per, 1),
-        "kernels_per_token": round(sum(e.count for e in kernels) / per, 1),
-        "kernel_ms_per_token": round(sum(device_us(e) for e in kernels) / 1000 / per, 4),
+        "host_calls_per_token": {c: round(full[c] / per, 2) for c in HOST_CALLS if c in full},
+        "aten_ops_per_token": round(full["aten_ops"] / per, 1),
+        "kernels_per_token": round(full["kernels"] / per, 1),
+        "kernel_ms_per_token": round(full["kernel_ms"] / per, 4),
+        "prefill_and_first_token": {c: round(v, 4) for c, v in prefill.items()},
+        "per_decode_step": {c: round((full.get(c, 0) - prefill.get(c, 0)) / gap, 4) for c in full.keys() | prefill},
         "top_kernels": [
-            {"name": e.key[:120], "count": e.count, "ms": round(device_us(e) / 1000, 3)}
-            for e in sorted(kernels, key=device_us, reverse=True)[:TOP_KERNELS]
-        ],  # fmt: skip
+            {"name": e.key[:120], "count": e.count, "ms": round(_device_us(e) / 1000, 3)}
+            for e in costliest[:TOP_KERNELS]
+        ],
     }
 
 
@@ -193,9 +219,10 @@ def _run_plan(a, path: Path, report: dict | None, plan: list, t_start: float) ->
                   f"{row['decode_path']} ({time.perf_counter() - t0:.0f} s)", flush=True)  # fmt: skip
             if a.profile:
                 c = report["profiles"][-1]
+                step = c["per_decode_step"]
                 print(
                     f"{'':>18} per token: {c['kernels_per_token']} kernels, {c['kernel_ms_per_token']} ms on the "
-                    f"device, {c['aten_ops_per_token']} ATen ops, {c['host_calls_per_token']}",
+                    f"device, {c['aten_ops_per_token']} ATen ops, {c['host_calls_per_token']}; per decode step: {step}",
                     flush=True,
                 )
         _write(path, report)

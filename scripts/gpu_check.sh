@@ -23,7 +23,8 @@
 #   scripts/gpu_check.sh OUTDIR crowd          # issue #34: 1 and 8 visitors at once through the batched decode (its
 #                                              # CUDA graph: the app's path; the JSON names it, `decode_reason`)
 #                                              # (`python -m explainer crowd`): the embedded model, then Qwen2.5-1.5B,
-#                                              # distinct prompts, then the same prompt
+#                                              # distinct prompts, then the same prompt; then one
+#                                              # visitor at a time, four rounds, never a crowd (-singles)
 #
 # Then the checks of the first GPU session:
 #
@@ -212,10 +213,11 @@ stage() {  # stage NAME: one stage of the next GPU session
             tests/explainer/test_capture.py -k "$select" \
             --junitxml "$RESULTS/static-tests-$gpu.xml"
         ;;
-    table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100)
+    table3) # the paper's lengths; AtMan last, one run each: its passes grow with N^2 (~2 min at 2k on an H100); then
+        # AtMan with 4 perturbed rows a pass at the two shorter lengths: a row with its memory near the paper's +1%
         run "$(box 270)" table3 $PY scripts/gpu_bench.py --model $LLAMA "${TINY[@]}" --new-tokens $K \
             --repeats $REPEATS --json "$RESULTS/bench-gpu-$gpu-llama-3.1-8b.json" --deadline "$(box 260)" \
-            --plan "$SHORT:none,plain,macs;$SHORT:rollout,attnlrp;$SHORT:atman:1"
+            --plan "$SHORT:none,plain,macs;$SHORT:rollout,attnlrp;$SHORT:atman:1;${SHORT%,*}:atman:batch_size=4:1"
         ;;
     table3-long) # Rollout at 32k keeps ~64 GiB beyond the weights: out of memory on an H100, recorded as refused
         run "$(box 100)" table3-long $PY scripts/gpu_bench.py --model $LLAMA "${TINY[@]}" --new-tokens $K \
@@ -250,23 +252,28 @@ stage() {  # stage NAME: one stage of the next GPU session
         # runs on a side stream), to tell whether its run-to-run choices are the mismatches (docs/gpu.md).
         local specs=("embedded --folder embedded --distinct" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
             "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct"
-            "embedded-cublas-fixed --folder embedded --distinct") spec name env
+            "embedded-cublas-fixed --folder embedded --distinct"
+            "qwen2.5-1.5b-singles --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
         if [ -n "$DRY" ]; then
-            specs=("tiny --model $LLAMA --tiny --device cpu --distinct")
+            specs=("tiny --model $LLAMA --tiny --device cpu --distinct"
+                "tiny-singles --model $LLAMA --tiny --device cpu --distinct")
         elif ! embedded_ready; then  # the embedded model's shape with random weights
             specs=("${specs[@]/--folder embedded/--model $SMOLLM2}")
         fi
         for spec in "${specs[@]}"; do
             read -r name select <<<"$spec"
-            env=()
+            env=() sizes=(--visitors 1,8 --rounds "$REPEATS")
             if [[ $name == *-cublas-fixed ]]; then env=(env CUBLAS_WORKSPACE_CONFIG=:4096:8); fi
+            # -singles: one visitor at a time, never a crowd (slots stay at S = 1): whether a lone row differs from
+            # its own reference without neighbours, or only after a crowd grew and filled the slots (docs/gpu.md)
+            if [[ $name == *-singles ]]; then sizes=(--visitors 1 --rounds 4); fi
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
                 echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
                 continue
             fi
             # shellcheck disable=SC2086  # $select holds the model's arguments
             run "$(box 60)" "crowd-$name" "${env[@]}" $PY -m explainer crowd $select --dtype bfloat16 \
-                --visitors 1,8 --rounds "$REPEATS" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
+                "${sizes[@]}" --new-tokens $K --json "$RESULTS/crowd-gpu-$gpu-$name.json"
         done
         ;;
     esac

@@ -80,7 +80,9 @@ def test_every_stage_writes_its_results(dry_run):
     table3 = json.loads((results / "bench-gpu-cpu-dry-llama-3.1-8b.json").read_text())
     assert {"model", "date", "machine"} <= table3.keys() and "random weights" in table3["model"]
     methods = ("none", "plain", "macs", "rollout", "attnlrp", "atman")
-    assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b.json") == {(m, n) for m in methods for n in (16, 32)}
+    assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b.json") == {(m, n) for m in methods for n in (16, 32)} | {
+        ("atman:batch_size=4", 16)  # AtMan with its batch capped: the row for its memory
+    }
     long = {(m, 48) for m in ("none", "plain", "macs", "rollout")}
     assert _rows(results / "bench-gpu-cpu-dry-llama-3.1-8b-long.json") == long
     for decode, path in (("static", "static"), ("solo", "solo")):
@@ -98,6 +100,8 @@ def test_every_stage_writes_its_results(dry_run):
         ]
         assert all(c["aten_ops_per_token"] > 0 and c["kernels_per_token"] == 0 for c in profiles)  # no GPU here
         assert profiles[1]["aten_ops_per_token"] > profiles[0]["aten_ops_per_token"]  # MACS's own work per step
+        steps = [c["per_decode_step"]["aten_ops"] for c in profiles]  # the decode steps apart from the prefill
+        assert 0 < steps[0] < steps[1] and profiles[1]["prefill_and_first_token"]["aten_ops"] > 0
     product = [json.loads(line) for line in (results / "product-gpu-cpu-dry.jsonl").read_text().splitlines()]
     assert [(r["model"].split("/")[1], r["methods"], r["image_tokens_asked"]) for r in product] == [
         ("Qwen2.5-1.5B-Instruct", "all", 16), ("Qwen2.5-VL-3B-Instruct", "macs,rollout", 16),
@@ -111,13 +115,15 @@ def test_every_stage_writes_its_results(dry_run):
     assert crowd["decode"] == "batched" and crowd["rounds"][1]["largest_batch"] == 8
     assert crowd["distinct_prompts"] and crowd["rounds"][1]["shared_prefill"] == 1  # no two visitors alike
     assert [m["visitors"] for m in crowd["medians"]] == [1, 8] and crowd["medians"][0]["vs_one_alone_median"] == 1.0
+    singles = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles.json").read_text())  # never a crowd
+    assert [(r["visitors"], r["mismatched_visitors"], r["largest_batch"]) for r in singles["rounds"]] == [(1, 0, 1)] * 4
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 6  # table3, table3-long, static and profile (2 each)
-    assert second.count("is there") == 6 + 1 + 5 + 1  # ... product rows, crowd
+    assert second.count("is there") == 6 + 1 + 5 + 2  # ... product rows, the two crowds
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
@@ -189,9 +195,11 @@ def test_the_crowd_report_says_by_how_much_a_visitor_differs(tokenizer):
     b = copy.deepcopy(a)
     assert same(a, b)
     b.methods["macs"].raw[1, 2] += 0.25
+    assert not same(a, b) and difference(a, b)["first_step"] == 1  # the second step's map row
     b.step_scores["probability"][0] -= 0.5
     assert not same(a, b)
     d = difference(a, b)
+    assert d["first_step"] == 0  # the first step's probability: the prefill's pass
     assert d["tokens_equal"] and d["maps"]["rollout"]["max_abs"] == 0.0
     assert abs(d["maps"]["macs"]["max_abs"] - 0.25) < 1e-6 and d["maps"]["macs"]["relative"] > 0
     assert abs(d["step_scores"]["probability"]["max_abs"] - 0.5) < 1e-6 and d["step_scores"]["entropy"]["max_abs"] == 0

@@ -115,12 +115,34 @@ def _gap(x, y) -> dict | None:
     return {"max_abs": d, "relative": d / scale if scale else None}
 
 
+def _first_row(x, y) -> int | None:
+    """The first index along the first axis where `x` and `y` differ in any bit (NaN equal to NaN); None where they
+    do not, or where their shapes differ."""
+    x, y = np.asarray(x), np.asarray(y)
+    if x.shape != y.shape or x.ndim == 0:
+        return None
+    equal = (x == y) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y
+    rows = np.flatnonzero(~equal.reshape(len(x), -1).all(axis=1))
+    return int(rows[0]) if len(rows) else None
+
+
+def first_step(a, b) -> int | None:
+    """The first answer step at which `a` and `b` differ: a token, a map's row or a step score (step 0 comes from the
+    prefill's pass, so a difference there is the prefill's, not the batch's steps'); None where none does."""
+    ta, tb = a.generated_token_ids, b.generated_token_ids
+    firsts = [_first_row(ta[: len(tb)], tb[: len(ta)])] + ([min(len(ta), len(tb))] if len(ta) != len(tb) else [])
+    firsts += [_first_row(a.methods[m].raw, b.methods[m].raw) for m in a.methods.keys() & b.methods.keys()]
+    firsts += [_first_row(a.step_scores[k], b.step_scores[k]) for k in a.step_scores.keys() & b.step_scores.keys()]
+    return min((f for f in firsts if f is not None), default=None)
+
+
 def difference(a, b) -> dict:
     """How a visitor's result `a` differs from its reference `b` (for a mismatch found by `same`): whether the token
-    ids are equal, and the largest absolute difference of each method's raw map and of each step score (relative to
-    the reference's largest magnitude too), where their shapes agree."""
+    ids are equal, the first step that differs (`first_step`), and the largest absolute difference of each method's
+    raw map and of each step score (relative to the reference's largest magnitude too), where their shapes agree."""
     return {
         "tokens_equal": a.generated_token_ids == b.generated_token_ids,
+        "first_step": first_step(a, b),
         "maps": {m: _gap(a.methods[m].raw, b.methods[m].raw) for m in sorted(a.methods.keys() & b.methods.keys())},
         "step_scores": {
             k: _gap(a.step_scores[k], b.step_scores[k]) for k in sorted(a.step_scores.keys() & b.step_scores.keys())
