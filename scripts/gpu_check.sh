@@ -237,7 +237,7 @@ stage() {  # stage NAME: one stage of the next GPU session
         # app's other default) at the shortest length: per token the kernels, their device time and the host's
         # launches, on the eager static step and on the graph
         embedded_model
-        for decode in static-eager $DECODE; do
+        for decode in $DECODE static-eager; do  # the graph (what runs) first
             run "$(box 45)" "profile-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
                 --new-tokens $K --repeats 1 --json "$RESULTS/profile-gpu-$gpu-$decode.json" --deadline "$(box 40)" \
                 --plan "$PROFILE_LENGTHS:plain,macs;${PROFILE_LENGTHS%%,*}:rollout" --profile
