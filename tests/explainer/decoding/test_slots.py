@@ -1,7 +1,8 @@
 """The batch's slots and its step (`decoding/batched/slots.py`, `fixed.py`), below the batcher: slots keep a row's cache
 where its solo cache holds it; the fixed-shape step (what a CUDA graph records) equals the row-by-row step to float32
 rounding; on CUDA the graph's replay equals the same step run eagerly bit for bit, a row among 8 equals its lone run
-bit for bit, and both equal the solo loop's tokens. The batcher's own behaviour in both forms (rows joining and
+bit for bit, and both equal the solo loop's tokens; a row's bits do not depend on what the free slots or its own
+unused positions hold (on a CPU and on CUDA). The batcher's own behaviour in both forms (rows joining and
 leaving, given answers, end-of-sequence tokens, cancels, sinks, MACS and Rollout against the solo loop) is
 test_batched.py's, which runs every test in both forms."""
 
@@ -20,7 +21,7 @@ from explainer.explain import decode_choice
 from explainer.methods import get_method
 from explainer.runtime.host import to_numpy
 
-from ...conftest import ACCELERATORS, build_model
+from ...conftest import ACCELERATORS, DEVICES, build_model
 
 LENGTHS = (5, 11, 8, 3, 17, 9, 6, 13)  # prompt lengths of up to 8 rows
 
@@ -157,3 +158,26 @@ def test_cuda_a_row_among_eight_equals_its_lone_run_bit_for_bit_and_the_solo_tok
         job = DecodeJob(ids, [], 7)
         solo = [s.token_id for s in generate_steps(model, job, decode_choice(model, job))]
         assert rows_of[i][2] == solo
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_rows_bits_do_not_depend_on_what_free_slots_or_its_unused_positions_hold(device):
+    """A crowd leaves keys and values behind in the slots it used (`Slots.leave` clears nothing). On the H200 a lone
+    Qwen2.5-1.5B row differed from its own earlier run after a crowd had filled the slots (docs/gpu.md), so: a row in
+    slot 0 of 4 gives the same bits with zeros elsewhere as with large random leftovers in the free slots and in its
+    own positions after its length (the fixed shape on a CPU, the graph on CUDA)."""
+    model = build_model("qwen2").to(device)
+    form = FIXED_SHAPE if device == "cpu" else GRAPH
+    ids = _ids(9, 0, device)
+    clean = _decode(model, *_state(model, [ids], 4, rows=True), BatchStep(model, form), 6)
+    state, rows_of = _state(model, [ids], 4, rows=True)
+    noise = torch.Generator().manual_seed(1)
+    for layer in state.cache.layers:
+        for buffer in (layer.keys, layer.values):
+            own = buffer[0, :, : ids.shape[1]].clone()
+            buffer.copy_((torch.randn(buffer.shape, generator=noise) * 30).to(buffer.dtype))
+            buffer[0, :, : ids.shape[1]] = own
+    dirty = _decode(model, state, rows_of, BatchStep(model, form), 6)
+    for a, b in zip(clean, dirty):
+        np.testing.assert_array_equal(a[0][0], b[0][0])  # the token statistics
+        np.testing.assert_array_equal(a[0][1], b[0][1])  # the attention rows
