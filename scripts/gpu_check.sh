@@ -24,7 +24,8 @@
 #                                              # CUDA graph: the app's path; the JSON names it, `decode_reason`)
 #                                              # (`python -m explainer crowd`): the embedded model, then Qwen2.5-1.5B,
 #                                              # distinct prompts, then the same prompt; then one
-#                                              # visitor at a time, four rounds, never a crowd (-singles)
+#                                              # visitor at a time, four rounds, never a crowd (-singles),
+#                                              # with the graph and without (-singles-eager)
 #
 # Then the checks of the first GPU session:
 #
@@ -253,10 +254,12 @@ stage() {  # stage NAME: one stage of the next GPU session
         local specs=("embedded --folder embedded --distinct" "qwen2.5-1.5b --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
             "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct"
             "embedded-cublas-fixed --folder embedded --distinct"
-            "qwen2.5-1.5b-singles --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
+            "qwen2.5-1.5b-singles --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
+            "qwen2.5-1.5b-singles-eager --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
         if [ -n "$DRY" ]; then
             specs=("tiny --model $LLAMA --tiny --device cpu --distinct"
-                "tiny-singles --model $LLAMA --tiny --device cpu --distinct")
+                "tiny-singles --model $LLAMA --tiny --device cpu --distinct"
+                "tiny-singles-eager --model $LLAMA --tiny --device cpu --distinct")
         elif ! embedded_ready; then  # the embedded model's shape with random weights
             specs=("${specs[@]/--folder embedded/--model $SMOLLM2}")
         fi
@@ -266,7 +269,9 @@ stage() {  # stage NAME: one stage of the next GPU session
             if [[ $name == *-cublas-fixed ]]; then env=(env CUBLAS_WORKSPACE_CONFIG=:4096:8); fi
             # -singles: one visitor at a time, never a crowd (slots stay at S = 1): whether a lone row differs from
             # its own reference without neighbours, or only after a crowd grew and filled the slots (docs/gpu.md)
-            if [[ $name == *-singles ]]; then sizes=(--visitors 1 --rounds 4); fi
+            # -eager: the same step in its fixed shape without a graph: whether the graph's recordings are the cause
+            if [[ $name == *-singles* ]]; then sizes=(--visitors 1 --rounds 4); fi
+            if [[ $name == *-eager ]]; then env=(env EXPLAINER_DECODE=batched:fixed-shape); fi
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
                 echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
                 continue

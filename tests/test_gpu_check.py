@@ -117,13 +117,15 @@ def test_every_stage_writes_its_results(dry_run):
     assert [m["visitors"] for m in crowd["medians"]] == [1, 8] and crowd["medians"][0]["vs_one_alone_median"] == 1.0
     singles = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles.json").read_text())  # never a crowd
     assert [(r["visitors"], r["mismatched_visitors"], r["largest_batch"]) for r in singles["rounds"]] == [(1, 0, 1)] * 4
+    eager = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-eager.json").read_text())  # the fixed shape, eagerly
+    assert eager["decode"] == "batched" and len(eager["rounds"]) == 4 and "fixed" in eager["decode_reason"]
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 6  # table3, table3-long, static and profile (2 each)
-    assert second.count("is there") == 6 + 1 + 5 + 2  # ... product rows, the two crowds
+    assert second.count("is there") == 6 + 1 + 5 + 3  # ... product rows, the three crowds
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):

@@ -119,7 +119,7 @@ def _first_row(x, y) -> int | None:
     """The first index along the first axis where `x` and `y` differ in any bit (NaN equal to NaN); None where they
     do not, or where their shapes differ."""
     x, y = np.asarray(x), np.asarray(y)
-    if x.shape != y.shape or x.ndim == 0:
+    if x.shape != y.shape or x.ndim == 0 or len(x) == 0:
         return None
     equal = (x == y) | (np.isnan(x) & np.isnan(y)) if x.dtype.kind == "f" else x == y
     rows = np.flatnonzero(~equal.reshape(len(x), -1).all(axis=1))
