@@ -236,7 +236,7 @@ stage() {  # stage NAME: one stage of the next GPU session
         ;;
     profile) # what MACS adds to a step (issue #42: MACS at 0.80-0.90x plain on the graph path), and Rollout (the
         # app's other default) at the shortest length: per token the kernels, their device time and the host's
-        # launches, on the eager static step and on the graph
+        # launches, on the graph and on the eager static step
         embedded_model
         for decode in $DECODE static-eager; do  # the graph (what runs) first
             run "$(box 45)" "profile-$decode" $PY scripts/gpu_bench.py "${model[@]}" --decode "$decode" \
