@@ -5,6 +5,11 @@ ones (the LDS table's are the first 100 of the 350-question file; these are rows
 Usage: python scripts/sources_design.py collect --data squad_v2-dev --ids docs/results/squad-dev-350.ids
            --offset 200 --limit 100 --results docs/results/sources-design-lab-f32-DATE.jsonl
        python scripts/sources_design.py report docs/results/sources-design-lab-f32-DATE.jsonl
+       RANK=0 WORLD_SIZE=2 python scripts/sources_design.py collect-long --data squad_v2-dev \
+           --ids docs/results/squad-dev-350.ids --offset 200 --limit 20 --results LONG.jsonl   # and RANK=1
+       python scripts/sources_design.py report-long LONG.jsonl   # finds the rank files
+(`collect-long`, `report-long`: long contexts, four paragraphs joined as `surrogate --paragraphs 4` joins them;
+`explainer.eval.design_lab_long`.)
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's packages, wherever it runs from
 
-from explainer.eval import design_lab  # noqa: E402
+from explainer.eval import design_lab, design_lab_long  # noqa: E402
 from explainer.eval.intervals import paired_t  # noqa: E402
+from explainer.eval.parallel import results_files  # noqa: E402
 from explainer.eval.resumable import measure_rows, read_results  # noqa: E402
 
 
@@ -36,6 +42,31 @@ def collect(args: argparse.Namespace) -> None:
     done = {r["id"]: r for r in read_results(args.results)}
     measure_rows(rows, lambda row: {**design_lab.collect_row(bundle, row), "command": command}, done, args.results,
                  bundle.model, lambda m: print(m, file=sys.stderr))  # fmt: skip
+
+
+def collect_long(args: argparse.Namespace) -> None:
+    from explainer.cli.lds import chosen_rows
+    from explainer.eval.datasets import haystack_rows
+    from explainer.eval.parallel import rank_from_env, rank_path, shard
+    from explainer.models.loading import load_model
+    from explainer.runtime.precision import parse_dtype
+
+    place = rank_from_env()
+    rows = shard(haystack_rows(chosen_rows(args), args.paragraphs), place.rank, place.world)  # as `surrogate` builds
+    path = rank_path(args.results, place.rank, place.world) if place.world > 1 else args.results
+    bundle = load_model(None, dtype=parse_dtype(args.dtype))
+    command = shlex.join(["python", "scripts/sources_design.py", *sys.argv[1:]])
+    done = {r["id"]: r for r in read_results(path)}
+    measure_rows(rows, lambda row: {**design_lab_long.collect_long_row(bundle, row), "command": command}, done, path,
+                 bundle.model, lambda m: print(m, file=sys.stderr))  # fmt: skip
+
+
+def report_long(path: str) -> None:
+    rows = [r for f in results_files(path) for r in read_results(f) if "logp" in r]
+    print(f"{len(rows)} long contexts; whole-answer LDS, each design fitted as the method fits, k = 32")
+    for e in design_lab_long.report_long(rows):
+        pairs = "; ".join(f"{key} {e[key][0]:+.3f} ± {e[key][1]:.3f}" for key in e if key.startswith("minus"))
+        print(f"  {e['sentences']:6s} {e['fit']:18s} N={e['n']:3d}: {e['lds']:.3f} ± {e['half']:.3f}  {pairs}")
 
 
 def report(path: str) -> None:
@@ -79,9 +110,23 @@ def main() -> int:
     c.add_argument("--results", required=True)
     r = sub.add_parser("report")
     r.add_argument("results")
+    c = sub.add_parser("collect-long")
+    c.add_argument("--data", required=True)
+    c.add_argument("--ids")
+    c.add_argument("--offset", type=int, default=200)
+    c.add_argument("--limit", type=int, default=20)
+    c.add_argument("--paragraphs", type=int, default=4)
+    c.add_argument("--dtype", default="float32")
+    c.add_argument("--results", required=True)
+    r = sub.add_parser("report-long")
+    r.add_argument("results")
     args = p.parse_args()
     if args.command == "collect":
         collect(args)
+    elif args.command == "collect-long":
+        collect_long(args)
+    elif args.command == "report-long":
+        report_long(args.results)
     else:
         report(args.results)
     return 0

@@ -1,0 +1,196 @@
+"""Long contexts in the design lab: which 32-mask design Sources' surrogate should use where the passages are 17-31,
+measured once per development long context, then fitted offline (`scripts/sources_design.py collect-long` and
+`report-long` are its front end; `design_lab` is the short-context lab).
+
+At 17-31 sentences 32 masks cannot fold (a resolution IV design holds at most 16 factors in 32 runs), so the default
+(`surrogate.orthogonal`) is a plain Sylvester Hadamard design: each sentence's effect is orthogonal to the others' but
+fully aliased with some two-sentence interactions (column a XOR b). A Paley Hadamard matrix of the same order (`paley`)
+is orthogonal too, but no interaction falls on one column in full: each is spread over many, at most a quarter on any
+(the "complex aliasing" of Plackett-Burman designs; Hamada & Wu, 1992), which may spare the effects a few large
+interactions, and makes interactions with a dominant sentence partly estimable.
+
+`collect_long_row`: the answer's per-token log-probabilities by removal under the unperturbed prompt, the default
+design and a Paley design at k = 32 (two seeds each), ContextCite's 64 random masks (the `surrogate` command's
+`--reference`, same seeds) and the `lds` command's 32 evaluation masks (removing the sentences as `lds` cuts them).
+`report_long`: each design fitted as the method fits (the unperturbed row first) and scored by its LDS on the
+evaluation masks, mean over the seeds, paired per question.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from typing import Any
+
+import numpy as np
+
+from ..methods.surrogate import chosen_regulariser, design, surrogate_fit
+from .intervals import mean_t, paired_t
+from .lds import MASKS, ablation_masks, lds, logit, predictions, sentence_keep
+
+K = 32  # the masks of every design (the long-context goal's budget)
+SEEDS = (0, 1)
+REFERENCE = 64  # ContextCite's random masks (least squares on the logit of the whole answer's probability)
+ORDER = 32  # the Paley matrix's order: q = 31, prime and 3 mod 4
+
+
+def paley(q: int) -> np.ndarray:
+    """(q + 1, q + 1) Hadamard matrix of +-1 by Paley's first construction (q prime, q = 3 mod 4), rows signed so
+    that the first column is all +1: every other column holds (q + 1) / 2 of each sign, any two are orthogonal."""
+    if q < 3 or q % 4 != 3 or any(q % d == 0 for d in range(2, int(q**0.5) + 1)):
+        raise ValueError(f"Paley's first construction needs a prime q = 3 mod 4, got {q}")
+    residues = {(i * i) % q for i in range(1, q)}
+    chi = np.array([0] + [1 if d in residues else -1 for d in range(1, q)])  # the quadratic character mod q
+    jacobsthal = chi[(np.arange(q)[None, :] - np.arange(q)[:, None]) % q]  # (q, q) Q[i, j] = chi(j - i)
+    s = np.zeros((q + 1, q + 1), dtype=int)
+    s[0, 1:], s[1:, 0], s[1:, 1:] = 1, -1, jacobsthal
+    h = np.eye(q + 1, dtype=int) + s  # a skew Hadamard matrix
+    return h * h[:, :1]
+
+
+def paley_design(units: int, seed: int) -> np.ndarray:
+    """(32, U) keep-masks: U of the Paley matrix's 31 balanced columns, drawn and sign-flipped from `seed`."""
+    if not 0 < units < ORDER:
+        raise ValueError(f"a Paley design of order {ORDER} holds 1-{ORDER - 1} units, got {units}")
+    rng = np.random.default_rng([seed, 13])
+    return (paley(ORDER - 1)[:, 1 + rng.permutation(ORDER - 1)[:units]] * rng.choice([-1, 1], units)) > 0
+
+
+def long_designs(s: int, row_id: str) -> dict[str, np.ndarray]:
+    """Each design's (R, S) keep-masks over s sentences: "all" (the unperturbed row), "hadamard<seed>" (the method's
+    default at k = 32), "paley<seed>" (at 31 sentences or fewer), "reference" and "evaluation"."""
+    crc = zlib.crc32(str(row_id).encode("utf-8"))
+    out = {"all": np.ones((1, s), dtype=bool)}
+    for seed in SEEDS:
+        out[f"hadamard{seed}"] = design(s, K, "hadamard", seed)
+        if s < ORDER:
+            out[f"paley{seed}"] = paley_design(s, seed)
+    out["reference"] = ablation_masks(s, REFERENCE, 0.5, [0, crc, 1])
+    out["evaluation"] = ablation_masks(s, MASKS, 0.5, [0, crc])
+    return out
+
+
+def _bits(mask) -> str:
+    return "".join("1" if b else "0" for b in mask)
+
+
+def collect_long_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[str, Any]:
+    """One long context's pool (JSON-able; log-probabilities rounded to 1e-4): its distinct masks ("masks", the
+    evaluation masks last), each design's rows in it ("index") and the (R, K) log-probabilities ("logp")."""
+    import torch
+
+    from ..methods.sources import SourcesConfig, keep_rows, passages
+    from .ablate import response_logprobs
+    from .lds_eval import answer_row
+
+    t0 = time.perf_counter()
+    answered = answer_row(bundle, row, ["random"], max_new_tokens)
+    attr, sentences, k = answered.attr, answered.sentences, answered.k
+    n = attr.num_prompt_tokens
+    groups = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), SourcesConfig(context="Context"))
+    if len(groups) != len(sentences):
+        raise ValueError(f"{row['id']}: {len(groups)} passages but {len(sentences)} sentences")
+    designs = long_designs(len(groups), row["id"])
+    evaluation = designs.pop("evaluation")
+    keys: dict[str, int] = {}
+    index = {name: [keys.setdefault(_bits(m), len(keys)) for m in masks] for name, masks in designs.items()}
+    pooled = np.array([[c == "1" for c in b] for b in keys], dtype=bool)  # (P, S) in first-seen order
+    index["evaluation"] = list(range(len(keys), len(keys) + len(evaluation)))
+    keep = np.concatenate([keep_rows(pooled, groups, n), sentence_keep(evaluation, sentences, n)])
+    ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
+    logp = response_logprobs(bundle.model, ids[:n], ids[n:], torch.as_tensor(keep, device=bundle.device))
+    return {"id": row["id"], "S": len(groups), "n": n, "k": k, "masks": [*keys, *map(_bits, evaluation)],
+            "index": index, "logp": np.round(np.asarray(logp, dtype=float), 4).tolist(),
+            "seconds": time.perf_counter() - t0}  # fmt: skip
+
+
+def _rows(r: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
+    masks = np.array([[c == "1" for c in r["masks"][i]] for i in r["index"][name]], dtype=bool)
+    return masks, np.asarray(r["logp"], dtype=float)[r["index"][name]]
+
+
+FITS = ("hadamard", "paley", "paley-interactions", "hadamard-lasso", "random32", "reference")  # `report_long`'s
+PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # ridge penalties of the interaction fit (times R / 4)
+
+
+def interaction_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(U,) linear weights of a fit that also models the interactions of the dominant unit: the method's ridge finds
+    the unit of the largest |effect|, a; then the whole answer's log-probability is fitted on the units and the
+    products x_a * x_b for every other b (the ridge, its penalty by leave-one-out error), and projected back on the
+    units under the masks LDS draws (each kept with probability 1/2: x_a * x_b -> (x_a + x_b) / 2 - 1/4). In a
+    Sylvester design the products are other units' columns and cannot be told apart; in a Paley design they are
+    partly estimable (Hamada & Wu's heredity)."""
+    x, whole = masks.astype(float), y.sum(axis=1)
+    a = int(np.argmax(np.abs(surrogate_fit(masks, y, "ridge").weights.sum(axis=0))))
+    others = [b for b in range(x.shape[1]) if b != a]
+    design_matrix = np.concatenate([np.ones((len(x), 1)), x, x[:, others] * x[:, [a]]], axis=1)
+    best = None
+    for penalty in PENALTIES:
+        d = np.eye(design_matrix.shape[1]) * penalty * len(x) / 4
+        d[0, 0] = 0.0
+        inverse = np.linalg.pinv(design_matrix.T @ design_matrix + d)
+        coef = inverse @ design_matrix.T @ whole
+        leverage = np.einsum("ij,jk,ik->i", design_matrix, inverse, design_matrix)
+        error = float((((whole - design_matrix @ coef) / np.maximum(1.0 - leverage, 1e-9)) ** 2).sum())
+        if best is None or error < best[0]:
+            best = (error, coef)
+    coef = best[1]
+    weights, gamma = coef[1 : 1 + x.shape[1]].copy(), coef[1 + x.shape[1] :]
+    weights[others] += gamma / 2
+    weights[a] += gamma.sum() / 2
+    return weights
+
+
+def score_long(r: dict[str, Any]) -> dict[str, float]:
+    """One question's whole-answer LDS per entry of `FITS` (seed-averaged): the method's default fit on the Hadamard
+    design and on the Paley design, the Paley design with the dominant unit's interactions
+    (`interaction_weights`), each token's Lasso on the Hadamard design, the ridge on the first 32 reference
+    masks (random ones), and ContextCite's least squares on all 64 (the logit of the whole answer's probability)."""
+    evaluation, measured = _rows(r, "evaluation")
+    y_eval, e = measured.sum(axis=1), evaluation.astype(float)
+    everything, y_all = _rows(r, "all")
+
+    def fitted(masks: np.ndarray, y: np.ndarray, regulariser: str) -> float:
+        masks, y = np.concatenate([everything, masks]), np.concatenate([y_all, y])
+        if regulariser == "interactions":
+            return lds(y_eval, predictions(e, interaction_weights(masks, y)))
+        return lds(y_eval, predictions(e, surrogate_fit(masks, y, regulariser).weights.sum(axis=0)))
+
+    s, out = r["S"], {}
+    auto = chosen_regulariser(s, K, "auto")
+    for name, regulariser in (("hadamard", auto), ("paley", auto), ("paley-interactions", "interactions"),
+                              ("hadamard-lasso", "lasso")):  # fmt: skip
+        kind = name.split("-")[0]
+        scores = [fitted(*_rows(r, f"{kind}{seed}"), regulariser) for seed in SEEDS if f"{kind}{seed}" in r["index"]]
+        if scores:
+            out[name] = float(np.mean(scores))
+    masks, y = _rows(r, "reference")
+    out["random32"] = fitted(masks[:K], y[:K], auto)
+    a = np.concatenate([np.ones((len(masks), 1)), masks.astype(float)], axis=1)
+    out["reference"] = lds(y_eval, e @ np.linalg.lstsq(a, logit(y.sum(axis=1)), rcond=None)[0][1:])
+    return out
+
+
+BINS = ((2, 16), (17, 23), (24, 31), (2, 99))  # sentence counts the report splits by (the last: every question)
+
+
+def report_long(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per bin of sentence counts and per fit: N, mean LDS and its 95% t half-width ("half"), and the paired
+    difference (mean, 95% t half-width, N) against the default ("hadamard") and against ContextCite's least squares
+    ("reference")."""
+    scored = [(r["S"], score_long(r)) for r in rows]
+    out = []
+    for lo, hi in BINS:
+        chosen = [o for s, o in scored if lo <= s <= hi]
+        for name in FITS:
+            values = [o.get(name) for o in chosen]
+            known = [v for v in values if v is not None]
+            if not known:
+                continue
+            mean, half, n = mean_t(known)
+            entry = {"sentences": f"{lo}-{hi}" if hi < 99 else "all", "fit": name, "n": n, "lds": mean, "half": half}
+            for base in ("hadamard", "reference"):
+                if name != base:
+                    entry[f"minus {base}"] = paired_t(values, [o.get(base) for o in chosen])
+            out.append(entry)
+    return out
