@@ -98,28 +98,25 @@ def report(path: str) -> None:
         print(f"  {name:15s} N={n:3d}: {sum(values) / max(len(values), 1):.3f} ({mean:+.3f} ± {half:.3f})")
 
 
+def _collect_parser(sub, name: str, limit: int):
+    """A `collect` subcommand's parser: the questions (data, ids, offset, limit), the dtype and the results file."""
+    c = sub.add_parser(name)
+    c.add_argument("--data", required=True)
+    c.add_argument("--ids")
+    c.add_argument("--offset", type=int, default=200)
+    c.add_argument("--limit", type=int, default=limit)
+    c.add_argument("--dtype", default="float32")
+    c.add_argument("--results", required=True)
+    return c
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("collect")
-    c.add_argument("--data", required=True)
-    c.add_argument("--ids")
-    c.add_argument("--offset", type=int, default=200)
-    c.add_argument("--limit", type=int, default=100)
-    c.add_argument("--dtype", default="float32")
-    c.add_argument("--results", required=True)
-    r = sub.add_parser("report")
-    r.add_argument("results")
-    c = sub.add_parser("collect-long")
-    c.add_argument("--data", required=True)
-    c.add_argument("--ids")
-    c.add_argument("--offset", type=int, default=200)
-    c.add_argument("--limit", type=int, default=20)
-    c.add_argument("--paragraphs", type=int, default=4)
-    c.add_argument("--dtype", default="float32")
-    c.add_argument("--results", required=True)
-    r = sub.add_parser("report-long")
-    r.add_argument("results")
+    _collect_parser(sub, "collect", 100)
+    sub.add_parser("report").add_argument("results")
+    _collect_parser(sub, "collect-long", 20).add_argument("--paragraphs", type=int, default=4)
+    sub.add_parser("report-long").add_argument("results")
     args = p.parse_args()
     if args.command == "collect":
         collect(args)
