@@ -94,9 +94,12 @@ run() {  # run SECONDS NAME CMD...: time-boxed, output to OUT/NAME.log and to th
     echo "=== $name: exit $rc"
 }
 
-box() {  # box DEFAULT: a stage's seconds (STAGE_SECONDS, else DEFAULT; 4x in a dry run on a shared CPU) within what
-    local factor=1  # is left of TOTAL_SECONDS
-    if [ -n "$DRY" ]; then factor=4; fi
+box() {  # box DEFAULT: a stage's seconds (STAGE_SECONDS, else DEFAULT; 4x in a dry run on a shared CPU, 12x where the
+    local factor=1  # CPU lacks native bf16, which makes the bf16 stages ~5x slower) within what is left of TOTAL_SECONDS
+    if [ -n "$DRY" ]; then
+        factor=4
+        if ! grep -qE 'avx512_bf16|amx_bf16' /proc/cpuinfo 2>/dev/null; then factor=12; fi
+    fi
     local want=${STAGE_SECONDS:-$(($1 * factor))} left=$((TOTAL - SECONDS - 5))
     if [ "$left" -lt "$want" ]; then want=$left; fi
     echo $((want > 1 ? want : 1))
