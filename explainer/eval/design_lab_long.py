@@ -24,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import chosen_regulariser, design, surrogate_fit
+from ..methods.surrogate import chosen_regulariser, design, fit, surrogate_fit
+from .design_lab import _bits, _masks
 from .intervals import mean_t, paired_t
 from .lds import MASKS, ablation_masks, lds, logit, predictions, sentence_keep
 
@@ -70,10 +71,6 @@ def long_designs(s: int, row_id: str) -> dict[str, np.ndarray]:
     return out
 
 
-def _bits(mask) -> str:
-    return "".join("1" if b else "0" for b in mask)
-
-
 def collect_long_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> dict[str, Any]:
     """One long context's pool (JSON-able; log-probabilities rounded to 1e-4): its distinct masks ("masks", the
     evaluation masks last), each design's rows in it ("index") and the (R, K) log-probabilities ("logp")."""
@@ -94,7 +91,7 @@ def collect_long_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> d
     evaluation = designs.pop("evaluation")
     keys: dict[str, int] = {}
     index = {name: [keys.setdefault(_bits(m), len(keys)) for m in masks] for name, masks in designs.items()}
-    pooled = np.array([[c == "1" for c in b] for b in keys], dtype=bool)  # (P, S) in first-seen order
+    pooled = _masks(keys)  # (P, S) in first-seen order
     index["evaluation"] = list(range(len(keys), len(keys) + len(evaluation)))
     keep = np.concatenate([keep_rows(pooled, groups, n), sentence_keep(evaluation, sentences, n)])
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
@@ -105,7 +102,7 @@ def collect_long_row(bundle, row: dict[str, Any], max_new_tokens: int = 16) -> d
 
 
 def _rows(r: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
-    masks = np.array([[c == "1" for c in r["masks"][i]] for i in r["index"][name]], dtype=bool)
+    masks = _masks(r["masks"][i] for i in r["index"][name])
     return masks, np.asarray(r["logp"], dtype=float)[r["index"][name]]
 
 
@@ -120,22 +117,11 @@ def interaction_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
     units under the masks LDS draws (each kept with probability 1/2: x_a * x_b -> (x_a + x_b) / 2 - 1/4). In a
     Sylvester design the products are other units' columns and cannot be told apart; in a Paley design they are
     partly estimable (Hamada & Wu's heredity)."""
-    x, whole = masks.astype(float), y.sum(axis=1)
+    x = masks.astype(float)
     a = int(np.argmax(np.abs(surrogate_fit(masks, y, "ridge").weights.sum(axis=0))))
     others = [b for b in range(x.shape[1]) if b != a]
-    design_matrix = np.concatenate([np.ones((len(x), 1)), x, x[:, others] * x[:, [a]]], axis=1)
-    best = None
-    for penalty in PENALTIES:
-        d = np.eye(design_matrix.shape[1]) * penalty * len(x) / 4
-        d[0, 0] = 0.0
-        inverse = np.linalg.pinv(design_matrix.T @ design_matrix + d)
-        coef = inverse @ design_matrix.T @ whole
-        leverage = np.einsum("ij,jk,ik->i", design_matrix, inverse, design_matrix)
-        error = float((((whole - design_matrix @ coef) / np.maximum(1.0 - leverage, 1e-9)) ** 2).sum())
-        if best is None or error < best[0]:
-            best = (error, coef)
-    coef = best[1]
-    weights, gamma = coef[1 : 1 + x.shape[1]].copy(), coef[1 + x.shape[1] :]
+    coef = fit(np.concatenate([x, x[:, others] * x[:, [a]]], axis=1), y.sum(axis=1, keepdims=True), PENALTIES)[0][0]
+    weights, gamma = coef[: x.shape[1]].copy(), coef[x.shape[1] :]
     weights[others] += gamma / 2
     weights[a] += gamma.sum() / 2
     return weights
