@@ -345,7 +345,8 @@ def peer_needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> 
     needles and question; `lds_eval.answer_prompt`), and its map is read at token level by sharing each sentence's
     score evenly among its tokens (`lds.spread`). It explains the whole response, so its one map stands for every step
     that writes the password; then it is scored as the methods are (`hitratio.score_maps`: the needle and haystack
-    tokens only, rows whose answer holds a password).
+    tokens only, rows whose answer holds a password). On a row whose answer holds none, the peers do not run (a
+    third to a quarter of ContextCite's half hour a 1k prompt on a CPU would go to a map nobody scores).
 
     Raises:
         InputError: no answer.
@@ -358,6 +359,9 @@ def peer_needle_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> 
            "at2": lambda: at2_scores(bundle, p, estimator)}  # fmt: skip
     out["peers"] = {}
     for name in cfg.peers:
+        if not out["found"]:  # unscored, as the methods' maps of such a row: its ablations would be wasted
+            out["methods"][name] = {"mass": None, "ap": None}
+            continue
         start = time.perf_counter()
         scores = run[name]()
         whole = spread(scores, p.row.sentences, len(p.prompt_ids))  # (N,)

@@ -5,6 +5,8 @@ Small on purpose (short contexts, 8 masks, a 4-token answer, 3 AT2 steps): it ch
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ pytest.importorskip("at2", reason="at2 is not installed (optional: pip install .
 
 from explainer import load_model  # noqa: E402
 from explainer.bench.prompts import prompt_text  # noqa: E402
+from explainer.eval import peers  # noqa: E402
 from explainer.eval.hitratio import needle_rows  # noqa: E402
 from explainer.eval.peers import (  # noqa: E402
     PeerConfig,
@@ -84,16 +87,28 @@ def test_at2_trained_by_its_trainer_agrees_with_ours(bundle, prepared, tmp_path)
 
 
 def test_both_peers_score_a_needle_prompts_sentences(bundle, prepared, tmp_path):
-    row = needle_rows(bundle.tokenizer, prompt_text()[0], [(250, 50, 0)])[0]
+    row = needle_rows(bundle.tokenizer, prompt_text()[0], [(250, 10, 0)])[0]
     assert 0 < row["spans"]["needles"][0][0] < len(row["prompt"])
     estimator = train_at2(bundle, prepared[1:], CFG, tmp_path)
-    got = peer_needle_row(bundle, row, estimator, CFG)  # their ids checked against ours (PeerMismatch otherwise)
-    assert got["found"] in (True, False) and 0 < got["chance"] < 1 and got["n_hits"] > 0
+    cfg = dataclasses.replace(CFG, max_new_tokens=16)  # long enough to write the password on this prompt
+    got = peer_needle_row(bundle, row, estimator, cfg)  # their ids checked against ours (PeerMismatch otherwise)
+    assert got["found"] and 0 < got["chance"] < 1 and got["n_hits"] > 0
     for name in ("context-cite", "at2"):
         scores = np.asarray(got["peers"][name]["scores"])
         assert len(scores) == got["n_sentences"] > 5 and np.isfinite(scores).all()
         entry = got["methods"][name]
-        if got["found"]:
-            assert 0.0 <= entry["mass"] <= 1.0 and 0.0 < entry["ap"] <= 1.0
-        else:  # not scored where the answer lacks the password
-            assert entry["mass"] is None and entry["ap"] is None
+        assert 0.0 <= entry["mass"] <= 1.0 and 0.0 < entry["ap"] <= 1.0
+
+
+def test_the_peers_do_not_run_where_the_answer_lacks_the_password(bundle, monkeypatch):
+    row = needle_rows(bundle.tokenizer, prompt_text()[0], [(250, 10, 0)])[0]
+
+    def never(*args, **kwargs):
+        raise AssertionError("a peer ran on a row nobody scores")
+
+    monkeypatch.setattr(peers, "context_cite_scores", never)
+    monkeypatch.setattr(peers, "at2_scores", never)
+    got = peer_needle_row(bundle, row, None, CFG)  # 4 tokens: "The secret password is", no password yet
+    assert not got["found"]
+    assert got["peers"] == {}
+    assert got["methods"] == {name: {"mass": None, "ap": None} for name in CFG.peers}
