@@ -131,6 +131,7 @@ def test_the_peers_option_writes_rows_the_report_reads(monkeypatch, tmp_path, ca
             "--max-new-tokens", "2", "--model", str(tiny_model_dir), "--device", "cpu"]  # fmt: skip
     assert main([*args, "--results", str(path)]) == 0
     (row,) = [json.loads(line) for line in path.read_text().splitlines()]
-    assert row["id"] == "needle:plain:200:50:0" and "context-cite" in row["peers"]
+    assert row["id"] == "needle:plain:200:50:0" and not row["found"]  # 2 tokens of the tiny model: no password
+    assert row["methods"]["context-cite"] == {"mass": None, "ap": None} and row["peers"] == {}  # so it did not run
     assert row["command"].startswith("python -m explainer hitratio --lengths 200")
     assert "~200 tokens, plain" in capsys.readouterr().out  # the table
