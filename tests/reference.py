@@ -170,3 +170,11 @@ def reference_knockout_logprobs(
         logits = model(input_ids=seq, attention_mask=mask).logits[0].float()  # (T, V)
     logp = torch.log_softmax(logits, dim=-1)
     return [float(logp[len(ids) - 1 + k, tok]) for k, tok in enumerate(response)]
+
+
+def plain_logp(model, prompt: list[int], response: list[int]) -> float:
+    """log p(response | prompt) from one forward of the whole sequence, no cache."""
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (K, V)
+    return float(torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).sum())

@@ -14,12 +14,13 @@ from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
 from ..eval.lds_eval import LdsConfig, format_table, paired_lines, run_lds, summarise
 from ..eval.parallel import rank_from_env
-from ..eval.peers import agreement_lines, parse_peers
+from ..eval.peer_rescore import rescore_lines, rescore_peers
+from ..eval.peers import PeerConfig, parse_peers
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
 from .options import comparisons, held_out, methods_help, model_options, placement, rank_share
-from .peers import add_peer_options, run_peer_rows, training_rows
+from .peers import add_peer_options, agreement_lines, run_peer_rows, training_rows
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
 
@@ -83,11 +84,26 @@ def _run_peers(args: argparse.Namespace, rows: list[dict], peers: tuple[str, ...
         return load_squad_rows_slice(chosen_rows(argparse.Namespace(**{**vars(args), "offset": 0, "limit": None})),
                                      start, None)  # fmt: skip
 
+    if args.rescore:
+        return _rescore(args, rows, peers)
     train = training_rows(args, default_rows, {r["id"] for r in rows})
     bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
     results = run_peer_rows(args, bundle, rows, train, peers, args.masks)
     print(format_table(summarise(results)))
     print("\n".join(["", *agreement_lines(results)]))
+    return 0
+
+
+def _rescore(args: argparse.Namespace, rows: list[dict], peers: tuple[str, ...]) -> int:
+    """`--rescore FILE`: the peers' rows of FILE measured again from their stored scores (raw and centred LDS)."""
+    if not Path(args.rescore).is_file():
+        raise InputError(f"--rescore: {args.rescore!r} is not a results file of `lds --peers`.")
+    cfg = PeerConfig(max_new_tokens=args.max_new_tokens, masks=args.masks, peers=peers, command=args.command_line,
+                     context_cite_ablations=args.context_cite_ablations)  # fmt: skip
+    bundle = load_model(args.model, **placement(args), dtype=parse_dtype(args.dtype))
+    results = rescore_peers(bundle, rows, args.rescore, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
+    print(format_table(summarise(results)))
+    print("\n".join(["", *rescore_lines(results)]))
     return 0
 
 
@@ -123,4 +139,7 @@ def add_lds_parser(sub) -> None:
     p.add_argument("--compare", default=None,
                    help="with --report: paired differences to print, e.g. sources/context-cite (A - B, same rows)")
     add_peer_options(p)
+    p.add_argument("--rescore", default=None,
+                   help="with --peers: measure the rows of this `lds --peers` results file again from the scores it "
+                   "stores (raw and centred LDS on each peer's own masks; the peers do not run)")  # fmt: skip
     p.set_defaults(func=cmd_lds)

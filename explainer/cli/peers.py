@@ -6,12 +6,18 @@ when they are absent)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import sys
-from collections.abc import Callable
+import tempfile
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
 from ..eval.datasets import resolve_data, select_rows
 from ..eval.evaluate import load_squad
-from ..eval.peers import PEERS, PeerConfig, at2_folder, run_peers
+from ..eval.peers import PEERS, PeerConfig, run_peers
 
 
 def add_peer_options(p: argparse.ArgumentParser) -> None:
@@ -60,3 +66,36 @@ def run_peer_rows(args: argparse.Namespace, bundle, rows: list[dict], train: lis
     with at2_folder(args.at2_work, train, key) as work:
         return run_peers(bundle, rows, train, cfg, work, args.results, log=lambda m: print(m, file=sys.stderr),
                          measure=measure)  # fmt: skip
+
+
+@contextlib.contextmanager
+def at2_folder(root: str | None, train: list[dict], key: Sequence[Any]) -> Iterator[str]:
+    """AT2's trainer folder: a temporary one, or one under `root` named after its training rows and `key` (what its
+    stored features depend on: masks, precision, answer length, model), so that a rerun with the same training
+    reuses them."""
+    if root is None:
+        with tempfile.TemporaryDirectory() as work:
+            yield work
+        return
+    digest = json.dumps([[r["id"] for r in train], *key])
+    work = Path(root) / f"at2-{zlib.crc32(digest.encode('utf-8')):08x}"
+    work.mkdir(parents=True, exist_ok=True)
+    yield str(work)
+
+
+def agreement_lines(rows: list[dict]) -> list[str]:
+    """One line per peer: its mean LDS by its own code and by ours, their largest difference, and the largest
+    per-token log-probability difference of its ablations from ours."""
+    lines = []
+    for name in dict.fromkeys(n for r in rows for n in r.get("peers", {})):
+        entries = [r["peers"][name] for r in rows if "lds_theirs" in r.get("peers", {}).get(name, {})]
+        if not entries:
+            continue
+        pairs = [(e["lds"], e["lds_theirs"]) for e in entries if None not in (e["lds"], e["lds_theirs"])]
+        ours = sum(p[0] for p in pairs) / max(len(pairs), 1)
+        theirs = sum(p[1] for p in pairs) / max(len(pairs), 1)
+        gap = max((abs(a - b) for a, b in pairs), default=float("nan"))
+        logp = max(e["max_abs_logp_diff"] for e in entries)
+        lines.append(f"{name}: LDS ours {ours:.4f}, theirs {theirs:.4f} (largest row difference {gap:.2e}); "
+                     f"largest per-token log p difference {logp:.2e} over {len(entries)} rows")  # fmt: skip
+    return lines

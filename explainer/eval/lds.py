@@ -100,6 +100,15 @@ def centred(raw: np.ndarray, positions: Sequence[int]) -> np.ndarray:
     return r - mean
 
 
+def centred_sources(scores: Sequence[float], sources: Sequence[Sequence[int]], positions: Sequence[int],
+                    n: int) -> np.ndarray:  # fmt: skip
+    """(S,) source scores as the centred LDS reads a token map's (`lds_eval`): each shared evenly by its source's
+    tokens (`spread`), each token minus the mean over `positions` (`centred`), summed back per source: a score minus
+    the mean times the source's length, so no term grows with the tokens a mask keeps. For a sentence-level map (a
+    reference's)."""
+    return source_scores(centred(spread(scores, sources, n), positions), sources)[0]
+
+
 def lds_per_token(actual: np.ndarray, predicted: np.ndarray) -> list[float | None]:
     """The LDS of each answer token: column k of `actual` (M, K), the token's log-probability under each mask, against
     column k of `predicted` (M, K), from the method's scores at step k. Returns K values (None where undefined)."""

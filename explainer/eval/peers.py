@@ -38,14 +38,11 @@ attention mask hides the tokens; positions stay), what it is trained on; the LDS
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import math
-import tempfile
 import time
-import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +54,17 @@ from ..errors import ExplainerError, InputError
 from ..runtime.host import to_numpy
 from .ablate import response_logprobs
 from .hitratio import needle_layout, needle_result, score_maps
-from .lds import KEEP_PROBABILITY, MASKS, TOP_K, lds, predictions, spread, top_sources, without
+from .lds import (
+    KEEP_PROBABILITY,
+    MASKS,
+    TOP_K,
+    centred_sources,
+    lds,
+    predictions,
+    spread,
+    top_sources,
+    without,
+)
 from .lds_eval import LdsRow, answer_prompt, answer_row
 from .resumable import measure_rows, read_results
 
@@ -151,12 +158,18 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
     return None if math.isnan(value) else value
 
 
+def centred_of(p: PeerRow, scores: np.ndarray) -> np.ndarray:
+    """(S,) a peer's sentence scores centred as the methods' are for the centred LDS (`lds.centred_sources`)."""
+    return centred_sources(scores, p.row.sentences, p.row.positions, len(p.prompt_ids))
+
+
 def _compare(masks: np.ndarray, scores: np.ndarray, their_logit: np.ndarray, their_target: np.ndarray,
-             ours: np.ndarray) -> dict[str, Any]:  # fmt: skip
-    """Their LDS, ours, and how far their per-token log p lies from ours (over the same masks)."""
+             ours: np.ndarray, centred_scores: np.ndarray) -> dict[str, Any]:  # fmt: skip
+    """Their LDS, ours (raw and centred), and how far their per-token log p lies from ours (over the same masks)."""
     their_logp = -np.logaddexp(0.0, -np.asarray(their_logit, dtype=np.float64))  # logsigmoid: log p
     return {
         "lds": lds(ours.sum(axis=1), predictions(masks, scores)),
+        "lds_centred": lds(ours.sum(axis=1), predictions(masks, centred_scores)),
         "lds_theirs": _spearman(masks.astype(np.float64) @ scores, their_target),
         "max_abs_logp_diff": float(np.abs(their_logp - ours).max()),
         "n_masks": int(len(masks)),
@@ -217,8 +230,21 @@ def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
     )  # fmt: skip  # held-out: the seeds after its training masks'
     mismatched = sum(cc._get_prompt_ids(mask=m) != [p.prompt_ids[i] for i in np.flatnonzero(k)]
                      for m, k in zip(masks, to_numpy(_kept_prompts(p, masks))))  # fmt: skip
-    out = _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks))
+    out = _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks),
+                   centred_of(p, scores))  # fmt: skip
     return {**out, "retokenised_masks": int(mismatched)}
+
+
+def held_out_masks(name: str, sources: int, cfg: PeerConfig) -> np.ndarray:
+    """(M, S) bool: the masks a peer's own code draws for its LDS (`context_cite_row`, `at2_row`): ContextCite's
+    seeds after its training masks', AT2's `create_masks` from seed 0."""
+    if name == "context-cite":
+        from context_cite.utils import _create_mask  # the draw of its get_masks_and_logit_probs
+
+        return np.stack([_create_mask(sources, cfg.keep, cfg.context_cite_ablations + i) for i in range(cfg.masks)])
+    from at2.tasks.base import create_masks
+
+    return np.asarray(create_masks(cfg.masks, sources, cfg.keep, seed=0), dtype=bool)
 
 
 def _at2_task(bundle, p: PeerRow):
@@ -303,13 +329,13 @@ def at2_row(bundle, p: PeerRow, estimator, cfg: PeerConfig) -> dict[str, Any]:
     """AT2 on one row: its scores (`at2_scores`), then its LDS and ours on `cfg.masks` ablations of its
     `create_masks`."""
     from at2.attribution.utils import aggregate_logit_probs
-    from at2.tasks.base import create_masks
 
     task = _at2_task(bundle, p)
     scores = _at2_attributed(task, estimator)
-    masks = create_masks(cfg.masks, task.num_sources, cfg.keep, seed=0)  # (M, S)
+    masks = held_out_masks("at2", task.num_sources, cfg)  # (M, S)
     logit = _at2_removal_logits(task, masks, len(p.response_ids))
-    return _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks))
+    return _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks),
+                    centred_of(p, scores))  # fmt: skip
 
 
 def _prepared(bundle, row: dict[str, Any], cfg: PeerConfig) -> PeerRow | None:
@@ -333,7 +359,8 @@ def peer_row(bundle, row: dict[str, Any], estimator, cfg: PeerConfig) -> dict[st
     drops = {name: peer_drops(bundle, p, np.asarray(entry["scores"]), cfg.top_k) for name, entry in peers.items()}
     return {"id": row["id"], "answer": p.row.attr.generated_text, "dtype": p.row.attr.meta.get("dtype"),
             "n_sentences": len(p.row.sentences), "n_response_tokens": p.row.k,
-            "methods": {name: {"lds": entry["lds"], **drops[name]} for name, entry in peers.items()}, "peers": peers,
+            "methods": {name: {"lds": entry["lds"], "lds_centred": entry["lds_centred"], **drops[name]}
+                        for name, entry in peers.items()}, "peers": peers,
             "seconds": time.perf_counter() - t0, "command": cfg.command}  # fmt: skip
 
 
@@ -419,36 +446,3 @@ def parse_peers(text: str) -> tuple[str, ...]:
             "(context-cite 0.0.4 and at2 0.0.1; best in a separate virtual environment)."
         )
     return peers
-
-
-@contextlib.contextmanager
-def at2_folder(root: str | None, train: list[dict], key: Sequence[Any]) -> Iterator[str]:
-    """AT2's trainer folder: a temporary one, or one under `root` named after its training rows and `key` (what its
-    stored features depend on: masks, precision, answer length, model), so that a rerun with the same training
-    reuses them."""
-    if root is None:
-        with tempfile.TemporaryDirectory() as work:
-            yield work
-        return
-    digest = json.dumps([[r["id"] for r in train], *key])
-    work = Path(root) / f"at2-{zlib.crc32(digest.encode('utf-8')):08x}"
-    work.mkdir(parents=True, exist_ok=True)
-    yield str(work)
-
-
-def agreement_lines(rows: list[dict]) -> list[str]:
-    """One line per peer: its mean LDS by its own code and by ours, their largest difference, and the largest
-    per-token log-probability difference of its ablations from ours."""
-    lines = []
-    for name in dict.fromkeys(n for r in rows for n in r.get("peers", {})):
-        entries = [r["peers"][name] for r in rows if "lds_theirs" in r.get("peers", {}).get(name, {})]
-        if not entries:
-            continue
-        pairs = [(e["lds"], e["lds_theirs"]) for e in entries if None not in (e["lds"], e["lds_theirs"])]
-        ours = sum(p[0] for p in pairs) / max(len(pairs), 1)
-        theirs = sum(p[1] for p in pairs) / max(len(pairs), 1)
-        gap = max((abs(a - b) for a, b in pairs), default=float("nan"))
-        logp = max(e["max_abs_logp_diff"] for e in entries)
-        lines.append(f"{name}: LDS ours {ours:.4f}, theirs {theirs:.4f} (largest row difference {gap:.2e}); "
-                     f"largest per-token log p difference {logp:.2e} over {len(entries)} rows")  # fmt: skip
-    return lines

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from explainer import load_model
 from explainer.eval.lds import source_scores
 from explainer.eval.lds_eval import LdsConfig, answer_row, evaluate_lds_sample
 from explainer.eval.peers import PeerConfig, peer_drops, prepare
+
+from ...reference import plain_logp
 
 ROW = {"id": "d0", "question": "Where do penguins live?", "context": "Penguins live in the Southern Hemisphere. "
        "They cannot fly. Most of them eat fish. Some live in Antarctica. Their feathers are black and white. "
@@ -22,14 +23,6 @@ TOKENS = 6
 @pytest.fixture(scope="module")
 def bundle():
     return load_model(None, device="cpu", dtype="float32")
-
-
-def _plain_logp(model, prompt: list[int], response: list[int]) -> float:
-    """log p(response | prompt) from one forward of the whole sequence, no cache."""
-    ids = torch.tensor([prompt + response])
-    with torch.no_grad():
-        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()  # (K, V)
-    return float(torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(response)[:, None]).sum())
 
 
 def test_peer_drops_are_the_lds_commands_drops_for_the_same_scores(bundle):
@@ -45,7 +38,7 @@ def test_peer_drops_are_the_lds_commands_drops_for_the_same_scores(bundle):
 
     best = int(np.argmax(whole))
     kept = [t for i, t in enumerate(p.prompt_ids) if i not in set(p.row.sentences[best])]
-    plain = _plain_logp(bundle.model, p.prompt_ids, p.response_ids) - _plain_logp(bundle.model, kept, p.response_ids)
+    plain = plain_logp(bundle.model, p.prompt_ids, p.response_ids) - plain_logp(bundle.model, kept, p.response_ids)
     assert drops["drop@1"] == pytest.approx(plain, abs=1e-3)
 
 

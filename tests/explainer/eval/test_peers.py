@@ -17,11 +17,13 @@ from explainer import load_model  # noqa: E402
 from explainer.bench.prompts import prompt_text  # noqa: E402
 from explainer.eval import peers  # noqa: E402
 from explainer.eval.hitratio import needle_rows  # noqa: E402
+from explainer.eval.peer_rescore import rescored_row  # noqa: E402
 from explainer.eval.peers import (  # noqa: E402
     PeerConfig,
     at2_row,
     context_cite_row,
     peer_needle_row,
+    peer_row,
     prepare,
     train_at2,
 )
@@ -112,3 +114,15 @@ def test_the_peers_do_not_run_where_the_answer_lacks_the_password(bundle, monkey
     assert not got["found"]
     assert got["peers"] == {}
     assert got["methods"] == {name: {"mass": None, "ap": None} for name in CFG.peers}
+
+
+def test_a_rescore_gives_each_peers_stored_lds_back(bundle, prepared, tmp_path):
+    """`lds --rescore` draws each peer's own held-out masks again (`held_out_masks`): on them the stored scores give
+    the stored raw LDS back, and the centred LDS the row computed."""
+    estimator = train_at2(bundle, prepared[1:], CFG, tmp_path)
+    stored = peer_row(bundle, ROWS[0], estimator, CFG)
+    got = rescored_row(bundle, ROWS[0], stored, CFG)
+    for name in ("context-cite", "at2"):
+        assert stored["methods"][name]["lds_centred"] is not None
+        assert got["methods"][name]["lds"] == pytest.approx(stored["methods"][name]["lds"], abs=1e-9)
+        assert got["methods"][name]["lds_centred"] == pytest.approx(stored["methods"][name]["lds_centred"], abs=1e-9)
