@@ -5,9 +5,10 @@ The references' LDS rows of 2026-11-28 hold their sentence scores but only the r
 costs its 64 ablations a question, AT2 its training, so a rescore reads the stored scores instead and measures only
 what the centred LDS needs: the row is answered again (it must give the stored answer, else `PeerMismatch`), each
 peer's own held-out masks are drawn again (`peers.held_out_masks`, the masks its row was scored on) and measured by the
-project's removal, and both LDS are computed on them. The raw one must come back as the stored one (`lds_stored`
-keeps it, and the report of a rescore can compare them): a check that the row, its sentences and its masks are the
-ones the scores were fitted for. Cost: one greedy answer and 32 removal passes a peer, a few seconds a question on
+project's removal, and both LDS are computed on them. The raw one comes back as the stored one (`lds_stored` keeps
+it, and `rescore_lines` compares them), exactly on the machine and batch size that stored it, and within a few swaps
+of near-tied masks on another (float32 log p moves by ~1e-5): a check that the row, its sentences and its masks are
+the ones the scores were fitted for. Cost: one greedy answer and 32 removal passes a peer, a few seconds a question on
 the embedded model.
 """
 
@@ -68,12 +69,17 @@ def rescore_peers(bundle, rows: list[dict[str, Any]], stored_path: str | Path, c
 
 
 def rescore_lines(rows: list[dict[str, Any]]) -> list[str]:
-    """One line per peer: over its rescored rows, how many gave the stored raw LDS back (to 1e-6), the largest gap."""
+    """One line per peer, over its rescored rows: the mean raw LDS now and as stored, on how many rows they agree to
+    1e-6, and the largest gap (another CPU or batch size moves log p by ~1e-5, which can swap near-tied masks)."""
     lines = []
     for name in dict.fromkeys(n for r in rows for n in r.get("peers", {})):
         pairs = [(e["lds"], e["lds_stored"]) for r in rows if (e := r.get("peers", {}).get(name))]
         known = [(a, b) for a, b in pairs if a is not None and b is not None]
+        if not known:
+            continue
+        now, stored = (float(np.mean(v)) for v in zip(*known))
         same = sum(abs(a - b) <= 1e-6 for a, b in known)
-        gap = max((abs(a - b) for a, b in known), default=0.0)
-        lines.append(f"{name}: the stored raw LDS back on {same} of {len(known)} rows (largest gap {gap:.2e})")
+        gap = max(abs(a - b) for a, b in known)
+        lines.append(f"{name}: raw LDS {now:.4f} now, {stored:.4f} stored, over {len(known)} rows; the same to 1e-6 "
+                     f"on {same}, largest gap {gap:.2e}")  # fmt: skip
     return lines

@@ -79,7 +79,7 @@ def test_a_rescored_row_is_the_hand_computed_raw_and_centred_lds(bundle, answere
     assert len(measured) == 2
     assert not np.isclose(got["methods"]["at2"]["lds"], got["methods"]["at2"]["lds_centred"])  # all positive: moves
     lines = rescore_lines([got])
-    assert len(lines) == 2 and all("back on 0 of 1" in line for line in lines)  # 0.5 was not the measured LDS
+    assert len(lines) == 2 and all("0.5000 stored, over 1 rows; the same to 1e-6 on 0" in line for line in lines)
 
 
 def test_a_row_whose_answer_changed_is_refused_and_a_rerun_resumes(bundle, answered, monkeypatch, tmp_path):
