@@ -246,6 +246,8 @@ def format_table(summary: dict[str, Any]) -> str:
     lines = [f"N = {summary['n']} rows; mean ± 95% interval half-width (n where fewer rows define a value)"]
     for title, chosen in (("whole answer", [k for k in keys if "token" not in k]),
                           ("per answer token", [k for k in keys if "token" in k])):  # fmt: skip
+        if not chosen:  # the references score the whole answer only
+            continue
         lines += ["", title, f"{'method':<{w}}" + "".join(f"{k:>20}" for k in chosen)]
         for name in names:
             cells = ""

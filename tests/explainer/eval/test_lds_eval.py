@@ -19,7 +19,7 @@ from explainer.eval.ablate import response_logprobs
 from explainer.eval.datasets import haystack_rows, question_key, select_rows
 from explainer.eval.evaluate import context_positions, load_squad, qa_prompt
 from explainer.eval.lds import ablation_masks
-from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample
+from explainer.eval.lds_eval import LdsConfig, evaluate_lds_sample, format_table, summarise
 from explainer.eval.metrics import spearman
 from explainer.explain import explain
 from explainer.models.loading import ModelBundle
@@ -256,3 +256,11 @@ def test_ids_pick_questions_by_id_or_text_key_in_their_order(tmp_path, capsys, t
                  "--results", str(results)]) == 0  # fmt: skip
     assert [json.loads(line)["id"] for line in results.read_text().splitlines()] == ["mine1"]
     assert "--ids" in json.loads(results.read_text().splitlines()[0])["command"]
+
+
+def test_the_table_leaves_out_the_per_token_block_where_no_row_has_one():
+    reference = {"id": "a", "methods": {"context-cite": {"lds": 0.5, "lds_centred": 0.25}}}
+    method = {"id": "b", "methods": {"macs": {"lds": 0.75, "lds_token": 0.5}}}
+    alone = format_table(summarise([reference, {**reference, "id": "c"}]))
+    assert "whole answer" in alone and "per answer token" not in alone and "0.250" in alone
+    assert "per answer token" in format_table(summarise([reference, method]))
