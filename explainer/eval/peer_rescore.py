@@ -14,6 +14,7 @@ the embedded model.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -44,7 +45,8 @@ def rescored_row(bundle, row: dict[str, Any], stored: dict[str, Any], cfg: PeerC
         scores = np.asarray(stored["peers"][name]["scores"], dtype=np.float64)  # (S,)
         if len(scores) != len(p.row.sentences):
             raise PeerMismatch(f"Row {row['id']!r}: {len(scores)} stored scores for {len(p.row.sentences)} sentences.")
-        masks = held_out_masks(name, len(scores), cfg)  # (M, S)
+        count = stored["peers"][name].get("n_masks", cfg.masks)  # as many as its row was scored on
+        masks = held_out_masks(name, len(scores), dataclasses.replace(cfg, masks=count))  # (M, S)
         total = our_logprobs(bundle, p, masks).sum(axis=1)  # (M,)
         got = {"lds": lds(total, predictions(masks, scores)),
                "lds_centred": lds(total, predictions(masks, centred_of(p, scores)))}  # fmt: skip

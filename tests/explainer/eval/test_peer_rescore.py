@@ -33,8 +33,8 @@ def answered(bundle):
     return prepare(bundle, ROW, CFG)
 
 
-def _masks(sources: int, seed: int) -> np.ndarray:
-    return np.random.default_rng(seed).random((CFG.masks, sources)) < 0.5  # (M, S)
+def _masks(sources: int, seed: int, count: int = CFG.masks) -> np.ndarray:
+    return np.random.default_rng(seed).random((count, sources)) < 0.5  # (M, S)
 
 
 def _plain(bundle, p, masks: np.ndarray) -> np.ndarray:
@@ -62,7 +62,8 @@ def _stored(p, answer: str) -> dict:
 
 def test_a_rescored_row_is_the_hand_computed_raw_and_centred_lds(bundle, answered, monkeypatch):
     planted = {"context-cite": 1, "at2": 2}
-    monkeypatch.setattr(peer_rescore, "held_out_masks", lambda name, sources, cfg: _masks(sources, planted[name]))
+    drawn = lambda name, sources, cfg: _masks(sources, planted[name], cfg.masks)  # noqa: E731
+    monkeypatch.setattr(peer_rescore, "held_out_masks", drawn)
     measured = []
     real = peer_rescore.our_logprobs
     monkeypatch.setattr(peer_rescore, "our_logprobs", lambda *a: measured.append(real(*a)) or measured[-1])
@@ -76,7 +77,11 @@ def test_a_rescored_row_is_the_hand_computed_raw_and_centred_lds(bundle, answere
         assert got["methods"][name]["lds_centred"] == pytest.approx(lds(total, masks @ _centred(answered, scores)))
         assert got["methods"][name]["drop@1"] == 1.25  # the stored drops are kept
         assert got["peers"][name]["lds_stored"] == 0.5 and got["peers"][name]["scores"] == list(scores)
-    assert len(measured) == 2
+    assert len(measured) == 2 and all(len(logp) == CFG.masks for logp in measured)
+    fewer = {**stored, "peers": {n: {**e, "n_masks": 5} for n, e in stored["peers"].items()}}
+    measured.clear()
+    rescored_row(bundle, ROW, fewer, CFG)  # as many masks as the stored row was scored on
+    assert [len(logp) for logp in measured] == [5, 5]
     assert not np.isclose(got["methods"]["at2"]["lds"], got["methods"]["at2"]["lds_centred"])  # all positive: moves
     lines = rescore_lines([got])
     assert len(lines) == 2 and all("0.5000 stored, over 1 rows; the same to 1e-6 on 0" in line for line in lines)
