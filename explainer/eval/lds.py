@@ -111,6 +111,13 @@ def centred_sources(scores: Sequence[float], sources: Sequence[Sequence[int]], p
     return source_scores(centred(spread(scores, sources, n), positions), sources)[0]
 
 
+def raw_and_centred(total: np.ndarray, masks: np.ndarray, scores: np.ndarray, centred_scores: np.ndarray) -> dict:
+    """{"lds", "lds_centred"}: a sentence-level map's LDS over (M, S) masks, `total` (M,) the whole answer's log p
+    under each, from its (S,) scores and from their `centred_sources`."""
+    return {"lds": lds(total, predictions(masks, scores)),
+            "lds_centred": lds(total, predictions(masks, centred_scores))}  # fmt: skip
+
+
 def lds_per_token(actual: np.ndarray, predicted: np.ndarray) -> list[float | None]:
     """The LDS of each answer token: column k of `actual` (M, K), the token's log-probability under each mask, against
     column k of `predicted` (M, K), from the method's scores at step k. Returns K values (None where undefined)."""

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .lds import lds, predictions
+from .lds import raw_and_centred
 from .peers import PeerConfig, PeerMismatch, centred_of, held_out_masks, our_logprobs, prepare
 from .resumable import measure_rows, read_results
 
@@ -48,8 +48,7 @@ def rescored_row(bundle, row: dict[str, Any], stored: dict[str, Any], cfg: PeerC
         count = stored["peers"][name].get("n_masks", cfg.masks)  # as many as its row was scored on
         masks = held_out_masks(name, len(scores), dataclasses.replace(cfg, masks=count))  # (M, S)
         total = our_logprobs(bundle, p, masks).sum(axis=1)  # (M,)
-        got = {"lds": lds(total, predictions(masks, scores)),
-               "lds_centred": lds(total, predictions(masks, centred_of(p, scores)))}  # fmt: skip
+        got = raw_and_centred(total, masks, scores, centred_of(p, scores))
         methods[name] = {**stored["methods"][name], **got}
         entries[name] = {**stored["peers"][name], **got, "lds_stored": stored["peers"][name]["lds"]}
     return {"id": row["id"], "answer": stored["answer"], "dtype": p.row.attr.meta.get("dtype"),

@@ -59,8 +59,7 @@ from .lds import (
     MASKS,
     TOP_K,
     centred_sources,
-    lds,
-    predictions,
+    raw_and_centred,
     spread,
     top_sources,
     without,
@@ -168,8 +167,7 @@ def _compare(masks: np.ndarray, scores: np.ndarray, their_logit: np.ndarray, the
     """Their LDS, ours (raw and centred), and how far their per-token log p lies from ours (over the same masks)."""
     their_logp = -np.logaddexp(0.0, -np.asarray(their_logit, dtype=np.float64))  # logsigmoid: log p
     return {
-        "lds": lds(ours.sum(axis=1), predictions(masks, scores)),
-        "lds_centred": lds(ours.sum(axis=1), predictions(masks, centred_scores)),
+        **raw_and_centred(ours.sum(axis=1), masks, scores, centred_scores),
         "lds_theirs": _spearman(masks.astype(np.float64) @ scores, their_target),
         "max_abs_logp_diff": float(np.abs(their_logp - ours).max()),
         "n_masks": int(len(masks)),
