@@ -10,8 +10,9 @@ log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted
 an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; where the units are as many
 as the masks or more, ContextCite's Lasso on complementary pairs, each token's penalty by cross-validation:
 `regulariser`, "auto" by default).
-With `context` the passages start at the first unit holding that text, and the units before it (an instruction, the
-question) stay in every ablation, as ContextCite is handed the context apart from the query. One set of passes gives
+With `context` the passages start just after the first occurrence of that text (a label such as "Context:"), and
+what comes before them (an instruction, the question, the label) stays in every ablation, as ContextCite is handed the
+context apart from the query and its template. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
 sum. A unit's weight is spread evenly over its tokens: summing a step's token scores over a unit gives its weight
 back. Scores are signed: a negative unit hurts the answer. `check` more random masks are measured and left out of the
@@ -52,6 +53,7 @@ with their scores and token spans (`sources` in the JSON), the scope, and how ma
 
 from __future__ import annotations
 
+import string
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -88,8 +90,8 @@ class SourcesConfig:
     design: str = field(default="hadamard", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
     regulariser: str = field(default="auto", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense),
     # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else lasso
-    context: str = ""  # surrogate: the passages start at the first unit holding this text (e.g. "Context"); the units
-    # before it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
+    context: str = ""  # surrogate: the passages start just after this text (a label, e.g. "Context"); it and what
+    # precedes it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks
     passes: str = field(default="removal", metadata={"choices": PASSES})  # surrogate: "removal" takes the units out
     # and recomputes from the first one removed (ContextCite's ablation); "knockout" recomputes only what follows the
@@ -143,7 +145,11 @@ def units(tokens: list[str], positions: list[int], level: str) -> list[Group]:
 
 
 def passages(tokens: list[str], positions: list[int], cfg: SourcesConfig) -> list[Group]:
-    """The surrogate's units: those of `cfg.unit` over `positions`, from the first holding `cfg.context` on.
+    """The surrogate's units: those of `cfg.unit` over `positions`, from just after `cfg.context` on.
+
+    The marker is a label ("Context:"), not a source: it stays in every ablation with what precedes it, as ContextCite
+    is handed the context apart from its template, and so does the punctuation right after it. The unit that holds it
+    keeps its tokens after the marker as the first passage (none where nothing follows it there).
 
     Raises:
         InputError: no unit holds `cfg.context`, or fewer than two units.
@@ -154,13 +160,33 @@ def passages(tokens: list[str], positions: list[int], cfg: SourcesConfig) -> lis
         if first is None:
             raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
                              "should start; change the option `context` or leave it empty.")  # fmt: skip
-        groups = groups[first:]
+        rest, later = after_marker(tokens, groups[first], cfg.context), groups[first + 1 :]
+        while rest is None and later and not later[0].text.strip(_LABEL_END):  # words: the label's ":" is a unit
+            later = later[1:]
+        groups = ([rest] if rest is not None else []) + later
     if len(groups) < 2:
         raise InputError(
             f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "
             f"{len(groups)}. Add text, choose a finer unit (unit=word), or use fit=leave_one_out."
         )
     return groups
+
+
+_LABEL_END = string.punctuation + string.whitespace  # what may follow a marker before the passages start
+
+
+def after_marker(tokens: list[str], group: Group, marker: str) -> Group | None:
+    """The part of `group` after the first token that completes `marker` and the punctuation or spaces after it
+    (e.g. the sentence after "Context:"); None where nothing else is left."""
+    text, start = "", group.start
+    while start < group.stop and marker not in text:
+        text += tokens[start]
+        start += 1
+    while start < group.stop and not tokens[start].strip(_LABEL_END):
+        start += 1
+    if start >= group.stop:
+        return None
+    return Group(start, group.stop, "".join(tokens[start : group.stop]), group.kind)
 
 
 def keep_rows(masks: np.ndarray, groups: list[Group], n: int) -> np.ndarray:

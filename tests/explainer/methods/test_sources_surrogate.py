@@ -13,7 +13,7 @@ from explainer.capture import registered_names
 from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
 from explainer.methods import GenerationRun
-from explainer.methods.sources import units
+from explainer.methods.sources import SourcesConfig, passages, units
 from explainer.methods.surrogate import (
     LASSO_GRID,
     RIDGE_GRID,
@@ -174,6 +174,24 @@ def test_a_cancel_between_the_ablation_passes_stops_and_leaves_nothing_running(r
     assert not model_lock(r.model).locked()
 
 
+def test_a_label_marker_and_its_punctuation_stay_out_of_the_passages():
+    tokens = ["Question", ":", " Who", "?", "\n", "Context", ":", " Norman", " art", " rose", ".", " They", " built",
+              "."]  # fmt: skip
+    positions = list(range(len(tokens)))
+
+    def spans(cfg):
+        return [(g.start, g.stop) for g in passages(tokens, positions, cfg)]
+
+    sentence = SourcesConfig(context="Context")
+    assert spans(sentence) == [(7, 11), (11, 14)]  # " Norman art rose.", " They built."; "Context:" stays
+    assert spans(SourcesConfig(context="Context", unit="word"))[:2] == [(7, 8), (8, 9)]  # the label's ":" is no unit
+    alone = ["Question", ":", " Who", "?", "\n", "Context", ":", "\n", "Norman", " art", ".", " They", " built", "."]
+    assert [(g.start, g.stop) for g in passages(alone, positions, sentence)][0][0] == 8  # nothing after the label
+    assert spans(SourcesConfig(context="art"))[0] == (9, 11)  # a marker inside a sentence: the rest of it, then on
+    with pytest.raises(InputError, match="needs at least two"):
+        passages(tokens, positions, SourcesConfig(context="built"))  # nothing but the final "." after it
+
+
 def test_the_default_design_leaves_units_out_one_at_a_time_then_pairs():
     m = design(5, 16, "loo_pairs", seed=0)
     assert m.shape == (16, 5) and (m[:5].sum(axis=1) == 4).all() and sorted(np.argmin(m[:5], axis=1)) == [0, 1, 2, 3, 4]
@@ -182,14 +200,16 @@ def test_the_default_design_leaves_units_out_one_at_a_time_then_pairs():
     assert (few[:3].sum(axis=1) == 5).all() and (few[3:] == design(6, 3, "pairs", seed=1)).all()
 
 
-def test_the_passages_can_start_at_a_marker_and_the_units_before_it_score_zero(run):
+def test_the_passages_start_after_a_marker_and_what_precedes_them_scores_zero(run):
     r = run["llama"]
     groups = units(r.prompt_tokens, list(range(r.num_prompt_tokens)), "sentence")
     method = get_method("sources", context="Berlin", ablations=8)
     raw = method.explain(r)
     spans = [tuple(u) for u in method.meta()["masks"]["units"]]
-    assert spans == [(g.start, g.stop) for g in groups[2:]]  # "Berlin is the capital of Germany." on
-    assert (raw[:, : groups[2].start] == 0).all() and np.abs(raw[:, groups[2].start :]).sum() > 0
+    after = next(p for p in range(groups[2].start, groups[2].stop) if "Berlin" in "".join(r.prompt_tokens[:p]))
+    assert r.prompt_tokens[after].strip() and "Berlin" not in "".join(r.prompt_tokens[after : groups[2].stop])
+    assert spans == [(after, groups[2].stop)] + [(g.start, g.stop) for g in groups[3:]]  # " is the capital of ..." on
+    assert (raw[:, :after] == 0).all() and np.abs(raw[:, after:]).sum() > 0
     keep = np.array(method.meta()["masks"]["keep"])
     assert keep.shape == (1 + 8 + 4, 4)
     with pytest.raises(InputError, match="holds 'Paris, Texas'"):
