@@ -160,10 +160,7 @@ def passages(tokens: list[str], positions: list[int], cfg: SourcesConfig) -> lis
         if first is None:
             raise InputError(f"Sources: no {cfg.unit} of the prompt holds {cfg.context!r}, where the passages "
                              "should start; change the option `context` or leave it empty.")  # fmt: skip
-        rest, later = after_marker(tokens, groups[first], cfg.context), groups[first + 1 :]
-        while rest is None and later and not later[0].text.strip(_LABEL_END):  # words: the label's ":" is a unit
-            later = later[1:]
-        groups = ([rest] if rest is not None else []) + later
+        groups = after_marker(tokens, groups[first:], cfg.context)
     if len(groups) < 2:
         raise InputError(
             f"Sources fits its surrogate over the prompt's {cfg.unit}s and needs at least two; this prompt has "
@@ -175,18 +172,20 @@ def passages(tokens: list[str], positions: list[int], cfg: SourcesConfig) -> lis
 _LABEL_END = string.punctuation + string.whitespace  # what may follow a marker before the passages start
 
 
-def after_marker(tokens: list[str], group: Group, marker: str) -> Group | None:
-    """The part of `group` after the first token that completes `marker` and the punctuation or spaces after it
-    (e.g. the sentence after "Context:"); None where nothing else is left."""
-    text, start = "", group.start
-    while start < group.stop and marker not in text:
+def after_marker(tokens: list[str], groups: list[Group], marker: str) -> list[Group]:
+    """`groups` (the first holds `marker`) from the token after the one that completes it and the punctuation or
+    spaces after that (e.g. from the sentence after "Context:"): the unit cut there keeps its rest, the units before
+    it go (with word units, the label's ":" is one)."""
+    text, start = "", groups[0].start
+    while marker not in text:
         text += tokens[start]
         start += 1
-    while start < group.stop and not tokens[start].strip(_LABEL_END):
+    while start < groups[-1].stop and not tokens[start].strip(_LABEL_END):
         start += 1
-    if start >= group.stop:
-        return None
-    return Group(start, group.stop, "".join(tokens[start : group.stop]), group.kind)
+    cut = [g for g in groups if g.stop > start]
+    if cut and cut[0].start < start:
+        cut[0] = Group(start, cut[0].stop, "".join(tokens[start : cut[0].stop]), cut[0].kind)
+    return cut
 
 
 def keep_rows(masks: np.ndarray, groups: list[Group], n: int) -> np.ndarray:
