@@ -137,7 +137,8 @@ def add_lds_parser(sub) -> None:
         "and print the tables without measuring; a path also joins the rank files of a data-parallel run",
     )
     p.add_argument("--compare", default=None,
-                   help="with --report: paired differences to print, e.g. sources/context-cite (A - B, same rows)")
+                   help="with --report: paired differences to print, e.g. sources/context-cite (A - B, same rows); a "
+                   "side A1+A2 is each row's mean of A1 and A2")
     add_peer_options(p)
     p.add_argument("--rescore", default=None,
                    help="with --peers: measure the rows of this `lds --peers` results file again from the scores it "

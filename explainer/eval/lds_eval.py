@@ -260,15 +260,22 @@ def format_table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _joined(methods: dict[str, Any], name: str, key: str) -> float | None:
+    """A row's `key` of method `name`, or its mean over the methods "a+b+..." names (None unless all hold it)."""
+    values = [methods.get(part, {}).get(key) for part in name.split("+")]
+    return None if any(v is None for v in values) else float(np.mean(values))
+
+
 def paired_lines(samples: list[dict[str, Any]], pairs: list[tuple[str, str]]) -> list[str]:
     """One line per (A, B): the mean of A - B over the rows holding both, for the whole-answer and the per-token LDS,
-    with its 95% t half-width and N (`intervals.paired_t`)."""
+    with its 95% t half-width and N (`intervals.paired_t`). A side may be several methods joined by "+": each row's
+    mean over them (e.g. one design at several seeds), where the row holds all of them."""
     ok = [s for s in samples if "methods" in s]
     lines = []
     for a, b in pairs:
         cells = []
         for key in ("lds", "lds_token", "lds_centred"):
-            values = [(s["methods"].get(a, {}).get(key), s["methods"].get(b, {}).get(key)) for s in ok]
+            values = [(_joined(s["methods"], a, key), _joined(s["methods"], b, key)) for s in ok]
             mean, half, n = paired_t([x for x, _ in values], [y for _, y in values])
             if n:
                 cells.append(f"{key} {mean:+.3f} ± {half:.3f} (N = {n})")

@@ -96,3 +96,13 @@ def test_paired_differences_use_the_rows_holding_both_methods():
     half = t975(2) * 0.1 / np.sqrt(3)  # sd of (0.1, 0.2, 0.3) is 0.1
     assert line == f"paired a - b: lds +0.200 ± {half:.3f} (N = 3)"
     assert paired_lines(samples, [("a", "c")]) == ["paired a - c: no row holds both"]
+
+
+def test_a_side_joined_by_plus_is_each_row_s_mean_over_its_methods():
+    from explainer.eval.lds_eval import paired_lines
+
+    samples = [{"id": "1", "methods": {"a": {"lds": 0.2}, "b": {"lds": 0.6}, "c": {"lds": 0.1}}},
+               {"id": "2", "methods": {"a": {"lds": 0.4}, "b": {"lds": 0.8}, "c": {"lds": 0.3}}},
+               {"id": "3", "methods": {"a": {"lds": 0.9}, "c": {"lds": 0.0}}}]  # fmt: skip  # no b: left out
+    (line,) = paired_lines(samples, [("a+b", "c")])  # (0.4 - 0.1, 0.6 - 0.3): +0.300, no spread
+    assert line == "paired a+b - c: lds +0.300 ± 0.000 (N = 2)"

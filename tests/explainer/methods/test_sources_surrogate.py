@@ -264,6 +264,35 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
     assert design_kind(units_, 16, "loo_pairs") == "leave-one-out then pairs"
 
 
+def _words(m: np.ndarray) -> int:
+    """Three units whose +-1 columns multiply to a constant (each aliased in full with the other two's interaction),
+    counted from the masks by explicit loops."""
+    x = m.astype(float) * 2 - 1
+    u = x.shape[1]
+    return sum(abs(float(np.prod(x[:, [a, b, c]], axis=1).sum())) == len(x)
+               for a in range(u) for b in range(a + 1, u) for c in range(b + 1, u))  # fmt: skip
+
+
+@pytest.mark.parametrize(("units_", "fewest"), [(9, 4), (10, 8), (11, 12), (12, 16), (13, 22), (14, 28), (15, 35)])
+def test_the_aberration_design_aliases_the_fewest_interactions_a_16_run_design_can(units_, fewest):
+    """The minimum-aberration 16-run designs' word counts (Box, Hunter & Hunter, ch. 6), checked on the masks; the
+    design stays orthogonal and balanced, and random columns average more words where a choice exists."""
+    for seed in range(6):
+        m = design(units_, 16, "aberration", seed)
+        x = m.astype(float) * 2 - 1
+        assert m.shape == (16, units_) and (m.sum(axis=0) == 8).all()
+        np.testing.assert_array_equal(x.T @ x, 16 * np.eye(units_))
+        assert _words(m) == fewest
+    drawn = np.mean([_words(design(units_, 16, "hadamard", seed)) for seed in range(12)])
+    assert drawn >= fewest and (drawn > fewest or units_ >= 13)  # 13-15 units: every choice has as many
+
+
+def test_the_aberration_design_is_the_hadamard_one_where_the_design_is_not_plain():
+    for units_, k in ((3, 16), (8, 16), (20, 16), (12, 32), (16, 24), (5, 8), (7, 8)):  # 8 runs: no choice
+        np.testing.assert_array_equal(design(units_, k, "aberration", 5), design(units_, k, "hadamard", 5))
+    assert design_kind(12, 16, "aberration") == "Hadamard"
+
+
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
     assert (design(16, 16, "hadamard", seed=1) == distinct_pairs(16, 16, seed=1)).all()
     m = design(5, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
