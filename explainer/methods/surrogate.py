@@ -9,13 +9,13 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 - where the units are fewer than the masks, the fit is ridge regression with an unpenalised intercept (Eq. 1 of
   ContextCite with an L2 in place of its L1 penalty), its strength chosen by leave-one-out error (exact, from the hat
   matrix), shared by every answer token; where they are as many or more, ContextCite's Lasso (`chosen_regulariser`);
-- the masks are a design, not independent draws (`design`). The default, "aberration", is an orthogonal two-level
+- the masks are a design, not independent draws (`design`). The default, "hadamard", is an orthogonal two-level
   design (`orthogonal`): every mask once where the units are few (2^U - 1 <= k; the fit is then the exact
   least-squares projection that LDS rewards), else a folded Hadamard design (each unit kept in half of the masks, the
   units' columns orthogonal, and each unit's effect free of every two-unit interaction, which a linear surrogate
-  fitted on few random masks mistakes for effects), else a plain Hadamard design whose columns alias the fewest
-  interactions with effects (`aberration_columns`; "hadamard" draws them at random, the default until 2026-11-30,
-  behind it on development questions in the mean, not separated); where k is too small for any
+  fitted on few random masks mistakes for effects), else a plain Hadamard design, its columns drawn at random
+  ("aberration": the columns that alias the fewest interactions with effects, `aberration_columns`; level with the
+  default on development and on evaluated questions, docs/results.md); where k is too small for any
   (k <= U), complementary pairs (x, 1 - x) in which no two units share a column (`distinct_pairs`), which the Lasso
   fits ("loo_pairs", leave-one-out masks for up to half of them then pairs, the earlier fallback, ranked a needle
   sentence worse: docs/results.md);
