@@ -49,7 +49,8 @@ def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
     is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
     "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
-    holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U).
+    holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U); "aberration": the
+    same, a plain design's columns chosen by `aberration_columns`.
     `seed`: anything `np.random.default_rng` takes."""
     if kind in ("hadamard", "aberration"):
         first = orthogonal(units, k, seed, aberration=kind == "aberration")
