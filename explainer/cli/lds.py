@@ -45,11 +45,16 @@ def cmd_lds(args: argparse.Namespace) -> int:
     if args.report:
         if rank.rank > 0:
             return 0  # launched data-parallel: one report is enough
-        samples = merge_results([p.strip() for p in args.report.split(",") if p.strip()])
+        samples = merge_results(_paths(args.report))
+        if args.rows:
+            kept = {row["id"] for row in merge_results(_paths(args.rows))}
+            samples = [s for s in samples if s["id"] in kept]
         print(format_table(summarise(samples)))
         for line in paired_lines(samples, comparisons(args.compare)):
             print(line)
         return 0
+    if args.rows:
+        raise InputError("--rows keeps rows of a --report; give --report too.")
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
     peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
@@ -73,6 +78,11 @@ def cmd_lds(args: argparse.Namespace) -> int:
     summary = run_lds(bundle, rows, cfg, args.results, log=lambda m: print(m, file=sys.stderr))
     print(format_table(summary))
     return 0
+
+
+def _paths(text: str) -> list[str]:
+    """The paths of a comma-separated --report or --rows."""
+    return [p.strip() for p in text.split(",") if p.strip()]
 
 
 def _run_peers(args: argparse.Namespace, rows: list[dict], peers: tuple[str, ...]) -> int:
@@ -139,6 +149,9 @@ def add_lds_parser(sub) -> None:
     p.add_argument("--compare", default=None,
                    help="with --report: paired differences to print, e.g. sources/context-cite (A - B, same rows); a "
                    "side A1+A2 is each row's mean of A1 and A2")
+    p.add_argument("--rows", default=None,
+                   help="with --report: keep only the rows whose ids these comma-separated results files hold (e.g. "
+                   "a re-run of some questions, joined with earlier files that hold more)")
     add_peer_options(p)
     p.add_argument("--rescore", default=None,
                    help="with --peers: measure the rows of this `lds --peers` results file again from the scores it "

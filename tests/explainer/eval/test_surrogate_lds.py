@@ -106,3 +106,22 @@ def test_a_side_joined_by_plus_is_each_row_s_mean_over_its_methods():
                {"id": "3", "methods": {"a": {"lds": 0.9}, "c": {"lds": 0.0}}}]  # fmt: skip  # no b: left out
     (line,) = paired_lines(samples, [("a+b", "c")])  # (0.4 - 0.1, 0.6 - 0.3): +0.300, no spread
     assert line == "paired a+b - c: lds +0.300 ± 0.000 (N = 2)"
+
+
+def test_report_rows_keeps_only_the_ids_of_a_rerun(tmp_path, capsys):
+    import json
+
+    def write(name, rows):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+        return str(path)
+
+    old = write("old.jsonl", [{"id": i, "answer": i, "methods": {"a": {"lds": 0.1}, "b": {"lds": 0.5}}} for i in "xyz"])
+    new = write("new.jsonl", [{"id": "x", "answer": "x", "methods": {"a": {"lds": 0.9}}}])
+    assert main(["lds", "--report", f"{old},{new}", "--rows", new, "--compare", "a/b"]) == 0
+    printed = capsys.readouterr().out
+    assert "paired a - b: lds +0.400" in printed and "(N = 1)" in printed  # y and z (old a only) left out
+    assert main(["lds", "--report", f"{old},{new}", "--compare", "a/b"]) == 0
+    assert "(N = 3)" in capsys.readouterr().out  # without --rows every row joins
+    assert main(["lds", "--rows", new]) == 2
+    assert "--report" in capsys.readouterr().err
