@@ -5,6 +5,7 @@ ones (the LDS table's are the first 100 of the 350-question file; these are rows
 Usage: python scripts/sources_design.py collect --data squad_v2-dev --ids docs/results/squad-dev-350.ids
            --offset 200 --limit 100 --results docs/results/sources-design-lab-f32-DATE.jsonl
        python scripts/sources_design.py report docs/results/sources-design-lab-f32-DATE.jsonl
+       python scripts/sources_design.py report-half LAB.jsonl ...   # the half fraction against the fold
        RANK=0 WORLD_SIZE=2 python scripts/sources_design.py collect-long --data squad_v2-dev \
            --ids docs/results/squad-dev-350.ids --offset 200 --limit 20 --results LONG.jsonl   # and RANK=1
        python scripts/sources_design.py report-long LONG.jsonl   # finds the rank files
@@ -98,6 +99,19 @@ def report(path: str) -> None:
         print(f"  {name:15s} N={n:3d}: {sum(values) / max(len(values), 1):.3f} ({mean:+.3f} ± {half:.3f})")
 
 
+def report_half(paths: list[str]) -> None:
+    rows = [r for path in paths for r in read_results(path) if "removal" in r]
+    print("the half fraction (the default where it fits) against the fold it replaced, questions of U sentences;")
+    print("LDS whole answer / per token, mean over questions (the fold: and over its seeds)")
+    for e in design_lab.half_fraction(rows):
+        name = {"hadamard": "default", "folded": "fold"}[e["design"]] if e["k"] < 2 ** e["units"] - 1 else "every mask"
+        line = f"  U={e['units']} k={e['k']:2d} {name:10s} N={e['n']:3d}: {e['lds']:.3f} / {e['lds_token']:.3f}"
+        if "minus folded" in e:
+            (w, wh, _), (t, th, _) = e["minus folded"], e["minus folded, per token"]
+            line += f"  minus the fold: whole {w:+.3f} ± {wh:.3f}, per token {t:+.3f} ± {th:.3f}"
+        print(line)
+
+
 def _collect_parser(sub, name: str, limit: int):
     """A `collect` subcommand's parser: the questions (data, ids, offset, limit), the dtype and the results file."""
     c = sub.add_parser(name)
@@ -117,6 +131,7 @@ def main() -> int:
     sub.add_parser("report").add_argument("results")
     _collect_parser(sub, "collect-long", 20).add_argument("--paragraphs", type=int, default=4)
     sub.add_parser("report-long").add_argument("results")
+    sub.add_parser("report-half").add_argument("results", nargs="+")
     args = p.parse_args()
     if args.command == "collect":
         collect(args)
@@ -124,6 +139,8 @@ def main() -> int:
         collect_long(args)
     elif args.command == "report-long":
         report_long(args.results)
+    elif args.command == "report-half":
+        report_half(args.results)
     else:
         report(args.results)
     return 0

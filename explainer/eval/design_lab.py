@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import chosen_regulariser, design, fit, lasso_fit
+from ..methods.surrogate import HALF_FRACTION, chosen_regulariser, design, fit, folded, lasso_fit
 from ..result.ranks import average_ranks
 from .intervals import paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
@@ -108,7 +108,8 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     fits by default (`regulariser=auto`: the ridge, or each token's Lasso where k <= S); "removal-ridge": the ridge
     always; "removal-logit": the fit's target is each token's logit probability, as ContextCite's; "removal-lasso":
     the method's Lasso (`regulariser=lasso`) on the whole answer's log-probability, ContextCite's regulariser, no
-    per-token maps; "removal-lasso-tokens": each token's Lasso, as the method fits it. Kind "reference" is
+    per-token maps; "removal-lasso-tokens": each token's Lasso, as the method fits it. Kind "folded": the fold the
+    default drew for `seed` before the half fraction replaced it (`half_fraction`). Kind "reference" is
     ContextCite's least squares on the logit of the whole answer's probability, on `k` random masks."""
     s, index = r["sentences"], {m: i for i, m in enumerate(r["masks"])}
     evaluation = _masks(r["masks"][i] for i in r["evaluation"]).astype(float)
@@ -120,7 +121,8 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
         a = np.concatenate([np.ones((len(masks), 1)), masks.astype(float)], axis=1)
         coef = np.linalg.lstsq(a, logit(y), rcond=None)[0]
         return _lds(coef[None, 1:], evaluation, measured)
-    masks = np.concatenate([np.ones((1, s), dtype=bool), design(s, k, kind, seed)])
+    drawn = folded(s, 1 << ((k // 2).bit_length() - 1), _rng(seed)) if kind == "folded" else design(s, k, kind, seed)
+    masks = np.concatenate([np.ones((1, s), dtype=bool), drawn])
     if any(_bits(m) not in index for m in masks):  # a design drawn after the pool was (`distinct_pairs` beyond
         return None, None  # `EXHAUSTIVE` sentences): this pool cannot score it
     y = y_all[[index[_bits(m)] for m in masks]]
@@ -132,6 +134,32 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     if passes.endswith("-logit"):
         y = logit(y)  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)
+
+
+def _rng(seed: int) -> np.random.Generator:
+    """The generator `surrogate.orthogonal` draws a design from for `seed`."""
+    return np.random.default_rng([seed, 7])
+
+
+def half_fraction(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Where a half fraction replaced the fold (`surrogate.orthogonal`; U units and k = 2^(U - 1) masks, U from
+    `HALF_FRACTION` to `EXHAUSTIVE`): `report`'s entries for the default (now the half fraction), the fold drawn as the
+    default drew it before ("folded", its seeds), and every mask (k = 2^U - 1, the ceiling), over the questions of
+    exactly U sentences, with "minus folded": the default's paired difference to the fold, whole answer and per
+    token (each question's mean over the seeds)."""
+    out = []
+    for units in range(HALF_FRACTION, EXHAUSTIVE + 1):
+        chosen = [r for r in rows if r["sentences"] == units]
+        if not chosen:
+            continue
+        k = 2 ** (units - 1)
+        entries = [_entry(chosen, kind, count, "removal") for kind, count in
+                   (("hadamard", k), ("folded", k), ("hadamard", 2**units - 1))]  # fmt: skip
+        default, fold = entries[0], entries[1]
+        default["minus folded"] = paired_t(default["per_question"], fold["per_question"])
+        default["minus folded, per token"] = paired_t(default["per_question_token"], fold["per_question_token"])
+        out.extend({**e, "units": units} for e in entries)
+    return out
 
 
 def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -159,7 +187,7 @@ def fallback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _entry(rows: list[dict[str, Any]], kind: str, k: int, passes: str) -> dict[str, Any]:
     """One case's entry over `rows` (the seeds of `report`)."""
-    per_question, tokens = [], []
+    per_question, per_token, tokens = [], [], []
     for r in rows:
         seeds = range(SEEDS_SHORT if r["sentences"] <= EXHAUSTIVE else SEEDS_LONG)
         if kind == "reference" and r["sentences"] > EXHAUSTIVE:
@@ -167,10 +195,13 @@ def _entry(rows: list[dict[str, Any]], kind: str, k: int, passes: str) -> dict[s
         scores = [score_row(r, kind, k, passes, seed) for seed in seeds]
         whole = [w for w, _ in scores if w is not None]
         per_question.append(float(np.mean(whole)) if whole else None)
-        tokens.extend(t for _, t in scores if t is not None)
+        token = [t for _, t in scores if t is not None]
+        per_token.append(float(np.mean(token)) if token else None)
+        tokens.extend(token)
     known = [v for v in per_question if v is not None]
     return {"design": kind, "k": k, "passes": passes, "n": len(known), "lds": float(np.mean(known)) if known else None,
-            "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question}  # fmt: skip
+            "lds_token": float(np.mean(tokens)) if tokens else None, "per_question": per_question,
+            "per_question_token": per_token}  # fmt: skip
 
 
 TARGETS = ("log p", "logit p", "p", "ranks of log p")  # monotone scales of the whole answer a projection may fit

@@ -9,16 +9,17 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 - where the units are fewer than the masks, the fit is ridge regression with an unpenalised intercept (Eq. 1 of
   ContextCite with an L2 in place of its L1 penalty), its strength chosen by leave-one-out error (exact, from the hat
   matrix), shared by every answer token; where they are as many or more, ContextCite's Lasso (`chosen_regulariser`);
-- the masks are a design, not independent draws (`design`). The default, "hadamard", is an orthogonal two-level
-  design (`orthogonal`): every mask once where the units are few (2^U - 1 <= k; the fit is then the exact
-  least-squares projection that LDS rewards), else a folded Hadamard design (each unit kept in half of the masks, the
-  units' columns orthogonal, and each unit's effect free of every two-unit interaction, which a linear surrogate
+- the masks are a design, not independent draws (`design`). The default, "hadamard", is an orthogonal two-level design
+  (`orthogonal`): every mask once where the units are few (2^U - 1 <= k; the fit is then the exact least-squares
+  projection that LDS rewards), else the half fraction of the masks removing an odd number of units where it fits
+  (2^(U - 1) <= k, from 5 units on; resolution U), else a folded Hadamard design (each unit kept in half of the masks,
+  the units' columns orthogonal, and each unit's effect free of every two-unit interaction, which a linear surrogate
   fitted on few random masks mistakes for effects), else a plain Hadamard design, its columns drawn at random
   ("aberration": the columns that alias the fewest interactions with effects, `aberration_columns`; level with the
-  default on development and on evaluated questions, docs/results.md); where k is too small for any
-  (k <= U), complementary pairs (x, 1 - x) in which no two units share a column (`distinct_pairs`), which the Lasso
-  fits ("loo_pairs", leave-one-out masks for up to half of them then pairs, the earlier fallback, ranked a needle
-  sentence worse: docs/results.md);
+  default on development and on evaluated questions, docs/results.md); where k is too small for any (k <= U),
+  complementary pairs (x, 1 - x) in which no two units share a column (`distinct_pairs`), which the Lasso fits
+  ("loo_pairs", leave-one-out masks for up to half of them then pairs, the earlier fallback, ranked a needle sentence
+  worse: docs/results.md);
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
@@ -34,6 +35,7 @@ import numpy as np
 DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration")  # leave-one-out then pairs; complementary
 # pairs; independent masks; an orthogonal two-level design (every mask, a folded Hadamard, or a Hadamard); the same
 # with a plain Hadamard design's columns chosen for minimum aberration
+HALF_FRACTION = 5  # units from which a half fraction (resolution U) replaces a fold (resolution IV) where it fits
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
 REGULARISERS = ("auto", "ridge", "lasso")  # auto: ridge where the units are fewer than the masks, else lasso
@@ -112,6 +114,12 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
 
     - every mask but the unperturbed one where 2^U - 1 <= k (a full factorial: the fit is then the exact
       least-squares projection of the answer's log-probability on the units, what LDS scores over random masks);
+    - else, from `HALF_FRACTION` units on, the half fraction where 2^(U - 1) <= k: every mask that removes an odd
+      number of units (each unit's leave-one-out mask among them, the unperturbed prompt not, so that its row adds a
+      17th point to 16 masks). Its one alias word holds all U units (resolution U: each effect is aliased only with
+      the interaction of all the other units), where a fold's is IV. It is the same design for every seed but for
+      the order of its masks. On development questions of 5 sentences at k = 16 it was ahead of the fold per
+      answer token, and in the mean on the whole answer (docs/results.md);
     - else a folded Hadamard design where U <= n, n the largest power of two with 2n <= k: n rows of a Sylvester
       matrix over U of its columns, then each row's complement (2n masks). Every unit is kept in half of them, any
       two units' columns are orthogonal, and the fold makes each unit's estimated effect free of every two-unit
@@ -129,14 +137,24 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
     if kind == "every mask":
         every = ((np.arange(1, 2**units)[:, None] >> np.arange(units)) & 1) == 0  # (2^U - 1, U) row 0 removed
         return every[rng.permutation(len(every))]
+    if kind == "half fraction":
+        every = ((np.arange(2**units)[:, None] >> np.arange(units)) & 1) == 1  # (2^U, U) bit set: removed
+        odd = ~every[every.sum(axis=1) % 2 == 1]  # (2^(U-1), U) keep-masks removing an odd number of units
+        return odd[rng.permutation(len(odd))]
     if kind == "folded Hadamard":
-        h = sylvester(n)[:, rng.permutation(n)[:units]] * rng.choice([-1, 1], units)  # (n, U)
-        return np.concatenate([h > 0, h < 0])  # (2n, U): the rows, then their complements
+        return folded(units, n, rng)
     if kind == "Hadamard":
         fewest = aberration and n >= 16  # at 8 runs every choice of columns holds as many words (the Fano plane)
         columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]
         return sylvester(n)[:, columns] * rng.choice([-1, 1], units) > 0  # (n, U)
     return None
+
+
+def folded(units: int, n: int, rng: np.random.Generator) -> np.ndarray:
+    """(2n, U) a folded Hadamard design: n rows of a Sylvester matrix over U <= n of its columns drawn at random, each
+    column's signs flipped at random, then each row's complement."""
+    h = sylvester(n)[:, rng.permutation(n)[:units]] * rng.choice([-1, 1], units)  # (n, U)
+    return np.concatenate([h > 0, h < 0])  # (2n, U): the rows, then their complements
 
 
 def aberration_columns(n: int, units: int, rng: np.random.Generator) -> np.ndarray:
@@ -160,6 +178,8 @@ def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
     """Which orthogonal design `orthogonal` builds over `units` in at most k masks, and its Sylvester order n."""
     if 2**units - 1 <= k:
         return "every mask", 0
+    if units >= HALF_FRACTION and 2 ** (units - 1) <= k < 2**units - 1:
+        return "half fraction", 2 ** (units - 1)
     n = 1 << max(0, (k // 2).bit_length() - 1)
     if units <= n and 2 * n <= k:
         return "folded Hadamard", n
@@ -168,8 +188,9 @@ def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
 
 
 def design_kind(units: int, k: int, kind: str) -> str:
-    """What `design(units, k, kind)` holds, in words for a reader: "every mask", "folded Hadamard" (each unit's
-    effect free of two-unit interactions), "Hadamard" (effects aliased with interactions), "leave-one-out then
+    """What `design(units, k, kind)` holds, in words for a reader: "every mask", "half fraction" (each unit's effect
+    aliased only with the interaction of all the others), "folded Hadamard" (each unit's effect free of two-unit
+    interactions), "Hadamard" (effects aliased with interactions), "leave-one-out then
     pairs", "complementary pairs" or "random"."""
     if kind in ("hadamard", "aberration"):
         return _orthogonal_kind(units, k)[0] or "complementary pairs"

@@ -88,3 +88,25 @@ def test_where_the_sentences_outnumber_the_masks_the_default_fit_is_each_token_s
     assert {(e["k"], e["design"], e["passes"]) for e in entries} == {
         (k, kind, passes) for k in design_lab.FALLBACK_COUNTS for kind, passes in design_lab.FALLBACKS}
     assert {e["k"]: e["n"] for e in entries} == {4: 2, 8: 1}  # the 6-sentence question has fewer than 8
+
+
+def test_the_half_fraction_reads_effects_that_a_fold_mistakes_for_a_three_sentence_interaction():
+    """Five sentences and an answer bent by sentences 0-2 together: a fold's effects carry some three-unit
+    interaction with them where its one word holds all three (two of its five possible words do), the half fraction's
+    only the five-unit one, so on this answer it ranks the evaluation masks clearly better than the fold's draws do,
+    as every mask does; the lab's "folded" case is the fold the default drew before."""
+    from explainer.methods.surrogate import design, folded
+
+    masks, evaluation = design_lab.pool_masks(5, "q7")
+    x = np.array([[c == "1" for c in m] for m in masks], dtype=float)
+    weights = np.random.default_rng(3).normal(size=5)
+    z = 2 * x - 1  # +-1: the interaction is a pure three-unit one
+    logp = (x @ weights + 2.0 * z[:, 0] * z[:, 1] * z[:, 2] - 5.0)[:, None] * np.array([[0.25, 0.75]])
+    row = {"id": "q7", "sentences": 5, "masks": masks, "evaluation": [masks.index(m) for m in evaluation],
+           "removal": logp.tolist(), "knockout": logp.tolist()}  # fmt: skip
+    entries = {e["design"] if e["k"] == 16 else "every": e for e in design_lab.half_fraction([row])}
+    assert set(entries) == {"hadamard", "folded", "every"}
+    assert min(entries["hadamard"]["lds"], entries["every"]["lds"]) > entries["folded"]["lds"] + 0.02
+    assert entries["hadamard"]["minus folded"][0] == entries["hadamard"]["lds"] - entries["folded"]["lds"]
+    for seed in range(3):  # a sixth sentence: the default is still the fold, drawn as the lab's "folded" draws it
+        np.testing.assert_array_equal(design(6, 16, "hadamard", seed), folded(6, 8, np.random.default_rng([seed, 7])))

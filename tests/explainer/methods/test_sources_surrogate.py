@@ -4,6 +4,8 @@ explicit leave-one-out refits; the per-token maps summed over units; the design;
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -239,6 +241,8 @@ def test_the_hadamard_design_is_orthogonal_balanced_and_folded_where_it_fits(uni
         return
     assert m.shape == (16, units_) and (m.sum(axis=0) == 8).all()  # balanced
     np.testing.assert_array_equal(x.T @ x, 16 * np.eye(units_))  # orthogonal columns, an explicit check
+    if units_ == 5:  # the half fraction: checked in its own test
+        return
     if units_ <= 8:  # folded: the second half is the first's complement, and no effect carries an interaction
         assert (m[8:] == ~m[:8]).all() and _interactions_aliased(m) == 0
     else:
@@ -255,6 +259,7 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
     orthogonal = len(m) == 16 and (x.T @ x == 16 * np.eye(units_)).all()
     expected = (
         "every mask" if len({r.tobytes() for r in m}) == 2**units_ - 1 == len(m)
+        else "half fraction" if orthogonal and len(m) == 2 ** (units_ - 1) and ((~m).sum(axis=1) % 2 == 1).all()
         else "folded Hadamard" if orthogonal and (m[8:] == ~m[:8]).all()
         else "Hadamard" if orthogonal
         else "complementary pairs" if (m[::2] == ~m[1::2]).all()
@@ -295,8 +300,40 @@ def test_the_aberration_design_is_the_hadamard_one_where_the_design_is_not_plain
 
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
     assert (design(16, 16, "hadamard", seed=1) == distinct_pairs(16, 16, seed=1)).all()
-    m = design(5, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
-    assert m.shape == (24, 5) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
+    m = design(6, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
+    assert m.shape == (24, 6) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
+    m = design(5, 24, "hadamard", seed=0)  # the half fraction's 16 masks, then 8 pairs
+    assert m.shape == (24, 5) and ((~m[:16]).sum(axis=1) % 2 == 1).all() and (m[16::2] == ~m[17::2]).all()
+
+
+def _shortest_word(m: np.ndarray) -> int:
+    """The fewest units whose +-1 columns multiply to a constant (the design's resolution), by explicit loops over
+    every set of units."""
+    x = m.astype(float) * 2 - 1
+    u = x.shape[1]
+    sets = (s for size in range(1, u + 1) for s in itertools.combinations(range(u), size))
+    return min((len(s) for s in sets if abs(float(np.prod(x[:, list(s)], axis=1).sum())) == len(x)), default=u + 1)
+
+
+@pytest.mark.parametrize(("units_", "k"), [(5, 16), (5, 20), (6, 32), (7, 64)])
+def test_the_half_fraction_has_resolution_u_and_holds_every_leave_one_out_mask(units_, k):
+    """From 5 units, where 2^(U - 1) masks fit but not every mask: the masks that remove an odd number of units, each
+    once. Its one word holds every unit (a fold's shortest has 4), each unit's leave-one-out mask is among them and
+    the unperturbed prompt is not (its row is the fit's 17th point); every seed gives the same set."""
+    n = 2 ** (units_ - 1)
+    m = design(units_, k, "hadamard", seed=3)
+    half = m[:n]
+    x = half.astype(float) * 2 - 1
+    assert len({r.tobytes() for r in half}) == n and ((~half).sum(axis=1) % 2 == 1).all()
+    np.testing.assert_array_equal(x.T @ x, n * np.eye(units_))  # balanced and orthogonal
+    assert _shortest_word(half) == units_
+    assert _shortest_word(design(units_ + 1, n, "hadamard", seed=3)) == 4  # the fold a unit more gets (resolution IV)
+    assert {r.tobytes() for r in ~np.eye(units_, dtype=bool)} <= {r.tobytes() for r in half}
+    assert not half.all(axis=1).any()
+    other = design(units_, k, "hadamard", seed=4)[:n]
+    assert {r.tobytes() for r in other} == {r.tobytes() for r in half}
+    assert design_kind(units_, k, "hadamard") == "half fraction"
+    assert design_kind(4, 8, "hadamard") == "folded Hadamard"  # below 5 units a fold is as good: kept
 
 
 def test_the_fallback_pairs_give_every_unit_its_own_column():
