@@ -100,7 +100,7 @@ def report(path: str) -> None:
 
 
 def report_half(paths: list[str]) -> None:
-    rows = [r for path in paths for r in read_results(path) if "removal" in r]
+    rows = list({r["id"]: r for path in paths for r in read_results(path) if "removal" in r}.values())  # once each
     print("the half fraction (the default where it fits) against the fold it replaced, questions of U sentences;")
     print("LDS whole answer / per token, mean over questions (the fold: and over its seeds)")
     for e in design_lab.half_fraction(rows):
