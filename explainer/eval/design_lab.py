@@ -21,7 +21,16 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import HALF_FRACTION, chosen_regulariser, design, fit, folded, lasso_fit
+from ..methods.surrogate import (
+    HALF_FRACTION,
+    chosen_regulariser,
+    design,
+    design_rng,
+    fit,
+    fold_order,
+    folded,
+    lasso_fit,
+)
 from ..result.ranks import average_ranks
 from .intervals import paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
@@ -121,7 +130,7 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
         a = np.concatenate([np.ones((len(masks), 1)), masks.astype(float)], axis=1)
         coef = np.linalg.lstsq(a, logit(y), rcond=None)[0]
         return _lds(coef[None, 1:], evaluation, measured)
-    drawn = folded(s, 1 << ((k // 2).bit_length() - 1), _rng(seed)) if kind == "folded" else design(s, k, kind, seed)
+    drawn = folded(s, fold_order(k), design_rng(seed)) if kind == "folded" else design(s, k, kind, seed)
     masks = np.concatenate([np.ones((1, s), dtype=bool), drawn])
     if any(_bits(m) not in index for m in masks):  # a design drawn after the pool was (`distinct_pairs` beyond
         return None, None  # `EXHAUSTIVE` sentences): this pool cannot score it
@@ -134,11 +143,6 @@ def score_row(r: dict[str, Any], kind: str, k: int, passes: str, seed: int) -> t
     if passes.endswith("-logit"):
         y = logit(y)  # each token's logit p
     return _lds(fit(masks, y)[0], evaluation, measured)
-
-
-def _rng(seed: int) -> np.random.Generator:
-    """The generator `surrogate.orthogonal` draws a design from for `seed`."""
-    return np.random.default_rng([seed, 7])
 
 
 def half_fraction(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

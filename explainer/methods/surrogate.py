@@ -132,15 +132,12 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
     designs of the same kind; `aberration`: a plain design's columns are `aberration_columns` instead, in a random
     order, from 16 runs on (at 8 every choice aliases as much, so the draw stays; the other kinds do not change).
     Returns (R, U) bool, R <= k."""
-    rng = np.random.default_rng([*np.atleast_1d(seed), 7])
+    rng = design_rng(seed)
     kind, n = _orthogonal_kind(units, k)
-    if kind == "every mask":
-        every = ((np.arange(1, 2**units)[:, None] >> np.arange(units)) & 1) == 0  # (2^U - 1, U) row 0 removed
-        return every[rng.permutation(len(every))]
-    if kind == "half fraction":
-        every = ((np.arange(2**units)[:, None] >> np.arange(units)) & 1) == 1  # (2^U, U) bit set: removed
-        odd = ~every[every.sum(axis=1) % 2 == 1]  # (2^(U-1), U) keep-masks removing an odd number of units
-        return odd[rng.permutation(len(odd))]
+    if kind in ("every mask", "half fraction"):  # few units: every mask, or those removing an odd number of units
+        removed = ((np.arange(2**units)[:, None] >> np.arange(units)) & 1) == 1  # (2^U, U) bit set: removed
+        chosen = ~(removed[1:] if kind == "every mask" else removed[removed.sum(axis=1) % 2 == 1])  # row 0 keeps all
+        return chosen[rng.permutation(len(chosen))]
     if kind == "folded Hadamard":
         return folded(units, n, rng)
     if kind == "Hadamard":
@@ -148,6 +145,16 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
         columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]
         return sylvester(n)[:, columns] * rng.choice([-1, 1], units) > 0  # (n, U)
     return None
+
+
+def design_rng(seed) -> np.random.Generator:
+    """The generator `orthogonal` draws a design from for `seed`."""
+    return np.random.default_rng([*np.atleast_1d(seed), 7])
+
+
+def fold_order(k: int) -> int:
+    """n, the largest power of two with 2n <= k: the Sylvester order of a folded design of at most k masks."""
+    return 1 << max(0, (k // 2).bit_length() - 1)
 
 
 def folded(units: int, n: int, rng: np.random.Generator) -> np.ndarray:
@@ -180,7 +187,7 @@ def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
         return "every mask", 0
     if units >= HALF_FRACTION and 2 ** (units - 1) <= k < 2**units - 1:
         return "half fraction", 2 ** (units - 1)
-    n = 1 << max(0, (k // 2).bit_length() - 1)
+    n = fold_order(k)
     if units <= n and 2 * n <= k:
         return "folded Hadamard", n
     n = 1 << max(0, k.bit_length() - 1)
