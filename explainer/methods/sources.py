@@ -54,6 +54,7 @@ with their scores and token spans (`sources` in the JSON), the scope, and how ma
 from __future__ import annotations
 
 import string
+from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -62,6 +63,7 @@ import torch
 from ..errors import InputError
 from ..result.ranks import spearman
 from ..result.segments import Group, paragraph_groups, sentence_groups, word_groups
+from ..runtime.host import to_numpy
 from ..runtime.kv import TOKENS_PER_BATCH
 from ..runtime.memory import MemoryRequest
 from ..runtime.session import hold
@@ -198,6 +200,25 @@ def keep_rows(masks: np.ndarray, groups: list[Group], n: int) -> np.ndarray:
     return keep
 
 
+def overlap_prior(ids: np.ndarray, groups: list[Group], readers: list[int]) -> np.ndarray:
+    """(U,) how likely each unit is to matter to the answer, known before any pass (the "informed" design's prior):
+    the distinct token ids a unit shares with what reads it (`readers`: the answer's positions and the user's text
+    outside the passages, a question), each weighted by 1 / the number of units that hold it, so a token every
+    sentence has counts little and the sentence an answer quotes counts most. 0 where a unit shares nothing."""
+    read = set(ids[readers].tolist())
+    held = [set(ids[g.start : g.stop].tolist()) for g in groups]
+    count = Counter(t for h in held for t in h)
+    return np.array([sum(1.0 / count[t] for t in h & read) for h in held], dtype=np.float64)  # (U,)
+
+
+def readers(groups: list[Group], positions: list[int], n: int, total: int) -> list[int]:
+    """The user's positions outside every unit, then the answer's (n to total - 1): what reads the units."""
+    inside = np.zeros(total, dtype=bool)
+    for g in groups:
+        inside[g.start : g.stop] = True
+    return [p for p in positions if p < n and not inside[p]] + list(range(n, total))
+
+
 def reread_from(groups: list[Group], n: int) -> int:
     """Where knockout passes start: the first position after the last unit (at most the last prompt position)."""
     return min(groups[-1].stop, n - 1)
@@ -275,12 +296,15 @@ class Sources(AttributionMethod):
         cfg, n, k = self.config, run.num_prompt_tokens, run.num_steps
         positions = run.user_positions or list(range(n))
         groups = passages(run.prompt_tokens, positions, cfg)
-        fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed)  # (A, U) True = kept
+        ids = run.input_ids[0]  # (T,)
+        prior = None
+        if cfg.design == "informed":
+            prior = overlap_prior(to_numpy(ids), groups, readers(groups, positions, n, len(ids)))  # (U,)
+        fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed, prior)  # (A, U) True = kept
         checks = design(len(groups), cfg.check, "random", [cfg.seed, 1])  # (C, U)
         masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), fitted, checks])  # (R, U) row 0: all kept
         rows = keep_rows(masks, groups, n)  # (R, N)
         keep = torch.as_tensor(rows, device=run.input_ids.device)
-        ids = run.input_ids[0]  # (T,)
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
         a = 1 + len(fitted)

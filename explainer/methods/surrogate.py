@@ -32,9 +32,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration")  # leave-one-out then pairs; complementary
-# pairs; independent masks; an orthogonal two-level design (every mask, a folded Hadamard, or a Hadamard); the same
-# with a plain Hadamard design's columns chosen for minimum aberration
+DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration", "informed")  # leave-one-out then pairs;
+# complementary pairs; independent masks; an orthogonal two-level design (every mask, a folded Hadamard, or a
+# Hadamard); the same with a plain Hadamard design's columns chosen for minimum aberration; or placed by a prior
+ORTHOGONAL = ("hadamard", "aberration", "informed")  # the designs `orthogonal` builds
 HALF_FRACTION = 5  # units from which a half fraction (resolution U) replaces a fold (resolution IV) where it fits
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
@@ -45,17 +46,18 @@ FOLDS = 5  # cross-validation folds of the Lasso's penalty
 SWEEPS = 100  # coordinate-descent sweeps at most per fit
 
 
-def design(units: int, k: int, kind: str = "pairs", seed=0) -> np.ndarray:
+def design(units: int, k: int, kind: str = "pairs", seed=0, prior: np.ndarray | None = None) -> np.ndarray:
     """(k, U) keep-masks. "pairs": x_1, 1 - x_1, x_2, 1 - x_2, ... with each x_i kept with probability 1/2 per unit
     (an odd k ends on an unpaired x), so every unit is kept in half of the paired masks, and the design of k masks
     is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
     "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
     holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U); "aberration": the
-    same, a plain design's columns chosen by `aberration_columns`.
-    `seed`: anything `np.random.default_rng` takes."""
-    if kind in ("hadamard", "aberration"):
-        first = orthogonal(units, k, seed, aberration=kind == "aberration")
+    same, a plain design's columns chosen by `aberration_columns`; "informed": the same, a plain design's columns
+    placed by `prior` (`informed_columns`; without one, as "aberration").
+    `seed`: anything `np.random.default_rng` takes. `prior`: (U,) how likely each unit is to matter (>= 0)."""
+    if kind in ORTHOGONAL:
+        first = orthogonal(units, k, seed, aberration=kind != "hadamard", prior=prior if kind == "informed" else None)
         if first is None:
             return distinct_pairs(units, k, seed)
         if len(first) == k or len(first) == 2**units - 1:
@@ -109,7 +111,8 @@ def sylvester(n: int) -> np.ndarray:
     return h
 
 
-def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarray | None:
+def orthogonal(units: int, k: int, seed=0, aberration: bool = False, prior: np.ndarray | None = None
+               ) -> np.ndarray | None:  # fmt: skip
     """An orthogonal two-level design over `units` in at most k keep-masks, or None where k is too small (k <= U).
 
     - every mask but the unperturbed one where 2^U - 1 <= k (a full factorial: the fit is then the exact
@@ -130,7 +133,8 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
 
     The columns are drawn and each one's signs flipped at random from `seed`, so different seeds give different
     designs of the same kind; `aberration`: a plain design's columns are `aberration_columns` instead, in a random
-    order, from 16 runs on (at 8 every choice aliases as much, so the draw stays; the other kinds do not change).
+    order, from 16 runs on (at 8 every choice aliases as much, so the draw stays; the other kinds do not change);
+    `prior` (with `aberration`): a plain design's columns are `informed_columns` instead, from 8 runs on.
     Returns (R, U) bool, R <= k."""
     rng = design_rng(seed)
     kind, n = _orthogonal_kind(units, k)
@@ -142,7 +146,10 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False) -> np.ndarr
         return folded(units, n, rng)
     if kind == "Hadamard":
         fewest = aberration and n >= 16  # at 8 runs every choice of columns holds as many words (the Fano plane)
-        columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]
+        if aberration and prior is not None:
+            columns = informed_columns(n, np.asarray(prior, dtype=np.float64), rng)
+        else:
+            columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]
         return sylvester(n)[:, columns] * rng.choice([-1, 1], units) > 0  # (n, U)
     return None
 
@@ -181,6 +188,30 @@ def aberration_columns(n: int, units: int, rng: np.random.Generator) -> np.ndarr
     return np.asarray(chosen)[rng.permutation(units)]
 
 
+def informed_columns(n: int, prior: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """(U,) columns of a Sylvester matrix of order n (1 to n - 1; n / 2 < U < n) placed by `prior` (U,), how likely
+    each unit is to matter: in a plain design a word of three columns a XOR b XOR c = 0 aliases each one's effect
+    with the other two's interaction, and an interaction is large where both of its units matter. So the units most
+    likely to matter take the n / 2 columns of odd bit count (no word among them; in a random order), and each other
+    unit, from the likeliest down, the free even column whose new words alias the least: a word's cost is the sum of
+    its three pairs' prior products (ties: the fewest words, then the order `rng` draws, so a flat prior gives
+    `aberration_columns`' word counts). Each even column aliases n / 4 pairs of odd columns, so this is where the prior
+    decides: the interaction of the two likeliest units lands on no unit's effect where a free column can take it."""
+    units = len(prior)
+    p = prior / prior.max() if prior.max() > 0 else np.zeros(units)
+    ranked = rng.permutation(units)
+    ranked = ranked[np.argsort(-p[ranked], kind="stable")]  # likeliest first, ties in a random order
+    odd = [c for c in range(1, n) if bin(c).count("1") % 2]
+    even = [int(c) for c in rng.permutation([c for c in range(1, n) if not bin(c).count("1") % 2])]
+    column = dict(zip(ranked[: len(odd)].tolist(), rng.permutation(odd).tolist(), strict=False))
+    for u in ranked[len(odd) :].tolist():
+        held = {c: v for v, c in column.items()}
+        words = [[(held[a], held[a ^ c]) for a in held if (a ^ c) in held and a < (a ^ c)] for c in even]
+        cost = [(sum(p[u] * (p[v] + p[w]) + p[v] * p[w] for v, w in pairs), len(pairs)) for pairs in words]
+        column[u] = even.pop(min(range(len(even)), key=cost.__getitem__))  # the least aliased, then fewest words
+    return np.asarray([column[u] for u in range(units)])
+
+
 def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
     """Which orthogonal design `orthogonal` builds over `units` in at most k masks, and its Sylvester order n."""
     if 2**units - 1 <= k:
@@ -199,7 +230,7 @@ def design_kind(units: int, k: int, kind: str) -> str:
     aliased only with the interaction of all the others), "folded Hadamard" (each unit's effect free of two-unit
     interactions), "Hadamard" (effects aliased with interactions), "leave-one-out then
     pairs", "complementary pairs" or "random"."""
-    if kind in ("hadamard", "aberration"):
+    if kind in ORTHOGONAL:
         return _orthogonal_kind(units, k)[0] or "complementary pairs"
     return {"loo_pairs": "leave-one-out then pairs", "pairs": "complementary pairs", "random": "random"}[kind]
 
