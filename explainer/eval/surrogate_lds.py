@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import time
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..methods.sources import SourcesConfig, keep_rows, passages, reread_from
-from ..methods.surrogate import chosen_regulariser, design, spread, surrogate_fit
+from ..methods.sources import SourcesConfig, fitted_masks, keep_rows, passages, reread_from
+from ..methods.surrogate import chosen_regulariser, spread, surrogate_fit
 from ..result.ranks import spearman
 from .ablate import response_logprobs
 from .haystack import method_label
@@ -81,21 +81,23 @@ class _Pool:
         return out
 
 
-def _plans(attr, cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool) -> tuple[list, list[tuple]]:
+def _plans(attr, k: int, cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool) -> tuple[list, list[tuple]]:
     """The passages, and each variant's (label, masks, pool, its rows in the pool, regulariser); every set of options
-    must cut the same passages."""
+    must cut the same passages. k: the answer's tokens the method reads (its design may depend on them)."""
     n, groups, plans = attr.num_prompt_tokens, None, []
+    positions = attr.user_positions or list(range(n))
+    ids = np.asarray(attr.prompt_token_ids + attr.generated_token_ids[:k])  # (T,)
     for given in (cfg.options, *cfg.more_options):
         options = SourcesConfig(**given)
-        mine = passages(attr.prompt_tokens, attr.user_positions or list(range(n)), options)
+        mine = passages(attr.prompt_tokens, positions, options)
         if groups is not None and [(g.start, g.stop) for g in mine] != [(g.start, g.stop) for g in groups]:
             raise ValueError("every set of options must cut the same passages (the same `context` and `unit`)")
         groups = mine
         for passes in cfg.passes:
             pool = knockout if passes == "knockout" else removal
             for count in cfg.counts:
-                masks = np.concatenate([np.ones((1, len(groups)), dtype=bool),
-                                        design(len(groups), count, options.design, options.seed)])  # fmt: skip
+                drawn = fitted_masks(replace(options, ablations=count), groups, ids, positions, n)  # (A, U)
+                masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), drawn])
                 label = method_label("sources", {**given, "ablations": count,
                                                  **({"passes": passes} if passes != "removal" else {})})  # fmt: skip
                 plans.append((label, masks, pool, pool.add(keep_rows(masks, groups, n)),
@@ -115,7 +117,7 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
     eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
     reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
     reference_rows = removal.add(sentence_keep(reference, sentences, n))
-    groups, plans = _plans(attr, cfg, removal, knockout)
+    groups, plans = _plans(attr, k, cfg, removal, knockout)
     ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
     logp = {}
     for name, pool in (("removal", removal), ("knockout", knockout)):

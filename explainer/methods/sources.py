@@ -219,6 +219,16 @@ def readers(groups: list[Group], positions: list[int], n: int, total: int) -> li
     return [p for p in positions if p < n and not inside[p]] + list(range(n, total))
 
 
+def fitted_masks(cfg: SourcesConfig, groups: list[Group], ids: np.ndarray, positions: list[int], n: int) -> np.ndarray:
+    """(A, U) the keep-masks the surrogate is fitted on besides the unperturbed prompt (True = kept): `design` over the
+    units, placed by `overlap_prior` where the design is "informed". `ids`: (T,) the prompt's then the answer's
+    token ids; `positions`: the user's prompt positions; n: the prompt's length."""
+    prior = None
+    if cfg.design == "informed":
+        prior = overlap_prior(ids, groups, readers(groups, positions, n, len(ids)))  # (U,)
+    return design(len(groups), cfg.ablations, cfg.design, cfg.seed, prior)
+
+
 def reread_from(groups: list[Group], n: int) -> int:
     """Where knockout passes start: the first position after the last unit (at most the last prompt position)."""
     return min(groups[-1].stop, n - 1)
@@ -297,10 +307,7 @@ class Sources(AttributionMethod):
         positions = run.user_positions or list(range(n))
         groups = passages(run.prompt_tokens, positions, cfg)
         ids = run.input_ids[0]  # (T,)
-        prior = None
-        if cfg.design == "informed":
-            prior = overlap_prior(to_numpy(ids), groups, readers(groups, positions, n, len(ids)))  # (U,)
-        fitted = design(len(groups), cfg.ablations, cfg.design, cfg.seed, prior)  # (A, U) True = kept
+        fitted = fitted_masks(cfg, groups, to_numpy(ids), positions, n)  # (A, U) True = kept
         checks = design(len(groups), cfg.check, "random", [cfg.seed, 1])  # (C, U)
         masks = np.concatenate([np.ones((1, len(groups)), dtype=bool), fitted, checks])  # (R, U) row 0: all kept
         rows = keep_rows(masks, groups, n)  # (R, N)
