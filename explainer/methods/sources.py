@@ -89,7 +89,7 @@ class SourcesConfig:
     fit: str = field(default="surrogate", metadata={"choices": FITS})  # ContextCite's surrogate, or leave-one-out
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
     check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
-    design: str = field(default="hadamard", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
+    design: str = field(default="informed", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
     regulariser: str = field(default="auto", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense),
     # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else lasso
     context: str = ""  # surrogate: the passages start just after this text (a label, e.g. "Context"); it and what

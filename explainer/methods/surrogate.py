@@ -134,7 +134,8 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False, prior: np.n
     The columns are drawn and each one's signs flipped at random from `seed`, so different seeds give different
     designs of the same kind; `aberration`: a plain design's columns are `aberration_columns` instead, in a random
     order, from 16 runs on (at 8 every choice aliases as much, so the draw stays; the other kinds do not change);
-    `prior` (with `aberration`): a plain design's columns are `informed_columns` instead, from 8 runs on.
+    `prior` (with `aberration`): a plain design's columns are `informed_columns` instead, from 16 runs on (at 8 the
+    draw stays: it was not measured there).
     Returns (R, U) bool, R <= k."""
     rng = design_rng(seed)
     kind, n = _orthogonal_kind(units, k)
@@ -146,7 +147,7 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False, prior: np.n
         return folded(units, n, rng)
     if kind == "Hadamard":
         fewest = aberration and n >= 16  # at 8 runs every choice of columns holds as many words (the Fano plane)
-        if aberration and prior is not None:
+        if fewest and prior is not None:
             columns = informed_columns(n, np.asarray(prior, dtype=np.float64), rng)
         else:
             columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]

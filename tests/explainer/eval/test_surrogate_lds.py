@@ -128,26 +128,27 @@ def test_report_rows_keeps_only_the_ids_of_a_rerun(tmp_path, capsys):
 
 
 def test_the_informed_variant_runs_the_masks_the_method_runs_alone(llama, tokenizer):
-    """Six sentences at k = 8 make a plain design, whose columns the informed design places by the answer's overlap:
+    """Ten sentences at k = 16 make a plain design, whose columns the informed design places by the answer's overlap:
     the command's variant must fit the masks the method itself draws from the same answer, and score as it does."""
     bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
-    context = ROW["context"] + " Rome is the capital of Italy. Madrid lies in Spain."
+    context = ROW["context"] + (" Rome is the capital of Italy. Madrid lies in Spain. Snow is cold. Tea is hot."
+                                " Lisbon sits by the sea. Cats sleep a lot.")
     row = {**ROW, "id": "q6", "context": context}
-    cfg = SurrogateLdsConfig(counts=(8,), options={"context": "Context", "design": "informed"},
+    cfg = SurrogateLdsConfig(counts=(16,), options={"context": "Context", "design": "informed"},
                              max_new_tokens=4)  # fmt: skip
     got = measure(bundle, row, cfg)
     answered = answer_row(bundle, row, ["random"], 4)
     attr, sentences, k = answered.attr, answered.sentences, answered.k
-    method = get_method("sources", ablations=8, check=0, design="informed", context="Context")
+    method = get_method("sources", ablations=16, check=0, design="informed", context="Context")
     run = GenerationRun(llama, answered_ids(attr)[:, : attr.num_prompt_tokens + k], attr.num_prompt_tokens,
                         prompt_tokens=attr.prompt_tokens, user_positions=attr.user_positions)  # fmt: skip
     raw = method.explain(run)
     masks = ablation_masks(len(sentences), 32, 0.5, [0, zlib.crc32(b"q6")])
     measured = evaluation_logprobs(bundle, attr, sentences, masks, k)
     want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))
-    label = "sources:context=Context:design=informed:ablations=8"
-    assert len(sentences) == 6 and got["fits"][label]["units"] == 6
+    label = "sources:context=Context:design=informed:ablations=16"
+    assert len(sentences) == 10 and got["fits"][label]["units"] == 10
     assert got["methods"][label]["lds"] == pytest.approx(want, abs=RANKS)
-    plain = get_method("sources", ablations=8, check=0, design="aberration", context="Context")  # no prior
+    plain = get_method("sources", ablations=16, check=0, design="aberration", context="Context")  # no prior
     other = lds(measured.sum(axis=1), predictions(masks, source_scores(plain.explain(run), sentences).sum(axis=0)))
     assert abs(other - want) > 10 * RANKS  # the prior moved the columns here, so the check can fail

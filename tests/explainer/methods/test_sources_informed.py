@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from explainer import get_method
 from explainer.methods.sources import overlap_prior, passages
 from explainer.methods.surrogate import design, design_kind
 
-from .test_sources_surrogate import _words, run  # noqa: F401  (a fixture)
+from .test_sources_surrogate import _words
 
 
 def _alias_words(m: np.ndarray) -> list[tuple[int, int, int]]:
@@ -69,8 +70,8 @@ def test_without_a_prior_or_with_a_flat_one_it_is_the_minimum_aberration_design(
 
 def test_the_informed_design_is_the_hadamard_one_where_the_design_is_not_plain():
     """Every mask, the half fraction, the fold and the fallback pairs hold no alias of an effect with a two-unit
-    interaction, so the prior changes nothing there."""
-    for units_, k in ((3, 16), (5, 16), (8, 16), (20, 16), (12, 32), (16, 24)):
+    interaction, so the prior changes nothing there; nor at 8 runs, where it was not measured."""
+    for units_, k in ((3, 16), (5, 16), (8, 16), (20, 16), (12, 32), (16, 24), (6, 8)):
         prior = np.random.default_rng(units_).random(units_)
         np.testing.assert_array_equal(design(units_, k, "informed", 5, prior), design(units_, k, "hadamard", 5))
     assert design_kind(12, 16, "informed") == "Hadamard"
@@ -89,19 +90,34 @@ def test_the_overlap_prior_counts_shared_tokens_weighted_by_the_units_that_hold_
     np.testing.assert_allclose(overlap_prior(ids, groups, readers), [1 + 1 / 3, 1 + 1 / 3, 1 / 3])
 
 
-def test_sources_places_its_masks_by_the_answer_s_overlap_on_the_model(run):  # noqa: F811
-    """On the model: six sentences at k = 8 make a plain 8-run design; the masks Sources ran are the informed design
-    of a prior counted here by explicit loops over the prompt's and the answer's tokens."""
-    r = run["llama"]
-    n, ids = r.num_prompt_tokens, r.input_ids[0].tolist()
+PROMPT = (
+    "Paris is the capital of France. The quick brown fox jumps. Berlin is the capital of Germany. Numbers 0123 follow. "
+    "Rome is in Italy. Snow is cold. Madrid lies in Spain. Tea is hot. Lisbon sits by the sea. Cats sleep a lot."
+)
+ANSWER = " Rome is in Italy, and Lisbon sits by the sea."
+
+
+def test_sources_places_its_masks_by_the_answer_s_overlap_on_the_model(tokenizer):
+    """On the model, with an answer that quotes two sentences: ten sentences at k = 16 make a plain 16-run design,
+    and the masks Sources ran are the informed design of a prior counted here by explicit loops over the prompt's
+    and the answer's tokens (not the design a flat prior gives)."""
+    from explainer.methods import GenerationRun
+
+    from ...conftest import build_model
+
+    prompt, answer = tokenizer(PROMPT)["input_ids"], tokenizer(ANSWER)["input_ids"]
+    ids, n = prompt + answer, len(prompt)
+    model = build_model("llama")
+    r = GenerationRun(model=model, input_ids=torch.tensor([ids]), num_prompt_tokens=n,
+                      prompt_tokens=[tokenizer.decode([t]) for t in prompt])  # fmt: skip
     groups = passages(r.prompt_tokens, list(range(n)), get_method("sources").config)
     inside = {p for g in groups for p in range(g.start, g.stop)}
     read = {ids[p] for p in range(len(ids)) if p not in inside}
     held = [{ids[p] for p in range(g.start, g.stop)} for g in groups]
     prior = np.array([sum(1.0 / sum(t in h2 for h2 in held) for t in h if t in read) for h in held])
-    method = get_method("sources", design="informed", ablations=8)
+    method = get_method("sources", design="informed", ablations=16)
     method.explain(r)
     keep = np.array(method.meta()["masks"]["keep"], dtype=bool)
-    assert len(groups) == 6 and design_kind(6, 8, "informed") == "Hadamard"
-    np.testing.assert_array_equal(keep[1:9], design(6, 8, "informed", 0, prior))
-    assert not (keep[1:9] == design(6, 8, "hadamard", 0)).all()
+    assert len(groups) == 10 and design_kind(10, 16, "informed") == "Hadamard" and prior.max() > 0
+    np.testing.assert_array_equal(keep[1:17], design(10, 16, "informed", 0, prior))
+    assert not (keep[1:17] == design(10, 16, "aberration", 0)).all()
