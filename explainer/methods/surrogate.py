@@ -36,6 +36,8 @@ DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration", "informed")
 # complementary pairs; independent masks; an orthogonal two-level design (every mask, a folded Hadamard, or a
 # Hadamard); the same with a plain Hadamard design's columns chosen for minimum aberration; or placed by a prior
 ORTHOGONAL = ("hadamard", "aberration", "informed")  # the designs `orthogonal` builds
+INFORMED_RUNS = 16  # the plain design's order whose columns the "informed" design places by a prior (9-15 units at
+# 16-31 masks): ahead there on development questions, behind on the whole answer at 32 (docs/results.md)
 HALF_FRACTION = 5  # units from which a half fraction (resolution U) replaces a fold (resolution IV) where it fits
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
@@ -53,11 +55,11 @@ def design(units: int, k: int, kind: str = "pairs", seed=0, prior: np.ndarray | 
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
     "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
     holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U); "aberration": the
-    same, a plain design's columns chosen by `aberration_columns`; "informed": the same, a plain design's columns
-    placed by `prior` (`informed_columns`; without one, as "aberration").
+    same, a plain design's columns chosen by `aberration_columns`; "informed": the same as "hadamard" but for a plain
+    design of `INFORMED_RUNS` masks, whose columns `prior` places (`informed_columns`; without a prior, as "hadamard").
     `seed`: anything `np.random.default_rng` takes. `prior`: (U,) how likely each unit is to matter (>= 0)."""
     if kind in ORTHOGONAL:
-        first = orthogonal(units, k, seed, aberration=kind != "hadamard", prior=prior if kind == "informed" else None)
+        first = orthogonal(units, k, seed, aberration=kind == "aberration", prior=prior if kind == "informed" else None)
         if first is None:
             return distinct_pairs(units, k, seed)
         if len(first) == k or len(first) == 2**units - 1:
@@ -134,8 +136,8 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False, prior: np.n
     The columns are drawn and each one's signs flipped at random from `seed`, so different seeds give different
     designs of the same kind; `aberration`: a plain design's columns are `aberration_columns` instead, in a random
     order, from 16 runs on (at 8 every choice aliases as much, so the draw stays; the other kinds do not change);
-    `prior` (with `aberration`): a plain design's columns are `informed_columns` instead, from 16 runs on (at 8 the
-    draw stays: it was not measured there).
+    `prior`: a plain design of `INFORMED_RUNS` masks takes `informed_columns` instead (at other orders the draw
+    stays: at 32 the placement was measured on development long contexts and not kept; at 8 and 64 not measured).
     Returns (R, U) bool, R <= k."""
     rng = design_rng(seed)
     kind, n = _orthogonal_kind(units, k)
@@ -147,7 +149,7 @@ def orthogonal(units: int, k: int, seed=0, aberration: bool = False, prior: np.n
         return folded(units, n, rng)
     if kind == "Hadamard":
         fewest = aberration and n >= 16  # at 8 runs every choice of columns holds as many words (the Fano plane)
-        if fewest and prior is not None:
+        if prior is not None and n == INFORMED_RUNS:
             columns = informed_columns(n, np.asarray(prior, dtype=np.float64), rng)
         else:
             columns = aberration_columns(n, units, rng) if fewest else 1 + rng.permutation(n - 1)[:units]
