@@ -231,10 +231,12 @@ def _orthogonal_kind(units: int, k: int) -> tuple[str | None, int]:
 def design_kind(units: int, k: int, kind: str) -> str:
     """What `design(units, k, kind)` holds, in words for a reader: "every mask", "half fraction" (each unit's effect
     aliased only with the interaction of all the others), "folded Hadamard" (each unit's effect free of two-unit
-    interactions), "Hadamard" (effects aliased with interactions), "leave-one-out then
-    pairs", "complementary pairs" or "random"."""
+    interactions), "Hadamard" (effects aliased with interactions; "overlap-placed Hadamard" where "informed" places
+    its columns by the answer's overlap), "leave-one-out then pairs", "complementary pairs" or "random"."""
     if kind in ORTHOGONAL:
-        return _orthogonal_kind(units, k)[0] or "complementary pairs"
+        name, n = _orthogonal_kind(units, k)
+        placed = kind == "informed" and name == "Hadamard" and n == INFORMED_RUNS
+        return "overlap-placed Hadamard" if placed else name or "complementary pairs"
     return {"loo_pairs": "leave-one-out then pairs", "pairs": "complementary pairs", "random": "random"}[kind]
 
 

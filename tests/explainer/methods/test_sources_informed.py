@@ -75,7 +75,8 @@ def test_the_informed_design_is_the_hadamard_one_where_the_design_is_not_plain()
     for units_, k in ((3, 16), (5, 16), (8, 16), (20, 16), (12, 32), (16, 24), (6, 8), (20, 32), (40, 64)):
         prior = np.random.default_rng(units_).random(units_)
         np.testing.assert_array_equal(design(units_, k, "informed", 5, prior), design(units_, k, "hadamard", 5))
-    assert design_kind(12, 16, "informed") == "Hadamard"
+    assert design_kind(12, 16, "informed") == "overlap-placed Hadamard"  # the view names it
+    assert design_kind(20, 32, "informed") == design_kind(12, 16, "hadamard") == "Hadamard"
 
 
 def test_the_overlap_prior_counts_shared_tokens_weighted_by_the_units_that_hold_them():
@@ -119,6 +120,6 @@ def test_sources_places_its_masks_by_the_answer_s_overlap_on_the_model(tokenizer
     method = get_method("sources", design="informed", ablations=16)
     method.explain(r)
     keep = np.array(method.meta()["masks"]["keep"], dtype=bool)
-    assert len(groups) == 10 and design_kind(10, 16, "informed") == "Hadamard" and prior.max() > 0
+    assert len(groups) == 10 and method.meta()["design"] == "overlap-placed Hadamard" and prior.max() > 0
     np.testing.assert_array_equal(keep[1:17], design(10, 16, "informed", 0, prior))
     assert not (keep[1:17] == design(10, 16, "aberration", 0)).all()
