@@ -81,12 +81,13 @@ class _Pool:
         return out
 
 
-def _plans(attr, k: int, cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool) -> tuple[list, list[tuple]]:
+def _plans(attr, tokens: list[int], cfg: SurrogateLdsConfig, removal: _Pool, knockout: _Pool
+           ) -> tuple[list, list[tuple]]:  # fmt: skip
     """The passages, and each variant's (label, masks, pool, its rows in the pool, regulariser); every set of options
-    must cut the same passages. k: the answer's tokens the method reads (its design may depend on them)."""
+    must cut the same passages. `tokens`: the prompt's and the scored answer's ids (a design may depend on them)."""
     n, groups, plans = attr.num_prompt_tokens, None, []
     positions = attr.user_positions or list(range(n))
-    ids = np.asarray(attr.prompt_token_ids + attr.generated_token_ids[:k])  # (T,)
+    ids = np.asarray(tokens)  # (T,)
     for given in (cfg.options, *cfg.more_options):
         options = SourcesConfig(**given)
         mine = passages(attr.prompt_tokens, positions, options)
@@ -117,8 +118,9 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
     eval_rows = removal.add(sentence_keep(evaluation, sentences, n))
     reference = ablation_masks(len(sentences), cfg.reference, 0.5, [cfg.seed, crc, 1])  # (M', S)
     reference_rows = removal.add(sentence_keep(reference, sentences, n))
-    groups, plans = _plans(attr, k, cfg, removal, knockout)
-    ids = torch.as_tensor(attr.prompt_token_ids + attr.generated_token_ids[:k], device=bundle.device)
+    tokens = attr.prompt_token_ids + attr.generated_token_ids[:k]
+    groups, plans = _plans(attr, tokens, cfg, removal, knockout)
+    ids = torch.as_tensor(tokens, device=bundle.device)
     logp = {}
     for name, pool in (("removal", removal), ("knockout", knockout)):
         if pool.rows:

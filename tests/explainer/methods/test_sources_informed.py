@@ -12,16 +12,7 @@ from explainer import get_method
 from explainer.methods.sources import overlap_prior, passages
 from explainer.methods.surrogate import design, design_kind
 
-from .test_sources_surrogate import _words
-
-
-def _alias_words(m: np.ndarray) -> list[tuple[int, int, int]]:
-    """Every three units whose +-1 columns multiply to a constant over the masks (each unit's effect aliased in full
-    with the other two's interaction), by explicit loops."""
-    x = m.astype(float) * 2 - 1
-    u = x.shape[1]
-    return [(a, b, c) for a in range(u) for b in range(a + 1, u) for c in range(b + 1, u)
-            if abs(float(np.prod(x[:, [a, b, c]], axis=1).sum())) == len(x)]  # fmt: skip
+from .test_sources_surrogate import _alias_words, _words
 
 
 def _cost(words: list[tuple[int, int, int]], prior: np.ndarray) -> float:

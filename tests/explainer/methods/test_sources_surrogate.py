@@ -269,13 +269,18 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
     assert design_kind(units_, 16, "loo_pairs") == "leave-one-out then pairs"
 
 
-def _words(m: np.ndarray) -> int:
-    """Three units whose +-1 columns multiply to a constant (each aliased in full with the other two's interaction),
-    counted from the masks by explicit loops."""
+def _alias_words(m: np.ndarray) -> list[tuple[int, int, int]]:
+    """Every three units whose +-1 columns multiply to a constant over the masks (each unit's effect aliased in full
+    with the other two's interaction), by explicit loops."""
     x = m.astype(float) * 2 - 1
     u = x.shape[1]
-    return sum(abs(float(np.prod(x[:, [a, b, c]], axis=1).sum())) == len(x)
-               for a in range(u) for b in range(a + 1, u) for c in range(b + 1, u))  # fmt: skip
+    return [(a, b, c) for a in range(u) for b in range(a + 1, u) for c in range(b + 1, u)
+            if abs(float(np.prod(x[:, [a, b, c]], axis=1).sum())) == len(x)]  # fmt: skip
+
+
+def _words(m: np.ndarray) -> int:
+    """How many such words the masks hold."""
+    return len(_alias_words(m))
 
 
 @pytest.mark.parametrize(("units_", "fewest"), [(9, 4), (10, 8), (11, 12), (12, 16), (13, 22), (14, 28), (15, 35)])
