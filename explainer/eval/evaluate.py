@@ -42,6 +42,7 @@ QA_PROMPT = (
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
 SQUAD_KEYS = ("id", "question", "context", "answers")  # what evaluation reads from every row
+PROMPT_KEYS = ("n_prompt_tokens", "n_sentences")  # joined rows (`merge_results`) agree on these where both have them
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
     "macs_no_redistribution": {"redistribute": False},
@@ -214,8 +215,10 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
     run that wrote to it (`parallel.results_files`).
 
     Raises:
-        InputError: a file is missing (or a rank file of a run), or two files disagree on a sample's precision or
-            generated answer (different model or settings, so their scores do not describe the same generation).
+        InputError: a file is missing (or a rank file of a run), or two files disagree on a sample's precision,
+            generated answer (different model or settings, so their scores do not describe the same generation) or
+            prompt length in tokens or sentences (`PROMPT_KEYS`, where both record it: the same answer can come from
+            another prompt, e.g. a long context whose distractor passages came from another selection of rows).
     """
     merged: dict[str, dict[str, Any]] = {}
     for path in (file for p in paths for file in results_files(p)):
@@ -235,6 +238,12 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
                 raise InputError(
                     f"Sample {row['id']!r} has different answers in the results files; they come from different "
                     "models or settings and cannot be combined."
+                )
+            clash = [key for key in PROMPT_KEYS if None not in (seen.get(key), row.get(key)) and seen[key] != row[key]]
+            if clash:
+                raise InputError(
+                    f"Sample {row['id']!r} was run on different prompts in the results files ({', '.join(clash)} "
+                    "differ: a haystack built from another selection of rows?); they cannot be combined."
                 )
             for name, fields in row["methods"].items():
                 seen["methods"][name] = {**seen["methods"].get(name, {}), **fields}

@@ -204,6 +204,23 @@ def _official(rows: list[dict] = ROWS, impossible: int = 1) -> dict:
     return {"version": "v2.0", "data": [{"title": "t", "paragraphs": paragraphs}]}
 
 
+def test_rows_of_different_prompts_with_the_same_answer_are_not_joined(tmp_path, capsys):
+    """A long context's distractor passages come from the rows a command selects, so the same id and answer can sit
+    in another prompt: rows that record different prompt lengths are refused, rows that agree (or do not record
+    them) still join."""
+    row = {"id": "h", "answer": "x", "n_prompt_tokens": 835, "n_sentences": 24, "methods": {"sources": {"lds": 0.7}}}
+    same = _jsonl(tmp_path / "a.jsonl", [row])
+    for key, value in (("n_prompt_tokens", 828), ("n_sentences", 22)):
+        other = _jsonl(tmp_path / f"{key}.jsonl", [{**row, key: value, "methods": {"least-squares": {"lds": 0.6}}}])
+        with pytest.raises(InputError, match=f"different prompts.*{key}"):
+            merge_results([same, other])
+        assert main(["lds", "--report", f"{same},{other}"]) == EXIT_USER_ERROR
+        assert "different prompts" in capsys.readouterr().err
+    unrecorded = {k: v for k, v in row.items() if k not in ("n_prompt_tokens", "n_sentences")}
+    agreeing = _jsonl(tmp_path / "b.jsonl", [{**unrecorded, "methods": {"least-squares": {"lds": 0.6}}}])
+    assert set(merge_results([same, agreeing])[0]["methods"]) == {"sources", "least-squares"}
+
+
 def test_official_layout_converts_to_our_rows():
     from explainer.eval.datasets import is_official_layout, rows_from_official
 
