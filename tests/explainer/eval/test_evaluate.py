@@ -219,6 +219,8 @@ def test_rows_of_different_prompts_with_the_same_answer_are_not_joined(tmp_path,
     unrecorded = {k: v for k, v in row.items() if k not in ("n_prompt_tokens", "n_sentences")}
     agreeing = _jsonl(tmp_path / "b.jsonl", [{**unrecorded, "methods": {"least-squares": {"lds": 0.6}}}])
     assert set(merge_results([same, agreeing])[0]["methods"]) == {"sources", "least-squares"}
+    recorded = _jsonl(tmp_path / "c.jsonl", [{**row, "methods": {"least-squares": {"lds": 0.6}}}])
+    assert set(merge_results([same, recorded])[0]["methods"]) == {"sources", "least-squares"}
 
 
 def test_official_layout_converts_to_our_rows():
