@@ -35,14 +35,13 @@ from ..runtime.session import CancelToken
 from .datasets import is_official_layout, rows_from_official
 from .metrics import mean_ci, span_labels, step_auc_pr
 from .parallel import results_files
-from .resumable import measure_rows, read_results
+from .resumable import check_joinable, measure_rows, read_results
 
 QA_PROMPT = (
     "Answer the question based on the following text. Keep your response short and simple. "
     "Do not quote the original text.\nQuestion: {question}\nContext: {context}"
 )  # MACS paper, section 4.1.1
 SQUAD_KEYS = ("id", "question", "context", "answers")  # what evaluation reads from every row
-PROMPT_KEYS = ("n_prompt_tokens", "n_sentences")  # joined rows (`merge_results`) agree on these where both have them
 ABLATIONS: dict[str, dict[str, Any]] = {  # MACS paper, Table 4
     "macs": {},
     "macs_no_redistribution": {"redistribute": False},
@@ -216,9 +215,7 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
 
     Raises:
         InputError: a file is missing (or a rank file of a run), or two files disagree on a sample's precision,
-            generated answer (different model or settings, so their scores do not describe the same generation) or
-            prompt length in tokens or sentences (`PROMPT_KEYS`, where both record it: the same answer can come from
-            another prompt, e.g. a long context whose distractor passages came from another selection of rows).
+            generated answer or prompt (`resumable.check_joinable`).
     """
     merged: dict[str, dict[str, Any]] = {}
     for path in (file for p in paths for file in results_files(p)):
@@ -229,22 +226,7 @@ def merge_results(paths: list[str | Path]) -> list[dict[str, Any]]:
             if seen is None:
                 merged[row["id"]] = {**row, "methods": {name: dict(f) for name, f in row["methods"].items()}}
                 continue
-            if None not in (seen.get("dtype"), row.get("dtype")) and seen["dtype"] != row["dtype"]:
-                raise InputError(
-                    f"Sample {row['id']!r} was evaluated in {seen['dtype']} and in {row['dtype']}; results of "
-                    "different precisions cannot be combined."
-                )
-            if seen.get("answer") != row.get("answer"):
-                raise InputError(
-                    f"Sample {row['id']!r} has different answers in the results files; they come from different "
-                    "models or settings and cannot be combined."
-                )
-            clash = [key for key in PROMPT_KEYS if None not in (seen.get(key), row.get(key)) and seen[key] != row[key]]
-            if clash:
-                raise InputError(
-                    f"Sample {row['id']!r} was run on different prompts in the results files ({', '.join(clash)} "
-                    "differ: a haystack built from another selection of rows?); they cannot be combined."
-                )
+            check_joinable(seen, row)
             for name, fields in row["methods"].items():
                 seen["methods"][name] = {**seen["methods"].get(name, {}), **fields}
             commands = [*seen.get("commands", [seen.get("command")]), row.get("command")]

@@ -33,7 +33,7 @@ from ..result.segments import Group, sentence_groups
 from ..result.spans import group_scores, span_scores
 from ..result.steps import last_content_step
 from .evaluate import context_positions, qa_prompt
-from .resumable import measure_and_summarise
+from .resumable import check_joinable, measure_and_summarise
 
 HITS = ("sentence_hit", "paragraph_hit", "sentence_hit3")
 
@@ -133,7 +133,7 @@ def merge_rows(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
     same prompts.
 
     Raises:
-        InputError: two files disagree on a prompt's answer (another model or settings).
+        InputError: two files disagree on a prompt's precision, answer or prompt length (`resumable.check_joinable`).
     """
     merged: dict[str, dict[str, Any]] = {}
     for i, rows in enumerate(files):
@@ -143,9 +143,8 @@ def merge_rows(files: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
             seen = merged.get(row["id"])
             if seen is None:
                 merged[row["id"]] = {**row, "methods": dict(row["methods"]), "files": {i}}
-            elif seen["answer"] != row["answer"]:
-                raise InputError(f"Prompt {row['id']!r} has different answers in the results files; not comparable.")
             else:
+                check_joinable(seen, row)
                 seen["methods"].update(row["methods"])
                 seen["files"].add(i)
     return [{k: v for k, v in r.items() if k != "files"} for r in merged.values() if len(r["files"]) == len(files)]

@@ -9,8 +9,37 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import Cancelled, ExplainerError
+from ..errors import Cancelled, ExplainerError, InputError
 from ..runtime.session import hold
+
+PROMPT_KEYS = ("n_prompt_tokens", "n_sentences")  # joined rows agree on these where both record them
+
+
+def check_joinable(seen: dict[str, Any], row: dict[str, Any]) -> None:
+    """Refuse to join two results rows of one id that do not describe the same generation: another precision or
+    answer (another model or settings), or another prompt of the same length in tokens or sentences (`PROMPT_KEYS`;
+    the same answer can come from another prompt, e.g. a long context or haystack whose distractor passages came from
+    another selection of rows). A precision or prompt length that one of the rows does not record is not compared.
+
+    Raises:
+        InputError: what differs, naming the row.
+    """
+    if None not in (seen.get("dtype"), row.get("dtype")) and seen["dtype"] != row["dtype"]:
+        raise InputError(
+            f"Sample {row['id']!r} was evaluated in {seen['dtype']} and in {row['dtype']}; results of different "
+            "precisions cannot be combined."
+        )
+    if seen.get("answer") != row.get("answer"):
+        raise InputError(
+            f"Sample {row['id']!r} has different answers in the results files; they come from different models or "
+            "settings and cannot be combined."
+        )
+    clash = [key for key in PROMPT_KEYS if None not in (seen.get(key), row.get(key)) and seen[key] != row[key]]
+    if clash:
+        raise InputError(
+            f"Sample {row['id']!r} was run on different prompts in the results files ({', '.join(clash)} differ: a "
+            "haystack built from another selection of rows?); they cannot be combined."
+        )
 
 
 def read_results(path: str | Path | None) -> list[dict[str, Any]]:

@@ -119,3 +119,18 @@ def test_merge_rows_joins_methods_of_the_prompts_every_file_finished():
     assert [r["id"] for r in merge_rows([first])] == ["a", "b"]
     with pytest.raises(InputError, match="different answers"):
         merge_rows([first, [{"id": "a", "answer": "z", "methods": {}}]])
+
+
+def test_merge_rows_refuses_the_same_answer_from_another_haystack_or_precision():
+    """A haystack's distractor passages come from the rows its command selects, so one id and answer can sit in
+    another prompt: `merge_rows` refuses what `evaluate.merge_results` refuses (one check, `check_joinable`)."""
+    from explainer.eval.haystack import merge_rows
+
+    row = {"id": "a", "answer": "x", "dtype": "float32", "n_prompt_tokens": 835, "n_sentences": 24, "methods": {"m": 1}}
+    for key, value, message in (("n_prompt_tokens", 828, "different prompts.*n_prompt_tokens"),
+                                ("n_sentences", 22, "different prompts.*n_sentences"),
+                                ("dtype", "bfloat16", "float32 and in bfloat16")):  # fmt: skip
+        with pytest.raises(InputError, match=message):
+            merge_rows([[row], [{**row, key: value, "methods": {"s": 2}}]])
+    unrecorded = {k: v for k, v in row.items() if k not in ("dtype", "n_prompt_tokens", "n_sentences")}
+    assert merge_rows([[row], [{**unrecorded, "methods": {"s": 2}}]])[0]["methods"] == {"m": 1, "s": 2}
