@@ -27,7 +27,8 @@ steps' relative weights do.
 keep more sources (more tokens), and the answer's log-probability also tends to grow with the context kept: such a
 map gets a positive LDS without any ranking (Random: about 0.56). `centred` gives zero-mean scores (each step's row
 minus its mean over the context tokens, before the tokens are summed into sentences), which takes the token-count term
-out; then a sentence scores above 0 only where its tokens score above the step's mean. The field's LDS (ContextCite,
+out; then a sentence scores above 0 only where its tokens score above the step's mean, and keeping every sentence
+predicts 0, as keeping none does: the two masks tie (`centred_predictions`), whatever the rounding. The field's LDS (ContextCite,
 AT2) scores signed surrogate weights, raw; a surrogate fits on purpose that keeping more context raises the answer's
 log-probability, so centring lowers it too (ContextCite 0.885 raw, 0.590 centred: docs/results.md). Both are reported
 for every method and reference (`centred_sources` for a sentence-level map): the raw LDS is what a user of the raw map
@@ -111,11 +112,28 @@ def centred_sources(scores: Sequence[float], sources: Sequence[Sequence[int]], p
     return source_scores(centred(spread(scores, sources, n), positions), sources)[0]
 
 
+CENTRED_TIE = 1e-9  # predictions of a centred map this close to 0, relative to its scores' absolute sum, are 0
+
+
+def centred_predictions(masks: np.ndarray, centred_scores: np.ndarray) -> np.ndarray:
+    """`predictions` of a centred map ((S,) or (K, S) scores from `centred` or `centred_sources`; (M,) or (M, K)).
+
+    Centring makes the sources' scores sum to 0 (where the sources cover the centred positions), so a mask that keeps
+    every source predicts exactly what one that keeps none does: 0. Float rounding leaves the first at about 1e-16 of
+    the scores' scale, above or below 0 depending on the order a CPU sums in, and the Spearman would rank the two
+    masks apart (on a few sentences, where such masks are drawn, by up to 0.09 of LDS between two CPUs). Predictions
+    within `CENTRED_TIE` of the scores' absolute sum of 0 are therefore 0: the two masks tie, as they do exactly.
+    """
+    p = predictions(masks, centred_scores)
+    scale = np.abs(np.asarray(centred_scores, dtype=np.float64)).sum(axis=-1)  # () or (K,)
+    return np.where(np.abs(p) <= CENTRED_TIE * scale, 0.0, p)
+
+
 def raw_and_centred(total: np.ndarray, masks: np.ndarray, scores: np.ndarray, centred_scores: np.ndarray) -> dict:
     """{"lds", "lds_centred"}: a sentence-level map's LDS over (M, S) masks, `total` (M,) the whole answer's log p
     under each, from its (S,) scores and from their `centred_sources`."""
     return {"lds": lds(total, predictions(masks, scores)),
-            "lds_centred": lds(total, predictions(masks, centred_scores))}  # fmt: skip
+            "lds_centred": lds(total, centred_predictions(masks, centred_scores))}  # fmt: skip
 
 
 def lds_per_token(actual: np.ndarray, predicted: np.ndarray) -> list[float | None]:

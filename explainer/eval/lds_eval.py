@@ -49,6 +49,7 @@ from .lds import (
     TOP_K,
     ablation_masks,
     centred,
+    centred_predictions,
     lds,
     lds_per_token,
     predictions,
@@ -131,8 +132,8 @@ def method_entries(plan: dict, logp: np.ndarray) -> dict[str, Any]:
     }
     if plan.get("centred") is not None:
         c = plan["centred"]  # (K, S)
-        out["lds_centred"] = lds(actual.sum(axis=1), predictions(plan["masks"], c.sum(axis=0)))
-        out["lds_token_centred"] = _mean(lds_per_token(actual, predictions(plan["masks"], c)))
+        out["lds_centred"] = lds(actual.sum(axis=1), centred_predictions(plan["masks"], c.sum(axis=0)))
+        out["lds_token_centred"] = _mean(lds_per_token(actual, centred_predictions(plan["masks"], c)))
     full = logp[0]  # (K,)
     for k, (whole_run, step_runs) in plan["top"].items():
         out[f"drop@{k}"] = float(full.sum() - logp[whole_run].sum())

@@ -37,6 +37,7 @@ from .lds import (
     MASKS,
     ablation_masks,
     centred,
+    centred_predictions,
     lds,
     lds_per_token,
     logit,
@@ -138,8 +139,8 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
         methods[label] = {
             "lds": lds(measured.sum(axis=1), predictions(evaluation, scores.sum(axis=0))),
             "lds_token": _mean(lds_per_token(measured, predictions(evaluation, scores))),
-            "lds_centred": lds(measured.sum(axis=1), predictions(evaluation, zero_mean.sum(axis=0))),
-            "lds_token_centred": _mean(lds_per_token(measured, predictions(evaluation, zero_mean))),
+            "lds_centred": lds(measured.sum(axis=1), centred_predictions(evaluation, zero_mean.sum(axis=0))),
+            "lds_token_centred": _mean(lds_per_token(measured, centred_predictions(evaluation, zero_mean))),
         }
         fits[label] = {"regulariser": regulariser, "penalty": surrogate.penalty, "units": len(groups),
                        "masks": len(masks),

@@ -10,6 +10,7 @@ import pytest
 from explainer.eval.lds import (
     ablation_masks,
     centred,
+    centred_predictions,
     hit_ratio,
     lds,
     lds_per_token,
@@ -86,6 +87,26 @@ def test_predictions_sum_the_kept_sources():
     want = [[sum(scores[k, s] for s in range(3) if masks[m, s]) for k in range(2)] for m in range(3)]
     np.testing.assert_allclose(predictions(masks, scores), want)
     np.testing.assert_allclose(predictions(masks, scores[0]), [5.0, 0.0, 7.0])
+
+
+def test_centred_keep_all_and_keep_none_tie_whatever_the_rounding():
+    """A centred map's scores sum to 0, so keeping every sentence and keeping none both predict 0; the ~1e-16 that
+    rounding leaves, of either sign by the summation order, must not rank the two apart (it did, by CPU)."""
+    masks = np.array([[1, 1, 1], [0, 0, 0], [1, 0, 0], [0, 1, 1], [1, 1, 0], [0, 0, 1]], dtype=bool)
+    actual = np.array([-8.0, -20.0, -12.0, -15.0, -9.0, -18.0])
+    exact = np.array([0.5, 0.25, -0.75])
+    values = set()
+    for noise in (0.0, 2.3e-16, -2.3e-16):  # what two orders of summation leave (about an ulp of 0.5)
+        scores = exact + np.array([noise, 0.0, 0.0])
+        got = centred_predictions(masks, scores)
+        assert got[0] == got[1] == 0.0  # tied exactly
+        np.testing.assert_allclose(got[2:], predictions(masks[2:], exact), atol=1e-15)  # the rest untouched
+        values.add(lds(actual, got))
+    assert len(values) == 1
+    plain = {lds(actual, predictions(masks, exact + np.array([n, 0.0, 0.0]))) for n in (2.3e-16, -2.3e-16)}
+    assert len(plain) == 2  # without the tie the LDS depends on the rounding
+    per_token = centred_predictions(masks, np.stack([exact, 2 * exact]) + 2.3e-16)  # (K, S) rows, each its own scale
+    assert (per_token[:2] == 0.0).all() and per_token.shape == (6, 2)
 
 
 def test_a_method_equal_to_the_true_linear_model_gets_lds_1_and_its_reverse_minus_1():

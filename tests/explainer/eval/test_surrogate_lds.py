@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from explainer.cli import main
-from explainer.eval.lds import ablation_masks, lds, predictions, source_scores
+from explainer.eval.lds import ablation_masks, centred_predictions, lds, predictions, source_scores
 from explainer.eval.lds_eval import answer_row
 from explainer.eval.surrogate_lds import SurrogateLdsConfig, measure
 from explainer.methods import GenerationRun, get_method
@@ -49,7 +49,7 @@ def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
         zero_mean = np.array(raw, dtype=np.float64)  # each step minus its mean over the context's tokens, by hand
         for step in range(len(zero_mean)):
             zero_mean[step] -= sum(float(raw[step][p]) for p in answered.positions) / len(answered.positions)
-        want = lds(measured.sum(axis=1), predictions(masks, source_scores(zero_mean, sentences).sum(axis=0)))
+        want = lds(measured.sum(axis=1), centred_predictions(masks, source_scores(zero_mean, sentences).sum(axis=0)))
         assert got["methods"][label]["lds_centred"] == pytest.approx(want, abs=RANKS)
     assert set(got["methods"]) >= {"least-squares:masks=6"} and got["n_sentences"] == len(sentences) == 4
     assert got["passes_run"]["removal"] < 1 + 32 + 6 + 3 + 5  # shared masks ran once
