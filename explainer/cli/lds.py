@@ -12,14 +12,14 @@ from ..errors import InputError
 from ..eval.datasets import SQUAD_V2_DEV, haystack_rows, resolve_data, select_rows
 from ..eval.evaluate import load_squad, merge_results
 from ..eval.lds import KEEP_PROBABILITY, MASKS, TOP_K
-from ..eval.lds_eval import LdsConfig, format_table, paired_lines, run_lds, summarise
+from ..eval.lds_eval import LdsConfig, format_table, paired_lines, run_lds, sentence_bins, summarise
 from ..eval.parallel import rank_from_env
 from ..eval.peer_rescore import rescore_lines, rescore_peers
 from ..eval.peers import PeerConfig, parse_peers
 from ..methods import available_methods, parse_methods
 from ..models.loading import load_model
 from ..runtime.precision import parse_dtype
-from .options import comparisons, held_out, methods_help, model_options, placement, rank_share
+from .options import comparisons, held_out, methods_help, model_options, placement, rank_share, sentence_edges
 from .peers import add_peer_options, agreement_lines, run_peer_rows, training_rows
 
 DEFAULT_METHODS = ",".join(available_methods())  # every registered method
@@ -52,9 +52,12 @@ def cmd_lds(args: argparse.Namespace) -> int:
         print(format_table(summarise(samples)))
         for line in paired_lines(samples, comparisons(args.compare)):
             print(line)
+        for label, kept in sentence_bins(samples, sentence_edges(args.by_sentences)) if args.by_sentences else ():
+            for line in paired_lines(kept, comparisons(args.compare)):
+                print(f"{label}: {line}")
         return 0
-    if args.rows:
-        raise InputError("--rows keeps rows of a --report; give --report too.")
+    if args.rows or args.by_sentences:
+        raise InputError("--rows and --by-sentences read a --report; give --report too.")
     if not args.data:
         raise InputError(f"Give --data: a SQuAD JSON file or {SQUAD_V2_DEV} (or --report to summarise results).")
     peers = parse_peers(args.peers) if args.peers else ()  # before loading a model: a clear message when absent
@@ -152,6 +155,9 @@ def add_lds_parser(sub) -> None:
     p.add_argument("--rows", default=None,
                    help="with --report: keep only the rows whose ids these comma-separated results files hold (e.g. "
                    "a re-run of some questions, joined with earlier files that hold more)")
+    p.add_argument("--by-sentences", default=None,
+                   help="with --report and --compare: the paired differences again for the rows in each bin of "
+                   "sentence counts, split at these ascending counts (e.g. 20,24,28)")
     add_peer_options(p)
     p.add_argument("--rescore", default=None,
                    help="with --peers: measure the rows of this `lds --peers` results file again from the scores it "

@@ -168,3 +168,20 @@ def comparisons(text: str | None) -> list[tuple[str, str]]:
     if any(len(p) != 2 or not all(p) for p in pairs):
         raise InputError(f"--compare takes pairs A/B separated by commas (A - B, paired), got {text!r}.")
     return pairs  # type: ignore[return-value]
+
+
+def sentence_edges(text: str | None) -> list[int]:
+    """The ascending bin edges of --by-sentences "20,24,28" (sentence counts).
+
+    Raises:
+        InputError: not ascending positive integers joined by commas.
+    """
+    try:
+        edges = [int(item) for item in (text or "").split(",") if item.strip()]
+    except ValueError:
+        edges = []
+    if not edges or edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:], strict=False)):
+        raise InputError(
+            f"--by-sentences takes ascending sentence counts separated by commas, e.g. 20,24,28; got {text!r}."
+        )
+    return edges

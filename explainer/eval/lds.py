@@ -24,11 +24,11 @@ blind to any one positive factor of the whole map, so the raw scale's unit does 
 steps' relative weights do.
 
 **Raw and centred.** Scores that are positive everywhere (Random, attention methods, MACS) predict more for masks that
-keep more sources (more tokens), and the answer's log-probability also tends to grow with the context kept: such a
-map gets a positive LDS without any ranking (Random: about 0.56). `centred` gives zero-mean scores (each step's row
-minus its mean over the context tokens, before the tokens are summed into sentences), which takes the token-count term
-out; then a sentence scores above 0 only where its tokens score above the step's mean, and keeping every sentence
-predicts 0, as keeping none does: the two masks tie (`centred_predictions`), whatever the rounding. The field's LDS (ContextCite,
+keep more sources (more tokens), and the answer's log-probability also tends to grow with the context kept: such a map
+gets a positive LDS without any ranking (Random: about 0.56). `centred` gives zero-mean scores (each step's row minus
+its mean over the context tokens, before the tokens are summed into sentences), which takes the token-count term out;
+then a sentence scores above 0 only where its tokens score above the step's mean, and keeping every sentence predicts 0,
+as keeping none does: the two masks tie (`centred_predictions`), whatever the rounding. The field's LDS (ContextCite,
 AT2) scores signed surrogate weights, raw; a surrogate fits on purpose that keeping more context raises the answer's
 log-probability, so centring lowers it too (ContextCite 0.885 raw, 0.590 centred: docs/results.md). Both are reported
 for every method and reference (`centred_sources` for a sentence-level map): the raw LDS is what a user of the raw map

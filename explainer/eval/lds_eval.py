@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -282,6 +282,19 @@ def paired_lines(samples: list[dict[str, Any]], pairs: list[tuple[str, str]]) ->
                 cells.append(f"{key} {mean:+.3f} ± {half:.3f} (N = {n})")
         lines.append(f"paired {a} - {b}: " + ("; ".join(cells) if cells else "no row holds both"))
     return lines
+
+
+def sentence_bins(samples: list[dict[str, Any]], edges: Sequence[int]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The rows split by their context's sentence count (`n_sentences`) at ascending `edges`: 20,24,28 gives "up to
+    19", "20-23", "24-27" and "28 or more" (rows without a count are left out), for `paired_lines` per bin."""
+    bounds = [0, *edges, None]
+    bins = []
+    for lo, hi in zip(bounds, bounds[1:], strict=False):
+        label = f"up to {hi - 1}" if lo == 0 else f"{lo} or more" if hi is None else f"{lo}-{hi - 1}"
+        kept = [s for s in samples if s.get("n_sentences") is not None and lo <= s["n_sentences"]
+                and (hi is None or s["n_sentences"] < hi)]  # fmt: skip
+        bins.append((f"{label} sentences", kept))
+    return bins
 
 
 def run_lds(

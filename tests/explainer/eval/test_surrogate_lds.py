@@ -127,6 +127,38 @@ def test_report_rows_keeps_only_the_ids_of_a_rerun(tmp_path, capsys):
     assert "--report" in capsys.readouterr().err
 
 
+def test_by_sentences_repeats_the_paired_differences_in_each_bin_of_sentence_counts(tmp_path, capsys):
+    import json
+
+    from explainer.eval.intervals import t975
+    from explainer.eval.lds_eval import sentence_bins
+
+    counts, gaps = [12, 19, 20, 23, 24, 30, 31], [0.1, 0.3, -0.2, 0.0, 0.05, 0.4, 0.2]  # a - b, row by row
+    rows = [{"id": str(i), "answer": "x", "n_sentences": n, "methods": {"a": {"lds": 0.5 + d}, "b": {"lds": 0.5}}}
+            for i, (n, d) in enumerate(zip(counts, gaps, strict=True))]  # fmt: skip
+    rows.append({"id": "u", "answer": "x", "methods": {"a": {"lds": 0.9}, "b": {"lds": 0.1}}})  # no count: no bin
+    bins = sentence_bins(rows, [20, 24])
+    assert [(label, [r["id"] for r in kept]) for label, kept in bins] == [
+        ("up to 19 sentences", ["0", "1"]),
+        ("20-23 sentences", ["2", "3"]),
+        ("24 or more sentences", ["4", "5", "6"]),
+    ]
+    path = tmp_path / "rows.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    assert main(["lds", "--report", str(path), "--compare", "a/b", "--by-sentences", "20,24"]) == 0
+    printed = capsys.readouterr().out
+    for label, values in (("up to 19", [0.1, 0.3]), ("20-23", [-0.2, 0.0]), ("24 or more", [0.05, 0.4, 0.2])):
+        mean, sd = np.mean(values), np.std(values, ddof=1)  # each bin's paired t interval, by hand
+        half = t975(len(values) - 1) * sd / np.sqrt(len(values))
+        assert f"{label} sentences: paired a - b: lds {mean:+.3f} ± {half:.3f} (N = {len(values)})" in printed
+    assert f"\npaired a - b: lds {np.mean([*gaps, 0.8]):+.3f}" in printed  # every row, the one without a count too
+    for bad in ("24,20", "0,5", "x"):
+        assert main(["lds", "--report", str(path), "--compare", "a/b", "--by-sentences", bad]) == 2
+        assert "--by-sentences takes ascending" in capsys.readouterr().err
+    assert main(["lds", "--by-sentences", "20"]) == 2
+    assert "--report" in capsys.readouterr().err
+
+
 def test_the_informed_variant_runs_the_masks_the_method_runs_alone(llama, tokenizer):
     """Ten sentences at k = 16 make a plain design, whose columns the informed design places by the answer's overlap:
     the command's variant must fit the masks the method itself draws from the same answer, and score as it does."""
