@@ -17,7 +17,7 @@ PROMPT_KEYS = ("n_prompt_tokens", "n_sentences")  # joined rows agree on these w
 
 def check_joinable(seen: dict[str, Any], row: dict[str, Any]) -> None:
     """Refuse to join two results rows of one id that do not describe the same generation: another precision or
-    answer (another model or settings), or another prompt of the same length in tokens or sentences (`PROMPT_KEYS`;
+    answer (another model or settings), or another prompt, seen by its length in tokens or sentences (`PROMPT_KEYS`;
     the same answer can come from another prompt, e.g. a long context or haystack whose distractor passages came from
     another selection of rows). A precision or prompt length that one of the rows does not record is not compared.
 
