@@ -36,8 +36,9 @@
 #   scripts/gpu_check.sh OUTDIR bench          # bench, bfloat16: 1k and 4k, then 16k and 32k (see below)
 #   scripts/gpu_check.sh OUTDIR agreement DATA # bf16-vs-float32 agreement on the SQuAD file DATA (resumable)
 #   scripts/gpu_check.sh OUTDIR hitratio       # issue #52's needle test of what a CPU cannot run in a session:
-#                                              # AtMan at ~4k first, then Input x Gradient and Grad-ELLM at ~4k,
-#                                              # then AtMan at ~1k; embedded model, float32, N = 20 a variant
+#                                              # AtMan at ~4k first, then ContextCite's package at ~4k (carry
+#                                              # .whl-peers), then AtMan at ~1k; embedded model, float32, N = 20 a
+#                                              # variant
 #   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals + 4 checks, one batched
 #                                              # pass set over the prefix cache; and its knockout passes) against
 #                                              # plain generation, the embedded model, 1k and 4k prompt tokens
@@ -63,10 +64,12 @@ PY=${PY:-python3}
 mkdir -p "$OUT"
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
-if [ -d .whl ] && [ -z "${DRY_RUN:-}" ]; then  # wheels carried for the app's tests (scripts/gpu_wheels.sh)
-    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl &&
-        export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+for wheels in .whl .whl-peers; do  # wheels carried for the library, the app's tests, the peers (scripts/gpu_wheels.sh)
+    if [ -d $wheels ] && [ -z "${DRY_RUN:-}" ]; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+            $wheels/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+    fi
+done
 RESULTS=${RESULTS:-docs/results}
 DRY=${DRY_RUN:-}
 TOTAL=${TOTAL_SECONDS:-540}
@@ -103,6 +106,32 @@ box() {  # box DEFAULT: a stage's seconds (STAGE_SECONDS, else DEFAULT; 4x in a 
     local want=${STAGE_SECONDS:-$(($1 * factor))} left=$((TOTAL - SECONDS - 5))
     if [ "$left" -lt "$want" ]; then want=$left; fi
     echo $((want > 1 ? want : 1))
+}
+
+peer_stubs() {  # DIR: stand-ins for spaCy and nltk where they are missing (scripts/gpu_wheels.sh says why); prints
+    local dir=$1 missing=""  # the PYTHONPATH entry to add, empty where both import
+    for module in spacy nltk; do
+        $PY -c "import $module" 2>/dev/null || missing="$missing $module"
+    done
+    [ -z "$missing" ] && return
+    local fail="raise RuntimeError('a stand-in of scripts/gpu_check.sh: ContextCite called its own text splitter')"
+    for module in $missing; do
+        case $module in
+        spacy)
+            mkdir -p "$dir/spacy/lang/en"
+            touch "$dir/spacy/lang/__init__.py"  # datasets' hashing asks whether an object is a spaCy Language
+            printf 'class Language:\n    pass\n' >"$dir/spacy/__init__.py"
+            printf 'class English:\n    def __init__(self, *args, **kwargs):\n        %s\n' "$fail" \
+                >"$dir/spacy/lang/en/__init__.py"
+            ;;
+        nltk)  # context_cite.utils calls nltk.download("punkt_tab") on import: offline, a no-op
+            mkdir -p "$dir/nltk"
+            printf 'def download(*args, **kwargs):\n    return False\n\n\ndef sent_tokenize(*args, **kwargs):\n    %s\n' \
+                "$fail" >"$dir/nltk/__init__.py"
+            ;;
+        esac
+    done
+    echo "$dir"
 }
 
 gpu_name() {  # h100, h200, a100 ... from the CUDA device's name; cpu-dry in a dry run
@@ -341,20 +370,25 @@ hitratio)  # resumable: a rerun skips the prompts already in the rows
     # Issue #52's needle test (only the needle and the haystack scored, the steps writing the password, N = 20 a
     # variant: 4 samples x 5 depths) for what this project's CPUs cannot run in a session: AtMan first, at ~4k (about
     # 8.6 million positions a prompt: an estimated 2-3 minutes in float32 on an H200, so one box holds a few prompts
-    # and later windows resume), then at ~1k; then the gradient methods the CPU has not run at ~4k. MACS, calibrated
-    # MACS, Rollout, Random, Sources and AttnLRP have their CPU rows at both lengths (docs/results.md).
-    samples=4 depths=10,30,50,70,90 tokens=16 long=4096 short=1024 grads=input_x_gradient,grad_ellm
+    # and later windows resume); then ContextCite's own package at ~4k (64 ablations of ~4,150 tokens a prompt: about
+    # an hour on a CPU), where it imports (.whl-peers carried: scripts/gpu_wheels.sh peers); then AtMan at ~1k. Every
+    # other method and AT2 have their CPU rows at both lengths (docs/results.md).
+    samples=4 depths=10,30,50,70,90 tokens=16 long=4096 short=1024
     variants=plain,contradictory all_variants=plain,paraphrased,contradictory
-    if [ -n "$DRY" ]; then samples=1 depths=50 tokens=2 long=64 short=64 grads=input_x_gradient; fi
+    if [ -n "$DRY" ]; then samples=1 depths=50 tokens=2 long=64 short=64; fi
     gpu=$(gpu_name)
     run "$(box 480)" "hitratio-atman-long" $PY -m explainer hitratio --methods atman --lengths $long --depths $depths \
         --samples $samples --variants $variants --max-new-tokens $tokens --dtype float32 \
         --results "$RESULTS/hitratio-gpu-$gpu-atman-long.jsonl"
-    for m in ${grads//,/ }; do
-        run "$(box 120)" "hitratio-$m-long" $PY -m explainer hitratio --methods "$m" --lengths $long --depths $depths \
-            --samples $samples --variants $variants --max-new-tokens $tokens --dtype float32 \
-            --results "$RESULTS/hitratio-gpu-$gpu-$m-long.jsonl"
-    done
+    stubs=$(peer_stubs "$OUT/peer-stubs")
+    if PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} $PY -c "import context_cite" >"$OUT/context-cite-import.log" 2>&1; then
+        PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} run "$(box 120)" "hitratio-context-cite-long" $PY -m explainer \
+            hitratio --peers context-cite --lengths $long --depths $depths --samples $samples --variants $variants \
+            --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-context-cite-long.jsonl"
+    else
+        echo "=== hitratio-context-cite-long: skipped, context_cite does not import (carry .whl-peers):"
+        tail -3 "$OUT/context-cite-import.log"
+    fi
     run "$(box 240)" "hitratio-atman-short" $PY -m explainer hitratio --methods atman --lengths $short \
         --depths $depths --samples $samples --variants $all_variants --max-new-tokens $tokens --dtype float32 \
         --results "$RESULTS/hitratio-gpu-$gpu-atman-short.jsonl"

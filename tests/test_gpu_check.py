@@ -4,6 +4,7 @@ configuration is built from its shipped configuration on the meta device (no wei
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -130,18 +131,23 @@ def test_a_second_call_resumes_with_nothing_left(dry_run):
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     """`gpu_check.sh OUT hitratio` (issue #52's needle test of what a CPU cannot run in a session), dry-run: AtMan at
-    the longer length first, then a gradient method, then AtMan at the shorter length with every variant; each in its
-    own file, one row per variant (N = 1 a variant in the dry run); a second call measures nothing again."""
+    the longer length first, then ContextCite's package there (where it imports: an optional extra, else the stage
+    says it skipped it), then AtMan at the shorter length with every variant; each in its own file, one row per variant
+    (N = 1 a variant in the dry run); a second call measures nothing again."""
     env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
            "PY": sys.executable}  # fmt: skip
     call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "hitratio"]
     first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True).stdout
-    assert "exit 124" not in first and first.count("exit 0") == 3, first
-    order = ["=== hitratio-atman-long", "=== hitratio-input_x_gradient-long", "=== hitratio-atman-short"]
+    peers = importlib.util.find_spec("context_cite") is not None
+    assert "exit 124" not in first and first.count("exit 0") == 2 + peers, first
+    order = ["=== hitratio-atman-long", "=== hitratio-context-cite-long", "=== hitratio-atman-short"]
     assert [first.index(name) for name in order] == sorted(first.index(name) for name in order)
+    assert ("context_cite does not import" in first) != peers
     expected = {"atman-long": ("atman", {"plain", "contradictory"}),
-                "input_x_gradient-long": ("input_x_gradient", {"plain", "contradictory"}),
                 "atman-short": ("atman", {"plain", "paraphrased", "contradictory"})}  # fmt: skip
+    if peers:
+        expected["context-cite-long"] = ("context-cite", {"plain", "contradictory"})
+    assert {p.name for p in (tmp_path / "results").iterdir()} == {f"hitratio-gpu-cpu-dry-{n}.jsonl" for n in expected}
     for name, (method, variants) in expected.items():
         rows = [json.loads(line) for line in (tmp_path / "results" / f"hitratio-gpu-cpu-dry-{name}.jsonl").open()]
         assert {row["variant"] for row in rows} == variants and len(rows) == len(variants), name
@@ -152,6 +158,28 @@ def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
     before = {p.name: p.read_text() for p in (tmp_path / "results").iterdir()}
     subprocess.run(call, env=env, capture_output=True, text=True, timeout=700, check=True)
     assert {p.name: p.read_text() for p in (tmp_path / "results").iterdir()} == before
+
+
+@pytest.mark.parametrize("module", ["spacy", "nltk"])
+def test_the_stand_ins_for_context_cites_text_splitters_fail_if_called(tmp_path, module):
+    """Where spaCy or nltk is missing (a lent machine: spaCy is over the wheels' size limit), `peer_stubs` writes
+    stand-ins that let `context_cite` import: nltk's download on import is a no-op, and either text splitter, which the
+    project's rows never call (they hand ContextCite the project's sentences), fails loudly if called."""
+    hide = tmp_path / "hide"  # a module of this name that fails to import hides an installed one
+    (hide / module).mkdir(parents=True)
+    (hide / module / "__init__.py").write_text("raise ImportError('hidden by the test')\n")
+    functions = ROOT / "scripts" / "gpu_check.sh"
+    script = f'source <(sed -n "/^peer_stubs() {{/,/^}}/p" {functions}); peer_stubs {tmp_path / "stubs"}'
+    env = {**os.environ, "PY": sys.executable, "PYTHONPATH": str(hide)}
+    out = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == str(tmp_path / "stubs") and (tmp_path / "stubs" / module).is_dir()
+    use = {
+        "spacy": "from spacy.lang.en import English; English()",
+        "nltk": "import nltk; assert nltk.download('punkt_tab') is False; nltk.sent_tokenize('A. B.')",
+    }[module]
+    used = subprocess.run([sys.executable, "-c", use], env={**os.environ, "PYTHONPATH": str(tmp_path / "stubs")},
+                          capture_output=True, text=True)  # fmt: skip
+    assert used.returncode == 1 and "ContextCite called its own text splitter" in used.stderr
 
 
 def test_the_sources_stage_benches_the_surrogate_against_plain_generation(tmp_path):
