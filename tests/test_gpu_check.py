@@ -245,3 +245,9 @@ def test_the_crowd_command_refuses_bad_input_before_loading_a_model(tmp_path, ca
     model = [] if not arguments else ["--model", LLAMA, "--tiny"]
     assert main(["crowd", *model, *arguments, "--json", str(tmp_path / "crowd.json")]) == 2
     assert message in capsys.readouterr().err and not (tmp_path / "crowd.json").exists()
+
+
+def test_the_wheels_script_names_its_sets():
+    """`scripts/gpu_wheels.sh [all|peers]`: another set is refused with the usage line before anything is fetched."""
+    out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_wheels.sh"), "gradio"], capture_output=True, text=True)
+    assert out.returncode == 2 and "usage: scripts/gpu_wheels.sh [all|peers]" in out.stderr
