@@ -21,6 +21,7 @@ from explainer.eval.lds import (
     without,
 )
 from explainer.eval.metrics import spearman
+from explainer.faithfulness.lds import tied
 
 
 def loop_ranks(x):
@@ -103,8 +104,9 @@ def test_centred_keep_all_and_keep_none_tie_whatever_the_rounding():
         np.testing.assert_allclose(got[2:], predictions(masks[2:], exact), atol=1e-15)  # the rest untouched
         values.add(lds(actual, got))
     assert len(values) == 1
-    plain = {lds(actual, predictions(masks, exact + np.array([n, 0.0, 0.0]))) for n in (2.3e-16, -2.3e-16)}
-    assert len(plain) == 2  # without the tie the LDS depends on the rounding
+    plain = {spearman(actual, predictions(masks, exact + np.array([n, 0.0, 0.0]))) for n in (2.3e-16, -2.3e-16)}
+    assert len(plain) == 2  # a bare Spearman of the predictions depends on the rounding
+    assert len({lds(actual, predictions(masks, exact + np.array([n, 0.0, 0.0]))) for n in (2.3e-16, -2.3e-16)}) == 1
     per_token = centred_predictions(masks, np.stack([exact, 2 * exact]) + 2.3e-16)  # (K, S) rows, each its own scale
     assert (per_token[:2] == 0.0).all() and per_token.shape == (6, 2)
 
@@ -146,3 +148,20 @@ def test_hit_ratio_counts_positive_saliency_only():
     assert hit_ratio(scores, [0, 1], [0, 1, 2, 3, 4]) == pytest.approx(3 / 8)
     assert hit_ratio(scores, [0, 1, 5], [0, 1, 2, 3, 4]) == pytest.approx(3 / 8)  # outside the evaluated: not counted
     assert hit_ratio(np.array([-1.0, 0.0]), [0], [0, 1]) is None
+
+
+def test_predictions_apart_only_by_rounding_tie_and_others_keep_their_order():
+    """Masks that differ only in a source scored 0 predict the same; a weight of +-6e-16 (a zero spread over tokens
+    and summed back) must not order them, while gaps of any meaning keep theirs (`tied`, by hand on 5 values)."""
+    masks = np.array([[1, 1, 0, 1], [1, 1, 1, 1], [0, 1, 0, 0], [0, 1, 1, 0], [1, 0, 0, 0]], dtype=bool)
+    actual = np.array([-3.0, -2.0, -9.0, -8.0, -7.0])
+    values = set()
+    for zero in (0.0, 6e-16, -6e-16):
+        got = tied(predictions(masks, np.array([1.3, 1.35, zero, 0.75])))
+        assert got[0] == got[1] and got[2] == got[3]  # each pair one value
+        assert got[4] < got[2] < got[0]  # 1.3 < 1.35 < 3.4 keep their order
+        values.add(lds(actual, predictions(masks, np.array([1.3, 1.35, zero, 0.75]))))
+    assert len(values) == 1
+    spaced = np.array([1.0, 1.0 + 1e-6, np.nan, 3.0])  # a gap of 1e-6 of the scale is a gap; NaN stays NaN
+    out = tied(spaced)
+    assert out[0] < out[1] < out[3] and np.isnan(out[2])
