@@ -49,6 +49,15 @@ def view_updates(view: Any, components: dict[str, Any], outputs: Sequence[str]) 
     return out
 
 
+def in_turn(group: str) -> dict[str, Any]:
+    """An event listener's queue settings for events that write the same widgets: one queue `group`, one event at a
+    time, so they finish in the order they arrived. Gradio gives each listener a queue of its own and picks among the
+    queues at random (`gradio.queueing.Queue.get_events`), so two listeners that write one view (a step's render,
+    and a span's render chained after its controls) could finish out of order and leave the older view on the page.
+    Not for a gated event (`Components.bind(gate=...)`): the admission gate orders those."""
+    return {"concurrency_id": group, "concurrency_limit": 1}
+
+
 class Components(dict):
     """A tab's components by name: the fields of its view dataclass and its input widgets."""
 

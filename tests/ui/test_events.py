@@ -122,3 +122,35 @@ def test_every_event_that_follows_a_request_reads_the_step_sliders_unprocessed()
     assert {"render_after_explain", "export_view_after_explain", "render", "export_image_view"} <= {
         f.api_name for f in following
     }
+
+
+def test_events_that_write_one_widget_finish_in_the_order_they_arrive():
+    """Gradio queues each listener apart and picks among the queues at random, so two listeners that write one widget
+    can finish out of order: a span's render (chained after its controls) finishing after the render of a later
+    "Prompt units" change left the token view on the page. Every queued event that writes a widget another queued
+    event writes runs in one queue group of one at a time (`in_turn`), but the gated requests (their gate orders
+    them). The rule is over the whole page, so a new listener of a view is held to it."""
+    import app
+    from ui.events import in_turn
+
+    assert in_turn("views") == {"concurrency_id": "views", "concurrency_limit": 1}
+    queued = [
+        f for f in app.demo.fns.values()
+        if f.fn is not None and f.queue is not False and not str(f.concurrency_id).startswith("gate_")
+    ]  # fmt: skip
+    default = app.demo._queue.default_concurrency_limit
+    limits = {f.concurrency_id: default if f.concurrency_limit == "default" else f.concurrency_limit for f in queued}
+    writers: dict[int, list] = {}
+    for f in queued:
+        for block in f.outputs:
+            writers.setdefault(block._id, []).append(f)
+    shared = [fs for fs in writers.values() if len(fs) > 1]
+    assert len(shared) >= 20  # the views, the downloads, the panels' figures, the method checkboxes
+    apart = [sorted(f.api_name for f in fs) for fs in shared if len({f.concurrency_id for f in fs}) > 1]
+    assert apart == []
+    assert {limits[fs[0].concurrency_id] for fs in shared} == {1}  # one listener's (the model line's) share its own
+    events = {f.api_name: f for f in queued}
+    pairs = [("render_span", "render"), ("render_image_after_explain", "render_image"),
+             ("export_span_view", "export_view"), ("after_faithfulness", "render_faithfulness")]  # fmt: skip
+    for first, later in pairs:
+        assert events[first].concurrency_id == events[later].concurrency_id, (first, later)

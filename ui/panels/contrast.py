@@ -29,7 +29,7 @@ from ..guards import admission, inputs
 from ..guards.errors import user_errors
 from ..options import chosen_options
 from ..stream import FOLLOWS_STEP, Phase, explain_updates, finished, step_slider
-from ..tabs.text_tab import SHOWN, TextView, after_explain, render, result_view, then_export
+from ..tabs.text_tab import SHOWN, VIEWS_IN_TURN, TextView, after_explain, render, result_view, then_export
 
 NOTE = (
     "Pick a **foil** for the token on the step slider: one of the model's most probable alternatives at that step, "
@@ -194,5 +194,7 @@ def create_event_handlers(c: Components, text: Components, option_widgets: list[
     )
     text["cancel"].click(None, cancels=[event])
     after = text("result", "request", "methods", "show_all", "span", "granularity")
-    settled = settle(event, **text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden)
+    settled = settle(
+        event, **text.bind(after_explain, SHOWN), inputs=after, api_name="after_contrast", **hidden, **VIEWS_IN_TURN
+    )
     then_export(text, settled, "export_files_after_contrast", "export_view_after_contrast")

@@ -18,7 +18,7 @@ from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, sof
 from visuals.lds import lds_caption, lds_figure
 
 from .. import gpu_time, models
-from ..events import KEEP, Components, settle
+from ..events import KEEP, Components, in_turn, settle
 from ..guards import admission
 from ..guards.errors import user_errors
 from ..guards.markup import markdown_text
@@ -234,10 +234,11 @@ def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, p
         show_progress_on=c["status"],  # one progress line; the removal curves stay readable while pi-Soft runs
     )
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
+    turn = in_turn(f"{prefix}faithfulness_figures")  # the report's figures, drawn in the order asked
     settle(
         event,
         **c.bind(after_faithfulness, SHOWN), inputs=[c["request"]], api_name=f"{prefix}after_faithfulness",
-        show_progress="hidden",
+        show_progress="hidden", **turn,
     )  # fmt: skip
     gr.on(
         triggers=[c["soft_choice"].input, step.release, methods.input, result.change],
@@ -250,5 +251,5 @@ def create_event_handlers(c: Components, result: Any, methods: Any, step: Any, p
     )
     c["metric"].input(
         **c.bind(render_faithfulness, FIGURES), inputs=c("report", "metric"), api_name=f"{prefix}render_faithfulness",
-        show_progress="hidden",
+        show_progress="hidden", **turn,
     )  # fmt: skip

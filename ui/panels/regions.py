@@ -18,7 +18,7 @@ from explainer.result.regions import cell_at, cells_in_box, image_region_strengt
 from explainer.result.steps import clamp_step
 from visuals.regions import grid_picker, picker_size, region_figure
 
-from ..events import KEEP, Components
+from ..events import KEEP, Components, in_turn
 from ..guards import inputs
 from ..guards.errors import user_errors
 from ..stream import FOLLOWS_STEP
@@ -172,21 +172,22 @@ def create_event_handlers(c: Components, tab: Components, api: str) -> None:
     hidden = {"show_progress": "hidden", "trigger_mode": "always_last", **FOLLOWS_STEP}
     if "picker" in c:
         shown = ("picker", "selection", "which", "plot", "note")
+        turn = in_turn(api)  # four listeners draw the panel and update the selection: in the order they arrive
         gr.on(
             triggers=watched, **c.bind(render_image_region, shown),
-            inputs=[tab["result"], c["selection"], tab["methods"], tab["step"]], api_name=api, **hidden,
+            inputs=[tab["result"], c["selection"], tab["methods"], tab["step"]], api_name=api, **hidden, **turn,
         )  # fmt: skip
         c["picker"].select(
             **c.bind(pick_cell, shown), inputs=[tab["result"], c["selection"], c["mode"], tab["methods"], tab["step"]],
-            api_name=f"{api}_pick", show_progress="hidden",
+            api_name=f"{api}_pick", show_progress="hidden", **turn,
         )  # fmt: skip
         c["clear"].click(
             **c.bind(clear_region, shown), inputs=[tab["result"], c["selection"], tab["methods"], tab["step"]],
-            api_name=f"{api}_clear", show_progress="hidden",
+            api_name=f"{api}_clear", show_progress="hidden", **turn,
         )  # fmt: skip
         c["which"].input(
             **c.bind(choose_image, shown), inputs=[tab["result"], c["which"], tab["methods"], tab["step"]],
-            api_name=f"{api}_image", show_progress="hidden", **FOLLOWS_STEP,
+            api_name=f"{api}_image", show_progress="hidden", **FOLLOWS_STEP, **turn,
         )  # fmt: skip
         return
     shown = ("words", "plot", "note")

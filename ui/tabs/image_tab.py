@@ -26,7 +26,7 @@ from visuals.report import report_html
 
 from .. import gpu_time, models
 from ..downloads import download, exported_methods, has_steps, no_file
-from ..events import KEEP, Components, settle
+from ..events import KEEP, Components, in_turn, settle
 from ..guards import admission, inputs, uploads
 from ..guards.errors import user_errors
 from ..options import method_choices, offer_image_methods
@@ -82,6 +82,8 @@ class ImageView:
 VIEWS = ("overlay", "answer", "question")  # what `render_image` draws for the step on the slider
 SHOWN = VIEWS + ("step", "status", "result", "request")
 FILES = ("json_file", "report_file", "png_file", "gif_file")
+VIEWS_IN_TURN = in_turn("image_views")  # every event that draws the views (but the gated request), in arrival order
+FILES_IN_TURN = in_turn("image_files")  # and every one that fills the downloads
 
 
 def _result_attr(result: Any) -> Attribution | None:
@@ -349,13 +351,14 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     ready_after(event, c["ask"], "ask")
     hidden = {"show_progress": "hidden"}
     follows = {**hidden, **FOLLOWS_STEP}  # events that read the step slider, which a new request may have shrunk
+    drawn, exported = {**follows, **VIEWS_IN_TURN}, {**follows, **FILES_IN_TURN}
     view_png = c("result", "methods", "step", "opacity")
     view = c("result", "methods", "step", "opacity", "contour", "hide_sinks")  # hide_sinks: shared (app.py)
     rendered = gr.on(
         triggers=[c[name].input for name in ("step", "opacity", "contour", "methods", "hide_sinks")],
-        **c.bind(render_image, VIEWS), inputs=view, api_name="render_image", trigger_mode="always_last", **follows,
+        **c.bind(render_image, VIEWS), inputs=view, api_name="render_image", trigger_mode="always_last", **drawn,
     )  # fmt: skip
-    rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **follows)
+    rendered.then(**c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view", **exported)
     c["ask"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_image_downloads", **hidden)
     c["cancel"].click(None, cancels=[event])  # the status is set after the request stops (see the text tab)
     event.then(  # loaded now
@@ -364,13 +367,13 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, option_widgets: list
     settled = settle(
         event,
         **c.bind(after_image, SHOWN), inputs=c("result", "request", "methods", "opacity", "contour"),
-        api_name="after_image", **hidden,
+        api_name="after_image", **hidden, **VIEWS_IN_TURN,
     )  # fmt: skip
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
-    settled.then(**c.bind(render_image_sinks, VIEWS), inputs=view, api_name="render_image_after_explain", **follows)
+    settled.then(**c.bind(render_image_sinks, VIEWS), inputs=view, api_name="render_image_after_explain", **drawn)
     settled.then(
         **c.bind(export_image_files, FILES), inputs=c("result", "methods", "opacity", "contour"),
-        api_name="export_image_files", **hidden,
+        api_name="export_image_files", **hidden, **FILES_IN_TURN,
     ).then(
-        **c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view_after_explain", **follows
+        **c.bind(export_image_view, FILES), inputs=view_png, api_name="export_image_view_after_explain", **exported
     )  # fmt: skip

@@ -26,7 +26,7 @@ from ..guards.errors import user_errors
 from ..page import SCROLL_TO_STEP_JS
 from ..stream import FOLLOWS_STEP, step_slider
 from . import examples
-from .text_tab import EXAMPLE, TextView, open_example, render, then_export
+from .text_tab import EXAMPLE, VIEWS_IN_TURN, TextView, open_example, render, then_export
 
 
 def example_id(example: dict[str, str]) -> str:
@@ -91,11 +91,11 @@ def create_event_handlers(blocks: gr.Blocks, c: Components, text: Components) ->
     """The first page view (then the model line, which names the model; it loads with the first request, and the
     downloads of the result shown), and the link line following the text tab's result and step."""
     asked = text("methods", "show_all", "span", "granularity")
-    shown = blocks.load(**text.bind(first_view, EXAMPLE), inputs=asked, api_name="first_view")
+    shown = blocks.load(**text.bind(first_view, EXAMPLE), inputs=asked, api_name="first_view", **VIEWS_IN_TURN)
     shown.then(models.model_info, outputs=text["model"], api_name="model_info")
     shown.then(
         **text.bind(options.offer_methods, ("methods", "methods_note")), inputs=text("methods"),
-        api_name="offer_methods", show_progress="hidden",
+        api_name="offer_methods", show_progress="hidden", **VIEWS_IN_TURN,
     )  # fmt: skip
     shown.then(  # a link to a step brings that step's views into the window (only a scroll, in the browser)
         None, js=SCROLL_TO_STEP_JS, api_name="scroll_to_step", api_visibility="private", queue=False,

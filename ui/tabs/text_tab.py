@@ -25,7 +25,7 @@ from visuals.report import report_html
 
 from .. import gpu_time, models
 from ..downloads import download, exported_methods, has_steps, no_file
-from ..events import KEEP, Components, settle
+from ..events import KEEP, Components, in_turn, settle
 from ..guards import admission, inputs, uploads
 from ..guards.errors import user_errors
 from ..guards.markup import markdown_text
@@ -67,6 +67,8 @@ VIEWS = ("answer", "heatmap", "table")  # what `render` draws for the step(s) on
 SHOWN = VIEWS + ("step", "span_end", "status", "result", "request")  # a new or reopened result
 SPAN = ("step", "span_end", "table")
 FILES = ("json_file", "report_file", "png_file")
+VIEWS_IN_TURN = in_turn("text_views")  # every event that draws the views (but the gated requests), in arrival order
+FILES_IN_TURN = in_turn("text_files")  # and every one that fills the downloads
 EXAMPLE = SHOWN + ("methods", "prompt")  # an example's saved result, shown
 
 
@@ -381,7 +383,7 @@ def create_ui() -> Components:
 def then_export(c: Components, event: Any, files_api: str | None, view_api: str) -> None:
     """After `event`: the new result's JSON and report files (unless `files_api` is None), then this view's PNG;
     every event that shows a result (a request, an opened file, an example, the first view) chains it."""
-    hidden = {"show_progress": "hidden"}
+    hidden = {"show_progress": "hidden", **FILES_IN_TURN}
     if files_api is not None:
         files = c("result", "methods", "show_all")
         event = event.then(**c.bind(export_files, FILES), inputs=files, api_name=files_api, **hidden)
@@ -404,19 +406,23 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     hidden = {"show_progress": "hidden"}
     c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
     follows = {**hidden, **FOLLOWS_STEP}  # events that read the step sliders, which a new request may have shrunk
+    drawn = {**follows, **VIEWS_IN_TURN}  # events that draw the views
     view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity", "hide_sinks")
     triggers = ["step", "show_all", "methods", "span_end", "granularity", "hide_sinks"]
     rendered = gr.on(
         triggers=[c[name].input for name in triggers], **c.bind(render, VIEWS), inputs=view, api_name="render",
-        trigger_mode="always_last", **follows,
+        trigger_mode="always_last", **drawn,
     )  # fmt: skip
     then_export(c, rendered, None, "export_view")
-    spanned = c["span"].input(**c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden)
-    spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **follows)
+    spanned = c["span"].input(
+        **c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden, **VIEWS_IN_TURN
+    )
+    spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **drawn)
     then_export(c, spanned, None, "export_span_view")
     gr.on(
         triggers=[c["show_all"].input, c["methods"].input], **c.bind(export_report, FILES),
-        inputs=c("result", "methods", "show_all"), api_name="export_report", trigger_mode="always_last", **hidden,
+        inputs=c("result", "methods", "show_all"), api_name="export_report", trigger_mode="always_last",
+        **hidden, **FILES_IN_TURN,
     )  # fmt: skip
     # Cancel only cancels; what a stopped request shows is set by `after_explain`, which Gradio runs once the
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
@@ -427,22 +433,25 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         inputs=c("result", "request", "methods", "show_all", "span", "granularity"),
         api_name="after_explain",
         **hidden,
+        **VIEWS_IN_TURN,
     )
     then_export(c, settled, "export_files", "export_view_after_explain")
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
-    settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **follows)
+    settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **drawn)
     # the model loads with the first request: its line then names the precision and the prompt limit
     explain_event.then(
         models.model_info, outputs=c["model"], api_name="model_info_after_explain", api_visibility="private", **hidden
     )
     opened = c["open_file"].upload(
         **c.bind(open_saved, SHOWN + ("methods",)), inputs=c("open_file", "show_all", "span", "granularity"),
-        api_name="open_saved",
+        api_name="open_saved", **VIEWS_IN_TURN,
     )  # fmt: skip
     then_export(c, opened, "export_files_after_open", "export_view_after_open")
-    opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **follows)
+    opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **drawn)
     asked = c("examples", "methods", "show_all", "span", "granularity")
-    picked = c["examples"].click(**c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example")
+    picked = c["examples"].click(
+        **c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example", **VIEWS_IN_TURN
+    )
     then_export(c, picked, "export_files_after_example", "export_view_after_example")
-    picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **follows)
+    picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **drawn)
     estimates.create_event_handlers(c, option_widgets, explain_event)
