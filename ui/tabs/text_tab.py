@@ -406,7 +406,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     hidden = {"show_progress": "hidden"}
     c["generate"].click(**c.bind(clear_downloads, FILES), queue=False, api_name="clear_downloads", **hidden)
     follows = {**hidden, **FOLLOWS_STEP}  # events that read the step sliders, which a new request may have shrunk
-    drawn = {**follows, **VIEWS_IN_TURN}  # events that draw the views
+    turn = {**hidden, **VIEWS_IN_TURN}  # events that draw the views
+    drawn = {**follows, **VIEWS_IN_TURN}  # ... and read the step sliders
     view = c("result", "methods", "step", "show_all", "span", "span_end", "granularity", "hide_sinks")
     triggers = ["step", "show_all", "methods", "span_end", "granularity", "hide_sinks"]
     rendered = gr.on(
@@ -414,9 +415,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
         trigger_mode="always_last", **drawn,
     )  # fmt: skip
     then_export(c, rendered, None, "export_view")
-    spanned = c["span"].input(
-        **c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **hidden, **VIEWS_IN_TURN
-    )
+    spanned = c["span"].input(**c.bind(span_controls, SPAN), inputs=c("result", "span"), api_name="span", **turn)
     spanned = spanned.then(**c.bind(render, VIEWS), inputs=view, api_name="render_span", **drawn)
     then_export(c, spanned, None, "export_span_view")
     gr.on(
@@ -427,14 +426,8 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     # Cancel only cancels; what a stopped request shows is set by `after_explain`, which Gradio runs once the
     # cancelled request has stopped (a handler of the Cancel click itself would race with the request's last update).
     c["cancel"].click(None, cancels=[explain_event])
-    settled = settle(
-        explain_event,
-        **c.bind(after_explain, SHOWN),
-        inputs=c("result", "request", "methods", "show_all", "span", "granularity"),
-        api_name="after_explain",
-        **hidden,
-        **VIEWS_IN_TURN,
-    )
+    after = c("result", "request", "methods", "show_all", "span", "granularity")
+    settled = settle(explain_event, **c.bind(after_explain, SHOWN), inputs=after, api_name="after_explain", **turn)
     then_export(c, settled, "export_files", "export_view_after_explain")
     # the sinks are known once the answer is complete: drawn again if "Leave out attention sinks" is ticked
     settled.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_explain", **drawn)
@@ -450,8 +443,7 @@ def create_event_handlers(c: Components, option_widgets: list[Any]) -> None:
     opened.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_open", **drawn)
     asked = c("examples", "methods", "show_all", "span", "granularity")
     picked = c["examples"].click(
-        **c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example", **VIEWS_IN_TURN
-    )
+        **c.bind(open_example, EXAMPLE), inputs=asked, api_name="open_example", **VIEWS_IN_TURN)  # fmt: skip
     then_export(c, picked, "export_files_after_example", "export_view_after_example")
     picked.then(**c.bind(render_sinks, VIEWS), inputs=view, api_name="render_after_example", **drawn)
     estimates.create_event_handlers(c, option_widgets, explain_event)
