@@ -28,6 +28,8 @@ from .removal import RemovalConfig, RemovalReport, removal_curves, removal_runs
 from .request import FaithfulnessRequest
 from .soft import PAPER_SOFT, QUICK_SOFT, SoftConfig, SoftReport, fixed_routing, soft_cost, soft_curves, soft_steps
 
+MEASURING_SOFT = "measuring pi-Soft"  # ends a report's status while its pi-Soft part is still to come
+
 
 @dataclass
 class FaithfulnessReport:
@@ -60,7 +62,7 @@ def _faithfulness_parts(
             image_inputs=request.image_inputs,
         )  # fmt: skip
         report.seconds["removal"] = time.perf_counter() - t0
-        report.status = "removal curves done" + ("; measuring pi-Soft" if soft is not None else "")
+        report.status = "removal curves done" + (f"; {MEASURING_SOFT}" if soft is not None else "")
         yield replace(report, seconds=dict(report.seconds))
     if soft is not None:
         t0 = time.perf_counter()
@@ -113,6 +115,7 @@ __all__ = [
     "FaithfulnessReport",
     "FaithfulnessRequest",
     "LdsReport",
+    "MEASURING_SOFT",
     "PAPER_SOFT",
     "QUICK_SOFT",
     "RANDOM",

@@ -92,6 +92,9 @@ def test_measure_faithfulness_with_soft_skipped_draws_removal_curves(app):
     summary = app.page.get_by_label("Summary")
     for method in ("macs", "rollout", "random"):
         assert summary.get_by_text(method, exact=True).count() >= 1
+    for label in ("π-Soft-NS / π-Soft-NC", "LDS on this answer"):  # skipped, no Sources: no empty frame is left
+        assert app.page.locator('[data-testid="block-label"]', has_text=label).count() == 0, label
+    assert app.page.locator('[data-testid="block-label"]', has_text="Token removal: MIF / LIF").is_visible()
     app.shot("faithfulness")
 
 

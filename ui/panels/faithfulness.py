@@ -11,7 +11,14 @@ import gradio as gr
 
 from explainer.errors import InputError
 from explainer.estimate import seconds_at
-from explainer.faithfulness import QUICK_SOFT, REMOVAL_METRICS, FaithfulnessReport, soft_cost, stream_faithfulness
+from explainer.faithfulness import (
+    MEASURING_SOFT,
+    QUICK_SOFT,
+    REMOVAL_METRICS,
+    FaithfulnessReport,
+    soft_cost,
+    stream_faithfulness,
+)
 from explainer.faithfulness.common import RANKED
 from explainer.result.attribution import Attribution
 from visuals.curves import TABLE_HEADERS, faithfulness_rows, removal_figure, soft_figure
@@ -78,10 +85,19 @@ def render_faithfulness(report: FaithfulnessReport | None, metric: str) -> Faith
         return FaithfulnessView(removal=None, lds=None, lds_note="", soft=None, table=[])
     key = REMOVAL_METRIC_KEYS.get(metric, "logit")
     removal = removal_figure(report.removal, key) if report.removal else None
-    soft = soft_figure(report.soft) if report.soft else None
+    soft = soft_plot(report)
     lds = lds_figure(report.lds) if report.lds is not None and report.lds.lds else None
+    lds = gr.update(value=lds, visible=lds is not None)  # without Sources' ablations the note says why, no frame
     return FaithfulnessView(removal=removal, lds=lds, lds_note=lds_caption(report.lds), soft=soft,
                             table=faithfulness_rows(report))  # fmt: skip
+
+
+def soft_plot(report: FaithfulnessReport) -> Any:
+    """The pi-Soft plot of a report: its figure, or an empty plot kept in the page only while pi-Soft is measured (a
+    measurement that skipped it would otherwise leave an empty frame under the removal curves)."""
+    if report.soft is not None:
+        return gr.update(value=soft_figure(report.soft), visible=True)
+    return gr.update(value=None, visible=report.status.endswith(MEASURING_SOFT))
 
 
 def _soft_seconds(result: Attribution, methods: list[str], steps: Any, report: FaithfulnessReport | None) -> Any:

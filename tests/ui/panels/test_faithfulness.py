@@ -11,7 +11,14 @@ import pytest
 from PIL import Image
 
 from explainer.errors import InputError
-from explainer.faithfulness import QUICK_SOFT, FaithfulnessReport, LdsReport, RemovalReport, SoftReport
+from explainer.faithfulness import (
+    MEASURING_SOFT,
+    QUICK_SOFT,
+    FaithfulnessReport,
+    LdsReport,
+    RemovalReport,
+    SoftReport,
+)
 from ui.events import KEEP
 from ui.panels import faithfulness, measurement
 from ui.panels.faithfulness import SOFT_CHOICES, FaithfulnessView
@@ -33,6 +40,11 @@ def fake_report() -> FaithfulnessReport:
     return FaithfulnessReport(removal=removal, soft=soft)
 
 
+def plot(update: dict) -> tuple:
+    """(figure, visible) of a plot's update."""
+    return update["value"], update["visible"]
+
+
 @pytest.fixture
 def answer(fake):
     return collect(text_tab.explain("Where is Paris", ["macs"], 8.0, True, False))[-1].result
@@ -42,7 +54,7 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
     calls = []
     full = fake_report()
     full.seconds, full.status = {"removal": 1.0, "soft": 2.0}, "done"
-    first = replace(full, soft=None, seconds={"removal": 1.0}, status="removal curves done")
+    first = replace(full, soft=None, seconds={"removal": 1.0}, status=f"removal curves done; {MEASURING_SOFT}")
 
     def fake_stream(bundle, result, request, progress=None, cancel=None):
         calls.append((result, request.methods, request.soft, request.steps))
@@ -55,9 +67,10 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
     assert calls[0][3] == (1,)  # the slider's step (1-based) as a 0-based step
     start, removal_ready, *_, last = outs
     assert start == FaithfulnessView(status=faithfulness.MEASURING, request=RequestState(Phase.STARTING))
-    assert removal_ready.removal is not None and removal_ready.soft is None  # removal curves come first
+    assert removal_ready.removal is not None and plot(removal_ready.soft) == (None, True)  # removal curves first,
+    # pi-Soft's plot waits for its figure
     assert "π-Soft running" in removal_ready.status and removal_ready.request == RequestState(Phase.RUNNING)
-    assert last.soft is not None and "macs" in last.status and "soft 2.0 s" in last.status
+    assert plot(last.soft)[0] is not None and "macs" in last.status and "soft 2.0 s" in last.status
     assert last.status.startswith("Measured on 4 answer tokens") and last.request == RequestState(Phase.DONE)
     assert [r[0] for r in last.table] == ["macs", "random"] and last.table[0][2] == pytest.approx(0.5)
     again = faithfulness.render_faithfulness(last.report, "BLEU")
@@ -65,7 +78,7 @@ def test_faithfulness_panel_shows_removal_first_then_soft(answer, monkeypatch):
     assert faithfulness.render_faithfulness(None, "BLEU") == FaithfulnessView(
         removal=None, lds=None, lds_note="", soft=None, table=[]
     )
-    assert last.lds is None and "tick *sources*" in last.lds_note  # no surrogate in this result: says how to get one
+    assert plot(last.lds) == (None, False) and "tick *sources*" in last.lds_note  # no surrogate here: says how to
     collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[1], 2))
     assert calls[-1][3] is None  # every 5th step
     collect(faithfulness.faithfulness(answer, ["macs"], "BLEU", SOFT_CHOICES[2], 2))
@@ -158,7 +171,7 @@ def test_image_results_rank_their_image_tokens_and_skip_soft(vl_fake, monkeypatc
     assert attr is result.attr and methods == ("macs",) and soft is None and steps is None  # no pi-Soft on images
     assert request.positions == (2, 3, 4, 5, 6, 7) and request.image_inputs == {"pixel_values": "pixels"}
     last = outs[-1]
-    assert last.removal is not None and last.soft is None and last.request == RequestState(Phase.DONE)
+    assert last.removal is not None and plot(last.soft) == (None, False) and last.request == RequestState(Phase.DONE)
     assert "π-Soft" not in last.status
     collect(faithfulness.faithfulness(result, ["macs"], "BLEU", SOFT_CHOICES[0], 2, "image+question"))
     assert calls[-1][2] is None and calls[-1][4].positions == (2, 3, 4, 5, 6, 7, 9, 10)  # and the question's
@@ -232,6 +245,6 @@ def test_the_panel_draws_each_method_s_lds_beside_the_removal_curves():
     fit = {"held_out_spearman": 0.8, "checks": 4, "cross_validated_spearman": 0.9, "ablations": 16}
     lds = LdsReport(lds={"macs": 0.5, "sources": 0.9}, masks={"macs": 21, "sources": 17}, units=6, fit=fit)
     view = faithfulness.render_faithfulness(FaithfulnessReport(lds=lds), "BLEU")
-    assert [t.y[0] for t in view.lds.data] == ["macs", "sources (own fit)"]
+    assert [t.y[0] for t in plot(view.lds)[0].data] == ["macs", "sources (own fit)"] and plot(view.lds)[1]
     assert "21 ablation masks over 6 units" in view.lds_note and "held out on 4 more masks +0.80" in view.lds_note
-    assert view.removal is None and view.soft is None
+    assert view.removal is None and plot(view.soft) == (None, False)
