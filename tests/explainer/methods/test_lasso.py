@@ -1,11 +1,12 @@
-"""The batched Lasso (`surrogate.lassos`) against straightforward computations: each problem solved alone on its rows,
+"""The batched Lasso (`lasso.lassos`) against straightforward computations: each problem solved alone on its rows,
 and the cross-validated fit (`lasso_fit`) against an explicit loop over its folds."""
 
 import numpy as np
 import pytest
 
-from explainer.methods import surrogate
-from explainer.methods.surrogate import FOLDS, LASSO_GRID, lasso, lasso_fit, lassos
+from explainer.methods import lasso as solver
+from explainer.methods.lasso import FOLDS, LASSO_GRID, lasso, lassos
+from explainer.methods.surrogate import lasso_fit
 
 
 def _problem(seed: int, units: int = 30, masks: int = 16, tokens: int = 4):
@@ -38,8 +39,8 @@ def _alone(x, y, penalty):
 def converged(monkeypatch):
     """The solver run to convergence, so that it is compared with the reference on the solution, not on where a
     tolerance stopped each (the default's accuracy: `test_the_lasso_meets_its_optimality_conditions...`)."""
-    monkeypatch.setattr(surrogate, "TOLERANCE", 1e-10)
-    monkeypatch.setattr(surrogate, "SWEEPS", 5000)
+    monkeypatch.setattr(solver, "TOLERANCE", 1e-10)
+    monkeypatch.setattr(solver, "SWEEPS", 5000)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

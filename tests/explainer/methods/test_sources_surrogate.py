@@ -15,15 +15,14 @@ from explainer.capture import registered_names
 from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
 from explainer.methods import GenerationRun
+from explainer.methods.lasso import LASSO_GRID, lasso
 from explainer.methods.sources import SourcesConfig, passages, units
 from explainer.methods.surrogate import (
-    LASSO_GRID,
     RIDGE_GRID,
     chosen_regulariser,
     design,
     design_kind,
     distinct_pairs,
-    lasso,
     lasso_fit,
     surrogate_fit,
 )
