@@ -4,8 +4,9 @@ design fitted offline (`scripts/sources_design.py` is its front end).
 `collect_row`: the answer's per-token log-probabilities under a pool of keep-masks of the context's sentences, by
 removal (ContextCite's ablation, exact) and by knockout (`ablate.response_logprobs(reread_from=...)`: only what
 follows the context is recomputed, blind to the removed sentences; much cheaper). The pool is every mask where the
-context has at most `EXHAUSTIVE` sentences, else the union of the candidate designs' masks (`DESIGNS` at `COUNTS`,
-`SEEDS_LONG` seeds) and 64 random ones; the `lds` command's 32 evaluation masks (same seeds) are always in it.
+context has at most `EXHAUSTIVE` sentences, else the union of the candidate designs' masks (`DESIGNS` at `COUNTS`
+and `FALLBACK_COUNTS`, `SEEDS_LONG` seeds) and 64 random ones; the `lds` command's 32 evaluation masks (same
+seeds) are always in it.
 
 `report`: each design, k and pass kind is a choice of pool rows; it is fitted as the method fits (`surrogate.fit`,
 the unperturbed row first) and scored by the LDS of its weights on the evaluation masks' removal log-probabilities,
@@ -38,6 +39,7 @@ from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, 
 EXHAUSTIVE = 8  # sentences up to which the pool holds all 2^S masks (256)
 DESIGNS = ("random", "pairs", "loo_pairs", "hadamard")
 COUNTS = (8, 16, 32)
+FALLBACK_COUNTS = (4, 8)  # k at or below the sentences of enough development questions (16 or more have <= 11)
 SEEDS_SHORT, SEEDS_LONG = 5, 2  # seeds per design in the report (pool exhaustive) and in a long context's pool
 REFERENCE = 64  # ContextCite's random masks
 PAIRS = (  # (design, k, passes) compared per question
@@ -68,7 +70,8 @@ def pool_masks(s: int, row_id: str) -> tuple[list[str], list[str]]:
         masks = [_bits(((i >> np.arange(s)) & 1) == 0) for i in range(2**s)]  # i = 0 keeps all
     else:
         masks = [_bits(np.ones(s, dtype=bool))]
-        candidates = [design(s, k, kind, seed) for kind in DESIGNS for k in COUNTS for seed in range(SEEDS_LONG)]
+        counts = sorted({*COUNTS, *FALLBACK_COUNTS})
+        candidates = [design(s, k, kind, seed) for kind in DESIGNS for k in counts for seed in range(SEEDS_LONG)]
         for m in [*np.concatenate(candidates), *design(s, REFERENCE, "random", 0)]:
             masks.append(_bits(m))
     masks.extend(evaluation)
@@ -175,16 +178,17 @@ def report(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [_entry(rows, *case) for case in cases]
 
 
-FALLBACK_COUNTS = (4, 8)  # k at or below the sentences of enough development questions (16 or more have <= 11)
-# the candidate fallbacks; the last is the default (distinct pairs and each token's Lasso where k <= S)
+# the candidate fallbacks; the last is the default (sparse columns and each token's Lasso where k <= S; distinct
+# pairs before 2026-12-03: pools collected before then lack the sparse masks of long questions, left unscored)
 FALLBACKS = (("loo_pairs", "removal-ridge"), ("pairs", "removal-ridge"), ("loo_pairs", "removal-lasso-tokens"),
-             ("pairs", "removal-lasso-tokens"), ("hadamard", "removal"))  # fmt: skip
+             ("pairs", "removal-lasso-tokens"), ("distinct_pairs", "removal"), ("hadamard", "removal"))  # fmt: skip
 
 
 def fallback(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Where no orthogonal design fits (the sentences as many as the masks or more): `report`'s entries for the
     candidate fallbacks, leave-one-out then pairs or complementary pairs, each fitted by the ridge or by each token's
-    Lasso, and the default (`distinct_pairs`, the Lasso), over the questions with at least k sentences."""
+    Lasso, the former default (`distinct_pairs`) and the default (`sparse_columns`), each by the Lasso, over the
+    questions with at least k sentences."""
     return [_entry([r for r in rows if r["sentences"] >= k], kind, k, passes)
             for k in FALLBACK_COUNTS for kind, passes in FALLBACKS]  # fmt: skip
 

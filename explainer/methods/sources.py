@@ -8,7 +8,7 @@ from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens ar
 the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
 an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; where the units are as many
-as the masks or more, ContextCite's Lasso on complementary pairs, each token's penalty by cross-validation:
+as the masks or more, ContextCite's Lasso on sparse masks, each token's penalty by cross-validation:
 `regulariser`, "auto" by default).
 With `context` the passages start just after the first occurrence of that text (a label such as "Context:"), and
 what comes before them (an instruction, the question, the label) stays in every ablation, as ContextCite is handed the

@@ -18,9 +18,10 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
   fitted on few random masks mistakes for effects), else a plain Hadamard design, its columns drawn at random
   ("aberration": the columns that alias the fewest interactions with effects, `aberration_columns`; level with the
   default on development and on evaluated questions, docs/results.md); where k is too small for any (k <= U),
-  complementary pairs (x, 1 - x) in which no two units share a column (`distinct_pairs`), which the Lasso fits
-  ("loo_pairs", leave-one-out masks for up to half of them then pairs, the earlier fallback, ranked a needle sentence
-  worse: docs/results.md);
+  sparse masks in which each unit is kept by the same few masks and no two units share a column (`sparse_columns`),
+  which the Lasso fits: a mask keeps about a third of the prompt, so its pass computes about a third of it (before
+  2026-12-03, complementary pairs with distinct columns, `distinct_pairs`, half of it; "loo_pairs", leave-one-out
+  masks for up to half of them then pairs, the fallback before that, ranked a needle sentence worse: docs/results.md);
 - the unperturbed prompt (all kept), whose log-probabilities the first pass computes anyway, is one more row.
 
 `docs/results.md` (Sources) says which of these choices were measured, on which questions, and why.
@@ -28,6 +29,7 @@ own fit from the same passes, so whole-answer weights are the sum of the tokens'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -35,14 +37,17 @@ import numpy as np
 
 from .lasso import cross_validated_lasso
 
-DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration", "informed")  # leave-one-out then pairs;
-# complementary pairs; independent masks; an orthogonal two-level design (every mask, a folded Hadamard, or a
-# Hadamard); the same with a plain Hadamard design's columns chosen for minimum aberration; or placed by a prior
+DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration", "informed", "sparse", "distinct_pairs")
+# leave-one-out then pairs; complementary pairs; independent masks; an orthogonal two-level design (every mask, a
+# folded Hadamard, or a Hadamard); the same with a plain Hadamard design's columns chosen for minimum aberration; or
+# placed by a prior; sparse distinct columns (`sparse_columns`, the orthogonal designs' fallback since 2026-12-03);
+# complementary pairs with distinct columns (`distinct_pairs`, the fallback before)
 ORTHOGONAL = ("hadamard", "aberration", "informed")  # the designs `orthogonal` builds
 INFORMED_RUNS = 16  # the plain design's order whose columns the "informed" design places by a prior (9-15 units at
 # 16-31 masks): ahead there on development questions, behind on the whole answer at 32 (docs/results.md)
 HALF_FRACTION = 5  # units from which a half fraction (resolution U) replaces a fold (resolution IV) where it fits
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
+SPARSE_KEEP = 0.35  # the share of masks keeping each unit in `sparse_columns`
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
 REGULARISERS = ("auto", "ridge", "lasso")  # auto: ridge where the units are fewer than the masks, else lasso
 
@@ -53,14 +58,19 @@ def design(units: int, k: int, kind: str = "pairs", seed=0, prior: np.ndarray | 
     is the first k rows of every larger one with the same seed; "loo_pairs": first min(U, k // 2) masks that each
     remove one unit (in a seeded order), then pairs; "random": each unit kept with probability 1/2, independently.
     "hadamard": `orthogonal`'s design, then pairs for any masks it leaves of k (none after a full factorial, which
-    holds every mask once: fewer than k then run), or `distinct_pairs` where none fits (k <= U); "aberration": the
+    holds every mask once: fewer than k then run), or `sparse_columns` where none fits (k <= U); "aberration": the
     same, a plain design's columns chosen by `aberration_columns`; "informed": the same as "hadamard" but for a plain
     design of `INFORMED_RUNS` masks, whose columns `prior` places (`informed_columns`; without a prior, as "hadamard").
+    "sparse": `sparse_columns`; "distinct_pairs": `distinct_pairs`, whatever the units.
     `seed`: anything `np.random.default_rng` takes. `prior`: (U,) how likely each unit is to matter (>= 0)."""
+    if kind == "sparse":
+        return sparse_columns(units, k, seed)
+    if kind == "distinct_pairs":
+        return distinct_pairs(units, k, seed)
     if kind in ORTHOGONAL:
         first = orthogonal(units, k, seed, aberration=kind == "aberration", prior=prior if kind == "informed" else None)
         if first is None:
-            return distinct_pairs(units, k, seed)
+            return sparse_columns(units, k, seed)
         if len(first) == k or len(first) == 2**units - 1:
             return first
         return np.concatenate([first, design(units, k - len(first), "pairs", seed)])
@@ -101,6 +111,33 @@ def distinct_pairs(units: int, k: int, seed=0) -> np.ndarray:
             codes[:, repeats] = rng.random((half, len(repeats))) < 0.5
     masks = complementary(codes)  # (2 * (k // 2), U)
     return np.concatenate([masks, rng.random((k - len(masks), units)) < 0.5])  # (k, U)
+
+
+def sparse_columns(units: int, k: int, seed=0, keep: float | None = None) -> np.ndarray:
+    """(k, U) masks in which each unit is kept by exactly m = round(keep x k) of them (1 to k - 1), no two units
+    sharing a column where the units are at most C(k, m) (a repeated column is drawn again, as in `distinct_pairs`).
+    A mask keeps about `keep` (`SPARSE_KEEP`) of the units, so its removal pass computes about that share of the
+    prompt (`ablate.py`), against half for complementary pairs: where the units outnumber the masks and the Lasso
+    fits them, 16 such masks ranked as well as 16 pairs for about three quarters of their positions (docs/results.md).
+    Beside the unperturbed row, the masks bracket the evaluation's half-kept masks rather than sit on them."""
+    keep = SPARSE_KEEP if keep is None else keep
+    m = min(max(round(keep * k), 1), max(k - 1, 1))
+    rng = np.random.default_rng([*np.atleast_1d(seed), 12])
+
+    def draw(n: int) -> np.ndarray:  # (k, n) columns of m kept masks each, at random
+        cols = np.zeros((k, n), dtype=bool)
+        cols[np.argsort(rng.random((k, n)), axis=0)[:m], np.arange(n)] = True
+        return cols
+
+    masks = draw(units)
+    if units <= math.comb(k, m):
+        while True:
+            _, kept = np.unique(masks.T, axis=0, return_index=True)
+            repeats = np.setdiff1d(np.arange(units), kept)
+            if not len(repeats):
+                break
+            masks[:, repeats] = draw(len(repeats))
+    return masks
 
 
 def sylvester(n: int) -> np.ndarray:
@@ -231,12 +268,13 @@ def design_kind(units: int, k: int, kind: str) -> str:
     """What `design(units, k, kind)` holds, in words for a reader: "every mask", "half fraction" (each unit's effect
     aliased only with the interaction of all the others), "folded Hadamard" (each unit's effect free of two-unit
     interactions), "Hadamard" (effects aliased with interactions; "overlap-placed Hadamard" where "informed" places
-    its columns by the answer's overlap), "leave-one-out then pairs", "complementary pairs" or "random"."""
+    its columns by the answer's overlap), "leave-one-out then pairs", "complementary pairs", "sparse" or "random"."""
     if kind in ORTHOGONAL:
         name, n = _orthogonal_kind(units, k)
         placed = kind == "informed" and name == "Hadamard" and n == INFORMED_RUNS
-        return "overlap-placed Hadamard" if placed else name or "complementary pairs"
-    return {"loo_pairs": "leave-one-out then pairs", "pairs": "complementary pairs", "random": "random"}[kind]
+        return "overlap-placed Hadamard" if placed else name or "sparse"
+    return {"loo_pairs": "leave-one-out then pairs", "pairs": "complementary pairs", "random": "random",
+            "sparse": "sparse", "distinct_pairs": "complementary pairs"}[kind]  # fmt: skip
 
 
 def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:

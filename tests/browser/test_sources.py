@@ -61,7 +61,7 @@ def test_a_text_with_more_passages_than_ablations_is_told_so(app):
     note = app.page.locator("#sources .xai-sources-note")
     note.wait_for()
     text = note.inner_text()
-    assert "(complementary pairs design)" in text and "more than the combinations: the fit is sparse" in text, text
+    assert "(sparse design)" in text and "more than the combinations: the fit is sparse" in text, text
     assert "fit=leave_one_out" in text
     note.scroll_into_view_if_needed()
     app.shot("sources-many-passages")

@@ -19,11 +19,13 @@ from explainer.methods.lasso import LASSO_GRID, lasso
 from explainer.methods.sources import SourcesConfig, passages, units
 from explainer.methods.surrogate import (
     RIDGE_GRID,
+    SPARSE_KEEP,
     chosen_regulariser,
     design,
     design_kind,
     distinct_pairs,
     lasso_fit,
+    sparse_columns,
     surrogate_fit,
 )
 from explainer.runtime.memory import BUDGET_ENV, MemoryLimitError
@@ -252,7 +254,7 @@ def test_the_hadamard_design_is_orthogonal_balanced_and_folded_where_it_fits(uni
 @pytest.mark.parametrize("units_", [2, 3, 4, 5, 8, 9, 15, 16, 40])
 def test_the_design_s_name_says_what_its_masks_are(units_):
     """`design_kind`, which the Sources view shows, against the masks themselves: every mask once, a fold (the second
-    half the first's complement, columns orthogonal), a plain orthogonal design, or complementary pairs."""
+    half the first's complement, columns orthogonal), a plain orthogonal design, or sparse columns."""
     m = design(units_, 16, "hadamard", seed=4)
     x = m.astype(float) * 2 - 1
     orthogonal = len(m) == 16 and (x.T @ x == 16 * np.eye(units_)).all()
@@ -262,6 +264,7 @@ def test_the_design_s_name_says_what_its_masks_are(units_):
         else "folded Hadamard" if orthogonal and (m[8:] == ~m[:8]).all()
         else "Hadamard" if orthogonal
         else "complementary pairs" if (m[::2] == ~m[1::2]).all()
+        else "sparse" if (m.sum(axis=0) == round(SPARSE_KEEP * 16)).all()
         else None
     )  # fmt: skip
     assert design_kind(units_, 16, "hadamard") == expected
@@ -303,7 +306,8 @@ def test_the_aberration_design_is_the_hadamard_one_where_the_design_is_not_plain
 
 
 def test_the_hadamard_design_falls_back_where_no_orthogonal_design_fits():
-    assert (design(16, 16, "hadamard", seed=1) == distinct_pairs(16, 16, seed=1)).all()
+    assert (design(16, 16, "hadamard", seed=1) == sparse_columns(16, 16, seed=1)).all()
+    assert (design(16, 16, "distinct_pairs", seed=1) == distinct_pairs(16, 16, seed=1)).all()  # the former fallback
     m = design(6, 24, "hadamard", seed=0)  # 16 folded masks, then 8 pairs
     assert m.shape == (24, 6) and (m[8:16] == ~m[:8]).all() and (m[16::2] == ~m[17::2]).all()
     m = design(5, 24, "hadamard", seed=0)  # the half fraction's 16 masks, then 8 pairs
@@ -340,16 +344,33 @@ def test_the_half_fraction_has_resolution_u_and_holds_every_leave_one_out_mask(u
     assert design_kind(4, 8, "hadamard") == "folded Hadamard"  # below 5 units a fold is as good: kept
 
 
-def test_the_fallback_pairs_give_every_unit_its_own_column():
-    """Two units removed by the same masks can never be told apart: plain pairs of 16 masks have 2^8 codes, so among
-    175 units some share one; the fallback draws a repeated code again while the units are at most 256."""
-    for count in (16, 46, 175, 256):
+def test_the_sparse_fallback_keeps_each_unit_in_the_same_few_masks_and_gives_it_its_own_column():
+    """Each column holds exactly round(SPARSE_KEEP x k) kept masks (so a mask keeps about that share of the prompt),
+    and, as for the pairs, no two units share a column while the units are at most C(k, m)."""
+    m_kept = round(SPARSE_KEEP * 16)
+    for count in (16, 43, 175, 1000):
         m = design(count, 16, "hadamard", seed=0)
+        assert m.shape == (16, count) and (m.sum(axis=0) == m_kept).all()
+        assert len({m[:, u].tobytes() for u in range(count)}) == count
+        assert abs(m.mean() - m_kept / 16) < 1e-12 and not (m[::2] == ~m[1::2]).all()
+    assert sparse_columns(43, 16, seed=0, keep=0.25).sum(axis=0).tolist() == [4] * 43
+    few = sparse_columns(12, 4, seed=0, keep=0.5)  # C(4, 2) = 6 columns for 12 units: repeats remain, still a design
+    assert few.shape == (4, 12) and (few.sum(axis=0) == 2).all()
+    assert not (sparse_columns(43, 16, seed=1) == sparse_columns(43, 16, seed=0)).all()
+    assert (sparse_columns(2, 1, seed=0) == 1).all()  # one mask: it keeps every unit (m is clamped to 1)
+
+
+def test_the_distinct_pairs_give_every_unit_its_own_column():
+    """Two units removed by the same masks can never be told apart: plain pairs of 16 masks have 2^8 codes, so among
+    175 units some share one; `distinct_pairs` (the fallback before 2026-12-03) draws a repeated code again while
+    the units are at most 256."""
+    for count in (16, 46, 175, 256):
+        m = design(count, 16, "distinct_pairs", seed=0)
         assert m.shape == (16, count) and (m[::2] == ~m[1::2]).all() and (m.sum(axis=0) == 8).all()
         assert len({m[:, u].tobytes() for u in range(count)}) == count
     plain = design(175, 16, "pairs", seed=0)
     assert len({plain[:, u].tobytes() for u in range(175)}) < 175
-    assert design(300, 16, "hadamard", seed=0).shape == (16, 300)  # beyond 256 codes repeats remain: still a design
+    assert design(300, 16, "distinct_pairs", seed=0).shape == (16, 300)  # beyond 256 codes repeats remain
     odd = distinct_pairs(43, 15, seed=2)  # 7 pairs and one unpaired mask
     assert odd.shape == (15, 43) and (odd[0:14:2] == ~odd[1:14:2]).all()
     assert len({odd[:14, u].tobytes() for u in range(43)}) == 43
