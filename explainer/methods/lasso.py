@@ -33,6 +33,15 @@ def lasso(
     return w[0], b[0]
 
 
+def _centred(x: np.ndarray, y: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Each problem's rows (P, R) centred on their own means: count (P, 1), mean_x (P, U), mean_y (P, K), and the
+    centred xc (P, R, U) and yc (P, R, K), 0 on the rows a problem leaves out."""
+    inside = rows.astype(np.float64)[:, :, None]  # (P, R, 1)
+    count = np.maximum(inside.sum(axis=1), 1.0)  # (P, 1)
+    mean_x, mean_y = (inside * x).sum(axis=1) / count, (inside * y).sum(axis=1) / count  # (P, U), (P, K)
+    return count, mean_x, mean_y, (x[None] - mean_x[:, None]) * inside, (y[None] - mean_y[:, None]) * inside
+
+
 def lassos(
     x: np.ndarray, y: np.ndarray, rows: np.ndarray, penalty: np.ndarray, start: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -47,11 +56,7 @@ def lassos(
     Returns:
         weights (P, U, K) and intercepts (P, K).
     """
-    inside = rows.astype(np.float64)[:, :, None]  # (P, R, 1)
-    count = np.maximum(inside.sum(axis=1), 1.0)  # (P, 1)
-    mean_x, mean_y = (inside * x).sum(axis=1) / count, (inside * y).sum(axis=1) / count  # (P, U), (P, K)
-    xc = (x[None] - mean_x[:, None]) * inside  # (P, R, U) 0 on the rows a problem leaves out
-    yc = (y[None] - mean_y[:, None]) * inside  # (P, R, K)
+    count, mean_x, mean_y, xc, yc = _centred(x, y, rows)
     norms = (xc**2).sum(axis=1)  # (P, U)
     scale = np.where(norms > 1e-12, norms, 1.0)  # a unit constant on a problem's rows stays at 0 there
     w = np.zeros((len(rows), x.shape[1], y.shape[1])) if start is None else start.copy()  # (P, U, K)
@@ -90,10 +95,7 @@ def lassos(
 def _lasso_path(x: np.ndarray, y: np.ndarray, rows: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
     """`lassos` at every fraction of `LASSO_GRID` of each problem's and token's smallest all-zero penalty, large to
     small (each from the previous one's weights): a list of ((P, U, K), (P, K))."""
-    inside = rows.astype(np.float64)[:, :, None]  # (P, R, 1)
-    count = np.maximum(inside.sum(axis=1), 1.0)  # (P, 1)
-    xc = (x[None] - ((inside * x).sum(axis=1) / count)[:, None]) * inside  # (P, R, U)
-    yc = (y[None] - ((inside * y).sum(axis=1) / count)[:, None]) * inside  # (P, R, K)
+    count, _, _, xc, yc = _centred(x, y, rows)
     largest = np.abs(np.einsum("pru,prk->puk", xc, yc)).max(axis=1) / count  # (P, K)
     path, w = [], None
     for fraction in LASSO_GRID:

@@ -103,19 +103,14 @@ def distinct_pairs(units: int, k: int, seed=0) -> np.ndarray:
     half = k // 2
     codes = rng.random((half, units)) < 0.5  # (k // 2, U)
     if half and units <= 2 ** min(half, 62):
-        while True:
-            _, kept = np.unique(codes.T, axis=0, return_index=True)
-            repeats = np.setdiff1d(np.arange(units), kept)
-            if not len(repeats):
-                break
-            codes[:, repeats] = rng.random((half, len(repeats))) < 0.5
+        redraw_repeats(codes, lambda n: rng.random((half, n)) < 0.5)
     masks = complementary(codes)  # (2 * (k // 2), U)
     return np.concatenate([masks, rng.random((k - len(masks), units)) < 0.5])  # (k, U)
 
 
 def sparse_columns(units: int, k: int, seed=0, keep: float | None = None) -> np.ndarray:
     """(k, U) masks in which each unit is kept by exactly m = round(keep x k) of them (1 to k - 1), no two units
-    sharing a column where the units are at most C(k, m) (a repeated column is drawn again, as in `distinct_pairs`).
+    sharing a column where the units are at most C(k, m) (`redraw_repeats`, as in `distinct_pairs`).
     A mask keeps about `keep` (`SPARSE_KEEP`) of the units, so its removal pass computes about that share of the
     prompt (`ablate.py`), against half for complementary pairs: where the units outnumber the masks and the Lasso
     fits them, 16 such masks ranked as well as 16 pairs for about three quarters of their positions (docs/results.md).
@@ -131,13 +126,19 @@ def sparse_columns(units: int, k: int, seed=0, keep: float | None = None) -> np.
 
     masks = draw(units)
     if units <= math.comb(k, m):
-        while True:
-            _, kept = np.unique(masks.T, axis=0, return_index=True)
-            repeats = np.setdiff1d(np.arange(units), kept)
-            if not len(repeats):
-                break
-            masks[:, repeats] = draw(len(repeats))
+        redraw_repeats(masks, draw)
     return masks
+
+
+def redraw_repeats(columns: np.ndarray, draw) -> None:
+    """Draw again, in place, every column of `columns` (R, U) that repeats an earlier one, by `draw(n)` -> (R, n),
+    until no two are the same (the caller checks that there are enough distinct columns)."""
+    while True:
+        _, kept = np.unique(columns.T, axis=0, return_index=True)
+        repeats = np.setdiff1d(np.arange(columns.shape[1]), kept)
+        if not len(repeats):
+            return
+        columns[:, repeats] = draw(len(repeats))
 
 
 def sylvester(n: int) -> np.ndarray:
