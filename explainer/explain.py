@@ -21,7 +21,7 @@ from .decoding.dispatch import generate_steps
 from .decoding.graphs import graph_failure
 from .decoding.job import DecodeJob
 from .estimate import post_hoc_seconds
-from .methods import AttributionMethod, GenerationRun, ProgressFn
+from .methods import AttributionMethod, GenerationRun, ProgressFn, answer_logprobs
 from .models.answer import answer_token_ids
 from .models.loading import ModelBundle
 from .reliance import add_reliance
@@ -334,6 +334,7 @@ def _run_post_hoc(
         model=bundle.model, input_ids=full_ids, num_prompt_tokens=len(ids), progress=progress, extra_inputs=run_inputs,
         foils=foil_vector(foils, attr.num_steps, full_ids.device), prompt_tokens=list(attr.prompt_tokens),
         user_positions=list(attr.user_positions) or None,
+        answer_logprobs=answer_logprobs(attr.step_scores.get("probability", ()), attr.num_steps),
     )  # fmt: skip
     for m in instances:
         if m.streaming:

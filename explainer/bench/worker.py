@@ -18,7 +18,7 @@ from ..decoding.dispatch import generate_steps
 from ..decoding.job import DecodeJob
 from ..errors import ExplainerError, InputError
 from ..explain import decode_choice
-from ..methods import GenerationRun
+from ..methods import GenerationRun, answer_logprobs
 from ..methods import method_from_spec as from_spec
 from ..models.loading import load_model
 from ..runtime.precision import dtype_name
@@ -102,12 +102,14 @@ def _make_runner(
         return run_streaming
 
     def run_posthoc(input_ids: torch.Tensor, k: int) -> int:
-        tokens = [s.token_id for s in _steps(model, DecodeJob(input_ids, [], k))]
+        steps = list(_steps(model, DecodeJob(input_ids, [], k)))
+        tokens = [s.token_id for s in steps]
         generated = torch.tensor([tokens], dtype=input_ids.dtype, device=input_ids.device)  # (1, K)
         full = torch.cat([input_ids, generated], dim=1)  # (1, N + K)
         n = input_ids.shape[1]
         shown = prompt_tokens[:n] if prompt_tokens is not None else None
-        method.explain(GenerationRun(model=model, input_ids=full, num_prompt_tokens=n, prompt_tokens=shown))
+        logp = answer_logprobs([s.probability for s in steps], len(steps))  # as the app's requests carry them
+        method.explain(GenerationRun(model, full, n, prompt_tokens=shown, answer_logprobs=logp))
         work.update({key: int(v) for key, v in method.meta().items() if key.endswith("_positions")})
         return len(tokens)
 

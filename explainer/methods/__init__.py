@@ -16,7 +16,7 @@ from typing import Any
 from ..errors import InputError, UnknownMethodError
 from .atman import AtMan, AtManConfig
 from .attnlrp import AttnLRP, AttnLRPConfig
-from .base import AttributionMethod, GenerationRun, ProgressFn
+from .base import AttributionMethod, GenerationRun, ProgressFn, answer_logprobs
 from .cost import Cost, CostRequest
 from .grad_ellm import GradELLM, GradELLMConfig
 from .input_x_gradient import InputXGradient, InputXGradientConfig
@@ -213,6 +213,7 @@ __all__ = [
     "Cost",
     "CostRequest",
     "GenerationRun",
+    "answer_logprobs",
     "ProgressFn",
     "MethodOption",
     "available_methods",

@@ -8,7 +8,9 @@ response keep their ids, and the two differ only where a tokeniser would merge c
 
 How it is computed, equal to a solo forward of each shortened prompt up to float rounding (the tests check it):
 
-1. One pass over prompt + response gives the unperturbed log-probabilities and a KV cache of every position.
+1. One pass over prompt + response gives the unperturbed log-probabilities and a KV cache of every position. Where
+   the caller has those log-probabilities already (the generation computed them), the pass covers only the positions
+   the runs below reuse: those before the last of their first removed tokens.
 2. A run recomputes only the kept positions from its first removed token on, reusing the cache before it (queries
    there cannot see what comes later): the removed tokens are dropped from its inputs, so a run that keeps half of
    the prompt computes half of it, and each kept token gets its position in the shortened prompt (`position_ids` =
@@ -57,28 +59,34 @@ def has_sliding_window(model: torch.nn.Module) -> bool:
     return bool(getattr(config, "sliding_window", None)) and getattr(config, "use_sliding_window", True)
 
 
-def _one_by_one(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor) -> np.ndarray:
-    """(R, K) each shortened prompt run on its own (a model with sliding-window layers)."""
+def _one_by_one(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
+                given: np.ndarray | None) -> np.ndarray:  # fmt: skip
+    """(R, K) each shortened prompt run on its own (a model with sliding-window layers); a row that removes nothing
+    takes the `given` unperturbed values where there are some."""
     out = np.zeros((keep.shape[0], response.shape[0]), dtype=np.float32)
     for i in range(keep.shape[0]):
+        if given is not None and bool(keep[i].all()):
+            out[i] = given
+            continue
         between_passes()
         ids = torch.cat([prompt[keep[i]], response[:-1]])[None]  # (1, T_i)
         out[i] = _token_logprobs(model(input_ids=ids, logits_to_keep=response.shape[0]).logits, response)[0]
     return out
 
 
-def forward_positions(keep: np.ndarray, t: int, reread_from: int | None = None) -> int:
+def forward_positions(keep: np.ndarray, t: int, reread_from: int | None = None, known: bool = False) -> int:
     """The positions `response_logprobs` computes for prompt keep-rows (R, N) over T = N + K - 1 positions: the
-    unperturbed pass, then each perturbed row's kept tokens from its first removed one (a knockout: every position
-    from `reread_from`); a batch that starts before a row's first removed token, or pads its rows, computes a few
-    more."""
-    used = t
+    unperturbed pass (`known`: the values were given, so only the cache before the last first removed token), then
+    each perturbed row's kept tokens from its first removed one (a knockout: every position from `reread_from`); a
+    batch that starts before a row's first removed token, or pads its rows, computes a few more."""
+    used, reused = 0, 0
     for row in keep:
         if row.all():
             continue
         first = int(np.argmin(row))
+        reused = max(reused, first if reread_from is None else max(first, reread_from))
         used += t - reread_from if reread_from is not None else int(row[first:].sum()) + t - len(row)
-    return used
+    return used + (reused if known else t)
 
 
 def _recompute_from(keep: torch.Tensor, n: int, reread_from: int | None) -> list[int]:
@@ -92,7 +100,7 @@ def _recompute_from(keep: torch.Tensor, n: int, reread_from: int | None) -> list
 @torch.inference_mode()
 def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: torch.Tensor, keep: torch.Tensor,
                       batch_size: int = 0, progress: ProgressFn | None = None,
-                      reread_from: int | None = None) -> np.ndarray:  # fmt: skip
+                      reread_from: int | None = None, unperturbed: np.ndarray | None = None) -> np.ndarray:  # fmt: skip
     """The response's token log-probabilities after each removal.
 
     Args:
@@ -104,6 +112,9 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
         batch_size: most runs per forward; 0: from the device (CPU: `CPU_ROWS`).
         progress: called with (fraction done, message) after each batched pass (a cancel between passes stops it).
         reread_from: None: removal (the default, exact); p: the knockout above, recomputing from position p on.
+        unperturbed: (K,) the response's log-probabilities on the whole prompt where the caller has them (the decode
+            loop computed them while generating, `GenerationRun.answer_logprobs`): the rows that remove nothing take
+            them, and the unperturbed pass computes only the cache the perturbed rows reuse, no logits.
 
     Returns:
         (R, K) float32: log p(response[k] | prompt with row r's removed tokens taken out, response[:k]).
@@ -119,15 +130,16 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
     out = np.zeros((r, k), dtype=np.float32)
     if reread_from is not None and not 0 < reread_from < n:
         raise ValueError(f"reread_from must lie in 1..{n - 1}, got {reread_from}")
+    if unperturbed is not None and np.shape(unperturbed) != (k,):
+        raise ValueError(f"unperturbed must hold the response's {k} log-probabilities, got {np.shape(unperturbed)}")
     if has_sliding_window(model) and reread_from is None:
-        return _one_by_one(model, prompt, response, keep)
-    base = DynamicCache()
-    full = _token_logprobs(model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=k).logits,
-                           response)  # fmt: skip
+        return _one_by_one(model, prompt, response, keep, unperturbed)
     first_all = _recompute_from(keep, n, reread_from)
-    out[[i for i in range(r) if first_all[i] >= n]] = full[0]
     perturbed = [i for i in range(r) if first_all[i] < n]
     first = [first_all[i] for i in perturbed]
+    base = DynamicCache()
+    out[[i for i in range(r) if first_all[i] >= n]] = _unperturbed(model, seq, response, base, unperturbed,
+                                                                     max(first, default=0))  # fmt: skip
     tokens, most = batch_budget(model, seq.shape[0], k, batch_size, CPU_ROWS)
     kept_all = torch.cat([keep, torch.ones(r, k - 1, dtype=torch.bool, device=prompt.device)], dim=1)  # (R, T)
     groups = batches_by_first(first, seq.shape[0], most, tokens)
@@ -140,6 +152,18 @@ def response_logprobs(model: torch.nn.Module, prompt: torch.Tensor, response: to
         if progress is not None:
             progress(done / len(groups), f"Removal passes {done} of {len(groups)}")
     return out
+
+
+def _unperturbed(model: torch.nn.Module, seq: torch.Tensor, response: torch.Tensor, base: DynamicCache,
+                 given: np.ndarray | None, reused: int) -> np.ndarray:  # fmt: skip
+    """(K,) the response's log-probabilities on the whole prompt, filling `base` with the cache the perturbed rows
+    reuse: one pass over `seq` (T,) when they are not `given`, else one over its first `reused` positions only."""
+    if given is None:
+        out = model(input_ids=seq[None], past_key_values=base, use_cache=True, logits_to_keep=response.shape[0])
+        return _token_logprobs(out.logits, response)[0]
+    if reused:
+        model(input_ids=seq[None, :reused], past_key_values=base, use_cache=True, logits_to_keep=1)
+    return np.asarray(given, dtype=np.float32)
 
 
 def _removal_pass(model: torch.nn.Module, seq: torch.Tensor, kept: torch.Tensor, start: int, base: DynamicCache,

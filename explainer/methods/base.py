@@ -7,7 +7,7 @@ Both produce raw scores of shape (K steps, N prompt tokens); z-scores are added 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -37,6 +37,9 @@ class GenerationRun:
             (`explainer/contrast.py`). Methods with `contrastive = True` explain l_A - l_B there.
         prompt_tokens: the N readable prompt tokens, for methods that work on words or sentences (Sources).
         user_positions: the positions of the user's own text (not the chat template); None: all.
+        answer_logprobs: (K,) float64 log-probability of each answer token as the decode loop computed it
+            (`answer_logprobs`), or None; a method that needs the unperturbed values may take them from here
+            instead of running its own pass (Sources' surrogate does).
     """
 
     model: torch.nn.Module
@@ -47,10 +50,21 @@ class GenerationRun:
     foils: torch.Tensor | None = None
     prompt_tokens: list[str] | None = None
     user_positions: list[int] | None = None
+    answer_logprobs: np.ndarray | None = None
 
     @property
     def num_steps(self) -> int:
         return self.input_ids.shape[1] - self.num_prompt_tokens
+
+
+def answer_logprobs(probabilities: Sequence[float], k: int) -> np.ndarray | None:
+    """(K,) float64 log-probabilities of the answer's tokens from the probabilities the decode loop gave them (float32
+    softmax, `Step.probability`), or None where they are not K finite positive values (a probability that underflowed
+    to 0): the caller then computes them itself."""
+    p = np.asarray(list(probabilities), dtype=np.float64)
+    if p.shape != (k,) or not np.all(np.isfinite(p) & (p > 0)):
+        return None
+    return np.log(p)
 
 
 class AttributionMethod:

@@ -69,17 +69,18 @@ def lassos(
     norm, size = norms.T[:, :, None], np.sqrt(norms.T)  # (U, P, 1), (U, P)
     divide = scale.T[:, :, None]  # (U, P, 1)
 
+    low, high = -threshold, threshold
+    changes = np.zeros_like(w.transpose(1, 0, 2))  # (U, P, K) each unit's last move in the current sweep
+
     def sweep(units: np.ndarray) -> np.ndarray:  # one pass over `units`; each problem's largest move
-        moved = np.zeros(len(rows))
         for j in units:
             old = w[:, j].copy()  # (P, K)
             rho = (across[j] @ residual)[:, 0] + norm[j] * old  # (P, K)
-            new = (rho - np.clip(rho, -threshold, threshold)) / divide[j]  # soft-thresholded
+            new = (rho - np.minimum(np.maximum(rho, low), high)) / divide[j]  # soft-thresholded
             w[:, j] = new
-            change = new - old
-            residual[:] -= down[j] * change[:, None, :]
-            moved = np.maximum(moved, np.abs(change).max(axis=1) * size[j])
-        return moved
+            change = np.subtract(new, old, out=changes[j])
+            np.subtract(residual, down[j] * change[:, None, :], out=residual)
+        return (np.abs(changes[units]).max(axis=2) * size[units]).max(axis=0)  # (P,)
 
     every = np.flatnonzero((norms > 1e-12).any(axis=0))
     for _ in range(SWEEPS):  # a sweep over every unit, then over the nonzero ones until they settle (glmnet's

@@ -5,7 +5,8 @@ Answers the retrieval-augmented-generation question "which sentences support thi
 **"surrogate" (the default): ContextCite's surrogate** (Cohen-Wang et al., 2024, section 3, Eq. 1). The prompt's
 units (paragraphs, sentences or words of the user's text, `explainer/segments.py`; sentences by default) are removed
 from the prompt by `ablations` keep-masks (ContextCite's ablation: the tokens are taken out, `ablate.py`, batched over
-the prefix cache), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
+the prefix cache; the unperturbed prompt's values are the generation's own, `GenerationRun.answer_logprobs`, where
+the run carries them), the answer is teacher-forced through every ablated prompt, and a linear model per answer token,
 log p(token k | kept units) = b_k + sum of w_k[u] over the kept units, is fitted to them (`surrogate.py`: ridge over
 an orthogonal design of masks, its penalty by leave-one-out error, shared by every token; where the units are as many
 as the masks or more, ContextCite's Lasso on sparse masks, each token's penalty by cross-validation:
@@ -313,7 +314,8 @@ class Sources(AttributionMethod):
         rows = keep_rows(masks, groups, n)  # (R, N)
         keep = torch.as_tensor(rows, device=run.input_ids.device)
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
-        logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread)  # (R, K)
+        given = run.answer_logprobs  # (K,) the generation's own values for row 0, or None: a pass computes them
+        logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread, given)
         a = 1 + len(fitted)
         regulariser = chosen_regulariser(len(groups), cfg.ablations, cfg.regulariser)
         surrogate = surrogate_fit(masks[:a], logp[:a], regulariser)
@@ -328,12 +330,13 @@ class Sources(AttributionMethod):
         if regulariser == "lasso":  # the units a sparse fit left at 0 are not listed, so negative ones are
             scored = [(g, w) for g, w in scored if np.any(w != 0)] or scored[:1]
         sentences = len(units(run.prompt_tokens, positions, "sentence"))
-        used = forward_positions(rows, n + k - 1, reread)
+        used = forward_positions(rows, n + k - 1, reread, known=given is not None)
         self._meta = {
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": regulariser,
             "design": design_kind(len(groups), cfg.ablations, cfg.design),
             "penalty": surrogate.penalty, "passes": cfg.passes, **quality,
+            "unperturbed": "pass" if given is None else "generation",
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},
         }  # fmt: skip
