@@ -10,7 +10,9 @@ same masks, passes and fit as `get_method("sources", ablations=k, passes=..., **
 checks it). Masks that several variants share are run once, so a row costs the distinct masks, not their sum. The
 entry "sources:...:ablations=k[:passes=knockout]" holds the whole-answer and per-token LDS of the fitted weights over
 the context's sentences, raw and centred as `lds` centres a map (each step's token scores minus their mean over the
-context tokens), and "fits" the fit's cross-validated Spearman.
+context tokens), and "fits" the fit's cross-validated Spearman beside what a reader of one answer would get from
+`CHECKS` extra random masks (the method's former default `check`): the Spearman on the first `CHECKS` evaluation masks
+("check_spearman"), with the LDS on the other masks ("lds_rest") to judge both estimates against.
 
 `paragraphs` > 1: long contexts instead (`datasets.haystack_rows`: the row's paragraph among others, as the
 haystack test builds them). `reference` M adds ContextCite's surrogate as its paper defines it, without its package:
@@ -47,6 +49,7 @@ from .lds import (
 )
 from .lds_eval import answer_row
 
+CHECKS = 4  # extra random masks a reader of one answer would check the fit on (Sources' `check` before 2026-12-03)
 
 @dataclass
 class SurrogateLdsConfig:
@@ -142,9 +145,12 @@ def measure(bundle, row: dict[str, Any], cfg: SurrogateLdsConfig) -> dict[str, A
             "lds_centred": lds(measured.sum(axis=1), centred_predictions(evaluation, zero_mean.sum(axis=0))),
             "lds_token_centred": _mean(lds_per_token(measured, centred_predictions(evaluation, zero_mean))),
         }
+        whole, check, rest = scores.sum(axis=0), slice(None, CHECKS), slice(CHECKS, None)  # (S,)
         fits[label] = {"regulariser": regulariser, "penalty": surrogate.penalty, "units": len(groups),
                        "masks": len(masks),
-                       "cross_validated_spearman": spearman(y.sum(axis=1), surrogate.checked.sum(axis=1))}  # fmt: skip
+                       "cross_validated_spearman": spearman(y.sum(axis=1), surrogate.checked.sum(axis=1)),
+                       "check_spearman": lds(measured[check].sum(axis=1), predictions(evaluation[check], whole)),
+                       "lds_rest": lds(measured[rest].sum(axis=1), predictions(evaluation[rest], whole))}  # fmt: skip
     if cfg.reference:
         a = np.concatenate([np.ones((len(reference), 1)), reference.astype(float)], axis=1)
         coef = np.linalg.lstsq(a, logit(logp[id(removal)][reference_rows].sum(axis=1)), rcond=None)[0]

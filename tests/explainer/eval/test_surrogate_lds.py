@@ -51,6 +51,11 @@ def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
             zero_mean[step] -= sum(float(raw[step][p]) for p in answered.positions) / len(answered.positions)
         want = lds(measured.sum(axis=1), centred_predictions(masks, source_scores(zero_mean, sentences).sum(axis=0)))
         assert got["methods"][label]["lds_centred"] == pytest.approx(want, abs=RANKS)
+        whole = source_scores(raw, sentences).sum(axis=0)  # a reader's check on the first 4 masks, and the rest
+        want = lds(measured[:4].sum(axis=1), predictions(masks[:4], whole))
+        assert got["fits"][label]["check_spearman"] == pytest.approx(want, abs=RANKS)
+        want = lds(measured[4:].sum(axis=1), predictions(masks[4:], whole))
+        assert got["fits"][label]["lds_rest"] == pytest.approx(want, abs=RANKS)
     assert set(got["methods"]) >= {"least-squares:masks=6"} and got["n_sentences"] == len(sentences) == 4
     assert got["passes_run"]["removal"] < 1 + 32 + 6 + 3 + 5  # shared masks ran once
 
