@@ -39,8 +39,8 @@
 #                                              # AtMan at ~4k first, then ContextCite's package at ~4k (carry
 #                                              # .whl-peers), then AtMan at ~1k; embedded model, float32, N = 20 a
 #                                              # variant
-#   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals + 4 checks, one batched
-#                                              # pass set over the prefix cache; and its knockout passes) against
+#   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals, one batched pass set
+#                                              # over the prefix cache; and its knockout passes) against
 #                                              # plain generation, the embedded model, 1k and 4k prompt tokens
 #
 # DRY_RUN=1 runs the stages of `all` on the CPU with tiny models and lengths, the same commands otherwise

@@ -52,13 +52,20 @@ def lds_caption(report: LdsReport | None) -> str:
     held = fit.get("held_out_spearman")
     cv = fit.get("cross_validated_spearman")
     masks = max(report.masks.values(), default=0)
+    checks = fit.get("checks")
+    extra = f", held out on {checks} more masks {_fmt(held)}" if _count(checks) != "n/a" and checks else ""
     return (
         f"**LDS on this answer**: each method's unit scores predict the answer's log-probability under Sources' "
         f"{masks} ablation masks over {report.units} units; Spearman of prediction and measurement. Sources' fit "
-        f"({fit.get('ablations')} ablations): cross-validated {_fmt(cv)}, held out on {fit.get('checks')} more masks "
-        f"{_fmt(held)}. Few masks make these coarse."
+        f"({_count(fit.get('ablations'))} ablations): cross-validated {_fmt(cv)} (each mask predicted by a fit "
+        f"without it){extra}. Few masks make these coarse."
     )
 
 
 def _fmt(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:+.2f}"
+    """A Spearman for the caption; "n/a" for anything but a number (a saved result may hold anything)."""
+    return f"{value:+.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
+
+
+def _count(value: int | None) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "n/a"

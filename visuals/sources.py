@@ -81,14 +81,27 @@ SPARSE_NOTE = (
 )
 
 
+def _spearman(value) -> str:
+    return f"{value:+.2f}" if isinstance(value, (int, float)) else "n/a"
+
+
+def _fit_quality(meta: dict) -> str:
+    """How well the fit predicts the answer on combinations it was not fitted on: cross-validated over its own (each
+    predicted by a fit without it), and on the `check` extra ones where there were any."""
+    checks, cv = meta.get("checks") or 0, meta.get("cross_validated_spearman")
+    parts = [f"cross-validated over its combinations, Spearman {_spearman(cv)}"] if cv is not None else []
+    if checks:
+        parts.append(f"on {checks} more combinations, Spearman {_spearman(meta.get('held_out_spearman'))}")
+    return f"Fit checked {' and '.join(parts)}." if parts else ""
+
+
 def _surrogate_note(meta: dict) -> str:
-    held, units, ablations = meta.get("held_out_spearman"), meta.get("units_scored"), meta.get("ablations")
-    fit = "n/a" if held is None else f"{held:+.2f}"
+    units, ablations = meta.get("units_scored"), meta.get("ablations")
     design = f" ({meta['design']} design)" if meta.get("design") else ""
     note = (
         f"Fitted as ContextCite does: {ablations} combinations of passages removed{design}, the answer's "
         f"log-probability under each, one linear fit per answer token (a weight > 0: keeping the passage makes the "
-        f"answer more likely). Fit checked on {meta.get('checks')} more combinations: Spearman {fit}."
+        f"answer more likely). {_fit_quality(meta)}"
     )
     if isinstance(units, int) and isinstance(ablations, int) and units > ablations:
         sparse = meta.get("regulariser") == "lasso"

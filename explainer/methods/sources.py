@@ -16,9 +16,12 @@ what comes before them (an instruction, the question, the label) stays in every 
 context apart from the query and its template. One set of passes gives
 every answer token's weights, so each step of the slider has its own map and the whole answer's weights are their
 sum. A unit's weight is spread evenly over its tokens: summing a step's token scores over a unit gives its weight
-back. Scores are signed: a negative unit hurts the answer. `check` more random masks are measured and left out of the
-fit; the Spearman correlation of their measured and predicted whole-answer log-probabilities (ContextCite's LDS on
-this one answer) is the fit's quality in the method's meta, beside the cross-validated one over the fitted masks.
+back. Scores are signed: a negative unit hurts the answer. The fit's quality in the method's meta is its
+cross-validated Spearman: each fitted mask's measured whole-answer log-probability against the prediction of a fit
+without it (ContextCite's LDS on this one answer, on masks the prediction did not see; it costs no pass). `check` > 0
+measures that many more random masks, left out of the fit, for a held-out Spearman on them beside it; 0 by default
+(4 before 2026-12-03): on development questions 4 such masks tracked each answer's LDS on fresh masks less closely than
+the cross-validated Spearman did, for a quarter of Sources' time (docs/results.md).
 The meta also keeps every mask and its log-probabilities, which the faithfulness panel reuses to score the other
 methods on the same answer. `passes=knockout` is the cheap approximation: each mask recomputes only what follows the
 last unit (a question after the passages, the template's tail, the answer), blind to the removed units, while the kept
@@ -89,7 +92,8 @@ MAX_ABLATIONS = 256  # ablations a surrogate may ask for (ContextCite uses 32 to
 class SourcesConfig:
     fit: str = field(default="surrogate", metadata={"choices": FITS})  # ContextCite's surrogate, or leave-one-out
     ablations: int = 16  # surrogate: keep-masks it is fitted on (k, 1 to 256), besides the unperturbed prompt
-    check: int = 4  # surrogate: random masks measured but not fitted, for the held-out Spearman of the fit; 0: none
+    check: int = 0  # surrogate: random masks measured but not fitted, for a held-out Spearman beside the
+    # cross-validated one (which costs no pass); 0: none
     design: str = field(default="informed", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
     regulariser: str = field(default="auto", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense),
     # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else lasso

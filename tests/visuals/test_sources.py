@@ -58,8 +58,15 @@ def test_a_surrogate_s_step_column_is_the_unit_s_weight_its_tokens_share():
     fitted.methods["sources"].raw[:, 3:7] = [[0.25], [0.5]]  # weights 1.0 and 2.0, shared by 4 tokens
     page = sources_html(fitted, step=1)
     assert "<td>+2.000</td>" in page and 'title="+2.000 nats at this step"' in page
-    assert "16 combinations of passages removed" in page and "Spearman +0.75" in page
+    assert "16 combinations of passages removed" in page and "on 4 more combinations, Spearman +0.75" in page
     assert "removed from the context" not in page
+    meta.update({"checks": 0, "held_out_spearman": None, "cross_validated_spearman": 0.8125})  # the default: no extras
+    page = sources_html(fitted, step=1)
+    assert "Fit checked cross-validated over its combinations, Spearman +0.81." in page
+    assert "more combinations" not in page
+    meta.update({"checks": "<b>", "cross_validated_spearman": "<i>"})  # a saved result's junk: escaped, not a number
+    page = sources_html(fitted, step=1)
+    assert "<b>" not in page and "<i>" not in page and "Spearman n/a" in page
 
 
 def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_its_masks():

@@ -79,6 +79,13 @@ def test_the_view_draws_one_bar_per_method_and_says_how_it_was_measured():
     caption = lds_caption(report)
     assert "10 ablation masks over 3 units" in caption and "held out on 3 more masks +0.40" in caption
     assert lds_caption(None) == NO_SURROGATE
+    report.fit.update(checks=0, held_out_spearman=None)  # no extra masks (the default): the cross-validated one only
+    caption = lds_caption(report)
+    assert "cross-validated +0.80 (each mask predicted by a fit without it). Few" in caption
+    assert "held out" not in caption
+    report.fit.update(checks="<b>4</b>", ablations="<i>", cross_validated_spearman="x")  # a saved result's junk
+    caption = lds_caption(report)
+    assert "<" not in caption and "(n/a ablations): cross-validated n/a" in caption
     report.lds["macs"] = None  # constant scores: listed, empty bar
     assert lds_figure(report).data[0].text[0] == "n/a"
     assert FaithfulnessReport().lds is None
@@ -98,5 +105,5 @@ def test_a_real_result_is_scored_on_the_ablations_its_sources_ran(tokenizer):
     actual = np.asarray(record["log_p"]).sum(axis=1)
     unit = [float(attr.methods["macs"].raw[:, a:b].sum()) for a, b in record["units"]]
     predicted = [sum(u for u, kept in zip(unit, mask) if kept) for mask in record["keep"]]
-    assert report.masks["macs"] == 1 + 8 + 4 and abs(report.lds["macs"] - _spearman(actual, predicted)) < 1e-9
+    assert report.masks["macs"] == 1 + 8 and abs(report.lds["macs"] - _spearman(actual, predicted)) < 1e-9
     assert report.lds["sources"] == attr.methods["sources"].meta["cross_validated_spearman"]
