@@ -14,19 +14,13 @@ from explainer.methods import GenerationRun, answer_logprobs
 from explainer.methods.ablate import forward_positions, response_logprobs
 
 from ...conftest import build_model
+from .test_sources_surrogate import _solo_logprobs as _solo
 
 PROMPT = (
     "Paris is the capital of France. The quick brown fox jumps. Berlin is the capital of Germany. "
     "Numbers 0123456789 follow. Rome is in Italy. Question: What is the capital of France?"
 )
 K = 4
-
-
-def _solo(model, ids: list[int], response: list[int]) -> np.ndarray:
-    """(K,) log p of each response token after `ids`: one plain forward of the whole sequence."""
-    with torch.no_grad():
-        logp = torch.log_softmax(model(input_ids=torch.tensor([ids + response])).logits[0].double(), dim=-1)
-    return np.array([float(logp[len(ids) - 1 + k, t]) for k, t in enumerate(response)])
 
 
 def _counted(model, seen: list[int]):
