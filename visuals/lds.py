@@ -55,8 +55,9 @@ def lds_caption(report: LdsReport | None) -> str:
     checks = fit.get("checks")
     extra = f", held out on {checks} more masks {_fmt(held)}" if _count(checks) != "n/a" and checks else ""
     return (
-        f"**LDS on this answer**: each method's unit scores predict the answer's log-probability under Sources' "
-        f"{masks} ablation masks over {report.units} units; Spearman of prediction and measurement. Sources' fit "
+        f"**LDS on this answer**: each method's unit scores predict the answer's log-probability on the full prompt "
+        f"and Sources' {max(masks - 1, 0)} ablations over {report.units} units; Spearman of prediction and "
+        f"measurement. Sources' fit "
         f"({_count(fit.get('ablations'))} ablations): cross-validated {_fmt(cv)} (each mask predicted by a fit "
         f"without it){extra}. Few masks make these coarse."
     )

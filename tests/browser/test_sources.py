@@ -47,7 +47,7 @@ def test_the_faithfulness_panel_draws_each_method_s_lds_on_this_answer(app):
     bars = figure.locator(".ytick text").evaluate_all("els => els.map(e => e.textContent)")  # SVG: no innerText
     assert sorted(bars) == ["macs", "sources (own fit)"], bars
     note = app.page.get_by_text(re.compile(r"^LDS on this answer: each method")).first.inner_text()
-    assert re.search(r"Sources' \d+ ablation masks over \d+ units", note)
+    assert re.search(r"the full prompt and Sources' \d+ ablations over \d+ units", note)
     assert re.search(r"cross-validated [+-]\d\.\d\d \(each mask predicted by a fit without it\)\.", note), note
     figure.scroll_into_view_if_needed()
     app.shot("faithfulness-lds")

@@ -77,7 +77,8 @@ def test_the_view_draws_one_bar_per_method_and_says_how_it_was_measured():
     assert [t.x[0] for t in fig.data] == [report.lds["macs"], report.lds["random"], 0.8]
     assert fig.data[2].marker.pattern.shape == "/" and fig.data[0].marker.pattern.shape == ""
     caption = lds_caption(report)
-    assert "10 ablation masks over 3 units" in caption and "held out on 3 more masks +0.40" in caption
+    assert "the full prompt and Sources' 9 ablations over 3 units" in caption
+    assert "held out on 3 more masks +0.40" in caption
     assert lds_caption(None) == NO_SURROGATE
     report.fit.update(checks=0, held_out_spearman=None)  # no extra masks (the default): the cross-validated one only
     caption = lds_caption(report)

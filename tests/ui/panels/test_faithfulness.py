@@ -246,5 +246,6 @@ def test_the_panel_draws_each_method_s_lds_beside_the_removal_curves():
     lds = LdsReport(lds={"macs": 0.5, "sources": 0.9}, masks={"macs": 21, "sources": 17}, units=6, fit=fit)
     view = faithfulness.render_faithfulness(FaithfulnessReport(lds=lds), "BLEU")
     assert [t.y[0] for t in plot(view.lds)[0].data] == ["macs", "sources (own fit)"] and plot(view.lds)[1]
-    assert "21 ablation masks over 6 units" in view.lds_note and "held out on 4 more masks +0.80" in view.lds_note
+    assert "the full prompt and Sources' 20 ablations over 6 units" in view.lds_note
+    assert "held out on 4 more masks +0.80" in view.lds_note
     assert view.removal is None and plot(view.soft) == (None, False)
