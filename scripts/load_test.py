@@ -122,7 +122,7 @@ def disconnect(url: str, prompt: str, methods: list[str], after: float) -> float
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     p.add_argument("--url", help="an app already running on loopback (default: start one)")
     p.add_argument("--clients", type=int, default=8)
     p.add_argument("--requests", type=int, default=3, help="requests per client")

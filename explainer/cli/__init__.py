@@ -1,5 +1,5 @@
-"""Command line: `python -m explainer explain|faithfulness|bench|crowd|thread-owner|eval|agreement|haystack|lds|
-surrogate|hitratio|calibrate`.
+"""Command line: `python -m explainer COMMAND`, one of explain, faithfulness, bench, crowd, thread-owner, eval,
+agreement, haystack, lds, surrogate, hitratio, calibrate (`COMMAND --help` for its options).
 
 Errors the user can fix (bad prompt, unknown model or method, unreadable file) end the program with exit code 2 and
 a one-line message on stderr, never a traceback.
@@ -67,7 +67,8 @@ def _add_faithfulness_parser(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m explainer", description=__doc__.splitlines()[0])
+    summary = " ".join(__doc__.split("\n\n")[0].split())  # the docstring's first paragraph, on one line
+    parser = argparse.ArgumentParser(prog="python -m explainer", description=summary)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("explain", help="generate an answer (or take --answer) and explain every token")
     prompt_and_model_options(p)

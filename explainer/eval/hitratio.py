@@ -41,7 +41,7 @@ from ..result.segments import sentence_starts
 from .evaluate import context_positions
 from .haystack import method_label
 from .hitscore import blind_maps, chance_ap, score
-from .intervals import mean_t, paired_t
+from .intervals import interval_text, mean_t, paired_t
 from .resumable import measure_and_summarise
 
 SYSTEM = "You are a helpful assistant. Read the text below and answer the question after it."
@@ -302,7 +302,7 @@ def summarise(samples: list[dict[str, Any]], compare: Sequence[tuple[str, str]] 
 
 def _cell(entry: tuple[float, float, int]) -> str:
     mean, half, n = entry
-    return "-" if n == 0 else f"{mean:.3f} ± {half:.3f}" if np.isfinite(half) else f"{mean:.3f}"
+    return "-" if n == 0 else interval_text(mean, half)
 
 
 def format_table(summary: dict[str, Any]) -> str:

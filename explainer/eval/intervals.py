@@ -51,3 +51,9 @@ def paired_t(a: Sequence[float | None], b: Sequence[float | None]) -> tuple[floa
 def excludes_zero(mean: float, half: float) -> bool:
     """Whether the interval mean ± half leaves 0 out (what a bold cell needs)."""
     return math.isfinite(half) and abs(mean) > half
+
+
+def interval_text(mean: float, half: float, signed: bool = False) -> str:
+    """"0.512 ± 0.031" for a table cell; the mean alone where no interval is defined (n < 2 gives a NaN half-width)."""
+    text = f"{mean:+.3f}" if signed else f"{mean:.3f}"
+    return f"{text} ± {half:.3f}" if math.isfinite(half) else text

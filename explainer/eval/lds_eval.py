@@ -42,7 +42,7 @@ from ..result.steps import last_content_step
 from .ablate import response_logprobs
 from .evaluate import context_positions, qa_prompt
 from .haystack import method_label
-from .intervals import mean_t, paired_t
+from .intervals import interval_text, mean_t, paired_t
 from .lds import (
     KEEP_PROBABILITY,
     MASKS,
@@ -254,7 +254,7 @@ def format_table(summary: dict[str, Any]) -> str:
             cells = ""
             for key in chosen:
                 mean, half, n = summary["methods"][name].get(key, (float("nan"), float("nan"), 0))
-                cell = "-" if n == 0 else f"{mean:.3f} ± {half:.3f}" + ("" if n == summary["n"] else f" ({n})")
+                cell = "-" if n == 0 else interval_text(mean, half) + ("" if n == summary["n"] else f" ({n})")
                 cells += f"{cell:>20}"
             lines.append(f"{name:<{w}}{cells}")
     lines += ["", *(f"command: {c}" for c in summary.get("commands", []))]
@@ -279,7 +279,7 @@ def paired_lines(samples: list[dict[str, Any]], pairs: list[tuple[str, str]]) ->
             values = [(_joined(s["methods"], a, key), _joined(s["methods"], b, key)) for s in ok]
             mean, half, n = paired_t([x for x, _ in values], [y for _, y in values])
             if n:
-                cells.append(f"{key} {mean:+.3f} ± {half:.3f} (N = {n})")
+                cells.append(f"{key} {interval_text(mean, half, signed=True)} (N = {n})")
         lines.append(f"paired {a} - {b}: " + ("; ".join(cells) if cells else "no row holds both"))
     return lines
 

@@ -264,3 +264,11 @@ def test_the_table_leaves_out_the_per_token_block_where_no_row_has_one():
     alone = format_table(summarise([reference, {**reference, "id": "c"}]))
     assert "whole answer" in alone and "per answer token" not in alone and "0.250" in alone
     assert "per answer token" in format_table(summarise([reference, method]))
+
+
+def test_a_single_row_prints_its_value_without_an_interval():
+    one = {"id": "a", "methods": {"macs": {"lds": 0.75, "lds_token": 0.5}}}
+    table = format_table(summarise([one]))
+    assert "0.750" in table and "nan" not in table and "±" not in table.split("\n", 1)[1]
+    two = format_table(summarise([one, {"id": "b", "methods": {"macs": {"lds": 0.25, "lds_token": 0.5}}}]))
+    assert "0.500 ± " in two and "nan" not in two
