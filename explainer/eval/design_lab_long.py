@@ -106,7 +106,8 @@ def _rows(r: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
     return masks, np.asarray(r["logp"], dtype=float)[r["index"][name]]
 
 
-FITS = ("hadamard", "paley", "paley-interactions", "hadamard-lasso", "random32", "reference")  # `report_long`'s
+FITS = ("hadamard", "paley", "paley-interactions", "hadamard-lasso", "hadamard-logit", "random32",
+        "reference")  # the fits `report_long` scores
 PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # ridge penalties of the interaction fit (times R / 4)
 
 
@@ -130,8 +131,10 @@ def interaction_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
 def score_long(r: dict[str, Any]) -> dict[str, float]:
     """One question's whole-answer LDS per entry of `FITS` (seed-averaged): the method's default fit on the Hadamard
     design and on the Paley design, the Paley design with the dominant unit's interactions
-    (`interaction_weights`), each token's Lasso on the Hadamard design, the ridge on the first 32 reference
-    masks (random ones), and ContextCite's least squares on all 64 (the logit of the whole answer's probability)."""
+    (`interaction_weights`), each token's Lasso on the Hadamard design, the ridge on the Hadamard design fitted to the
+    logit of the whole answer's probability (ContextCite's target) instead of each token's log-probability, the ridge
+    on the first 32 reference masks (random ones), and ContextCite's least squares on all 64 (the logit of the whole
+    answer's probability)."""
     evaluation, measured = _rows(r, "evaluation")
     y_eval, e = measured.sum(axis=1), evaluation.astype(float)
     everything, y_all = _rows(r, "all")
@@ -140,12 +143,15 @@ def score_long(r: dict[str, Any]) -> dict[str, float]:
         masks, y = np.concatenate([everything, masks]), np.concatenate([y_all, y])
         if regulariser == "interactions":
             return lds(y_eval, predictions(e, interaction_weights(masks, y)))
+        if regulariser == "logit":  # the ridge on ContextCite's target: the logit of the whole answer's probability
+            target = logit(y.sum(axis=1))[:, None]  # (R, 1)
+            return lds(y_eval, predictions(e, surrogate_fit(masks, target, "ridge").weights[0]))
         return lds(y_eval, predictions(e, surrogate_fit(masks, y, regulariser).weights.sum(axis=0)))
 
     s, out = r["S"], {}
     auto = chosen_regulariser(s, K, "auto")
     for name, regulariser in (("hadamard", auto), ("paley", auto), ("paley-interactions", "interactions"),
-                              ("hadamard-lasso", "lasso")):  # fmt: skip
+                              ("hadamard-lasso", "lasso"), ("hadamard-logit", "logit")):  # fmt: skip
         kind = name.split("-")[0]
         scores = [fitted(*_rows(r, f"{kind}{seed}"), regulariser) for seed in SEEDS if f"{kind}{seed}" in r["index"]]
         if scores:

@@ -70,6 +70,7 @@ def test_the_pool_holds_the_method_s_design_and_a_paley_design_only_where_it_fit
 def test_a_linear_answer_is_ranked_exactly_by_both_designs_and_the_report_pairs_them():
     scores = lab.score_long(_row(25))
     assert scores["hadamard"] > 0.999 and scores["paley"] > 0.999
+    assert scores["hadamard-logit"] > 0.999  # p near e^-9: the logit is the log-probability to 1e-4, still linear
     assert set(scores) == set(lab.FITS)
     entries = lab.report_long([_row(25), _row(20, 2.0)])
     every = {e["fit"]: e for e in entries if e["sentences"] == "all"}
