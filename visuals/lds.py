@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from .curves import method_colors
+from .sources import spearman_text
 
 if TYPE_CHECKING:  # plain data; importing it at run time would pull in torch
     from explainer.faithfulness.lds import LdsReport
@@ -53,19 +54,15 @@ def lds_caption(report: LdsReport | None) -> str:
     cv = fit.get("cross_validated_spearman")
     masks = max(report.masks.values(), default=0)
     checks = fit.get("checks")
-    extra = f", held out on {checks} more masks {_fmt(held)}" if _count(checks) != "n/a" and checks else ""
+    counted = _count(checks) != "n/a" and checks
+    extra = f", held out on {checks} more masks {spearman_text(held)}" if counted else ""
     return (
         f"**LDS on this answer**: each method's unit scores predict the answer's log-probability on the full prompt "
         f"and Sources' {max(masks - 1, 0)} ablations over {report.units} units; Spearman of prediction and "
         f"measurement. Sources' fit "
-        f"({_count(fit.get('ablations'))} ablations): cross-validated {_fmt(cv)} (each mask predicted by a fit "
-        f"without it){extra}. Few masks make these coarse."
+        f"({_count(fit.get('ablations'))} ablations): cross-validated {spearman_text(cv)} (each mask predicted by a "
+        f"fit without it){extra}. Few masks make these coarse."
     )
-
-
-def _fmt(value: float | None) -> str:
-    """A Spearman for the caption; "n/a" for anything but a number (a saved result may hold anything)."""
-    return f"{value:+.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
 
 
 def _count(value: int | None) -> str:

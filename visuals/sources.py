@@ -81,17 +81,18 @@ SPARSE_NOTE = (
 )
 
 
-def _spearman(value) -> str:
-    return f"{value:+.2f}" if isinstance(value, (int, float)) else "n/a"
+def spearman_text(value: float | None) -> str:
+    """A Spearman for a note or caption; "n/a" for anything but a number (a saved result may hold anything)."""
+    return f"{value:+.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
 
 
 def _fit_quality(meta: dict) -> str:
     """How well the fit predicts the answer on combinations it was not fitted on: cross-validated over its own (each
     predicted by a fit without it), and on the `check` extra ones where there were any."""
     checks, cv = meta.get("checks") or 0, meta.get("cross_validated_spearman")
-    parts = [f"cross-validated over its combinations, Spearman {_spearman(cv)}"] if cv is not None else []
+    parts = [f"cross-validated over its combinations, Spearman {spearman_text(cv)}"] if cv is not None else []
     if checks:
-        parts.append(f"on {checks} more combinations, Spearman {_spearman(meta.get('held_out_spearman'))}")
+        parts.append(f"on {checks} more combinations, Spearman {spearman_text(meta.get('held_out_spearman'))}")
     return f"Fit checked {' and '.join(parts)}." if parts else ""
 
 
