@@ -62,10 +62,11 @@ def collect_long(args: argparse.Namespace) -> None:
                  bundle.model, lambda m: print(m, file=sys.stderr))  # fmt: skip
 
 
-def report_long(path: str) -> None:
+def report_long(path: str, per_token: bool = False) -> None:
     rows = [r for f in results_files(path) for r in read_results(f) if "logp" in r]
-    print(f"{len(rows)} long contexts; whole-answer LDS, each design fitted as the method fits, k = 32")
-    for e in design_lab_long.report_long(rows):
+    what = "per-token LDS, fits sharing strength" if per_token else "whole-answer LDS, fits as the method's"
+    print(f"{len(rows)} long contexts; {what}, k = 32")
+    for e in design_lab_long.report_long(rows, per_token):
         pairs = "; ".join(f"{key} {e[key][0]:+.3f} ± {e[key][1]:.3f}" for key in e if key.startswith("minus"))
         print(f"  {e['sentences']:6s} {e['fit']:18s} N={e['n']:3d}: {e['lds']:.3f} ± {e['half']:.3f}  {pairs}")
 
@@ -130,7 +131,9 @@ def main() -> int:
     _collect_parser(sub, "collect", 100)
     sub.add_parser("report").add_argument("results")
     _collect_parser(sub, "collect-long", 20).add_argument("--paragraphs", type=int, default=4)
-    sub.add_parser("report-long").add_argument("results")
+    long = sub.add_parser("report-long")
+    long.add_argument("results")
+    long.add_argument("--per-token", action="store_true", help="per-token LDS of fits sharing strength across tokens")
     sub.add_parser("report-half").add_argument("results", nargs="+")
     args = p.parse_args()
     if args.command == "collect":
@@ -138,7 +141,7 @@ def main() -> int:
     elif args.command == "collect-long":
         collect_long(args)
     elif args.command == "report-long":
-        report_long(args.results)
+        report_long(args.results, args.per_token)
     elif args.command == "report-half":
         report_half(args.results)
     else:

@@ -13,7 +13,8 @@ interactions, and makes interactions with a dominant sentence partly estimable.
 design and a Paley design at k = 32 (two seeds each), ContextCite's 64 random masks (the `surrogate` command's
 `--reference`, same seeds) and the `lds` command's 32 evaluation masks (removing the sentences as `lds` cuts them).
 `report_long`: each design fitted as the method fits (the unperturbed row first) and scored by its LDS on the
-evaluation masks, mean over the seeds, paired per question.
+evaluation masks, mean over the seeds, paired per question; with `per_token`, the per-token LDS of the fits that share
+strength across the answer's tokens (`score_long_tokens`) beside the method's own per-token fit.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 from ..methods.surrogate import chosen_regulariser, design, fit, surrogate_fit
 from .design_lab import _bits, _masks
 from .intervals import mean_t, paired_t
-from .lds import MASKS, ablation_masks, lds, logit, predictions, sentence_keep
+from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
 
 K = 32  # the masks of every design (the long-context goal's budget)
 SEEDS = (0, 1)
@@ -163,25 +164,93 @@ def score_long(r: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+TOKEN_FITS = ("hadamard", "hadamard-shared", "hadamard-rank2", "whole-answer", "hadamard64",
+              "reference64")  # the per-token fits `report_long(per_token=True)` scores
+
+
+def _ridge_loo(a: np.ndarray, y: np.ndarray, penalties: np.ndarray) -> tuple[np.ndarray, float]:
+    """Ridge of y (R, K) on the columns of a (R, C), column c penalised by penalties[c] (0: free): the (C, K)
+    coefficients and the summed squared leave-one-out error."""
+    inverse = np.linalg.pinv(a.T @ a + np.diag(penalties))
+    coef = inverse @ a.T @ y
+    h = np.einsum("ij,jk,ik->i", a, inverse, a)  # (R,) leverages
+    loo = (y - a @ coef) / np.maximum(1.0 - h, 1e-9)[:, None]
+    return coef, float((loo**2).sum())
+
+
+def shared_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """(K, U) per-token weights that share strength across the answer's tokens: token t's are a_t * w + d_t, w the
+    whole answer's weights (the method's ridge on the summed log-probability), a_t free, d_t ridge-penalised (one
+    penalty for every token, by leave-one-out error, from `PENALTIES` times R / 4)."""
+    x = masks.astype(float)
+    w = surrogate_fit(masks, y.sum(axis=1, keepdims=True), "ridge").weights[0]  # (U,)
+    a = np.concatenate([np.ones((len(x), 1)), (x @ w)[:, None], x], axis=1)  # (R, 2 + U)
+    best = None
+    for penalty in PENALTIES:
+        coef, error = _ridge_loo(a, y, np.r_[0.0, 0.0, np.full(x.shape[1], penalty * len(x) / 4)])
+        if best is None or error < best[0]:
+            best = (error, coef)
+    coef = best[1]
+    return coef[1][:, None] * w[None, :] + coef[2:].T
+
+
+def reduced_rank(masks: np.ndarray, y: np.ndarray, rank: int) -> np.ndarray:
+    """(K, U) the method's per-token ridge weights cut to their `rank` largest singular directions: every token's map
+    a mix of `rank` shared profiles."""
+    weights = surrogate_fit(masks, y, "ridge").weights  # (K, U)
+    u, s, vt = np.linalg.svd(weights, full_matrices=False)
+    return (u[:, :rank] * s[:rank]) @ vt[:rank]
+
+
+def score_long_tokens(r: dict[str, Any]) -> dict[str, float]:
+    """One question's per-token LDS (the mean over the answer's tokens where it is defined) per entry of `TOKEN_FITS`,
+    seed-averaged: the method's per-token ridge on the Hadamard design (its default at k = 32), the fits that share
+    strength across tokens on the same masks (`shared_weights`, `reduced_rank` at rank 2, and the whole answer's
+    weights for every token), and two ceilings at 64 masks: the method's fit on both Hadamard seeds together, and on
+    ContextCite's 64 random masks."""
+    evaluation, measured = _rows(r, "evaluation")
+    e = evaluation.astype(float)
+    everything, y_all = _rows(r, "all")
+
+    def per_token(weights: np.ndarray) -> float:
+        known = [v for v in lds_per_token(measured, predictions(e, weights)) if v is not None]
+        return float(np.mean(known)) if known else float("nan")
+
+    def rows(*names: str) -> tuple[np.ndarray, np.ndarray]:
+        parts = [(everything, y_all), *(_rows(r, name) for name in names)]
+        return np.concatenate([m for m, _ in parts]), np.concatenate([y for _, y in parts])
+
+    fits = {"hadamard": lambda m, y: surrogate_fit(m, y, "ridge").weights, "hadamard-shared": shared_weights,
+            "hadamard-rank2": lambda m, y: reduced_rank(m, y, 2),
+            "whole-answer": lambda m, y: np.repeat(surrogate_fit(m, y.sum(axis=1, keepdims=True), "ridge").weights,
+                                                   y.shape[1], axis=0)}  # fmt: skip
+    seeds = [f"hadamard{seed}" for seed in SEEDS if f"hadamard{seed}" in r["index"]]
+    out = {name: float(np.mean([per_token(fitted(*rows(seed))) for seed in seeds])) for name, fitted in fits.items()}
+    out["hadamard64"] = per_token(surrogate_fit(*rows(*seeds), "ridge").weights)
+    out["reference64"] = per_token(surrogate_fit(*rows("reference"), "ridge").weights)
+    return out
+
+
 BINS = ((2, 16), (17, 23), (24, 31), (2, 99))  # sentence counts the report splits by (the last: every question)
 
 
-def report_long(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def report_long(rows: list[dict[str, Any]], per_token: bool = False) -> list[dict[str, Any]]:
     """Per bin of sentence counts and per fit: N, mean LDS and its 95% t half-width ("half"), and the paired
     difference (mean, 95% t half-width, N) against the default ("hadamard") and against ContextCite's least squares
-    ("reference")."""
-    scored = [(r["S"], score_long(r)) for r in rows]
+    ("reference"); with `per_token`, the per-token LDS of `TOKEN_FITS` against the default."""
+    scored = [(r["S"], score_long_tokens(r) if per_token else score_long(r)) for r in rows]
+    fits, bases = (TOKEN_FITS, ("hadamard",)) if per_token else (FITS, ("hadamard", "reference"))
     out = []
     for lo, hi in BINS:
         chosen = [o for s, o in scored if lo <= s <= hi]
-        for name in FITS:
+        for name in fits:
             values = [o.get(name) for o in chosen]
             known = [v for v in values if v is not None]
             if not known:
                 continue
             mean, half, n = mean_t(known)
             entry = {"sentences": f"{lo}-{hi}" if hi < 99 else "all", "fit": name, "n": n, "lds": mean, "half": half}
-            for base in ("hadamard", "reference"):
+            for base in bases:
                 if name != base:
                     entry[f"minus {base}"] = paired_t(values, [o.get(base) for o in chosen])
             out.append(entry)

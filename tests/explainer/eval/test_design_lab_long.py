@@ -96,3 +96,41 @@ def test_the_interaction_fit_recovers_an_interaction_with_the_dominant_unit_in_a
     assert weights == pytest.approx(expected, abs=0.1)
     plain = lab.surrogate_fit(masks, y, "ridge").weights.sum(axis=0)
     assert np.abs(plain - expected).max() > 0.2
+
+
+def _token_row(s: int, shared: bool) -> dict:
+    """A synthetic long context whose K = 3 tokens' log-probabilities are linear in the kept units: one profile for
+    every token scaled per token (`shared`), or each token on its own units."""
+    row = _row(s)
+    x = np.array([[c == "1" for c in m] for m in row["masks"]], dtype=float)
+    rng = np.random.default_rng(7)
+    if shared:
+        weights = np.outer([1.0, 0.3, 2.0], rng.normal(size=s))  # (K, S)
+    else:
+        weights = np.zeros((3, s))
+        for t in range(3):  # token t reads units t*4 .. t*4 + 3 only, with weights no two subsets sum alike
+            weights[t, 4 * t : 4 * t + 4] = rng.normal(size=4) * 3 + np.array([1, 2, 4, 8]) * 0.01
+    row["logp"] = (x @ weights.T - 5.0).tolist()
+    return row
+
+
+def test_sharing_strength_recovers_a_profile_every_token_shares_and_the_whole_answer_s_map_cannot_tell_tokens_apart():
+    shared = lab.score_long_tokens(_token_row(25, shared=True))
+    assert set(shared) == set(lab.TOKEN_FITS)
+    assert shared["hadamard-shared"] > 0.999 and shared["hadamard-rank2"] > 0.999 and shared["hadamard"] > 0.999
+    assert shared["whole-answer"] > 0.999  # every token is the same profile, scaled
+    apart = lab.score_long_tokens(_token_row(25, shared=False))
+    assert apart["hadamard"] > 0.99 and apart["hadamard64"] > 0.99 and apart["reference64"] > 0.99
+    assert apart["whole-answer"] < 0.9  # one map for three tokens that read different units
+    weights = lab.shared_weights(np.concatenate([np.ones((1, 6), bool), design(6, 32, "hadamard", 0)]),
+                                 np.zeros((33, 2)))  # fmt: skip
+    assert weights.shape == (2, 6) and np.allclose(weights, 0.0)
+
+
+def test_the_per_token_report_pairs_every_fit_with_the_method_s_own_and_not_with_the_whole_answer_reference():
+    entries = lab.report_long([_token_row(25, True), _token_row(20, False)], per_token=True)
+    every = {e["fit"]: e for e in entries if e["sentences"] == "all"}
+    assert set(every) == set(lab.TOKEN_FITS)
+    assert all("minus reference" not in e for e in entries)
+    mean, _, n = every["whole-answer"]["minus hadamard"]
+    assert n == 2 and mean == pytest.approx(every["whole-answer"]["lds"] - every["hadamard"]["lds"])
