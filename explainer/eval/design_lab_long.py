@@ -204,10 +204,11 @@ def reduced_rank(masks: np.ndarray, y: np.ndarray, rank: int) -> np.ndarray:
 
 def score_long_tokens(r: dict[str, Any]) -> dict[str, float]:
     """One question's per-token LDS (the mean over the answer's tokens where it is defined) per entry of `TOKEN_FITS`,
-    seed-averaged: the method's per-token ridge on the Hadamard design (its default at k = 32), the fits that share
-    strength across tokens on the same masks (`shared_weights`, `reduced_rank` at rank 2, and the whole answer's
-    weights for every token), and two ceilings at 64 masks: the method's fit on both Hadamard seeds together, and on
-    ContextCite's 64 random masks."""
+    seed-averaged: the method's per-token ridge on the Hadamard design (its default at k = 32 below 32 sentences;
+    every fit here is a ridge, so a pool of 32 sentences or more is scored as such, not as the method's Lasso), the
+    fits that share strength across tokens on the same masks (`shared_weights`, `reduced_rank` at rank 2, and the
+    whole answer's weights for every token), and two ceilings at 64 masks: the method's fit on both Hadamard seeds
+    together, and on ContextCite's 64 random masks."""
     evaluation, measured = _rows(r, "evaluation")
     e = evaluation.astype(float)
     everything, y_all = _rows(r, "all")
