@@ -71,6 +71,7 @@ def test_a_linear_answer_is_ranked_exactly_by_both_designs_and_the_report_pairs_
     scores = lab.score_long(_row(25))
     assert scores["hadamard"] > 0.999 and scores["paley"] > 0.999
     assert scores["hadamard-logit"] > 0.999  # p near e^-9: the logit is the log-probability to 1e-4, still linear
+    assert scores["hadamard-token-logit"] > 0.999
     assert set(scores) == set(lab.FITS)
     entries = lab.report_long([_row(25), _row(20, 2.0)])
     every = {e["fit"]: e for e in entries if e["sentences"] == "all"}
@@ -110,7 +111,7 @@ def _token_row(s: int, shared: bool) -> dict:
         weights = np.zeros((3, s))
         for t in range(3):  # token t reads units t*4 .. t*4 + 3 only, with weights no two subsets sum alike
             weights[t, 4 * t : 4 * t + 4] = rng.normal(size=4) * 3 + np.array([1, 2, 4, 8]) * 0.01
-    row["logp"] = (x @ weights.T - 5.0).tolist()
+    row["logp"] = (x @ weights.T - 40.0).tolist()  # p below e^-20: the logit is the log-probability, still linear
     return row
 
 
@@ -118,6 +119,7 @@ def test_sharing_strength_recovers_a_profile_every_token_shares_and_the_whole_an
     shared = lab.score_long_tokens(_token_row(25, shared=True))
     assert set(shared) == set(lab.TOKEN_FITS)
     assert shared["hadamard-shared"] > 0.999 and shared["hadamard-rank2"] > 0.999 and shared["hadamard"] > 0.999
+    assert shared["hadamard-logit"] > 0.999
     assert shared["whole-answer"] > 0.999  # every token is the same profile, scaled
     apart = lab.score_long_tokens(_token_row(25, shared=False))
     assert apart["hadamard"] > 0.99 and apart["hadamard64"] > 0.99 and apart["reference64"] > 0.99
