@@ -68,7 +68,7 @@ def report_long(path: str, per_token: bool = False) -> None:
     print(f"{len(rows)} long contexts; {what}, k = 32")
     for e in design_lab_long.report_long(rows, per_token):
         pairs = "; ".join(f"{key} {e[key][0]:+.3f} ± {e[key][1]:.3f}" for key in e if key.startswith("minus"))
-        print(f"  {e['sentences']:6s} {e['fit']:18s} N={e['n']:3d}: {e['lds']:.3f} ± {e['half']:.3f}  {pairs}")
+        print(f"  {e['sentences']:6s} {e['fit']:20s} N={e['n']:3d}: {e['lds']:.3f} ± {e['half']:.3f}  {pairs}")
 
 
 def report(path: str) -> None:

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..methods.surrogate import chosen_regulariser, design, fit, surrogate_fit
+from ..methods.surrogate import chosen_regulariser, design, fit, ridge_path, surrogate_fit
 from .design_lab import _bits, _masks
 from .intervals import mean_t, paired_t
 from .lds import MASKS, ablation_masks, lds, lds_per_token, logit, predictions, sentence_keep
@@ -172,29 +172,20 @@ TOKEN_FITS = ("hadamard", "hadamard-logit", "hadamard-shared", "hadamard-rank2",
               "reference64")  # the per-token fits `report_long(per_token=True)` scores
 
 
-def _ridge_loo(a: np.ndarray, y: np.ndarray, penalties: np.ndarray) -> tuple[np.ndarray, float]:
-    """Ridge of y (R, K) on the columns of a (R, C), column c penalised by penalties[c] (0: free): the (C, K)
-    coefficients and the summed squared leave-one-out error."""
-    inverse = np.linalg.pinv(a.T @ a + np.diag(penalties))
-    coef = inverse @ a.T @ y
-    h = np.einsum("ij,jk,ik->i", a, inverse, a)  # (R,) leverages
-    loo = (y - a @ coef) / np.maximum(1.0 - h, 1e-9)[:, None]
-    return coef, float((loo**2).sum())
-
-
 def shared_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
     """(K, U) per-token weights that share strength across the answer's tokens: token t's are a_t * w + d_t, w the
     whole answer's weights (the method's ridge on the summed log-probability), a_t free, d_t ridge-penalised (one
     penalty for every token, by leave-one-out error, from `PENALTIES` times R / 4)."""
     x = masks.astype(float)
     w = surrogate_fit(masks, y.sum(axis=1, keepdims=True), "ridge").weights[0]  # (U,)
-    a = np.concatenate([np.ones((len(x), 1)), (x @ w)[:, None], x], axis=1)  # (R, 2 + U)
+    a = np.concatenate([(x @ w)[:, None], x], axis=1)  # (R, 1 + U): the whole answer's prediction, free, then the units
     best = None
     for penalty in PENALTIES:
-        coef, error = _ridge_loo(a, y, np.r_[0.0, 0.0, np.full(x.shape[1], penalty * len(x) / 4)])
+        coef, loo = ridge_path(a, y, np.r_[0.0, np.full(x.shape[1], penalty * len(x) / 4)])
+        error = float((loo**2).sum())
         if best is None or error < best[0]:
             best = (error, coef)
-    coef = best[1]
+    coef = best[1]  # (2 + U, K): intercept, a_t, d_t
     return coef[1][:, None] * w[None, :] + coef[2:].T
 
 

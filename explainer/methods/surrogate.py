@@ -278,12 +278,12 @@ def design_kind(units: int, k: int, kind: str) -> str:
             "sparse": "sparse", "distinct_pairs": "complementary pairs"}[kind]  # fmt: skip
 
 
-def _ridge_path(x: np.ndarray, y: np.ndarray, penalty: float) -> tuple[np.ndarray, np.ndarray]:
+def ridge_path(x: np.ndarray, y: np.ndarray, penalty: float | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Ridge with an unpenalised intercept: the (U + 1, K) coefficients (intercept first) and the (R, K) leave-one-out
-    residuals (each row predicted by the fit without it: e_i / (1 - h_ii))."""
+    residuals (each row predicted by the fit without it: e_i / (1 - h_ii)). `penalty`: one for every column of x, or
+    (U,) one per column (0: that column is free)."""
     a = np.concatenate([np.ones((len(x), 1)), x], axis=1)  # (R, U + 1)
-    d = np.eye(a.shape[1]) * penalty
-    d[0, 0] = 0.0
+    d = np.diag(np.r_[0.0, np.broadcast_to(np.asarray(penalty, dtype=np.float64), (x.shape[1],))])
     inverse = np.linalg.pinv(a.T @ a + d)  # (U + 1, U + 1)
     coef = inverse @ a.T @ y  # (U + 1, K)
     h = np.einsum("ij,jk,ik->i", a, inverse, a)  # (R,) leverages
@@ -306,7 +306,7 @@ def fit(masks: np.ndarray, targets: np.ndarray, grid: Sequence[float] = RIDGE_GR
     x, y = np.asarray(masks, dtype=np.float64), np.asarray(targets, dtype=np.float64)
     best = None
     for penalty in grid:
-        coef, loo = _ridge_path(x, y, penalty * len(x) / 4)
+        coef, loo = ridge_path(x, y, penalty * len(x) / 4)
         error = float((loo**2).sum())
         if best is None or error < best[0] - 1e-12:
             best = (error, coef, penalty)
@@ -317,7 +317,7 @@ def fit(masks: np.ndarray, targets: np.ndarray, grid: Sequence[float] = RIDGE_GR
 def cross_validated(masks: np.ndarray, targets: np.ndarray, penalty: float) -> np.ndarray:
     """(R, K) each row's prediction by the fit on the other rows (same penalty): a check that costs no pass."""
     x, y = np.asarray(masks, dtype=np.float64), np.asarray(targets, dtype=np.float64)
-    _, loo = _ridge_path(x, y, penalty * len(x) / 4)
+    _, loo = ridge_path(x, y, penalty * len(x) / 4)
     return y - loo
 
 
