@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 import plotly.graph_objects as go
 
 from .curves import method_colors
-from .sources import spearman_text
+from .sources import spearman_text, whole_number
 
 if TYPE_CHECKING:  # plain data; importing it at run time would pull in torch
     from explainer.faithfulness.lds import LdsReport
@@ -53,9 +53,8 @@ def lds_caption(report: LdsReport | None) -> str:
     held = fit.get("held_out_spearman")
     cv = fit.get("cross_validated_spearman")
     masks = max(report.masks.values(), default=0)
-    checks = fit.get("checks")
-    counted = _count(checks) != "n/a" and checks
-    extra = f", held out on {checks} more masks {spearman_text(held)}" if counted else ""
+    checks = whole_number(fit.get("checks"))
+    extra = f", held out on {checks} more masks {spearman_text(held)}" if checks else ""
     return (
         f"**LDS on this answer**: each method's unit scores predict the answer's log-probability on the full prompt "
         f"and Sources' {max(masks - 1, 0)} ablations over {report.units} units; Spearman of prediction and "
@@ -65,5 +64,6 @@ def lds_caption(report: LdsReport | None) -> str:
     )
 
 
-def _count(value: int | None) -> str:
-    return str(value) if isinstance(value, int) and not isinstance(value, bool) else "n/a"
+def _count(value: object) -> str:
+    number = whole_number(value)
+    return "n/a" if number is None else str(number)

@@ -86,10 +86,15 @@ def spearman_text(value: float | None) -> str:
     return f"{value:+.2f}" if isinstance(value, int | float) and not isinstance(value, bool) else "n/a"
 
 
+def whole_number(value: object) -> int | None:
+    """An int from a method's meta or a saved result; None for anything else (a bool, a float, a string)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _fit_quality(meta: dict) -> str:
     """How well the fit predicts the answer on combinations it was not fitted on: cross-validated over its own (each
     predicted by a fit without it), and on the `check` extra ones where there were any."""
-    checks, cv = meta.get("checks") or 0, meta.get("cross_validated_spearman")
+    checks, cv = whole_number(meta.get("checks")), meta.get("cross_validated_spearman")
     parts = [f"cross-validated over its combinations, Spearman {spearman_text(cv)}"] if cv is not None else []
     if checks:
         parts.append(f"on {checks} more combinations, Spearman {spearman_text(meta.get('held_out_spearman'))}")

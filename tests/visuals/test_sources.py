@@ -67,6 +67,9 @@ def test_a_surrogate_s_step_column_is_the_unit_s_weight_its_tokens_share():
     meta.update({"checks": "<b>", "cross_validated_spearman": "<i>"})  # a saved result's junk: escaped, not a number
     page = sources_html(fitted, step=1)
     assert "<b>" not in page and "<i>" not in page and "Spearman n/a" in page
+    assert "more combinations" not in page  # not a count: left out, as the LDS caption leaves it (visuals/lds.py)
+    meta.update({"checks": True})  # a bool is not a count either
+    assert "more combinations" not in sources_html(fitted, step=1)
 
 
 def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_its_masks():
