@@ -47,8 +47,11 @@ def lassos(
 ) -> tuple[np.ndarray, np.ndarray]:
     """P problems of `lasso` over the same masks at once, problem p fitted on the rows `rows[p]` only (the folds of
     a cross-validation and the whole): one coordinate-descent loop over the units updates every problem and token,
-    so the Python loop runs once, not once per problem. Each problem stops where `lasso` on its rows alone would
-    (its largest move under `TOLERANCE` of its targets' range); the loop runs until every problem has.
+    so the Python loop runs once, not once per problem. The loop stops once every problem's largest move in a sweep
+    is under `TOLERANCE` of its targets' range. A problem that got there earlier is swept on meanwhile, so it is not
+    bit-equal to `lasso` on its rows alone: a sweep of coordinate descent never raises the objective, so its
+    objective is at most the lone run's (on the bench's text, 47 sentences and 16 masks, the weights differ by up to
+    0.3% of the targets' range at 0.05 of the largest penalty).
 
     Args:
         x: (R, U) float. y: (R, K). rows: (P, R) bool. penalty: (P, K). start: (P, U, K) or None.

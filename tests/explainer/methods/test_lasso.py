@@ -80,3 +80,29 @@ def test_the_cross_validated_fit_is_its_folds_fitted_one_by_one(converged):
     for k, g in enumerate(chosen):
         want = _alone(x, y[:, k : k + 1], LASSO_GRID[g] * largest[k : k + 1])[0][:, 0]
         np.testing.assert_allclose(got.weights[k], want, atol=1e-6 * scale)
+
+
+def _objective(x, y, w, b, penalty):
+    """(K,) each token's Lasso objective, (1/2R) |y - b - x w|^2 + penalty |w|_1, as `lasso` defines it."""
+    return ((y - b - x @ w) ** 2).sum(axis=0) / (2 * len(x)) + penalty * np.abs(w).sum(axis=0)
+
+
+def test_a_problem_swept_on_after_it_settled_ends_no_worse_than_alone():
+    """At the default tolerance the batch sweeps every problem until the slowest settles: the others end where their
+    lone runs would have stopped or further down their objective, never above it."""
+    rng = np.random.default_rng(3)
+    x = (rng.random((17, 40)) < 0.35).astype(float)  # 0/1 masks, more units than rows, as the haystack's
+    y = x[:, :3] @ rng.normal(size=(3, 6)) + 0.3 * rng.normal(size=(17, 6))
+    rows = np.ones((4, len(x)), dtype=bool)
+    for p in range(3):
+        rows[p, p::3] = False
+    largest = np.abs((x - x.mean(axis=0)).T @ (y - y.mean(axis=0))).max(axis=0) / len(x)
+    penalty = np.stack([0.05 * largest] * 4)
+    w, b = lassos(x, y, rows, penalty)
+    moved = 0.0
+    for p in range(4):
+        alone_w, alone_b = lasso(x[rows[p]], y[rows[p]], penalty[p])
+        batched = _objective(x[rows[p]], y[rows[p]], w[p], b[p], penalty[p])
+        assert (batched <= _objective(x[rows[p]], y[rows[p]], alone_w, alone_b, penalty[p]) + 1e-12).all()
+        moved = max(moved, float(np.abs(w[p] - alone_w).max()))
+    assert moved > 1e-3  # the case in question: some problem was swept on past where it alone stopped
