@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # plain data; importing it at run time would pull in torch
     from explainer.faithfulness.lds import LdsReport
 
 SOURCES = "sources"
+LABEL_ROOM = 0.45  # x-axis units past -1 and 1 that hold a bar's value written outside it
 NO_SURROGATE = (
     "LDS on this answer needs Sources' ablations: tick *sources* (fit: surrogate, the default), explain, then measure."
 )
@@ -39,7 +40,10 @@ def lds_figure(report: LdsReport) -> go.Figure:
                 hovertemplate=f"{html.escape(label)}: %{{x:.3f}} over {report.masks.get(name, 0)} masks<extra></extra>",
             )
         )  # fmt: skip
-    fig.update_xaxes(range=[-1, 1], title_text="LDS (Spearman) ↑", zeroline=True, zerolinecolor="#888")
+    fig.update_xaxes(  # room beyond +-1 for a bar's label: "+0.93" at the end of a bar near 1 was cut off
+        range=[-1 - LABEL_ROOM, 1 + LABEL_ROOM], tickvals=[-1, 0, 1], title_text="LDS (Spearman) ↑",
+        zeroline=True, zerolinecolor="#888",
+    )  # fmt: skip
     fig.update_yaxes(autorange="reversed")  # the first method on top
     fig.update_layout(height=90 + 36 * max(1, len(names)), margin={"l": 10, "r": 30, "t": 10, "b": 40}, bargap=0.3)
     return fig

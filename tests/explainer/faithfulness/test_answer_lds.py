@@ -76,6 +76,8 @@ def test_the_view_draws_one_bar_per_method_and_says_how_it_was_measured():
     assert [t.y[0] for t in fig.data] == ["macs", "random", "sources (own fit)"]
     assert [t.x[0] for t in fig.data] == [report.lds["macs"], report.lds["random"], 0.8]
     assert fig.data[2].marker.pattern.shape == "/" and fig.data[0].marker.pattern.shape == ""
+    low, high = fig.layout.xaxis.range  # a value written outside a bar at -1 or 1 stays inside the axis
+    assert low < -1 and high > 1 and list(fig.layout.xaxis.tickvals) == [-1, 0, 1]
     caption = lds_caption(report)
     assert "the full prompt and Sources' 9 ablations over 3 units" in caption
     assert "held out on 3 more masks +0.40" in caption
