@@ -135,13 +135,14 @@ def _measure(model, tok, device, n: int, method: str, k: int, repeats: int, prof
         decode_path,
         make_runner,
         method_from_spec,
+        record_work,
         timed_runs,
         warmup_new_tokens,
     )
 
     ids, _ = prompt_ids(tok, n)
     input_ids = torch.tensor([ids], dtype=torch.long, device=device)  # (1, N)
-    work: dict[str, int] = {}
+    work: dict[str, float] = {}
     readable = bundle_from_objects(model, tok, name="bench").readable(ids)  # Sources cuts them into sentences
     run = make_runner(model, method, readable, work)
     posthoc = method not in (BASELINE, PLAIN) and not method_from_spec(method).streaming
@@ -149,7 +150,7 @@ def _measure(model, tok, device, n: int, method: str, k: int, repeats: int, prof
     work.clear()
     config = BenchConfig(prompt_lengths=(n,), new_tokens=k, methods=(method,), repeats=repeats)
     row = timed_runs(config, method, device, run, input_ids)
-    row.positions = dict(work) or None
+    record_work(row, work)
     row.decode_path = decode_path(model, method, input_ids)
     if profiled is not None:
         counts = profile_counts(run, input_ids, k, device)

@@ -42,6 +42,8 @@ class BenchRow:
         positions: forward positions of the last timed run, where counted: `forward_positions` (computed; plain
             generation's N + K - 1) and, for Sources, what leave-one-sentence-out without a cache and ContextCite's
             64 ablations would compute (`leave_one_sentence_out_positions`, `contextcite_positions`). None elsewhere.
+        phase_seconds: the phases a method timed in the last timed run (its meta's `*_seconds`: Sources' removal
+            passes and fit, `passes_seconds` and `fit_seconds`), where it times any. None elsewhere.
     """
 
     method: str
@@ -62,6 +64,7 @@ class BenchRow:
     live_peak_mem_ratio: float | None = None
     positions: dict[str, int] | None = None
     decode_path: str | None = None
+    phase_seconds: dict[str, float] | None = None
 
 
 def with_ratios(rows: list[BenchRow]) -> list[BenchRow]:

@@ -48,7 +48,7 @@ def method_from_spec(spec: str):
 
 
 def make_runner(
-    model: Any, method_name: str, tokens: list[str] | None = None, work: dict[str, int] | None = None
+    model: Any, method_name: str, tokens: list[str] | None = None, work: dict[str, float] | None = None
 ) -> Callable[[Any, int], int]:
     """A callable `run(input_ids (1, N), K) -> tokens generated` for the baseline or a registered method.
 
@@ -56,8 +56,8 @@ def make_runner(
     they are. `tokens`: the readable tokens of the longest prompt the runner gets (Sources cuts them into
     sentences; a shorter prompt is their prefix). `work`, if given, gets the forward positions of each run where
     they are counted: plain generation's (N + K - 1) and those a method's meta reports (its `*_positions` entries,
-    e.g. Sources against leave-one-sentence-out and ContextCite). Every run holds the model (`session.hold`), like
-    any request.
+    e.g. Sources against leave-one-sentence-out and ContextCite), and the phases it timed (its `*_seconds`
+    entries; `record_work` puts both on the row). Every run holds the model (`session.hold`), like any request.
     """
     runner = _make_runner(model, method_name, tokens, {} if work is None else work)
 
@@ -69,7 +69,7 @@ def make_runner(
 
 
 def _make_runner(
-    model: Any, method_name: str, prompt_tokens: list[str] | None, work: dict[str, int]
+    model: Any, method_name: str, prompt_tokens: list[str] | None, work: dict[str, float]
 ) -> Callable[[Any, int], int]:
     import torch
 
@@ -110,10 +110,17 @@ def _make_runner(
         shown = prompt_tokens[:n] if prompt_tokens is not None else None
         logp = answer_logprobs([s.probability for s in steps], len(steps))  # as the app's requests carry them
         method.explain(GenerationRun(model, full, n, prompt_tokens=shown, answer_logprobs=logp))
-        work.update({key: int(v) for key, v in method.meta().items() if key.endswith("_positions")})
+        work.update({key: v for key, v in method.meta().items() if key.endswith(("_positions", "_seconds"))})
         return len(tokens)
 
     return run_posthoc
+
+
+def record_work(row: BenchRow, work: dict[str, float]) -> None:
+    """The last timed run's counts onto its row: forward positions (`positions`) and the phases a method timed
+    (`phase_seconds`, e.g. Sources' removal passes and fit)."""
+    row.positions = {key: int(v) for key, v in work.items() if key.endswith("_positions")} or None
+    row.phase_seconds = {key: float(v) for key, v in work.items() if key.endswith("_seconds")} or None
 
 
 def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, Any]:
@@ -141,7 +148,7 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
         )
     ids, source = prompt_ids(bundle.tokenizer, n, config.data_path, config.prompt_file)
     input_ids = torch.tensor([ids], dtype=torch.long, device=bundle.device)  # (1, N)
-    work: dict[str, int] = {}
+    work: dict[str, float] = {}
     run = make_runner(bundle.model, method, bundle.readable(ids), work)
     posthoc = method not in (BASELINE, PLAIN) and not method_from_spec(method).streaming
     run(input_ids[:, :WARMUP_POSTHOC_PROMPT_TOKENS] if posthoc else input_ids, warmup_new_tokens(bundle.device.type, k))
@@ -150,7 +157,7 @@ def measure(config: BenchConfig, method: str, prompt_tokens: int) -> dict[str, A
     work.clear()  # the warm-up's counts were over a shorter prompt
     row = timed_runs(config, method, bundle.device, run, input_ids)
     row.decode_path = decode_path(bundle.model, method, input_ids)
-    row.positions = dict(work) or None
+    record_work(row, work)
     if config.live_mem and bundle.device.type == "cpu":
         row.live_peak_mem_mb = live_peak_mb(run, input_ids, k)
     return {

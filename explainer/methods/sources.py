@@ -23,10 +23,11 @@ measures that many more random masks, left out of the fit, for a held-out Spearm
 (4 before 2026-12-03): on development questions 4 such masks tracked each answer's LDS on fresh masks less closely than
 the cross-validated Spearman did, for a quarter of Sources' time (docs/results.md).
 The meta also keeps every mask and its log-probabilities, which the faithfulness panel reuses to score the other
-methods on the same answer. `passes=knockout` is the cheap approximation: each mask recomputes only what follows the
-last unit (a question after the passages, the template's tail, the answer), blind to the removed units, while the kept
-units keep the cache they were read with beside the removed ones (`ablate.py`); docs/results.md says what it costs in
-LDS.
+methods on the same answer, and the seconds of the passes and of the fit (`passes_seconds`, `fit_seconds`; `bench`
+rows carry them as `phase_seconds`).
+`passes=knockout` is the cheap approximation: each mask recomputes only what follows the last unit (a question after
+the passages, the template's tail, the answer), blind to the removed units, while the kept units keep the cache they
+were read with beside the removed ones (`ablate.py`); docs/results.md says what it costs in LDS.
 
 **"leave_one_out"**: hide one unit at a time (as AttriBoT, Liu et al., 2024, makes fast by reusing the KV cache and
 refining hierarchically), per answer token:
@@ -58,6 +59,7 @@ with their scores and token spans (`sources` in the JSON), the scope, and how ma
 from __future__ import annotations
 
 import string
+import time
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -319,10 +321,13 @@ class Sources(AttributionMethod):
         keep = torch.as_tensor(rows, device=run.input_ids.device)
         reread = reread_from(groups, n) if cfg.passes == "knockout" else None  # what follows the passages
         given = run.answer_logprobs  # (K,) the generation's own values for row 0, or None: a pass computes them
+        start = time.perf_counter()
         logp = response_logprobs(run.model, ids[:n], ids[n:], keep, cfg.batch_size, run.progress, reread, given)
+        passed = time.perf_counter()  # the passes' values are on the host: every device's work is done
         a = 1 + len(fitted)
         regulariser = chosen_regulariser(len(groups), cfg.ablations, cfg.regulariser)
         surrogate = surrogate_fit(masks[:a], logp[:a], regulariser)
+        seconds = {"passes_seconds": passed - start, "fit_seconds": time.perf_counter() - passed}
         weights, intercepts = surrogate.weights, surrogate.intercepts  # (K, U), (K,)
         raw = spread(weights, [(g.start, g.stop) for g in groups], n)  # (K, N)
         whole = weights.sum(axis=0)  # (U,)
@@ -339,7 +344,7 @@ class Sources(AttributionMethod):
             **_sources_meta(scored, len(groups), used, sentences, n + k, total=True), "fit": "surrogate",
             "ablations": len(fitted), "checks": len(checks), "regulariser": regulariser,
             "design": design_kind(len(groups), cfg.ablations, cfg.design),
-            "penalty": surrogate.penalty, "passes": cfg.passes, **quality,
+            "penalty": surrogate.penalty, "passes": cfg.passes, **quality, **seconds,
             "unperturbed": "pass" if given is None else "generation",
             "masks": {"units": [[g.start, g.stop] for g in groups], "keep": masks.astype(int).tolist(),
                       "fitted": a, "log_p": logp.tolist(), "intercepts": intercepts.tolist()},

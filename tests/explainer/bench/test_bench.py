@@ -271,6 +271,9 @@ def test_bench_of_sources_counts_its_forward_positions(tiny_model_dir, tmp_path)
     assert counts["contextcite_positions"] == 64 * (64 + 2)  # 64 full passes over the prompt and answer
     sentences = counts["leave_one_sentence_out_positions"] // (64 + 2) - 1
     assert sentences >= 2 and counts["forward_positions"] < counts["leave_one_sentence_out_positions"]
+    phases = surrogate["phase_seconds"]  # the surrogate's own split of its time: passes on the model, fit on the host
+    assert set(phases) == {"passes_seconds", "fit_seconds"} and min(phases.values()) > 0
+    assert plain["phase_seconds"] is None and sources["phase_seconds"] is None  # leave-one-out times no phases
 
 
 @pytest.mark.parametrize(

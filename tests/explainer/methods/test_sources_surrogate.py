@@ -5,6 +5,7 @@ explicit leave-one-out refits; the per-token maps summed over units; the design;
 from __future__ import annotations
 
 import itertools
+import time
 
 import numpy as np
 import pytest
@@ -118,8 +119,12 @@ def test_the_fit_equals_solo_runs_and_an_explicit_ridge(run, kind, ablations):
 
 def test_signed_scores_and_the_fit_s_quality_are_recorded(run):
     method = get_method("sources", ablations=24, check=6)
+    start = time.perf_counter()
     raw = method.explain(run["llama"])
+    took = time.perf_counter() - start
     meta = method.meta()
+    passes, fit = meta["passes_seconds"], meta["fit_seconds"]  # its time split: the passes, then the fit
+    assert 0 < passes and 0 < fit and passes + fit < took
     assert meta["fit"] == "surrogate" and meta["checks"] == 6
     assert meta["design"] == design_kind(meta["units_scored"], 24, "hadamard")
     assert isinstance(meta["held_out_spearman"], float) and isinstance(meta["cross_validated_spearman"], float)
