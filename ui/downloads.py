@@ -1,4 +1,5 @@
-"""Files the app serves by path (`gr.DownloadButton`): one temporary folder per process keeping the newest files.
+"""Files the app serves by path (`gr.DownloadButton`): one temporary folder per process keeping the newest files;
+and the pictures it shows, written once each into Gradio's cache (`served_image`).
 
 Gradio copies a returned file into its own cache before the reply is sent (that cache is cleaned by the Blocks'
 `delete_cache`), so only the newest few of ours are ever needed again.
@@ -6,6 +7,7 @@ Gradio copies a returned file into its own cache before the reply is sent (that 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -14,8 +16,11 @@ import threading
 from pathlib import Path
 
 import gradio as gr
+from gradio.utils import get_upload_folder
+from PIL import Image
 
 from explainer.result.attribution import Attribution
+from visuals.export import png_bytes
 
 KEEP_DOWNLOADS = 32  # files kept in the process's download folder
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
@@ -80,6 +85,36 @@ FOLDER = DownloadFolder()  # the process's download folder
 def download(data: str | bytes, filename: str) -> dict:
     """A DownloadButton update serving `data` as `filename`."""
     return gr.update(value=str(FOLDER.write(data, filename)), interactive=True)
+
+
+def served_image(image: Image.Image, cache: str | os.PathLike | None = None) -> str:
+    """The path of `image` as a PNG in Gradio's cache, named by its content and written once, atomically.
+
+    Gradio saves an image handed to it as a PIL object by rewriting its content-named file in place, every time,
+    so the same picture sent twice (a step's view drawn again, the reliance pass's update) truncates the file while
+    a browser may be reading it: the transfer fails ("Too little data for declared Content-Length") and the page
+    keeps a broken image, since its address has not changed. A path inside the cache Gradio serves as it is.
+
+    Args:
+        image: the picture to show.
+        cache: the cache folder (default: Gradio's, where Blocks keep served files and `delete_cache` ages them).
+    """
+    data = png_bytes(image)
+    folder = Path(cache if cache is not None else get_upload_folder()) / hashlib.sha256(data).hexdigest()
+    path = folder / "image.png"
+    if path.exists():
+        os.utime(path)  # `delete_cache` ages files by their ctime: one shown again is kept as new
+        return str(path)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, staging = tempfile.mkstemp(dir=folder, prefix=".image.")
+    try:
+        with os.fdopen(fd, "wb") as file:
+            file.write(data)
+        os.replace(staging, path)  # readers see the whole file or none
+    except BaseException:
+        Path(staging).unlink(missing_ok=True)
+        raise
+    return str(path)
 
 
 def no_file() -> dict:

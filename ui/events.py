@@ -15,9 +15,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import gradio as gr
+from PIL import Image
 
 from explainer.runtime.hardware import on_gpu
 
+from .downloads import served_image
 from .guards import admission
 from .guards.errors import wrap_handler
 from .guards.markup import markdown_text
@@ -33,7 +35,8 @@ KEEP = _Keep.KEEP  # a view field's default: leave that component as it is
 
 def view_updates(view: Any, components: dict[str, Any], outputs: Sequence[str]) -> dict[Any, Any]:
     """{component: value} over the event's `outputs`: the view's value, or `gr.skip()` for a field left at `KEEP`
-    (Gradio reads an empty dict as one value, so every output is named).
+    (Gradio reads an empty dict as one value, so every output is named). A picture for an image component goes as
+    a file written once (`downloads.served_image`), never as a PIL object Gradio would rewrite in place.
 
     Raises:
         RuntimeError: a field is set that the event does not list in its outputs (a wiring mistake, named).
@@ -45,7 +48,9 @@ def view_updates(view: Any, components: dict[str, Any], outputs: Sequence[str]) 
             continue
         if f.name not in outputs:
             raise RuntimeError(f"{type(view).__name__}.{f.name} is set, but it is not among this event's outputs.")
-        out[components[f.name]] = value
+        component = components[f.name]
+        picture = isinstance(value, Image.Image) and isinstance(component, gr.Image)
+        out[component] = served_image(value) if picture else value
     return out
 
 

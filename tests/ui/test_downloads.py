@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +45,24 @@ def test_the_apps_downloads_live_in_one_folder_that_keeps_the_newest():
     assert open(paths[-1]).read() == f"file {downloads.KEEP_DOWNLOADS + 4}"  # names repeat, files do not clash
     assert not os.path.exists(paths[0])
     assert downloads.no_file() == {"__type__": "update", "value": None, "interactive": False}
+
+
+def test_a_picture_is_served_from_one_file_written_once_so_a_browser_reading_it_never_sees_it_cut(tmp_path):
+    """Gradio rewrites a PIL picture's content-named file in place each time it is sent, which cut off a browser
+    still reading the first copy (CI: the image tab's overlay never loaded). Ours is written once, atomically."""
+    import numpy as np
+    from PIL import Image
+
+    pixels = np.random.default_rng(0).integers(0, 256, (64, 96, 3), dtype=np.uint8)
+    first = downloads.served_image(Image.fromarray(pixels), cache=tmp_path)
+    path = os.path.realpath(first)
+    assert path.startswith(os.path.realpath(tmp_path)) and first.endswith(".png")
+    assert np.array_equal(np.asarray(Image.open(first)), pixels)  # lossless: the heat colours as drawn
+    data = Path(first).read_bytes()
+    with open(first, "r+b") as file:
+        file.write(b"MARK")  # a mark in place of the PNG signature: a second write of the picture would undo it
+    again = downloads.served_image(Image.fromarray(pixels), cache=tmp_path)  # the same picture, sent again
+    assert again == first and Path(first).read_bytes() == b"MARK" + data[4:]  # served from the file as it was
+    other = downloads.served_image(Image.fromarray(255 - pixels), cache=tmp_path)
+    assert other != first and sorted(p.name for p in tmp_path.rglob("*")).count("image.png") == 2
+    assert not [p for p in tmp_path.rglob(".image.*")]  # no staging file left behind

@@ -154,3 +154,18 @@ def test_events_that_write_one_widget_finish_in_the_order_they_arrive():
              ("export_span_view", "export_view"), ("after_faithfulness", "render_faithfulness")]  # fmt: skip
     for first, later in pairs:
         assert events[first].concurrency_id == events[later].concurrency_id, (first, later)
+
+
+def test_a_picture_for_an_image_component_goes_as_a_served_file_and_a_state_keeps_its_object(monkeypatch, tmp_path):
+    from PIL import Image
+
+    from ui import events
+
+    served = []
+    monkeypatch.setattr(events, "served_image", lambda image: served.append(image) or str(tmp_path / "image.png"))
+    picture = Image.new("RGB", (4, 3), (200, 30, 30))
+    with gr.Blocks():
+        components = Components(a=gr.Image(), b=gr.State(), c=gr.Image())
+    out = view_updates(View(a=picture, b=picture, c=None), components, ("a", "b", "c"))
+    assert out[components["a"]] == str(tmp_path / "image.png") and served == [picture]
+    assert out[components["b"]] is picture and out[components["c"]] is None
