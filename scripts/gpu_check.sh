@@ -25,7 +25,9 @@
 #                                              # (`python -m explainer crowd`): the embedded model, then Qwen2.5-1.5B,
 #                                              # distinct prompts, then the same prompt; then one
 #                                              # visitor at a time, four rounds, never a crowd (-singles),
-#                                              # with the graph and without (-singles-eager)
+#                                              # with the graph and without (-singles-eager), under torch's
+#                                              # deterministic algorithms (-singles-deterministic: the operations
+#                                              # without one, named) and with addmm off cuBLASLt (-singles-no-lt)
 #
 # Then the checks of the first GPU session:
 #
@@ -39,6 +41,9 @@
 #                                              # AtMan at ~4k first, then ContextCite's package at ~4k (carry
 #                                              # .whl-peers), then AtMan at ~1k; embedded model, float32, N = 20 a
 #                                              # variant
+#   scripts/gpu_check.sh OUTDIR products       # issue #51: the forms of MACS's stacked product (bf16 keys to
+#                                              # float32 scores) timed at 1k-32k keys, the embedded model's and
+#                                              # Llama-3.1-8B's shapes, each against a float64 product
 #   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals, one batched pass set
 #                                              # over the prefix cache; and its knockout passes) against
 #                                              # plain generation, the embedded model, 1k and 4k prompt tokens
@@ -287,11 +292,15 @@ stage() {  # stage NAME: one stage of the next GPU session
             "embedded-same --folder embedded" "qwen2.5-1.5b-same --model Qwen/Qwen2.5-1.5B-Instruct"
             "embedded-cublas-fixed --folder embedded --distinct"
             "qwen2.5-1.5b-singles --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
-            "qwen2.5-1.5b-singles-eager --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
+            "qwen2.5-1.5b-singles-eager --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
+            "qwen2.5-1.5b-singles-deterministic --model Qwen/Qwen2.5-1.5B-Instruct --distinct --deterministic"
+            "qwen2.5-1.5b-singles-no-lt --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
         if [ -n "$DRY" ]; then
             specs=("tiny --model $LLAMA --tiny --device cpu --distinct"
                 "tiny-singles --model $LLAMA --tiny --device cpu --distinct"
-                "tiny-singles-eager --model $LLAMA --tiny --device cpu --distinct")
+                "tiny-singles-eager --model $LLAMA --tiny --device cpu --distinct"
+                "tiny-singles-deterministic --model $LLAMA --tiny --device cpu --distinct --deterministic"
+                "tiny-singles-no-lt --model $LLAMA --tiny --device cpu --distinct")
         elif ! embedded_ready; then  # the embedded model's shape with random weights
             specs=("${specs[@]/--folder embedded/--model $SMOLLM2}")
         fi
@@ -304,6 +313,11 @@ stage() {  # stage NAME: one stage of the next GPU session
             # -eager: the same step in its fixed shape without a graph: whether the graph's recordings are the cause
             if [[ $name == *-singles* ]]; then sizes=(--visitors 1 --rounds 4); fi
             if [[ $name == *-eager ]]; then env=(env EXPLAINER_DECODE=batched:fixed-shape); fi
+            # -deterministic: torch's deterministic algorithms, warn-only; the report names each operation without
+            # one (`nondeterministic_operations`) and says whether the run-to-run differences go (docs/gpu.md)
+            if [[ $name == *-deterministic ]]; then env=(env CUBLAS_WORKSPACE_CONFIG=:4096:8); fi
+            # -no-lt: addmm (Qwen2.5's biased projections) off cuBLASLt, whose algorithm is chosen per call
+            if [[ $name == *-no-lt ]]; then env=(env DISABLE_ADDMM_CUDA_LT=1); fi
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
                 echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
                 continue
@@ -400,6 +414,17 @@ sources)  # resumable: gpu_bench skips the rows already in its JSON
     if [ -n "$DRY" ]; then lengths=48; fi
     run "$(box 120)" sources $PY scripts/gpu_bench.py "${model[@]}" --new-tokens $K --repeats $REPEATS \
         --json "$RESULTS/bench-gpu-$gpu-sources.json" --deadline "$(box 110)" --plan "$lengths:none,plain,sources,sources:passes=knockout"
+    ;;
+products)  # issue #51: MACS at 0.87x plain at 32k, most of its extra one cuBLAS kernel of the stacked product
+    gpu=$(gpu_name)
+    out="$RESULTS/products-gpu-$gpu.json"
+    tiny=()
+    if [ -n "$DRY" ]; then tiny=(--tiny --device cpu --repeats 3); fi
+    if [ -s "$out" ]; then
+        echo "=== products: $out is there"
+    else
+        run "$(box 60)" products $PY scripts/product_forms.py --json "$out" "${tiny[@]}"
+    fi
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -120,13 +120,20 @@ def test_every_stage_writes_its_results(dry_run):
     assert [(r["visitors"], r["mismatched_visitors"], r["largest_batch"]) for r in singles["rounds"]] == [(1, 0, 1)] * 4
     eager = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-eager.json").read_text())  # the fixed shape, eagerly
     assert eager["decode"] == "batched" and len(eager["rounds"]) == 4 and "fixed" in eager["decode_reason"]
+    # under torch's deterministic algorithms new memory is filled with NaN: equal rows also say no row reads memory
+    # that was never written; and no operation of the CPU's step lacks a deterministic implementation
+    det = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-deterministic.json").read_text())
+    assert [r["mismatched_visitors"] for r in det["rounds"]] == [0] * 4 and det["nondeterministic_operations"] == []
+    assert "nondeterministic_operations" not in singles
+    no_lt = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-no-lt.json").read_text())
+    assert [r["mismatched_visitors"] for r in no_lt["rounds"]] == [0] * 4
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 6  # table3, table3-long, static and profile (2 each)
-    assert second.count("is there") == 6 + 1 + 5 + 3  # ... product rows, the three crowds
+    assert second.count("is there") == 6 + 1 + 5 + 5  # ... product rows, the five crowds
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
@@ -198,6 +205,24 @@ def test_the_sources_stage_benches_the_surrogate_against_plain_generation(tmp_pa
     assert path.read_text() == before
 
 
+def test_the_products_stage_times_every_form_of_the_stacked_product_once(tmp_path):
+    """`gpu_check.sh OUT products` (issue #51), dry-run: every form at the tiny shape's two lengths, the ones a CPU
+    lacks (`bmm` with `out_dtype`) recorded with their error; a second call finds the report and runs nothing."""
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "300",
+           "PY": sys.executable}  # fmt: skip
+    call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "products"]
+    first = subprocess.run(call, env=env, capture_output=True, text=True, timeout=400, check=True).stdout
+    assert "products: exit 0" in first, first
+    path = tmp_path / "results" / "products-gpu-cpu-dry.json"
+    rows = json.loads(path.read_text())["rows"]
+    assert len(rows) == 2 * 5 and {r["tokens"] for r in rows} == {64, 256}
+    ran = [r for r in rows if r["error"] is None]
+    assert ran and all(r["ms"] > 0 for r in ran)
+    before = path.read_text()
+    second = subprocess.run(call, env=env, capture_output=True, text=True, timeout=400, check=True).stdout
+    assert "is there" in second and path.read_text() == before
+
+
 def test_a_library_that_does_not_import_stops_before_any_stage(tmp_path):
     """On the first H200 call of 2026-11-28 the image lacked pydantic: every stage failed at its import and the call's
     3 minutes went on nothing. The script now says so before any stage, and still packs what it has."""
@@ -209,6 +234,29 @@ def test_a_library_that_does_not_import_stops_before_any_stage(tmp_path):
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert out.returncode == 3 and "no pydantic here" in out.stdout and "carry .whl" in out.stdout
     assert "=== table3" not in out.stdout and (tmp_path / "pack.tar.gz").is_file()
+
+
+def test_the_deterministic_probe_names_what_torch_warns_of_and_restores_torchs_setting():
+    """`crowd --deterministic`: torch's deterministic algorithms, warn-only, for the block only; the warnings torch
+    gives for an operation without a deterministic implementation are collected by their first line, others not."""
+    import warnings
+
+    import torch
+
+    from explainer.bench.crowd import deterministic_algorithms
+
+    before = torch.are_deterministic_algorithms_enabled()
+    with deterministic_algorithms(True) as seen:
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        for _ in range(2):  # torch's own wording (at::globalContext().alertNotDeterministic)
+            text = "index_add_cuda_ does not have a deterministic implementation, but you set ...\nmore"
+            warnings.warn(text, stacklevel=1)
+        warnings.warn("something else", stacklevel=1)
+    assert seen == {"index_add_cuda_ does not have a deterministic implementation, but you set ..."}
+    assert torch.are_deterministic_algorithms_enabled() == before
+    with deterministic_algorithms(False) as none:
+        assert torch.are_deterministic_algorithms_enabled() == before
+    assert none == set()
 
 
 def test_the_crowd_report_says_by_how_much_a_visitor_differs(tokenizer):

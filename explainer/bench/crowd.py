@@ -23,7 +23,9 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -40,6 +42,32 @@ class CrowdConfig:
     prompt_tokens: int = 150
     new_tokens: int = 32  # a given answer of this many token ids
     distinct: bool = False  # each visitor its own prompt: no two share a prefill
+
+
+@contextmanager
+def deterministic_algorithms(on: bool) -> Iterator[set[str]]:
+    """With `on`, torch's deterministic algorithms for the block, warn-only (`torch.use_deterministic_algorithms`),
+    restored after it; yields a set that then holds the first line of each distinct warning torch gave for an operation
+    that has no deterministic implementation. The GPU probe of a row whose bits differ from run to run: it names the
+    operations, and whether the mismatches go with them on (docs/gpu.md). Torch also fills new memory with NaN in
+    this mode, so a read of memory never written shows too. Warnings from every thread are caught (the module-wide
+    filters), so run it around the whole crowd, not beside other work."""
+    import torch
+
+    seen: set[str] = set()
+    if not on:
+        yield seen
+        return
+    was = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield seen
+    finally:
+        torch.use_deterministic_algorithms(was[0], warn_only=was[1])
+    found = (str(w.message).strip().splitlines() for w in caught)
+    seen.update(lines[0] for lines in found if lines and "deterministic implementation" in " ".join(lines))
 
 
 def at_once(n: int, visit: Callable[[int], Any]) -> tuple[list[Any], float]:

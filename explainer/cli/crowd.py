@@ -7,7 +7,7 @@ import argparse
 import json
 from pathlib import Path
 
-from ..bench.crowd import CrowdConfig, run_crowd
+from ..bench.crowd import CrowdConfig, deterministic_algorithms, run_crowd
 from ..bench.synthetic import bench_model, machine
 from ..errors import InputError
 from ..models.loading import bundle_from_objects
@@ -33,9 +33,12 @@ def cmd_crowd(args: argparse.Namespace) -> int:
         raise InputError(f"Cannot write {args.json!r}: its folder does not exist.")
     cfg = CrowdConfig(_sizes(args.visitors), args.rounds, args.prompt_tokens, args.new_tokens, args.distinct)
     keep_freed_memory()  # as the app runs
-    model, tok, name, device = bench_model(args.model, args.folder, args.dtype, args.device, args.tiny)
-    report = run_crowd(bundle_from_objects(model, tok, name=name), cfg)
+    with deterministic_algorithms(args.deterministic) as alerts:
+        model, tok, name, device = bench_model(args.model, args.folder, args.dtype, args.device, args.tiny)
+        report = run_crowd(bundle_from_objects(model, tok, name=name), cfg)
     report = {**report, "dtype": args.dtype, "machine": machine(device), "command": args.command_line}
+    if args.deterministic:  # what torch named as having no deterministic implementation
+        report["nondeterministic_operations"] = sorted(alerts)
     Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
     for m in report["medians"]:
         ratio = "" if m["vs_one_alone_median"] is None else f", {m['vs_one_alone_median']:.2f}x one"
@@ -63,5 +66,11 @@ def add_crowd_parser(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=150)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--distinct", action="store_true", help="each visitor its own prompt: no two share a prefill")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="torch's deterministic algorithms, warn-only: the report lists the operations torch names as having "
+        "none (set CUBLAS_WORKSPACE_CONFIG=:4096:8 too on CUDA)",
+    )
     p.add_argument("--json", required=True, help="write the report here")
     p.set_defaults(func=cmd_crowd)
