@@ -102,9 +102,11 @@ def served_image(image: Image.Image, cache: str | os.PathLike | None = None) -> 
     data = png_bytes(image)
     folder = Path(cache if cache is not None else get_upload_folder()) / hashlib.sha256(data).hexdigest()
     path = folder / "image.png"
-    if path.exists():
-        os.utime(path)  # `delete_cache` ages files by their ctime: one shown again is kept as new
+    try:
+        os.utime(path)  # there already: `delete_cache` ages files by their ctime, so one shown again is kept as new
         return str(path)
+    except FileNotFoundError:  # not there, or aged out by `delete_cache` just now: written below
+        pass
     folder.mkdir(parents=True, exist_ok=True)
     fd, staging = tempfile.mkstemp(dir=folder, prefix=".image.")
     try:

@@ -66,3 +66,22 @@ def test_a_picture_is_served_from_one_file_written_once_so_a_browser_reading_it_
     other = downloads.served_image(Image.fromarray(255 - pixels), cache=tmp_path)
     assert other != first and sorted(p.name for p in tmp_path.rglob("*")).count("image.png") == 2
     assert not [p for p in tmp_path.rglob(".image.*")]  # no staging file left behind
+
+
+def test_a_picture_aged_out_of_the_cache_is_written_again(tmp_path, monkeypatch):
+    """`delete_cache` may remove a picture's file at any time, even as it is being sent again: it is written anew,
+    not an error."""
+    import numpy as np
+    from PIL import Image
+
+    picture = Image.fromarray(np.full((8, 8, 3), 200, dtype=np.uint8))
+    first = downloads.served_image(picture, cache=tmp_path)
+    touch = os.utime
+
+    def aged_out(path, *args, **kwargs):  # `delete_cache` removes the file just before it is touched
+        Path(path).unlink(missing_ok=True)
+        return touch(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "utime", aged_out)
+    again = downloads.served_image(picture, cache=tmp_path)
+    assert again == first and np.array_equal(np.asarray(Image.open(again)), np.asarray(picture))
