@@ -7,7 +7,8 @@ import argparse
 import json
 from pathlib import Path
 
-from ..bench.crowd import CrowdConfig, deterministic_algorithms, run_crowd
+from ..bench.crowd import CrowdConfig, crowd_request, deterministic_algorithms, run_crowd
+from ..bench.fingerprints import lone_runs
 from ..bench.synthetic import bench_model, machine
 from ..errors import InputError
 from ..models.loading import bundle_from_objects
@@ -35,7 +36,10 @@ def cmd_crowd(args: argparse.Namespace) -> int:
     keep_freed_memory()  # as the app runs
     with deterministic_algorithms(args.deterministic) as alerts:
         model, tok, name, device = bench_model(args.model, args.folder, args.dtype, args.device, args.tiny)
-        report = run_crowd(bundle_from_objects(model, tok, name=name), cfg)
+        bundle = bundle_from_objects(model, tok, name=name)
+        if args.fingerprints:
+            return _fingerprints(args, bundle, cfg, device)
+        report = run_crowd(bundle, cfg)
     report = {**report, "dtype": args.dtype, "machine": machine(device), "command": args.command_line}
     if args.deterministic:  # what torch named as having no deterministic implementation
         report["nondeterministic_operations"] = sorted(alerts)
@@ -46,6 +50,19 @@ def cmd_crowd(args: argparse.Namespace) -> int:
     bad = sum(r["mismatched_visitors"] + len(r["errors"]) for r in report["rounds"])
     print(f"mismatched or failed visitors: {bad}")
     return 0 if bad == 0 else 1
+
+
+def _fingerprints(args: argparse.Namespace, bundle, cfg: CrowdConfig, device) -> int:
+    """`--fingerprints`: one visitor's request alone, `max(2, rounds)` times; where each run parts from the first."""
+    request = crowd_request(bundle, cfg.prompt_tokens, cfg.new_tokens, 1 if cfg.distinct else None)
+    found = lone_runs(bundle, request, max(2, cfg.rounds))
+    report = {"model": bundle.name, "prompt_tokens": cfg.prompt_tokens, "new_tokens": cfg.new_tokens, **found,
+              "dtype": args.dtype, "machine": machine(device), "command": args.command_line}  # fmt: skip
+    Path(args.json).write_text(json.dumps(report, indent=2), encoding="utf-8")
+    for i, p in enumerate(found["partings"], start=2):
+        where = "bit for bit the first" if p is None else f"parts from the first at step {p['step']}, {p['module']!r}"
+        print(f"run {i}: {where}")
+    return 0 if all(p is None for p in found["partings"]) else 1
 
 
 def add_crowd_parser(sub) -> None:
@@ -71,6 +88,13 @@ def add_crowd_parser(sub) -> None:
         action="store_true",
         help="torch's deterministic algorithms, warn-only: the report lists the operations torch names as having "
         "none (set CUBLAS_WORKSPACE_CONFIG=:4096:8 too on CUDA)",
+    )
+    p.add_argument(
+        "--fingerprints",
+        action="store_true",
+        help="no crowd: one visitor alone, --rounds times (2 at least), with a bitwise fingerprint of every module's "
+        "output; the report names the first module and step where a run parts from the first (run the step "
+        "eagerly: EXPLAINER_DECODE=batched:fixed-shape)",
     )
     p.add_argument("--json", required=True, help="write the report here")
     p.set_defaults(func=cmd_crowd)

@@ -14,6 +14,8 @@ def test_each_form_of_the_product_is_measured_against_float64():
         assert rows[name]["error"] is None and rows[name]["relative_error"] < 1e-6 and rows[name]["ms"] > 0
     rounded = rows["model-dtype-then-float (not float32 arithmetic)"]
     assert 1e-4 < rounded["relative_error"] < 1e-2  # bf16's 8-bit significand shows
+    replayed = rows["bmm-out-float32, replayed from a CUDA graph"]
+    assert replayed["ms"] is None and "CUDA" in replayed["error"]  # no graphs here: recorded, not raised
     for name in ("bmm-out-float32 (current)", "swapped-out-float32"):  # CUDA's only: recorded, not raised
         row = rows[name]
         assert (row["error"] is None and row["relative_error"] < 1e-6) or (row["ms"] is None and row["error"])
