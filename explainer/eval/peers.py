@@ -52,6 +52,7 @@ import torch
 
 from ..errors import ExplainerError, InputError
 from ..runtime.host import to_numpy
+from ..runtime.precision import without_cuda_autocast
 from .ablate import response_logprobs
 from .hitratio import needle_layout, needle_result, score_maps
 from .lds import (
@@ -213,7 +214,8 @@ def context_cite_scores(bundle, p: PeerRow, cfg: PeerConfig):
     cc._cache["output"] = p.row.encoded.text + p.response_text  # its cache of the generated text (no public hook)
     _check_ids("ContextCite", "prompt", cc._get_prompt_ids(), p.prompt_ids)
     _check_ids("ContextCite", "response", cc._response_ids, p.response_ids)
-    return np.asarray(cc.get_attributions(verbose=False), dtype=np.float64), cc  # (S,)
+    with without_cuda_autocast(bundle.model.device):  # its passes in the model's dtype, as on a CPU
+        return np.asarray(cc.get_attributions(verbose=False), dtype=np.float64), cc  # (S,)
 
 
 def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
@@ -222,10 +224,11 @@ def context_cite_row(bundle, p: PeerRow, cfg: PeerConfig) -> dict[str, Any]:
     from context_cite.utils import aggregate_logit_probs, get_masks_and_logit_probs
 
     scores, cc = context_cite_scores(bundle, p, cfg)
-    masks, logit = get_masks_and_logit_probs(
-        bundle.model, bundle.tokenizer, cfg.masks, len(p.spans), cc._get_prompt_ids, cc._response_ids, cfg.keep, 1,
-        base_seed=cfg.context_cite_ablations,
-    )  # fmt: skip  # held-out: the seeds after its training masks'
+    with without_cuda_autocast(bundle.model.device):
+        masks, logit = get_masks_and_logit_probs(
+            bundle.model, bundle.tokenizer, cfg.masks, len(p.spans), cc._get_prompt_ids, cc._response_ids, cfg.keep,
+            1, base_seed=cfg.context_cite_ablations,
+        )  # fmt: skip  # held-out: the seeds after its training masks'
     mismatched = sum(cc._get_prompt_ids(mask=m) != [p.prompt_ids[i] for i in np.flatnonzero(k)]
                      for m, k in zip(masks, to_numpy(_kept_prompts(p, masks))))  # fmt: skip
     out = _compare(masks, scores, logit, aggregate_logit_probs(logit), our_logprobs(bundle, p, masks),

@@ -8,7 +8,9 @@ slower, docs/deployment.md).
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -96,3 +98,20 @@ def precision_meta(model: Any) -> dict[str, str]:
         return {}
     dtype, _, device = label.partition(" on ")
     return {"dtype": dtype, "device": device}
+
+
+@contextlib.contextmanager
+def without_cuda_autocast(device: torch.device) -> Iterator[None]:
+    """Within the block, `torch.cuda.amp.autocast()` opens no autocast region on a CUDA `device` (elsewhere nothing
+    changes). For a peer package that wraps its own passes in it: ContextCite's ablations then run in float16 on a GPU
+    and in float32 on a CPU. The LDS table compares it with this project's methods in one precision, the model's, so
+    its GPU rows must not change arithmetic with the machine. The attribute is restored when the block ends."""
+    if torch.device(device).type != "cuda":
+        yield
+        return
+    original = torch.cuda.amp.autocast
+    torch.cuda.amp.autocast = lambda *args, **kwargs: contextlib.nullcontext()
+    try:
+        yield
+    finally:
+        torch.cuda.amp.autocast = original

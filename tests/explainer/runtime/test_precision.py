@@ -212,3 +212,30 @@ def test_bench_passes_the_dtype_to_its_workers(tiny_model_dir, tmp_path, capsys)
     float32.write_text(json.dumps({**json.loads(out.read_text()), "dtype": "float32"}), encoding="utf-8")
     assert main(["bench", "--report", f"{out},{float32}"]) == 2
     assert "Reports differ in dtype (bfloat16, float32)" in capsys.readouterr().err
+
+
+def test_a_peers_cuda_autocast_is_held_off_for_a_cuda_model_only_and_restored():
+    """ContextCite wraps its passes in `torch.cuda.amp.autocast()` (float16 on a GPU); `without_cuda_autocast` makes
+    that open nothing for a model on CUDA, leaves a CPU model's call as it is, and puts torch's function back after,
+    also when the block raises."""
+    import contextlib
+
+    import torch
+
+    from explainer.runtime.precision import without_cuda_autocast
+
+    original = torch.cuda.amp.autocast
+    with without_cuda_autocast(torch.device("cpu")):
+        assert torch.cuda.amp.autocast is original
+    with without_cuda_autocast(torch.device("cuda", 0)):
+        assert torch.cuda.amp.autocast is not original
+        assert isinstance(torch.cuda.amp.autocast(), contextlib.nullcontext)
+        with torch.cuda.amp.autocast(dtype=torch.float16):  # what the package writes, with or without arguments
+            assert not torch.is_autocast_enabled("cuda")
+    assert torch.cuda.amp.autocast is original
+    try:
+        with without_cuda_autocast(torch.device("cuda")):
+            raise RuntimeError("a pass failed")
+    except RuntimeError:
+        pass
+    assert torch.cuda.amp.autocast is original
