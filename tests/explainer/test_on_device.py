@@ -257,10 +257,18 @@ def test_stated_memory_covers_the_measured_peak(tokenizer, device, method):
     batch_tokens = batch_budget(bundle.model, n + K, K, 0, 0)[0]  # what `explain` checks the request with
     request = MemoryRequest(ModelShape.of(bundle.model), n, K, "cuda", batch_tokens)
     stated = sum(request_bytes(request, [get_method(method)]).values())
-    torch.cuda.synchronize()
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    explain(bundle, prompt, methods=[method], max_new_tokens=K, chat_template=False)
-    peak = torch.cuda.max_memory_allocated() - base
-    assert peak <= 1.25 * stated + 16 * 2**20, (method, peak, stated)
+
+    def measured() -> int:
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        explain(bundle, prompt, methods=[method], max_new_tokens=K, chat_template=False)
+        return torch.cuda.max_memory_allocated() - base
+
+    # On the H200 (2026-12-04) every method's peak was several times the stated bytes; the message says whether
+    # that is once a process (a second run's peak: cuBLAS's workspaces per stream, kept by torch) or every request
+    peak, again = measured(), measured()
+    workspaces = [getattr(torch._C, f"_cuda_get{kind}WorkspaceSize", lambda: None)() for kind in ("Cublas", "CublasLt")]
+    why = {"method": method, "peak": peak, "second_run": again, "stated": stated, "cublas_workspaces": workspaces}
+    assert peak <= 1.25 * stated + 16 * 2**20, why
