@@ -20,6 +20,7 @@ from gradio.utils import get_upload_folder
 from PIL import Image
 
 from explainer.result.attribution import Attribution
+from explainer.runtime.files import write_atomically
 from visuals.export import png_bytes
 
 KEEP_DOWNLOADS = 32  # files kept in the process's download folder
@@ -107,16 +108,7 @@ def served_image(image: Image.Image, cache: str | os.PathLike | None = None) -> 
         return str(path)
     except FileNotFoundError:  # not there, or aged out by `delete_cache` just now: written below
         pass
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, staging = tempfile.mkstemp(dir=folder, prefix=".image.")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            file.write(data)
-        os.replace(staging, path)  # readers see the whole file or none
-    except BaseException:
-        Path(staging).unlink(missing_ok=True)
-        raise
-    return str(path)
+    return str(write_atomically(path, data))  # readers see the whole file or none
 
 
 def no_file() -> dict:

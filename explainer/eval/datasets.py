@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -31,6 +29,7 @@ import numpy as np
 from ..errors import InputError
 from ..models.loading import cache_root
 from ..result.segments import sentence_starts
+from ..runtime.files import write_atomically
 
 SQUAD_V2_DEV = "squad_v2-dev"
 SQUAD_V2_TRAIN = "squad_v2-train"  # for `calibrate`: training questions, never the evaluated ones (~40 MB)
@@ -115,16 +114,8 @@ def download(name: str) -> Path:
         raise InputError(f"{url} did not return a SQuAD 2.0 file. Download it yourself and pass its path with --data.")
     rows = rows_from_official(data)
     payload = {"source": f"SQuAD 2.0 dev set (CC BY-SA 4.0), answerable questions, from {url}", "rows": rows}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".download-", suffix=".json", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(payload, f)
-        os.replace(tmp, target)  # atomic: a concurrent or interrupted run never sees half a file
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomically(target, json.dumps(payload).encode("utf-8"))  # a concurrent or interrupted run never
+    # sees half a file
 
 
 def resolve_data(name_or_path: str | Path) -> Path:
