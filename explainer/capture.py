@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .errors import UnsupportedModelError
 from .runtime.devices import input_device
 from .runtime.memory import language_config
+from .runtime.scores import stacked_scores
 from .runtime.session import hold
 
 _NAME_PREFIX = "explainer_capture_"
@@ -135,33 +136,6 @@ def attention_probs(
     return torch.softmax(scores, dim=-1).view(b, h, tq, tk)
 
 
-_FLOAT32_PRODUCTS: dict[tuple[str, int | None, torch.dtype], bool] = {}
-_products_lock = threading.Lock()
-
-
-def float32_products(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `torch.bmm(a, b, out_dtype=torch.float32)` multiplies `dtype` tensors on `device` into float32 scores
-    (CUDA's products of bfloat16 or float16 accumulate in float32 and can keep it): asked once per device and dtype
-    with a small product checked against the upcast one, never inside a CUDA graph's recording."""
-    key = (device.type, device.index, dtype)
-    with _products_lock:
-        known = _FLOAT32_PRODUCTS.get(key)
-    if known is not None:
-        return known
-    ok = False
-    if dtype != torch.float32:
-        a = torch.linspace(-2, 2, 2 * 3 * 8, device=device).view(2, 3, 8).to(dtype)
-        b = torch.linspace(1, -1, 2 * 5 * 8, device=device).view(2, 5, 8).to(dtype).transpose(1, 2)  # keys' layout
-        try:
-            got = torch.bmm(a, b, out_dtype=torch.float32)
-            ok = got.dtype == torch.float32 and torch.allclose(got, torch.bmm(a.float(), b.float()), atol=1e-5)
-        except (RuntimeError, NotImplementedError, TypeError):  # not on this device, dtype or PyTorch
-            ok = False
-    with _products_lock:
-        _FLOAT32_PRODUCTS[key] = ok
-    return ok
-
-
 def stacked_last_rows(
     queries: torch.Tensor, keys: torch.Tensor, visible: torch.Tensor, scaling: float, float32_out: bool
 ) -> torch.Tensor:
@@ -174,8 +148,8 @@ def stacked_last_rows(
         keys: (L, B, KVH, T, D) all layers' keys, contiguous, unexpanded.
         visible: (B, T) bool, the keys each row's query sees (the others get probability exactly 0).
         scaling: the scores' temperature (every layer's).
-        float32_out: the products give float32 from the model's dtype (`float32_products`); otherwise each
-            layer's operands are upcast in turn (one layer's float32 keys at a time, not all of them).
+        float32_out: the products give float32 from the model's dtype (`runtime.scores.float32_products`);
+            otherwise each layer's operands are upcast in turn (`runtime.scores.stacked_scores`).
 
     Returns:
         (L, B, H, T) float32; the same numbers as `attention_probs` to float32 rounding (its queries are scaled
@@ -185,17 +159,7 @@ def stacked_last_rows(
     kvh, t = keys.shape[2], keys.shape[3]
     q = queries.reshape(num_layers * b * kvh, h // kvh, d)  # (L*B*KVH, G, D): head h reads key head h // G
     k = keys.view(num_layers * b * kvh, t, d).transpose(1, 2)  # (L*B*KVH, D, T)
-    if keys.dtype == torch.float32:
-        scores = torch.bmm(q.float(), k)
-    elif float32_out:
-        scores = torch.bmm(q, k, out_dtype=torch.float32)
-    else:
-        scores = torch.empty((q.shape[0], q.shape[1], t), device=keys.device)  # (L*B*KVH, G, T)
-        step = b * kvh
-        for first in range(0, q.shape[0], step):  # one layer at a time
-            layer = slice(first, first + step)
-            torch.bmm(q[layer].float(), k[layer].float(), out=scores[layer])
-    scores = scores.view(num_layers, b, h, t).mul_(scaling)
+    scores = stacked_scores(q, k, b * kvh, float32_out).view(num_layers, b, h, t).mul_(scaling)
     scores.masked_fill_(~visible[None, :, None, :], float("-inf"))
     return torch.softmax(scores, dim=-1)
 

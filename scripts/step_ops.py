@@ -9,7 +9,8 @@ that launch work (views left out) in one decode step, counted here with a `Torch
 step's cost there, and it does not depend on the machine it is counted on: what MACS or Rollout add to plain
 decoding can be seen on a CPU before a GPU is lent. Counted for the static decode path (the step a CUDA graph
 records, run eagerly) on a model of `--model`'s shipped configuration with random float32 weights (bfloat16 on a
-CPU takes a per-layer upcast of the keys that CUDA's float32-output products do without, `capture.float32_products`),
+CPU takes a per-layer upcast of the keys that CUDA's float32-output products do without,
+`runtime.scores.float32_products`),
 with Rollout's prompt rows in an accelerator's layout (`rollout.prompt_blocks`; `--cpu-layout` for a CPU's). With
 `--crowd`, one round of the batched decode in its fixed shape (what its CUDA graph records) for that many rows at
 once, each with its own prompt of about that length. Times are never measured here.

@@ -1,5 +1,5 @@
-"""The forms the stacked product of MACS's decode step could take (`capture.stacked_last_rows`), timed on one device
-and checked against a float64 product: which one a GPU serves best at long prompts (issue #51).
+"""The forms the stacked product of MACS's decode step could take (`runtime.scores.stacked_scores`), timed on one
+device and checked against a float64 product: which one a GPU serves best at long prompts (issue #51).
 
 On an H200 at 32k prompt tokens (2026-12-04, docs/gpu.md) the current form, `torch.bmm(q, k^T,
 out_dtype=torch.float32)` over (L x KVH) batches of G queries against T keys, ran as cuBLAS's `magma_sgemmEx_kernel`
@@ -19,6 +19,8 @@ from collections.abc import Callable
 
 import torch
 
+from ..runtime.scores import stacked_scores
+
 SHAPES = {  # name: (layers, key heads, queries a key head, head width): the embedded model and Llama-3.1-8B
     "SmolLM2-135M": (30, 3, 3, 64),
     "Llama-3.1-8B": (32, 8, 4, 128),
@@ -27,8 +29,8 @@ TOKENS = {"SmolLM2-135M": (1024, 32768), "Llama-3.1-8B": (2048, 32768)}
 TINY_SHAPES, TINY_TOKENS = {"tiny": (2, 2, 2, 16)}, {"tiny": (64, 256)}
 
 
-def _current(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:
-    return torch.bmm(q, k.transpose(1, 2), out_dtype=torch.float32)
+def _current(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:  # the step's own (CUDA's)
+    return stacked_scores(q, k.transpose(1, 2), len(q) // layers, float32_out=True)
 
 
 def _swapped(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:
@@ -39,13 +41,8 @@ def _upcast(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:
     return torch.bmm(q.float(), k.float().transpose(1, 2))
 
 
-def _upcast_by_layer(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:
-    out = torch.empty((q.shape[0], q.shape[1], k.shape[1]), device=q.device)
-    step = q.shape[0] // layers
-    for first in range(0, q.shape[0], step):
-        part = slice(first, first + step)
-        torch.bmm(q[part].float(), k[part].float().transpose(1, 2), out=out[part])
-    return out
+def _upcast_by_layer(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:  # the step's elsewhere
+    return stacked_scores(q, k.transpose(1, 2), len(q) // layers, float32_out=False)
 
 
 def _model_dtype(q: torch.Tensor, k: torch.Tensor, layers: int) -> torch.Tensor:

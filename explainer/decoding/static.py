@@ -46,12 +46,13 @@ from collections.abc import Iterator, Sequence
 import torch
 from transformers import StaticCache
 
-from ..capture import QueryStash, attention_function_selected, float32_products, hand_full_rows
+from ..capture import QueryStash, attention_function_selected, hand_full_rows
 from ..methods import AttributionMethod
 from ..result.sinks import SinkTracker
 from ..runtime.host import to_numpy
 from ..runtime.kv import full_row_chunk
 from ..runtime.memory import language_config
+from ..runtime.scores import float32_products
 from ..runtime.session import check_cancelled
 from .choice import CUDA_GRAPH, STATIC
 from .graphs import StepGraph
@@ -131,7 +132,7 @@ class StaticDecoder:
             self.keys = StackedKeys(self.cache)
             self.queries = QueryStash(text.num_hidden_layers)
             self.key_index = torch.arange(total, device=device)  # (T,)
-            self.float32_out: bool | None = None  # asked at the prefill (`capture.float32_products`)
+            self.float32_out: bool | None = None  # asked at the prefill (`runtime.scores.float32_products`)
             self.sinks = sinks
 
     # --- the device work --------------------------------------------------------------------------------------

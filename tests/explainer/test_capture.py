@@ -177,7 +177,8 @@ def test_stacked_last_rows_equal_each_layers_own_rows(device, dtype):
     rows computed on its own by `attention_probs` with an explicit additive mask; the keys a row does not see get
     exactly 0; the per-layer form of `QueryStash.write_rows` (keys not stacked, temperatures or head sizes that
     differ) too. On CUDA bfloat16 takes the products' float32 output where PyTorch has it (`float32_products`)."""
-    from explainer.capture import QueryStash, additive_mask, attention_probs, float32_products, stacked_last_rows
+    from explainer.capture import QueryStash, additive_mask, attention_probs, stacked_last_rows
+    from explainer.runtime.scores import float32_products
 
     layers, b, h, kvh, t, d = 3, 2, 6, 2, 11, 8
     g = torch.Generator().manual_seed(0)

@@ -21,7 +21,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from ...capture import QueryStash, float32_products, stacked_last_rows
+from ...capture import QueryStash, stacked_last_rows
+from ...runtime.scores import float32_products
 from ..step import token_stats
 
 
