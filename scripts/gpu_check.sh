@@ -179,6 +179,16 @@ peer_stubs() {  # DIR: stand-ins for spaCy and nltk where they are missing (scri
     echo "$dir"
 }
 
+context_cite_ready() {  # NAME: sets `stubs` (peer_stubs) and whether context_cite imports with them; says so if not
+    stubs=$(peer_stubs "$OUT/peer-stubs")
+    if PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} $PY -c "import context_cite" >"$OUT/context-cite-import.log" 2>&1; then
+        return 0
+    fi
+    echo "=== $1: skipped, context_cite does not import (carry .whl-peers):"
+    tail -3 "$OUT/context-cite-import.log"
+    return 1
+}
+
 gpu_name() {  # h100, h200, a100 ... from the CUDA device's name; cpu-dry in a dry run
     if [ -n "$DRY" ]; then
         echo cpu-dry
@@ -439,14 +449,10 @@ hitratio)  # resumable: a rerun skips the prompts already in the rows
     run "$(box 480)" "hitratio-atman-long" $PY -m explainer hitratio --methods atman --lengths $long --depths $depths \
         --samples $samples --variants $variants --max-new-tokens $tokens --dtype float32 \
         --results "$RESULTS/hitratio-gpu-$gpu-atman-long.jsonl"
-    stubs=$(peer_stubs "$OUT/peer-stubs")
-    if PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} $PY -c "import context_cite" >"$OUT/context-cite-import.log" 2>&1; then
+    if context_cite_ready hitratio-context-cite-long; then
         PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} run "$(box 120)" "hitratio-context-cite-long" $PY -m explainer \
             hitratio --peers context-cite --lengths $long --depths $depths --samples $samples --variants $variants \
             --max-new-tokens $tokens --dtype float32 --results "$RESULTS/hitratio-gpu-$gpu-context-cite-long.jsonl"
-    else
-        echo "=== hitratio-context-cite-long: skipped, context_cite does not import (carry .whl-peers):"
-        tail -3 "$OUT/context-cite-import.log"
     fi
     run "$(box 240)" "hitratio-atman-short" $PY -m explainer hitratio --methods atman --lengths $short \
         --depths $depths --samples $samples --variants $all_variants --max-new-tokens $tokens --dtype float32 \
@@ -482,14 +488,9 @@ lds-cc-long)  # issue #52: ContextCite's own package on long contexts past the f
     local_data=${SQUAD_DATA:-.data/squad-dev.json}
     chunks="80:20 100:20 120:20 140:20 160:20 180:20 220:20 240:20 260:20 280:20 300:20 320:20 340:10" paragraphs=4
     if [ -n "$DRY" ]; then chunks="0:3" paragraphs=2; fi  # other articles give a haystack its distractors
-    stubs=$(peer_stubs "$OUT/peer-stubs")
     if [ ! -f "$local_data" ]; then
         echo "=== lds-cc-long: skipped, no SQuAD file at $local_data (scripts/gpu_wheels.sh data FILE, carry .data)"
-    elif ! PYTHONPATH=$stubs${stubs:+:}${PYTHONPATH:-} $PY -c "import context_cite" >"$OUT/context-cite-import.log" 2>&1
-    then
-        echo "=== lds-cc-long: skipped, context_cite does not import (carry .whl-peers):"
-        tail -3 "$OUT/context-cite-import.log"
-    else
+    elif context_cite_ready lds-cc-long; then
         gpu=$(gpu_name)
         deadline=$((SECONDS + $(box 480)))
         for chunk in $chunks; do
