@@ -31,9 +31,6 @@ WHEELS=(
     truststore==0.10.5 pytz==2026.6 tzdata==2026.6
 )
 dir=.whl
-for ignored in /.whl/ /.whl-peers/ "/.gguf-*/" /.data/; do
-    grep -qxF "$ignored" .git/info/exclude 2>/dev/null || echo "$ignored" >> .git/info/exclude
-done
 case "${1:-all}" in
 all) ;;
 peers) WHEELS=("${PYDANTIC[@]}" gguf==0.19.0 "${PEERS[@]}") dir=.whl-peers ;;
