@@ -223,7 +223,7 @@ def _meet(
         m.prepare(bundle.model)
     job = DecodeJob(input_ids, instances, request.max_new_tokens, forced, bundle.eos_token_ids, extra_inputs)
     n, k = input_ids.shape[1], job.num_steps
-    check_request(bundle.model, instances, n, k, batch_budget(bundle.model, n + k, k, 0, 0)[0])
+    check_request(bundle.model, instances, n, k, *batch_budget(bundle.model, n + k, k, 0, 0))
     return attr, job
 
 

@@ -75,7 +75,7 @@ from ..runtime.memory import MemoryRequest
 from ..runtime.session import hold
 from .ablate import CPU_ROWS, forward_positions, response_logprobs
 from .answer_passes import PackedPasses
-from .atman import AtMan, AtManConfig, suppression_scores
+from .atman import prefix_pass_bytes, suppression_scores
 from .atman.config import CPU_BATCH_ROWS
 from .base import AttributionMethod, GenerationRun
 from .cost import Cost, CostRequest
@@ -292,9 +292,9 @@ class Sources(AttributionMethod):
         is counted): their activations and cache, float32 logits twice, and mask and score rows over every key.
         The surrogate: the removal passes are AtMan's layout (the cache and a batch of rows each with its own copy)."""
         if config.fit == "surrogate":
-            return AtMan.memory(request, AtManConfig(batch_size=config.batch_size or CPU_ROWS))
-        if config.scope == "all":
-            return AtMan.memory(request, AtManConfig(batch_size=config.batch_size))
+            return prefix_pass_bytes(request, config.batch_size, CPU_ROWS, config.ablations + config.check)
+        if config.scope == "all":  # at most a row per prompt token
+            return prefix_pass_bytes(request, config.batch_size, CPU_BATCH_ROWS, request.n)
         # `request.batch_tokens` sizes AtMan's passes (up to 65,536 positions on an accelerator); a packed pass is
         # sized by `kv.packed_positions` instead, never below `TOKENS_PER_BATCH`, which is what must fit.
         s, t, p = request.shape, request.t, min(request.batch_tokens, TOKENS_PER_BATCH)

@@ -10,7 +10,8 @@ method keeps (`AttributionMethod.memory`, in bytes, from the model's shape alone
 - Input x Gradient, AttnLRP, Grad-ELLM: one forward graph over T - 1 positions (each layer's activations, and where
   attention's backward keeps its weights, L x H x T^2 of them: eager attention, or an SDPA kernel that keeps them,
   `attention_keeps_weights`);
-- AtMan: a prefix cache over T positions and one batch of `kv.batch_tokens` positions;
+- AtMan: a prefix cache over T positions and one batch of `kv.batch_tokens` positions, with a cache copy per row
+  (on an accelerator as many rows as `kv.batch_budget` sizes a pass to from its free memory);
 - pi-Soft with fixed routing: the unperturbed attention weights, L x H x T^2 float32 (`faithfulness`).
 
 The estimates are deliberately rough (within a factor of about two): they exist to refuse a request that would
@@ -217,6 +218,9 @@ class MemoryRequest:
     """A request as the memory estimates see it: the model's shape, N, K and where it runs.
 
     Attributes:
+        batch_tokens, batch_rows: the positions and the most rows of one batched pass (`kv.batch_budget`); on an
+            accelerator both are sized from its free memory, and the perturbation methods count the rows they will
+            run (`pass_rows`). 0 rows: unknown, counted as one.
         attention_weights: whether a backward pass through attention keeps its weights (`attention_keeps_weights`).
     """
 
@@ -226,9 +230,10 @@ class MemoryRequest:
     device_type: str = "cpu"
     batch_tokens: int = 1024
     attention_weights: bool = False
+    batch_rows: int = 0
 
     @classmethod
-    def of(cls, model: torch.nn.Module, n: int, k: int, batch_tokens: int = 1024) -> MemoryRequest:
+    def of(cls, model: torch.nn.Module, n: int, k: int, batch_tokens: int = 1024, batch_rows: int = 0) -> MemoryRequest:
         """The request of N prompt and K answer tokens on `model`, where it is.
 
         Raises:
@@ -236,11 +241,21 @@ class MemoryRequest:
         """
         shape = ModelShape.of(model)
         device = devices.input_device(model).type
-        return cls(shape, n, k, device, batch_tokens, attention_keeps_weights(model))
+        return cls(shape, n, k, device, batch_tokens, attention_keeps_weights(model), batch_rows)
 
     @property
     def t(self) -> int:
         return self.n + self.k
+
+
+def pass_rows(request: MemoryRequest, batch_size: int, cpu_rows: int) -> int:
+    """The most perturbed rows one batched pass of a request runs, as `kv.batch_budget` sizes them: on a CPU
+    `batch_size` or `cpu_rows`; on an accelerator the rows its free memory holds (`request.batch_rows`), capped by
+    `batch_size` when one is set."""
+    if request.device_type == "cpu":
+        return batch_size or cpu_rows
+    most = max(1, request.batch_rows)
+    return min(batch_size, most) if batch_size else most
 
 
 def generation_bytes(request: MemoryRequest) -> int:
@@ -293,15 +308,18 @@ def check_fits(parts: dict[str, int], device: torch.device | str, what: str, alt
     )
 
 
-def check_request(model: torch.nn.Module, instances: list[Any], n: int, k: int, batch_tokens: int) -> None:
-    """Refuse an explain request (N prompt tokens, up to K answer tokens, these methods) that will not fit.
+def check_request(
+    model: torch.nn.Module, instances: list[Any], n: int, k: int, batch_tokens: int, batch_rows: int = 0
+) -> None:
+    """Refuse an explain request (N prompt tokens, up to K answer tokens, these methods) that will not fit;
+    `batch_tokens` and `batch_rows`: `kv.batch_budget`'s pass size.
 
     Raises:
         MemoryLimitError: see `check_fits`.
     """
     device = devices.input_device(model)
     try:
-        request = MemoryRequest.of(model, n, k, batch_tokens)
+        request = MemoryRequest.of(model, n, k, batch_tokens, batch_rows)
     except (AttributeError, TypeError):  # not a transformer (no attention heads): the capture refuses it
         return
     check_fits(

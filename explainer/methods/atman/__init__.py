@@ -2,6 +2,6 @@
 (`config`), the correlated-suppression factors (`factors`) and its cost model for the time estimates (`cost`)."""
 
 from .config import AtManConfig
-from .method import AtMan, atman_scores, suppression_scores
+from .method import AtMan, atman_scores, prefix_pass_bytes, suppression_scores
 
-__all__ = ["AtMan", "AtManConfig", "atman_scores", "suppression_scores"]
+__all__ = ["AtMan", "AtManConfig", "atman_scores", "prefix_pass_bytes", "suppression_scores"]

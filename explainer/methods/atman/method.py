@@ -53,7 +53,7 @@ from ...contrast import foil_values
 from ...errors import UnsupportedModelError
 from ...runtime.host import to_numpy
 from ...runtime.kv import batch_budget, batches_by_first, prefix_cache, reusable
-from ...runtime.memory import MemoryRequest
+from ...runtime.memory import MemoryRequest, pass_rows
 from ...runtime.session import between_passes, hold
 from ..base import AttributionMethod, GenerationRun, ProgressFn
 from ..cost import Cost, CostRequest
@@ -348,6 +348,16 @@ def _fast_scores(
     return naive_scores(model, seq.input_ids, n, log_bias, progress, extra_inputs, foils, label)
 
 
+def prefix_pass_bytes(request: MemoryRequest, batch_size: int, cpu_rows: int, runs: int) -> int:
+    """The unperturbed prefix cache over T positions and one batched pass over it: the pass's positions'
+    activations and, per row (`memory.pass_rows`, at most the `runs` perturbed rows there are, and the unperturbed
+    row), a copy of the cache and K logits rows."""
+    s, t, k = request.shape, request.t, request.k
+    rows = min(pass_rows(request, batch_size, cpu_rows), max(1, runs)) + 1
+    per_row = s.kv_bytes(t) + 8 * k * s.vocab
+    return s.kv_bytes(t) + s.activation_bytes(min(t, request.batch_tokens)) + rows * per_row
+
+
 class AtMan(AttributionMethod):
     name = "atman"
     display_name = "AtMan"
@@ -363,13 +373,8 @@ class AtMan(AttributionMethod):
 
     @classmethod
     def memory(cls, request: MemoryRequest, config: AtManConfig) -> int:
-        """The unperturbed prefix cache over T positions and one batched pass: its positions' activations and, per
-        row, a copy of the cache and K logits rows (on an accelerator the pass is sized to fit, see
-        `kv.batch_budget`, so one row is counted)."""
-        s, t, k = request.shape, request.t, request.k
-        rows = (config.batch_size or CPU_BATCH_ROWS) + 1 if request.device_type == "cpu" else 2
-        per_row = s.kv_bytes(t) + 8 * k * s.vocab
-        return s.kv_bytes(t) + s.activation_bytes(min(t, request.batch_tokens)) + rows * per_row
+        """`prefix_pass_bytes` with AtMan's rows per pass on a CPU, one perturbed row per prompt token."""
+        return prefix_pass_bytes(request, config.batch_size, CPU_BATCH_ROWS, request.n)
 
     def explain(self, run: GenerationRun) -> np.ndarray:
         return atman_scores(

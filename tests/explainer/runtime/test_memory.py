@@ -205,6 +205,37 @@ def test_atman_from_the_device_equals_the_cpu_figure(bundle):
     np.testing.assert_array_equal(auto, eight)
 
 
+def test_atman_counts_the_rows_its_passes_run_where_free_memory_sizes_them(bundle, monkeypatch):
+    """Found on an H200 (2026-12-04): AtMan's measured peak was 580 MB against 11.7 MB stated, because on an
+    accelerator its passes take as many rows as a share of the free memory holds, and its memory counted one. The
+    rows of every forward it runs, recorded, against the rows its stated bytes hold (a CPU model told it is on a
+    GPU with 1 GB free, so that passes of many rows are sized as there)."""
+    from explainer.methods.atman import AtMan, prefix_pass_bytes
+    from explainer.runtime import kv
+
+    attr = explain(bundle, "Paris is the capital of France. " * 6 + "What is it?", methods=["macs"], max_new_tokens=4)
+    ids = torch.tensor([attr.prompt_token_ids + attr.generated_token_ids])
+    n, k = attr.num_prompt_tokens, attr.num_steps
+    shape = ModelShape.of(bundle.model)
+    monkeypatch.setattr(kv, "_accelerator_spend", lambda model: (shape, kv.BATCH_SHARE * 10**9))
+    tokens, most = batch_budget(bundle.model, n + k, k, 0, 0)
+    rows: list[int] = []
+    hook = bundle.model.register_forward_pre_hook(lambda m, a, kw: rows.append(kw["input_ids"].shape[0]),
+                                                  with_kwargs=True)  # fmt: skip
+    try:
+        atman_scores(bundle.model, ids, n, AtManConfig())
+    finally:
+        hook.remove()
+    per_row = shape.kv_bytes(n + k) + 8 * k * shape.vocab
+    request = MemoryRequest(shape, n, k, "cuda", tokens, batch_rows=most)
+    stated = AtMan.memory(request, AtManConfig())
+    assert max(rows) > 2  # more than the one perturbed row (and the unperturbed one) the estimate used to count
+    assert stated >= prefix_pass_bytes(request, 0, 0, 0) + (max(rows) - 2) * per_row  # every row it ran is counted
+    assert stated == prefix_pass_bytes(request, 0, 0, n)  # at most one row per prompt token
+    few = MemoryRequest(shape, n, k, "cuda", tokens, batch_rows=3)  # a GPU with less free: 3 rows a pass
+    assert AtMan.memory(few, AtManConfig()) == prefix_pass_bytes(request, 0, 0, 3)
+
+
 def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     """Found on an H200: with the model on a GPU, `explain --methods` of every method (39 prompt tokens, 24 new,
     SmolLM2-135M's shape) was refused because Sources counted a packed pass of AtMan's accelerator batch (65,536
@@ -219,14 +250,14 @@ def test_every_method_fits_a_short_prompt_on_a_large_gpu(bundle, monkeypatch):
     smollm2 = ModelShape(layers=30, heads=9, kv_heads=3, head_dim=64, hidden=576, intermediate=1536, vocab=49152,
                          dtype_bytes=2)  # fmt: skip
     monkeypatch.setattr(ModelShape, "of", classmethod(lambda cls, model: smollm2))
-    tokens = batch_budget(bundle.model, 39 + 24, 24, 0, 0)[0]
-    assert tokens == MAX_TOKENS_PER_BATCH  # AtMan's passes on such a GPU
+    tokens, rows = batch_budget(bundle.model, 39 + 24, 24, 0, 0)
+    assert tokens == MAX_TOKENS_PER_BATCH and rows > 39  # AtMan's passes on such a GPU
     instances = [get_method(m) for m in available_methods()]
-    gpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cuda", tokens), instances)
+    gpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cuda", tokens, batch_rows=rows), instances)
     cpu = request_bytes(MemoryRequest(smollm2, 39, 24, "cpu", TOKENS_PER_BATCH), instances)
-    assert gpu["sources"] <= cpu["sources"] < 2e9  # the surrogate's removal passes are sized to fit on a GPU
+    assert gpu["sources"] == cpu["sources"] < 2e9  # the surrogate's 16 removals: one pass of 16 rows on either
     assert sum(gpu.values()) < 5e9
-    check_request(bundle.model, instances, 39, 24, tokens)  # no MemoryLimitError
+    check_request(bundle.model, instances, 39, 24, tokens, rows)  # no MemoryLimitError
 
 
 class _Saved:
