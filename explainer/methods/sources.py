@@ -98,7 +98,8 @@ class SourcesConfig:
     # cross-validated one (which costs no pass); 0: none
     design: str = field(default="informed", metadata={"choices": DESIGNS})  # surrogate: the masks (surrogate.py)
     regulariser: str = field(default="auto", metadata={"choices": REGULARISERS})  # surrogate: "ridge" (dense),
-    # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else lasso
+    # "lasso" (ContextCite's: sparse weights), or "auto": the ridge where the units are fewer than the masks, else
+    # lasso; "saturating": as "auto", with a model of redundant passages in the ridge's place (`saturating.py`)
     context: str = ""  # surrogate: the passages start just after this text (a label, e.g. "Context"); it and what
     # precedes it (an instruction, the question) stay in every ablation and score 0; empty: every unit is a passage
     seed: int = 0  # surrogate: seeds the masks

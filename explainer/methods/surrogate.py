@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lasso import cross_validated_lasso
+from .saturating import saturating
 
 DESIGNS = ("loo_pairs", "pairs", "random", "hadamard", "aberration", "informed", "sparse", "distinct_pairs")
 # leave-one-out then pairs; complementary pairs; independent masks; an orthogonal two-level design (every mask, a
@@ -49,7 +50,8 @@ HALF_FRACTION = 5  # units from which a half fraction (resolution U) replaces a 
 MAX_PAIRS = 128  # pairs drawn for every design (256 masks, the most Sources asks for)
 SPARSE_KEEP = 0.35  # the share of masks keeping each unit in `sparse_columns`
 RIDGE_GRID = (1e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0, 3.0, 10.0)  # penalties tried, in units of the design's scale
-REGULARISERS = ("auto", "ridge", "lasso")  # auto: ridge where the units are fewer than the masks, else lasso
+REGULARISERS = ("auto", "ridge", "lasso", "saturating")  # auto: ridge where the units are fewer than the masks, else
+# lasso; saturating: `saturating.py`'s model where the ridge would be, else lasso
 
 
 def design(units: int, k: int, kind: str = "pairs", seed=0, prior: np.ndarray | None = None) -> np.ndarray:
@@ -347,21 +349,24 @@ def chosen_regulariser(units: int, k: int, regulariser: str) -> str:
     masks (the orthogonal designs' regime, where every unit's weight is estimated), else ContextCite's Lasso (the
     units outnumber the masks, so only a sparse answer can be recovered: on 16 complementary pairs over a 43-sentence
     haystack it ranked the needle first on every prompt and left the other sentences at 0, docs/results.md); "ridge"
-    and "lasso" are kept."""
+    and "lasso" are kept; "saturating" is `saturating.py`'s model where "auto" takes the ridge, else the Lasso."""
     if regulariser not in REGULARISERS:
         raise ValueError(f"regulariser must be one of {', '.join(REGULARISERS)}, got {regulariser!r}")
-    if regulariser != "auto":
+    if regulariser in ("ridge", "lasso"):
         return regulariser
-    return "ridge" if units < k else "lasso"
+    dense = "saturating" if regulariser == "saturating" else "ridge"
+    return dense if units < k else "lasso"
 
 
 def surrogate_fit(masks: np.ndarray, targets: np.ndarray, regulariser: str = "ridge") -> Fit:
-    """The surrogate of every answer token, with a ridge (`fit`) or a Lasso (`lasso_fit`) penalty ("auto" is
-    resolved by the caller, `chosen_regulariser`)."""
+    """The surrogate of every answer token, with a ridge (`fit`) or a Lasso (`lasso_fit`) penalty, or the saturating
+    model projected on the units (`saturating.saturating`); "auto" is resolved by the caller, `chosen_regulariser`."""
     if regulariser == "lasso":
         return lasso_fit(masks, targets)
+    if regulariser == "saturating":
+        return Fit(*saturating(masks, targets))
     if regulariser != "ridge":
-        raise ValueError(f"regulariser must be ridge or lasso here, got {regulariser!r}")
+        raise ValueError(f"regulariser must be ridge, lasso or saturating here, got {regulariser!r}")
     weights, intercepts, penalty = fit(masks, targets)
     return Fit(weights, intercepts, penalty, cross_validated(masks, targets, penalty))
 

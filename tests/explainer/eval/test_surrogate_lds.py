@@ -25,15 +25,17 @@ RANKS = 2e-3  # the shared passes batch and pad the masks otherwise than a run a
 def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
     bundle = ModelBundle(name="tiny", model=llama, tokenizer=tokenizer)
     cfg = SurrogateLdsConfig(counts=(4, 5), passes=("removal", "knockout"), options={"design": "hadamard"},
-                             more_options=({"design": "hadamard", "regulariser": "lasso"},),
+                             more_options=({"design": "hadamard", "regulariser": "lasso"},
+                                           {"design": "hadamard", "regulariser": "saturating"}),
                              max_new_tokens=4, reference=6)  # fmt: skip
     got = measure(bundle, ROW, cfg)
     answered = answer_row(bundle, ROW, ["random"], 4)
     attr, sentences, k = answered.attr, answered.sentences, answered.k
     masks = ablation_masks(len(sentences), 32, 0.5, [0, zlib.crc32(b"q1")])
     measured = None
-    for count, regulariser in ((4, "auto"), (5, "auto"), (5, "lasso")):  # auto: the Lasso at 4 masks over 4 units
-        # (not 3: 4 rows leave the Lasso at its largest penalty, its weights near 0, ranked by float rounding)
+    for count, regulariser in ((4, "auto"), (5, "auto"), (5, "lasso"), (5, "saturating")):  # auto: the Lasso at 4
+        # masks over 4 units (not 3: 4 rows leave the Lasso at its largest penalty, its weights near 0, ranked by
+        # float rounding)
         method = get_method("sources", ablations=count, check=0, design="hadamard", passes=passes,
                             regulariser=regulariser)  # fmt: skip
         run = GenerationRun(llama, answered_ids(attr), attr.num_prompt_tokens, prompt_tokens=attr.prompt_tokens,
@@ -41,7 +43,7 @@ def test_each_variant_equals_the_method_run_alone(llama, tokenizer, passes):
         raw = method.explain(run)[:k]
         if measured is None:  # the evaluation masks' removal log-probabilities, from the `lds` command's own rows
             measured = evaluation_logprobs(bundle, attr, sentences, masks, k)
-        lasso = ":regulariser=lasso" if regulariser == "lasso" else ""
+        lasso = f":regulariser={regulariser}" if regulariser != "auto" else ""
         knockout = ":passes=knockout" if passes == "knockout" else ""
         label = f"sources:design=hadamard{lasso}:ablations={count}{knockout}"
         want = lds(measured.sum(axis=1), predictions(masks, source_scores(raw, sentences).sum(axis=0)))

@@ -17,6 +17,7 @@ from explainer.errors import Cancelled, InputError
 from explainer.eval.lds import source_scores
 from explainer.methods import GenerationRun
 from explainer.methods.lasso import LASSO_GRID, lasso
+from explainer.methods.saturating import saturating
 from explainer.methods.sources import SourcesConfig, passages, units
 from explainer.methods.surrogate import (
     RIDGE_GRID,
@@ -115,6 +116,22 @@ def test_the_fit_equals_solo_runs_and_an_explicit_ridge(run, kind, ablations):
     assert list(listed.values()) == sorted(listed.values(), reverse=True)
     assert meta["held_out_spearman"] is None or -1 <= meta["held_out_spearman"] <= 1
     assert registered_names() == []
+
+
+def test_a_saturating_surrogate_is_the_saturating_fit_of_solo_runs(run):
+    """`regulariser=saturating` where the 6 sentences are fewer than the masks: the map is `saturating` fitted to
+    each mask's prompt run alone."""
+    r = run["llama"]
+    method = get_method("sources", ablations=8, check=0, regulariser="saturating")
+    raw = method.explain(r)
+    meta = method.meta()
+    masks = np.array(meta["masks"]["keep"], dtype=bool)
+    groups, logp, _, _ = _reference(r, masks, len(masks))
+    weights, intercepts, penalty, _ = saturating(masks, logp)  # the same rows, measured one by one
+    spans = [list(range(g.start, g.stop)) for g in groups]
+    np.testing.assert_allclose(source_scores(raw, spans), weights, atol=2e-3)
+    np.testing.assert_allclose(meta["masks"]["intercepts"], intercepts, atol=2e-3)
+    assert meta["regulariser"] == "saturating" and meta["penalty"] == penalty
 
 
 def test_signed_scores_and_the_fit_s_quality_are_recorded(run):
