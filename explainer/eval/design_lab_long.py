@@ -108,7 +108,7 @@ def _rows(r: dict[str, Any], name: str) -> tuple[np.ndarray, np.ndarray]:
 
 
 FITS = ("hadamard", "paley", "paley-interactions", "hadamard-lasso", "hadamard-logit", "hadamard-token-logit",
-        "random32", "reference")  # the fits `report_long` scores
+        "hadamard-saturating", "random32", "reference")  # the fits `report_long` scores
 PENALTIES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)  # ridge penalties of the interaction fit (times R / 4)
 
 
@@ -135,6 +135,7 @@ def score_long(r: dict[str, Any]) -> dict[str, float]:
     (`interaction_weights`), each token's Lasso on the Hadamard design, the ridge on the Hadamard design fitted to the
     logit of the whole answer's probability (ContextCite's target) instead of each token's log-probability, the sum
     over the answer's tokens of each token's ridge on the logit of its own probability ("hadamard-token-logit"), the
+    method's `regulariser=saturating` on the Hadamard design ("hadamard-saturating", `saturating.py`), the
     ridge on the first 32 reference masks (random ones), and ContextCite's least squares on all 64 (the logit of the
     whole answer's probability)."""
     evaluation, measured = _rows(r, "evaluation")
@@ -155,8 +156,8 @@ def score_long(r: dict[str, Any]) -> dict[str, float]:
     s, out = r["S"], {}
     auto = chosen_regulariser(s, K, "auto")
     for name, regulariser in (("hadamard", auto), ("paley", auto), ("paley-interactions", "interactions"),
-                              ("hadamard-lasso", "lasso"), ("hadamard-logit", "logit"),
-                              ("hadamard-token-logit", "token-logit")):  # fmt: skip
+                              ("hadamard-lasso", "lasso"), ("hadamard-logit", "logit"), ("hadamard-token-logit",
+                              "token-logit"), ("hadamard-saturating", "saturating")):  # fmt: skip
         kind = name.split("-")[0]
         scores = [fitted(*_rows(r, f"{kind}{seed}"), regulariser) for seed in SEEDS if f"{kind}{seed}" in r["index"]]
         if scores:
@@ -168,8 +169,8 @@ def score_long(r: dict[str, Any]) -> dict[str, float]:
     return out
 
 
-TOKEN_FITS = ("hadamard", "hadamard-logit", "hadamard-shared", "hadamard-rank2", "whole-answer", "hadamard64",
-              "reference64")  # the per-token fits `report_long(per_token=True)` scores
+TOKEN_FITS = ("hadamard", "hadamard-logit", "hadamard-saturating", "hadamard-shared", "hadamard-rank2", "whole-answer",
+              "hadamard64", "reference64")  # the per-token fits `report_long(per_token=True)` scores
 
 
 def shared_weights(masks: np.ndarray, y: np.ndarray) -> np.ndarray:
@@ -201,7 +202,8 @@ def score_long_tokens(r: dict[str, Any]) -> dict[str, float]:
     """One question's per-token LDS (the mean over the answer's tokens where it is defined) per entry of `TOKEN_FITS`,
     seed-averaged: the method's per-token ridge on the Hadamard design (its default at k = 32 below 32 sentences;
     every fit here is a ridge, so a pool of 32 sentences or more is scored as such, not as the method's Lasso), the
-    same fitted to each token's logit probability ("hadamard-logit"; ContextCite's target, per token), the fits that
+    same fitted to each token's logit probability ("hadamard-logit"; ContextCite's target, per token), the method's
+    `regulariser=saturating` ("hadamard-saturating"), the fits that
     share strength across tokens on the same masks (`shared_weights`, `reduced_rank` at rank 2, and the whole
     answer's weights for every token), and two ceilings at 64 masks: the method's fit on both Hadamard seeds
     together, and on ContextCite's 64 random masks."""
@@ -219,6 +221,7 @@ def score_long_tokens(r: dict[str, Any]) -> dict[str, float]:
 
     fits = {"hadamard": lambda m, y: surrogate_fit(m, y, "ridge").weights,
             "hadamard-logit": lambda m, y: surrogate_fit(m, logit(y), "ridge").weights,
+            "hadamard-saturating": lambda m, y: surrogate_fit(m, y, "saturating").weights,
             "hadamard-shared": shared_weights,
             "hadamard-rank2": lambda m, y: reduced_rank(m, y, 2),
             "whole-answer": lambda m, y: np.repeat(surrogate_fit(m, y.sum(axis=1, keepdims=True), "ridge").weights,

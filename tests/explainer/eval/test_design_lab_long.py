@@ -72,6 +72,8 @@ def test_a_linear_answer_is_ranked_exactly_by_both_designs_and_the_report_pairs_
     assert scores["hadamard"] > 0.999 and scores["paley"] > 0.999
     assert scores["hadamard-logit"] > 0.999  # p near e^-9: the logit is the log-probability to 1e-4, still linear
     assert scores["hadamard-token-logit"] > 0.999
+    assert scores["hadamard-saturating"] > 0.95  # a line is the saturating model with no saturation (its line's
+    # penalty is fixed, not chosen by leave-one-out as the ridge's: near, not exact)
     assert set(scores) == set(lab.FITS)
     entries = lab.report_long([_row(25), _row(20, 2.0)])
     every = {e["fit"]: e for e in entries if e["sentences"] == "all"}
@@ -120,6 +122,7 @@ def test_sharing_strength_recovers_a_profile_every_token_shares_and_the_whole_an
     assert set(shared) == set(lab.TOKEN_FITS)
     assert shared["hadamard-shared"] > 0.999 and shared["hadamard-rank2"] > 0.999 and shared["hadamard"] > 0.999
     assert shared["hadamard-logit"] > 0.999
+    assert shared["hadamard-saturating"] > 0.95  # its line's penalty is fixed, not chosen: near, not exact
     assert shared["whole-answer"] > 0.999  # every token is the same profile, scaled
     apart = lab.score_long_tokens(_token_row(25, shared=False))
     assert apart["hadamard"] > 0.99 and apart["hadamard64"] > 0.99 and apart["reference64"] > 0.99
