@@ -101,13 +101,20 @@ def _fit_quality(meta: dict) -> str:
     return f"Fit checked {' and '.join(parts)}." if parts else ""
 
 
+SATURATING_FIT = (
+    "one fit per answer token in which passages that say the same thing share their effect, read as each passage's "
+    "weight in the straight line closest to it"
+)
+
+
 def _surrogate_note(meta: dict) -> str:
     units, ablations = meta.get("units_scored"), meta.get("ablations")
     design = f" ({meta['design']} design)" if meta.get("design") else ""
+    fit = SATURATING_FIT if meta.get("regulariser") == "saturating" else "one linear fit per answer token"
     note = (
         f"Fitted as ContextCite does: {ablations} combinations of passages removed{design}, the answer's "
-        f"log-probability under each, one linear fit per answer token (a weight > 0: keeping the passage makes the "
-        f"answer more likely). {_fit_quality(meta)}"
+        f"log-probability under each, {fit} (a weight > 0: keeping the passage makes the answer more likely). "
+        f"{_fit_quality(meta)}"
     )
     if isinstance(units, int) and isinstance(ablations, int) and units > ablations:
         sparse = meta.get("regulariser") == "lasso"

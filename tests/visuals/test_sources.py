@@ -70,6 +70,10 @@ def test_a_surrogate_s_step_column_is_the_unit_s_weight_its_tokens_share():
     assert "more combinations" not in page  # not a count: left out, as the LDS caption leaves it (visuals/lds.py)
     meta.update({"checks": True})  # a bool is not a count either
     assert "more combinations" not in sources_html(fitted, step=1)
+    assert "one linear fit per answer token" in sources_html(fitted, step=1)
+    meta.update({"regulariser": "saturating"})
+    page = sources_html(fitted, step=1)
+    assert "passages that say the same thing share their effect" in page and "one linear fit" not in page
 
 
 def test_a_surrogate_s_note_names_its_design_and_warns_when_passages_outnumber_its_masks():
