@@ -478,7 +478,7 @@ def test_the_lasso_fit_recovers_a_sparse_answer_that_the_ridge_smears():
     assert got.checked.shape == y.shape and 0 <= got.penalty <= max(LASSO_GRID)
     with pytest.raises(ValueError, match="regulariser"):
         surrogate_fit(x, y, "elastic")
-    with pytest.raises(ValueError, match="ridge or lasso here"):
+    with pytest.raises(ValueError, match="ridge, lasso or saturating here"):
         surrogate_fit(x, y, "auto")
     with pytest.raises(InputError, match="regulariser must be one of auto, ridge, lasso"):
         get_method("sources", regulariser="l0")
