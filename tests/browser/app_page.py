@@ -261,8 +261,13 @@ class AppPage:
         info.value.save_as(path)
         return path
 
-    def download_enabled(self, name: str) -> bool:
-        return self.page.get_by_role("button", name=name, exact=True).is_enabled()
+    def expect_download(self, name: str, enabled: bool, timeout: float = 30_000) -> None:
+        """Wait until the download button `name` is enabled (or disabled); fails with playwright's AssertionError
+        where it stays the other way (its state is set by an event that may land after the view it follows)."""
+        from playwright.sync_api import expect
+
+        button = expect(self.page.get_by_role("button", name=name, exact=True))
+        (button.to_be_enabled if enabled else button.to_be_disabled)(timeout=timeout)
 
     def open_saved(self, path: Path) -> str:
         """Upload a saved result through "Open a saved result" and wait for its status line; returns it."""

@@ -75,7 +75,7 @@ def test_a_span_at_sentence_units_lists_the_top_sentences(answered):
         sentences = app.top_sentences(method)
         assert 1 <= len(sentences) <= 3, sentences
         assert all(s.strip() and s.strip() in prompt for s in sentences), sentences
-    assert not app.download_enabled("Download PNG of this view")  # the PNG draws one step's token view only
+    app.expect_download("Download PNG of this view", enabled=False)  # the PNG draws one step's token view only
     app.shot("span-sentences")
     app.set_span_end(2)
     app.page.get_by_text(re.compile(rf"^Steps 1-2 of {steps} explain")).first.wait_for()
