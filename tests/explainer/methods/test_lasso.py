@@ -173,11 +173,8 @@ def test_the_homotopy_leaves_a_duplicated_column_out_and_keeps_the_fitted_values
         np.testing.assert_allclose(b2, b, atol=1e-9)
 
 
-def test_a_problem_the_homotopy_leaves_unsettled_is_finished_by_coordinate_descent(converged, monkeypatch):
-    """Cut the homotopy to one step: every problem is then unsettled, and the path is coordinate descent's from
-    there, which (run to convergence) is the reference's solution."""
-    monkeypatch.setattr(solver, "STEPS", 1)
-    x, y = _problem(5, units=20, masks=16, tokens=3)
+def _path_is_coordinate_descents(x, y):
+    """The whole-row path at every fraction of the grid equals each penalty's problem solved alone by the reference."""
     rows = np.ones((1, len(x)), dtype=bool)
     largest = np.abs((x - x.mean(axis=0)).T @ (y - y.mean(axis=0))).max(axis=0) / len(x)
     scale = np.abs(y - y.mean(axis=0)).max()
@@ -185,6 +182,13 @@ def test_a_problem_the_homotopy_leaves_unsettled_is_finished_by_coordinate_desce
         want_w, want_b = _alone(x, y, fraction * largest)
         np.testing.assert_allclose(w[0], want_w, atol=1e-6 * scale)
         np.testing.assert_allclose(b[0], want_b, atol=1e-6 * scale)
+
+
+def test_a_problem_the_homotopy_leaves_unsettled_is_finished_by_coordinate_descent(converged, monkeypatch):
+    """Cut the homotopy to one step: every problem is then unsettled, and the path is coordinate descent's from
+    there, which (run to convergence) is the reference's solution."""
+    monkeypatch.setattr(solver, "STEPS", 1)
+    _path_is_coordinate_descents(*_problem(5, units=20, masks=16, tokens=3))
 
 
 def test_a_target_constant_on_a_fold_gets_no_weights_and_every_fit_stays_optimal(monkeypatch):
@@ -218,11 +222,4 @@ def test_a_singular_active_block_sends_the_path_to_coordinate_descent(converged,
         raise np.linalg.LinAlgError("Singular matrix")
 
     monkeypatch.setattr(solver, "homotopy", singular)
-    x, y = _problem(6, units=20, masks=16, tokens=3)
-    rows = np.ones((1, len(x)), dtype=bool)
-    largest = np.abs((x - x.mean(axis=0)).T @ (y - y.mean(axis=0))).max(axis=0) / len(x)
-    scale = np.abs(y - y.mean(axis=0)).max()
-    for fraction, (w, b) in zip(LASSO_GRID, _lasso_path(x, y, rows), strict=True):
-        want_w, want_b = _alone(x, y, fraction * largest)
-        np.testing.assert_allclose(w[0], want_w, atol=1e-6 * scale)
-        np.testing.assert_allclose(b[0], want_b, atol=1e-6 * scale)
+    _path_is_coordinate_descents(*_problem(6, units=20, masks=16, tokens=3))
